@@ -1,0 +1,40 @@
+"""Build a Schedule from a set of kept tensors: recompute whatever is missing, just in time.
+
+Every heuristic here (store-all, Chen's segments) chooses only what to keep; this turns that
+choice into a runnable backward order. Before each backward op (in problem order), the forward
+ops that produce its missing inputs are recomputed, recursively down to kept tensors, in
+topological order. A recomputed tensor stays readable for later steps (the simulator frees it
+after its last read), so each forward op is recomputed at most once.
+"""
+from __future__ import annotations
+
+from solvers.problem import NO_PRODUCER, Problem
+from solvers.schedule import Schedule
+
+
+def schedule_from_kept(problem: Problem, kept: frozenset[int] | set[int]) -> Schedule:
+    kept = frozenset(kept) & frozenset(problem.forward_tensors)
+    available = set(kept) | set(problem.tangents)
+    order: list[int] = []
+
+    def ensure(tensors) -> None:
+        missing_ops: set[int] = set()
+        stack = [problem.tensors[t].producer for t in tensors if t not in available]
+        while stack:
+            i = stack.pop()
+            if i in missing_ops:
+                continue
+            missing_ops.add(i)
+            for t in problem.ops[i].inputs:
+                if t not in available and problem.tensors[t].producer not in missing_ops:
+                    stack.append(problem.tensors[t].producer)
+        for i in sorted(missing_ops):
+            order.append(i)
+            available.update(problem.ops[i].outputs)
+
+    for b in problem.backward_ops:
+        ensure(problem.ops[b].inputs)
+        order.append(b)
+        available.update(problem.ops[b].outputs)
+    ensure([t for t in problem.backward_outputs if problem.tensors[t].producer != NO_PRODUCER])
+    return Schedule(kept=kept, backward=tuple(order))

@@ -1,0 +1,59 @@
+"""What a solver decides, and what it reports."""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One training step's plan.
+
+    The forward phase runs every forward op once, in problem order (so random ops draw from the
+    generator in the same order as eager PyTorch). `kept` are the forward tensors held from the
+    forward into the backward. `backward` is the order of the backward phase: every backward op
+    exactly once, plus forward ops that are recomputed (a forward op id appearing here).
+    Every tensor is freed right after its last read (NOTE [Lifetimes] in simulate.py).
+    """
+
+    kept: frozenset[int]
+    backward: tuple[int, ...]
+
+    def to_json(self) -> str:
+        return json.dumps({"kept": sorted(self.kept), "backward": list(self.backward)})
+
+    @staticmethod
+    def from_json(text: str) -> Schedule:
+        d = json.loads(text)
+        return Schedule(kept=frozenset(d["kept"]), backward=tuple(d["backward"]))
+
+
+class Status(str, enum.Enum):
+    OPTIMAL = "optimal"        # proven least step time within the budget
+    FEASIBLE = "feasible"      # within the budget, optimality not proven
+    INFEASIBLE = "infeasible"  # this solver found no schedule within the budget
+    TIMEOUT = "timeout"        # stopped by the time limit without a schedule
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """solver: registry name. objective_s: predicted step time of `schedule`. peak_bytes: its
+    simulated peak. bound_s: a proven lower bound on the step time of any schedule within the
+    budget. gap: (objective - bound) / objective. min_feasible_bytes: the least peak this solver
+    can reach at any budget (what an infeasible caller should raise the budget to)."""
+
+    solver: str
+    status: Status
+    schedule: Schedule | None
+    objective_s: float | None
+    peak_bytes: int | None
+    bound_s: float | None
+    gap: float | None
+    solve_time_s: float
+    min_feasible_bytes: int | None
+    note: str = ""
+
+    @property
+    def feasible(self) -> bool:
+        return self.schedule is not None and self.status in (Status.OPTIMAL, Status.FEASIBLE)

@@ -1,0 +1,143 @@
+"""The one simulator: replays any Schedule and returns its exact peak bytes and time.
+
+NOTE [Lifetimes]
+  1. Fixed memory (parameters, buffers, inputs) is resident throughout.
+  2. Running an op allocates all its outputs; during the op, its inputs, its outputs and its
+     workspace are all resident.
+  3. Each computation of a tensor makes a new copy; a read uses the most recent copy. A copy is
+     freed right after its last read, or right after it is made if nothing reads it.
+  4. Forward copies survive into the backward only if the tensor is `kept`; forward outputs live
+     until the end of the forward phase; output gradients (tangents) exist from the start of the
+     backward; backward outputs (gradients) live to the end.
+  The executor frees at exactly these points (FX frees each value after its last use), so the
+  simulated peak is a prediction that can be held against a measurement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solvers.errors import InvalidScheduleError
+from solvers.problem import Problem
+from solvers.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """peak_bytes: fixed memory plus the largest live total. time_s: sum of every op run.
+    steps: op ids in execution order (forward phase, then backward phase). live_bytes[k]: bytes
+    resident while step k runs (fixed included). recompute_counts[i]: how often forward op i
+    runs in the backward phase."""
+
+    peak_bytes: int
+    time_s: float
+    peak_step: int
+    steps: tuple[int, ...]
+    live_bytes: tuple[int, ...]
+    recompute_counts: tuple[int, ...]
+
+
+def simulate(problem: Problem, schedule: Schedule) -> Simulation:
+    """Replay `schedule` on `problem`. Raises InvalidScheduleError if it cannot run."""
+    _check_backward_order(problem, schedule)
+    steps = problem.forward_ops + schedule.backward
+    if not steps:
+        return Simulation(peak_bytes=problem.fixed_bytes, time_s=0.0, peak_step=0, steps=(),
+                          live_bytes=(), recompute_counts=())
+    born, last, tensor_of = _copy_lifetimes(problem, schedule, steps)
+    sizes = [problem.tensors[t].bytes for t in tensor_of]
+    live_bytes, peak, peak_step = _memory_timeline(problem, steps, born, last, sizes)
+    counts = [0] * len(problem.ops)
+    for i in schedule.backward:
+        if not problem.ops[i].is_backward:
+            counts[i] += 1
+    time_s = sum(problem.ops[i].time_s for i in steps)
+    return Simulation(peak_bytes=peak, time_s=time_s, peak_step=peak_step, steps=steps,
+                      live_bytes=tuple(live_bytes), recompute_counts=tuple(counts))
+
+
+def _check_backward_order(problem: Problem, schedule: Schedule) -> None:
+    ran = [i for i in schedule.backward if 0 <= i < len(problem.ops) and problem.ops[i].is_backward]
+    if any(not 0 <= i < len(problem.ops) for i in schedule.backward):
+        raise InvalidScheduleError("the backward phase names an op id that does not exist")
+    if sorted(ran) != list(problem.backward_ops):
+        missing = set(problem.backward_ops) - set(ran)
+        repeated = {i for i in ran if ran.count(i) > 1}
+        names = [problem.ops[i].name for i in sorted(missing | repeated)][:5]
+        raise InvalidScheduleError(
+            f"every backward op must run exactly once; missing or repeated: {names}")
+    fwd = set(problem.forward_tensors)
+    bad = [t for t in schedule.kept if t not in fwd]
+    if bad:
+        raise InvalidScheduleError(f"kept tensors must be forward tensors; not: {bad[:5]}")
+
+
+def _copy_lifetimes(problem: Problem, schedule: Schedule, steps: tuple[int, ...]):
+    """Per copy of a tensor: the step that made it, the step after which it is freed, and the
+    tensor. `current` maps a tensor to its readable copy."""
+    n_fwd = len(problem.forward_ops)
+    end = len(steps) - 1
+    born: list[int] = []
+    last: list[int] = []
+    tensor_of: list[int] = []
+    current: dict[int, int] = {}
+
+    def new_copy(t: int, k: int) -> None:
+        current[t] = len(born)
+        born.append(k)
+        last.append(k)
+        tensor_of.append(t)
+
+    def read(t: int, k: int, reader: str) -> None:
+        c = current.get(t)
+        if c is None:
+            raise InvalidScheduleError(
+                f"step {k} ({reader}) reads {problem.tensors[t].name!r}, which does not exist "
+                "then: it was never computed, or was freed at the end of the forward phase "
+                "without being kept")
+        last[c] = max(last[c], k)
+
+    for k, i in enumerate(steps):
+        if k == n_fwd:
+            _enter_backward(problem, schedule, current, last, n_fwd)
+            for t in problem.tangents:
+                new_copy(t, k)
+        op = problem.ops[i]
+        for t in op.inputs:
+            read(t, k, op.name)
+        for t in op.outputs:
+            new_copy(t, k)
+    if len(steps) == n_fwd:  # a problem with no backward ops
+        _enter_backward(problem, schedule, current, last, n_fwd)
+        for t in problem.tangents:
+            new_copy(t, n_fwd - 1 if n_fwd else 0)
+    for t in problem.backward_outputs:
+        read(t, end, "the backward's outputs")
+        last[current[t]] = end
+    return born, last, tensor_of
+
+
+def _enter_backward(problem, schedule, current, last, n_fwd):
+    for t in problem.forward_outputs:
+        last[current[t]] = max(last[current[t]], n_fwd - 1)
+    for t in list(current):
+        if t not in schedule.kept:
+            del current[t]
+
+
+def _memory_timeline(problem: Problem, steps, born, last, sizes):
+    n = len(steps)
+    alloc = [0] * (n + 1)
+    free_after = [0] * (n + 1)
+    for c, b in enumerate(born):
+        alloc[b] += sizes[c]
+        free_after[last[c]] += sizes[c]
+    live = problem.fixed_bytes
+    peak, peak_step = live, 0
+    timeline = []
+    for k, i in enumerate(steps):
+        during = live + alloc[k] + problem.ops[i].workspace_bytes
+        timeline.append(during)
+        if during > peak:
+            peak, peak_step = during, k
+        live = live + alloc[k] - free_after[k]
+    return timeline, peak, peak_step
