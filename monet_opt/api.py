@@ -1,0 +1,101 @@
+"""optimize(): capture, lower, profile, solve, simulate, execute."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from monet_opt import capture, rewrite
+from monet_opt.errors import InfeasibleBudgetError, internal_assert
+from monet_opt.lower import Lowered, lower
+from monet_opt.module import OptimizedModule
+from monet_opt.plan import Plan, op_rows
+from monet_opt.profiler import profile_op_times
+from monet_opt.units import parse_memory_limit
+import solvers
+
+
+def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
+             solver: str = "auto", profile_repeats: int = 3) -> OptimizedModule:
+    """Return a module that trains exactly like `model` with its step's peak memory within
+    `memory_limit`.
+
+    Args:
+        model: the module to train. It is not copied: the result shares its parameters and
+            buffers. Its state (parameters, BatchNorm statistics, the random stream) is left as
+            it was.
+        sample_input: a tensor, a tuple of them (positional arguments) or a dict (keyword
+            arguments), shaped exactly like the batches you will train on.
+        memory_limit: the peak of everything the training step holds on the device
+            (parameters, gradients, activations, inputs): int bytes or a string like "512MiB".
+        solver: "auto" (the fastest schedule any solver finds), or one of
+            `solvers.available_solvers()`.
+        profile_repeats: timed runs per operator when profiling (after one warm-up).
+
+    Raises:
+        ValueError: memory_limit is not a positive size.
+        InfeasibleBudgetError: memory_limit is below the least reachable peak (both numbers in
+            the error).
+        CaptureError: the model cannot be traced; the message names where.
+    """
+    limit = parse_memory_limit(memory_limit)
+    if solver not in solvers.available_solvers():
+        raise ValueError(f"monet_opt.optimize: unknown solver {solver!r}; choose one of "
+                         f"{solvers.available_solvers()}")
+    args, kwargs = capture.InputSpec.split(sample_input)
+    spec, inputs = capture.InputSpec.of(args, kwargs)
+    param_names, buffer_names = capture.state_names(model)
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    # Buffers are cloned for the first run: it applies BatchNorm's statistics update.
+    primals = [params[n] for n in param_names] + \
+        [buffers[n].clone() for n in buffer_names] + list(inputs)
+    planner = _Planner(limit, solver, primals, profile_repeats, type(model).__name__)
+    devices = sorted({t.device for t in primals if t.device.type == "cuda"}, key=str)
+    with torch.random.fork_rng(devices=devices):
+        step = capture.first_call(model, spec, args, kwargs, primals, planner.partition)
+    internal_assert(planner.plan is not None, "the partition function was never called")
+    flags = tuple(m.training for m in model.modules())
+    return OptimizedModule(model, step, spec, planner.plan, param_names, buffer_names, flags)
+
+
+class _Planner:
+    """The partition function AOTAutograd calls with the joint graph: plans and cuts it."""
+
+    def __init__(self, limit: int, solver: str, primals: list[torch.Tensor], repeats: int,
+                 name: str) -> None:
+        self.limit, self.solver, self.primals = limit, solver, primals
+        self.repeats, self.name = repeats, name
+        self.plan: Plan | None = None
+
+    def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
+        lowered = lower(joint, num_fwd_outputs, name=self.name)
+        times = profile_op_times(joint, lowered, self.primals, self.repeats)
+        problem = lowered.problem
+        ops = tuple(dataclasses.replace(op, time_s=t) for op, t in zip(problem.ops, times))
+        problem = dataclasses.replace(problem, ops=ops)
+        lowered = dataclasses.replace(lowered, problem=problem)
+        result = solvers.solve(problem, self.limit, self.solver)
+        if not result.feasible:
+            raise InfeasibleBudgetError(self.limit, result.min_feasible_bytes, self.solver)
+        self.plan = _make_plan(lowered, result, self.limit)
+        return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
+                                 num_fwd_outputs, **kwargs)
+
+
+def _make_plan(lowered: Lowered, result: solvers.SolveResult, limit: int) -> Plan:
+    problem = lowered.problem
+    sim = solvers.simulate(problem, result.schedule)
+    internal_assert(sim.peak_bytes == result.peak_bytes, "solver and simulator disagree")
+    store_all = solvers.simulate(problem, solvers.schedule_from_kept(
+        problem, problem.saved_for_backward))
+    grads = sum(problem.tensors[t].bytes for t in problem.backward_outputs)
+    return Plan(memory_limit_bytes=limit, predicted_peak_bytes=sim.peak_bytes,
+                predicted_step_time_s=sim.time_s, solver=result.solver,
+                status=result.status.value, solve_time_s=result.solve_time_s, gap=result.gap,
+                fixed_bytes=problem.fixed_bytes, gradient_bytes=grads,
+                store_all_peak_bytes=store_all.peak_bytes, store_all_step_time_s=store_all.time_s,
+                min_feasible_bytes=result.min_feasible_bytes,
+                rows=op_rows(problem, result.schedule, sim, lowered.op_labels))

@@ -1,0 +1,151 @@
+"""Capture a model's training step as AOTAutograd's joint forward+backward graph.
+
+The model becomes a pure function of flat tensors (parameters, buffers, inputs) through
+`torch.func.functional_call`, so parameters used twice and tied weights are one input each and
+frozen parameters simply get no gradient. AOTAutograd traces it on first call and hands the
+joint graph to our partition function; its runtime then handles buffer updates, output pytrees
+(HF ModelOutput included) and gradient accumulation. Models whose Python does not trace directly
+(HF GPT-2's masking calls `.item()`) are exported first with `torch.export(strict=False)`.
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from functorch.compile import make_boxed_func
+from torch._functorch.aot_autograd import aot_function
+from torch.utils import _pytree as pytree
+
+from monet_opt.errors import CaptureError, MonetError, PlanMismatchError
+
+
+@dataclass(frozen=True)
+class LeafSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+    @staticmethod
+    def of(t: torch.Tensor) -> LeafSpec:
+        return LeafSpec(tuple(t.shape), t.dtype, t.device, t.requires_grad)
+
+    def __str__(self) -> str:
+        grad = ", requires_grad" if self.requires_grad else ""
+        return f"{self.dtype} {list(self.shape)} on {self.device}{grad}"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The structure and tensor metadata of the sample input a plan was made for."""
+
+    treedef: pytree.TreeSpec
+    leaves: tuple[LeafSpec, ...]
+
+    @staticmethod
+    def split(sample_input: Any) -> tuple[tuple, dict]:
+        if isinstance(sample_input, torch.Tensor):
+            return (sample_input,), {}
+        if isinstance(sample_input, (tuple, list)):
+            return tuple(sample_input), {}
+        if isinstance(sample_input, dict):
+            return (), dict(sample_input)
+        raise TypeError("monet_opt.optimize: sample_input must be a tensor, a tuple of them or a "
+                        f"dict of keyword arguments; got {type(sample_input).__name__}")
+
+    @staticmethod
+    def of(args: tuple, kwargs: dict) -> tuple[InputSpec, list[torch.Tensor]]:
+        leaves, treedef = pytree.tree_flatten((args, kwargs))
+        bad = [type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)]
+        if bad:
+            raise TypeError("monet_opt.optimize: every leaf of sample_input must be a tensor; "
+                            f"found {bad}. Bind other arguments with functools.partial or a wrapper.")
+        return InputSpec(treedef, tuple(LeafSpec.of(x) for x in leaves)), leaves
+
+    def flatten(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+        """The flat input tensors, checked against the plan's shapes, dtypes and devices."""
+        leaves, treedef = pytree.tree_flatten((args, kwargs))
+        if treedef != self.treedef:
+            raise PlanMismatchError(
+                "monet_opt: the optimized module was planned for inputs structured as "
+                f"{self.treedef} but received {treedef}. Call it like the sample_input given to "
+                "optimize(), or optimize again for this input.")
+        for k, (x, spec) in enumerate(zip(leaves, self.leaves)):
+            got = LeafSpec.of(x) if isinstance(x, torch.Tensor) else None
+            if got != spec:
+                raise PlanMismatchError(
+                    f"monet_opt: input {k} does not match the plan: expected {spec}, received "
+                    f"{got if got is not None else type(x).__name__}. The plan (and its memory "
+                    "limit) holds only for the sample_input's shapes; run optimize() again with "
+                    "a sample of the new shape.")
+        return leaves
+
+
+def state_names(model: torch.nn.Module) -> tuple[list[str], list[str]]:
+    """Parameter and buffer names, each tensor once (tied weights appear under one name)."""
+    return ([n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()])
+
+
+def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable,
+                 export_example: tuple[tuple, dict] | None = None) -> Callable:
+    """A function of (*params, *buffers, *inputs) that runs the model under our partition.
+    With `export_example` = (args, kwargs), the model is exported first (non-strict)."""
+    target = model
+    if export_example is not None:
+        args, kwargs = export_example
+        target = torch.export.export(model, args, kwargs, strict=False).module()
+    params, buffers = state_names(model)
+    names = params + buffers
+    n_state = len(names)
+
+    def flat_model(*flat):
+        state = dict(zip(names, flat[:n_state]))
+        args, kwargs = pytree.tree_unflatten(list(flat[n_state:]), spec.treedef)
+        return torch.func.functional_call(target, state, args, kwargs)
+
+    boxed = lambda gm, _inputs: _boxed(gm)  # noqa: E731
+    return aot_function(flat_model, fw_compiler=boxed, bw_compiler=boxed,
+                        partition_fn=partition_fn)
+
+
+def _boxed(gm: torch.fx.GraphModule):
+    """Our partition emits graphs with the boxed calling convention: they take a list and clear
+    it, so the backward can free saved tensors as it goes."""
+    def run(args):
+        return gm(args)
+    run._boxed_call = True
+    return run
+
+
+def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dict,
+               primals: list[torch.Tensor], partition_fn: Callable) -> Callable:
+    """Compile and run once (this traces, plans and builds). Direct tracing first; if the model
+    does not trace, export it first. Raises CaptureError naming what failed."""
+    errors: list[str] = []
+    for export_example in (None, (args, kwargs)):
+        try:
+            fn = compile_step(model, spec, partition_fn, export_example)
+            fn(*primals)
+            return fn
+        except MonetError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported below with where it failed
+            how = "AOTAutograd" if export_example is None else \
+                "torch.export(strict=False) then AOTAutograd"
+            errors.append(f"{how}: {_where(exc)}")
+    raise CaptureError(
+        f"monet_opt.optimize could not trace {type(model).__name__} into a joint forward+backward "
+        "graph.\n  " + "\n  ".join(errors) + "\nWhat to try: avoid data-dependent Python on "
+        "tensor values at that line (.item(), if on a tensor, .tolist()), pass use_cache=False to "
+        "HF models, or check that the model runs eagerly on sample_input.")
+
+
+def _where(exc: BaseException) -> str:
+    """The exception's first line plus the last frame of user code that raised it."""
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "/torch/" not in f.filename and "/monet_opt/" not in f.filename]
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
+    return f"{type(exc).__name__}: {message}{where}"

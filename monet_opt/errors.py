@@ -1,0 +1,42 @@
+"""One exception hierarchy. Messages say what, how much, and what to do next."""
+from __future__ import annotations
+
+
+class MonetError(Exception):
+    """Base class of every error monet_opt raises on purpose."""
+
+
+class InfeasibleBudgetError(MonetError):
+    """The memory limit is below the least peak any schedule we can build reaches."""
+
+    def __init__(self, memory_limit_bytes: int, min_feasible_bytes: int, solver: str) -> None:
+        from monet_opt.units import format_bytes
+
+        self.memory_limit_bytes = int(memory_limit_bytes)
+        self.min_feasible_bytes = int(min_feasible_bytes)
+        super().__init__(
+            f"monet_opt.optimize: memory_limit {format_bytes(memory_limit_bytes)} "
+            f"({memory_limit_bytes} B) is below the least peak solver {solver!r} can reach, "
+            f"{format_bytes(min_feasible_bytes)} ({min_feasible_bytes} B). Raise memory_limit "
+            "to at least that, or use a smaller batch.")
+
+
+class CaptureError(MonetError):
+    """The model could not be traced into a joint forward+backward graph."""
+
+
+class PlanMismatchError(MonetError, ValueError):
+    """The optimized module was called with inputs that differ from the plan's."""
+
+
+class UnsupportedGraphError(MonetError):
+    """The traced graph has something the executor cannot schedule safely."""
+
+
+class InternalError(MonetError, AssertionError):
+    """A broken invariant inside monet_opt: a bug, never the user's input."""
+
+
+def internal_assert(cond: bool, msg: str) -> None:
+    if not cond:
+        raise InternalError(f"monet_opt internal error (this is a bug, please report it): {msg}")

@@ -1,0 +1,182 @@
+"""Lower AOTAutograd's joint forward+backward FX graph to a `solvers.Problem`.
+
+Operators are the ATen calls that allocate. Views (anything whose schema says its output aliases
+an input, plus `_unsafe_view`), `getitem`s and detaches are folded: they own no storage and are
+re-created on demand by the executor. A Problem tensor is one storage: an op's output. Parameters,
+buffers and inputs (the `primals_*` placeholders) are fixed memory; output gradients (the
+`tangents_*` placeholders) exist from the start of the backward.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from monet_opt import variants
+from monet_opt.errors import UnsupportedGraphError
+from solvers import NO_PRODUCER, Op, Problem, Tensor
+
+_EXTRA_VIEWS = {torch.ops.aten._unsafe_view.default, torch.ops.aten._reshape_alias.default}
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """The Problem plus the map back to FX nodes (by name).
+
+    op_nodes[i]: the FX node of op i. tensor_nodes[t]: the FX node holding tensor t's value (the
+    op itself, or its getitem; None for an output nobody reads). view_nodes: FX nodes that alias
+    a storage and are re-created wherever they are read. fixed_nodes: primals and constants."""
+
+    problem: Problem
+    op_nodes: tuple[str, ...]
+    tensor_nodes: tuple[str | None, ...]
+    view_nodes: frozenset[str]
+    fixed_nodes: frozenset[str]
+    op_labels: tuple[str, ...] = field(default=())
+
+
+def is_view_node(node: fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target is operator.getitem:
+        return False
+    if target in _EXTRA_VIEWS:
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        returns = target._schema.returns
+        return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write
+                                     for r in returns)
+    return False
+
+
+def lower(joint: fx.GraphModule, num_fwd_outputs: int, name: str = "model") -> Lowered:
+    b = _Builder()
+    for node in joint.graph.nodes:
+        if node.op == "placeholder":
+            b.placeholder(node)
+        elif node.op == "get_attr":
+            b.fixed(node)
+        elif node.op == "call_function":
+            b.call(node)
+        elif node.op == "output":
+            b.output(node, num_fwd_outputs)
+        else:
+            raise UnsupportedGraphError(f"monet_opt: unexpected FX node kind {node.op!r} "
+                                        f"({node.format_node()})")
+    problem = Problem(ops=tuple(b.ops), tensors=tuple(b.tensors), fixed_bytes=b.fixed_bytes,
+                      forward_outputs=tuple(b.forward_outputs),
+                      backward_outputs=tuple(b.backward_outputs), name=name)
+    return Lowered(problem=problem, op_nodes=tuple(b.op_nodes), tensor_nodes=tuple(b.tensor_nodes),
+                   view_nodes=frozenset(b.views), fixed_nodes=frozenset(b.fixed_names),
+                   op_labels=tuple(b.labels))
+
+
+def storage_bytes(val: object) -> int:
+    if not isinstance(val, torch.Tensor):
+        return 0
+    try:
+        return int(val.untyped_storage().nbytes())
+    except Exception:  # noqa: BLE001 - some tensor subclasses have no storage; size from shape
+        return int(val.numel() * val.element_size())
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.tensors: list[Tensor] = []
+        self.op_nodes: list[str] = []
+        self.tensor_nodes: list[str | None] = []
+        self.labels: list[str] = []
+        self.views: set[str] = set()
+        self.fixed_names: set[str] = set()
+        self.fixed_bytes = 0
+        self.storage: dict[str, tuple[int, ...]] = {}   # node name -> the tensors it reads as
+        self.multi: dict[str, tuple[int, ...]] = {}     # multi-output op -> its output tensors
+        self.forward_outputs: list[int] = []
+        self.backward_outputs: list[int] = []
+
+    def fixed(self, node: fx.Node) -> None:
+        self.fixed_names.add(node.name)
+        self.fixed_bytes += storage_bytes(node.meta.get("val"))
+        self.storage[node.name] = ()
+
+    def placeholder(self, node: fx.Node) -> None:
+        if not node.name.startswith("tangents"):
+            return self.fixed(node)
+        t = self._tensor(node.name, node.meta.get("val"), NO_PRODUCER)
+        self.storage[node.name] = (t,)
+
+    def call(self, node: fx.Node) -> None:
+        if node.target is operator.getitem and node.args[0].name in self.multi:
+            outs = self.multi[node.args[0].name]
+            t = outs[node.args[1]]
+            self.tensor_nodes[t] = node.name
+            self.storage[node.name] = (t,)
+            return
+        if node.target is operator.getitem or is_view_node(node):
+            self.views.add(node.name)
+            self.storage[node.name] = self._reads(node)
+            return
+        self._op(node)
+
+    def _op(self, node: fx.Node) -> None:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            raise UnsupportedGraphError(
+                f"monet_opt: the joint graph mutates a tensor in place ({node.format_node()}); "
+                "only functional graphs can be scheduled. Please report the model.")
+        i = len(self.ops)
+        val = node.meta.get("val")
+        vals = list(val) if isinstance(val, (tuple, list)) else [val]
+        outs = tuple(self._tensor(f"{node.name}.{k}" if len(vals) > 1 else node.name, v, i)
+                     for k, v in enumerate(vals) if isinstance(v, torch.Tensor))
+        if isinstance(val, (tuple, list)):
+            self.multi[node.name] = tuple(self._index_map(vals, outs))
+            for t in outs:
+                self.tensor_nodes[t] = None
+        self.storage[node.name] = outs
+        is_backward = node.meta.get("partitioner_tag") == "is_backward"
+        self.ops.append(Op(name=node.name, is_backward=is_backward, time_s=0.0,
+                           inputs=self._reads(node), outputs=outs,
+                           is_random=variants.is_random(node)))
+        self.op_nodes.append(node.name)
+        self.labels.append(_label(node))
+
+    @staticmethod
+    def _index_map(vals, outs):
+        it = iter(outs)
+        return [next(it) if isinstance(v, torch.Tensor) else -1 for v in vals]
+
+    def _tensor(self, name: str, val: object, producer: int) -> int:
+        self.tensors.append(Tensor(name=name, bytes=storage_bytes(val), producer=producer))
+        self.tensor_nodes.append(name)
+        return len(self.tensors) - 1
+
+    def _reads(self, node: fx.Node) -> tuple[int, ...]:
+        reads: dict[int, None] = {}
+        for arg in variants.tensor_args(node):
+            for t in self.storage[arg.name]:
+                reads[t] = None
+        return tuple(reads)
+
+    def output(self, node: fx.Node, num_fwd_outputs: int) -> None:
+        outs = list(node.args[0])
+        for k, arg in enumerate(outs):
+            if not isinstance(arg, fx.Node):
+                continue
+            target = self.forward_outputs if k < num_fwd_outputs else self.backward_outputs
+            target.extend(t for t in self.storage[arg.name] if t not in target)
+
+
+def _label(node: fx.Node) -> str:
+    target = node.target
+    op = target.__name__ if hasattr(target, "__name__") else str(target)
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    where = ""
+    if stack:
+        path, _ = list(stack.values())[-1]
+        where = f" in {path}" if path else ""
+    return f"{op}{where}"

@@ -1,0 +1,89 @@
+"""What optimize() decided, and why: the numbers and a readable table."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from monet_opt.units import format_bytes
+from solvers import Problem, Schedule, Simulation
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One operator of the plan. decision: 'kept', 'recomputed xN', 'freed' (forward ops:
+    freed after the forward's last use) or 'backward'."""
+
+    name: str
+    label: str
+    phase: str
+    bytes: int
+    time_s: float
+    decision: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    memory_limit_bytes: int
+    predicted_peak_bytes: int
+    predicted_step_time_s: float
+    solver: str
+    status: str
+    solve_time_s: float
+    gap: float | None
+    fixed_bytes: int           # parameters, buffers, inputs
+    gradient_bytes: int        # what the backward returns (parameter and input gradients)
+    store_all_peak_bytes: int  # the peak with nothing recomputed
+    store_all_step_time_s: float
+    min_feasible_bytes: int    # the least peak the solver can reach
+    rows: tuple[OpRow, ...]
+
+    @property
+    def store_all_activation_bytes(self) -> int:
+        """The store-all peak above parameters, buffers, inputs and gradients."""
+        return self.store_all_peak_bytes - self.fixed_bytes - self.gradient_bytes
+
+    @property
+    def recomputed_ops(self) -> int:
+        """How many forward op runs the backward adds."""
+        return sum(int(r.decision.split("x")[1]) for r in self.rows
+                   if r.decision.startswith("recomputed"))
+
+    def explain(self) -> str:
+        overhead = self.predicted_step_time_s / self.store_all_step_time_s - 1 \
+            if self.store_all_step_time_s else 0.0
+        gap = "n/a" if self.gap is None else f"{self.gap:.2%}"
+        head = [
+            f"monet_opt plan: solver {self.solver} ({self.status}, gap {gap}, "
+            f"solved in {self.solve_time_s:.2f} s)",
+            f"  memory limit      {format_bytes(self.memory_limit_bytes)}",
+            f"  predicted peak    {format_bytes(self.predicted_peak_bytes)} "
+            f"(store-all {format_bytes(self.store_all_peak_bytes)}, least reachable "
+            f"{format_bytes(self.min_feasible_bytes)})",
+            f"  fixed             {format_bytes(self.fixed_bytes)} parameters/buffers/inputs, "
+            f"{format_bytes(self.gradient_bytes)} gradients",
+            f"  predicted step    {self.predicted_step_time_s * 1e3:.2f} ms "
+            f"({overhead:+.1%} vs no recomputation), {self.recomputed_ops} op runs recomputed",
+            "",
+            f"  {'phase':<8} {'op':<28} {'bytes':>11} {'time ms':>9}  decision   source",
+        ]
+        body = [f"  {r.phase:<8} {r.name[:28]:<28} {format_bytes(r.bytes):>11} "
+                f"{r.time_s * 1e3:>9.3f}  {r.decision:<10} {r.label}" for r in self.rows]
+        return "\n".join(head + body)
+
+
+def op_rows(problem: Problem, schedule: Schedule, sim: Simulation,
+            labels: tuple[str, ...]) -> tuple[OpRow, ...]:
+    rows = []
+    for i, op in enumerate(problem.ops):
+        size = sum(problem.tensors[t].bytes for t in op.outputs)
+        if op.is_backward:
+            decision = "backward"
+        elif sim.recompute_counts[i]:
+            decision = f"recomputed x{sim.recompute_counts[i]}"
+        elif any(t in schedule.kept for t in op.outputs):
+            decision = "kept"
+        else:
+            decision = "freed"
+        rows.append(OpRow(name=op.name, label=labels[i] if labels else op.name,
+                          phase="backward" if op.is_backward else "forward", bytes=size,
+                          time_s=op.time_s, decision=decision))
+    return tuple(rows)

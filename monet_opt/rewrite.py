@@ -1,0 +1,173 @@
+"""Turn a Schedule into the forward and backward graphs AOTAutograd runs.
+
+The joint graph is rebuilt so that its order *is* the schedule: every forward op once (in its
+original order), then the backward phase as the schedule lists it, with a fresh copy of each
+recomputed forward op (tagged backward). torch's own `default_partition` then cuts it: forward
+values read by backward-tagged nodes become the saved tensors, and these are exactly the
+schedule's kept tensors (plus parameters, which are resident anyway). FX frees every value after
+its last use, and the boxed calling convention lets the backward free saved tensors as it goes,
+so values live exactly as long as the simulator says (NOTE [Lifetimes] in solvers/simulate.py).
+"""
+from __future__ import annotations
+
+import copy
+import operator
+
+import torch
+import torch.fx as fx
+from functorch.compile import default_partition
+
+from monet_opt import variants
+from monet_opt.errors import internal_assert
+from monet_opt.lower import Lowered
+from solvers import Schedule
+
+FORWARD, BACKWARD = "is_forward", "is_backward"
+
+
+def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: Schedule,
+              num_fwd_outputs: int, **kwargs):
+    """partition_fn for aot_function: (forward GraphModule, backward GraphModule)."""
+    rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs)
+    fw, bw = default_partition(rebuilt, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+    for gm in (fw, bw):
+        gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())
+        gm.recompile()
+    return fw, bw
+
+
+def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
+                  num_fwd_outputs: int) -> fx.GraphModule:
+    nodes = {n.name: n for n in joint.graph.nodes}
+    problem = lowered.problem
+    e = _Emitter(nodes, lowered)
+    recomputed = {i for i in schedule.backward if not problem.ops[i].is_backward}
+    for n in joint.graph.nodes:
+        if n.op == "placeholder":
+            e.bind(n, e.g.node_copy(n))
+        elif n.op == "get_attr":
+            e.bind(n, e.g.node_copy(n))
+    e.tag = FORWARD
+    for i in problem.forward_ops:
+        e.emit(nodes[lowered.op_nodes[i]], capture_rng=i in recomputed and problem.ops[i].is_random)
+    output = next(iter(joint.graph.find_nodes(op="output")))
+    outs = list(output.args[0])
+    fwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[:num_fwd_outputs]]
+    e.enter_backward(schedule)
+    for i in schedule.backward:
+        node = nodes[lowered.op_nodes[i]]
+        e.emit(node, recompute=not problem.ops[i].is_backward)
+    bwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[num_fwd_outputs:]]
+    new_out = e.g.output(tuple(fwd_values + bwd_values))
+    new_out.meta = copy.copy(output.meta)
+    e.g.lint()
+    return fx.GraphModule(joint, e.g)
+
+
+class _Emitter:
+    """Copies nodes into a new graph, tracking which copy of each value is current."""
+
+    def __init__(self, nodes: dict[str, fx.Node], lowered: Lowered) -> None:
+        self.g = fx.Graph()
+        self.nodes = nodes
+        self.lowered = lowered
+        self.current: dict[str, fx.Node] = {}   # old value name -> its readable copy
+        self.views: dict[str, fx.Node] = {}     # old view name -> copy made in this phase
+        self.rng: dict[str, fx.Node] = {}       # old random op -> its captured generator state
+        self.tag = FORWARD
+        self.getitems: dict[str, list[fx.Node]] = {}
+        for n in nodes.values():
+            if n.op == "call_function" and n.target is operator.getitem \
+                    and n.name not in lowered.view_nodes:
+                self.getitems.setdefault(n.args[0].name, []).append(n)
+
+    def bind(self, old: fx.Node, new: fx.Node) -> None:
+        self.current[old.name] = new
+
+    def value(self, old: fx.Node) -> fx.Node:
+        if old.name in self.current:
+            return self.current[old.name]
+        if old.name in self.views:
+            return self.views[old.name]
+        internal_assert(old.name in self.lowered.view_nodes,
+                        f"{old.name} is read where the schedule has no copy of it")
+        new = self._copy(old, old.args, old.kwargs)
+        self.views[old.name] = new
+        return new
+
+    def _read(self, node: fx.Node) -> fx.Node:
+        """An arg of a node being emitted: a node of the new graph as is, an old one mapped."""
+        return node if node.graph is self.g else self.value(node)
+
+    def _copy(self, old: fx.Node, args, kwargs, target=None) -> fx.Node:
+        new = self.g.call_function(target or old.target, fx.node.map_arg(args, self._read),
+                                   fx.node.map_arg(kwargs, self._read))
+        new.meta = copy.copy(old.meta)
+        new.meta["partitioner_tag"] = self.tag
+        return new
+
+    def emit(self, old: fx.Node, recompute: bool = False, capture_rng: bool = False) -> None:
+        """Run `old` here: its op node and the getitems of its outputs."""
+        n_keep = None
+        if capture_rng:
+            self._capture_rng(old)
+        if recompute:
+            target, args, kwargs, n_keep = variants.recompute_form(old)
+            if variants.is_random(old):
+                device = str(_device_of(old))
+                op_name = variants.op_qualname(target)
+                args, target = (self.rng[old.name], device, op_name, *args), variants.rng_replay
+            new = self._copy(old, args, kwargs, target=target)
+            if n_keep is not None:
+                new.meta["val"] = tuple(old.meta["val"][:n_keep])
+            self.views.clear()  # views of the old copies must be re-made from the new ones
+        else:
+            args, kwargs = variants.effective_args(old)
+            new = self._copy(old, args, kwargs)
+        self.current[old.name] = new
+        for gi in self.getitems.get(old.name, []):
+            if n_keep is not None and gi.args[1] >= n_keep:
+                self.current.pop(gi.name, None)
+                continue
+            self.current[gi.name] = self._copy(gi, (old, gi.args[1]), {})
+
+    def _capture_rng(self, old: fx.Node) -> None:
+        device = str(_device_of(old))
+        state = self.g.call_function(variants.rng_state, (device,))
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            nbytes = variants.rng_state_nbytes(device)
+        fake = _fake_mode(old)
+        with fake:
+            state.meta["val"] = torch.empty(nbytes, dtype=torch.uint8)
+        state.meta["partitioner_tag"] = FORWARD
+        self.rng[old.name] = state
+
+    def enter_backward(self, schedule: Schedule) -> None:
+        """Only kept forward values (and resident ones) survive into the backward."""
+        problem, lowered = self.lowered.problem, self.lowered
+        keep = {lowered.tensor_nodes[t] for t in schedule.kept}
+        forward_values = {lowered.op_nodes[i] for i in problem.forward_ops}
+        forward_values |= {lowered.tensor_nodes[t] for t in problem.forward_tensors}
+        for name in list(self.current):
+            if name in forward_values and name not in keep:
+                del self.current[name]
+        self.views.clear()
+        self.tag = BACKWARD
+
+
+def _device_of(node: fx.Node) -> torch.device:
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return torch.device("cpu")
+
+
+def _fake_mode(node: fx.Node):
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    for v in vals:
+        if isinstance(v, torch._subclasses.FakeTensor):
+            return v.fake_mode
+    internal_assert(False, f"{node.name} has no fake value to take a fake mode from")
