@@ -55,7 +55,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     planner = _Planner(limit, solver, primals, profile_repeats, type(model).__name__)
     devices = sorted({t.device for t in primals if t.device.type == "cuda"}, key=str)
     with torch.random.fork_rng(devices=devices):
-        step = capture.first_call(model, spec, args, kwargs, primals, planner.partition)
+        step = capture.first_call(model, spec, args, kwargs, primals, planner.partition,
+                                  planned=lambda: planner.plan is not None)
     internal_assert(planner.plan is not None, "the partition function was never called")
     flags = tuple(m.training for m in model.modules())
     return OptimizedModule(model, step, spec, planner.plan, param_names, buffer_names, flags)
@@ -75,7 +76,8 @@ class _Planner:
         times = profile_op_times(joint, lowered, self.primals, self.repeats)
         problem = lowered.problem
         ops = tuple(dataclasses.replace(op, time_s=t) for op, t in zip(problem.ops, times))
-        problem = dataclasses.replace(problem, ops=ops)
+        problem = dataclasses.replace(problem, ops=ops,
+                                      fixed_bytes=problem.fixed_bytes + _loss_bytes(joint))
         lowered = dataclasses.replace(lowered, problem=problem)
         result = solvers.solve(problem, self.limit, self.solver)
         if not result.feasible:
@@ -83,6 +85,16 @@ class _Planner:
         self.plan = _make_plan(lowered, result, self.limit)
         return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
                                  num_fwd_outputs, **kwargs)
+
+
+def _loss_bytes(joint) -> int:
+    """NOTE [The loss scalar]: the user's loss is outside the graph, but any training step makes
+    at least a scalar loss and its seed gradient; count those two scalars (of the output gradients'
+    dtype). Anything larger the loss function allocates (a cross-entropy's log-probabilities) is
+    not in the plan: fold the loss into the module to plan it too."""
+    tangents = [n.meta["val"] for n in joint.graph.find_nodes(op="placeholder")
+                if n.name.startswith("tangents")]
+    return 2 * tangents[0].element_size() if tangents else 0
 
 
 def _make_plan(lowered: Lowered, result: solvers.SolveResult, limit: int) -> Plan:

@@ -120,9 +120,11 @@ def _boxed(gm: torch.fx.GraphModule):
 
 
 def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dict,
-               primals: list[torch.Tensor], partition_fn: Callable) -> Callable:
+               primals: list[torch.Tensor], partition_fn: Callable,
+               planned: Callable[[], bool]) -> Callable:
     """Compile and run once (this traces, plans and builds). Direct tracing first; if the model
-    does not trace, export it first. Raises CaptureError naming what failed."""
+    does not trace, export it first. Raises CaptureError naming what failed. Errors after the
+    plan was made (`planned()` is true) are not tracing problems and propagate unchanged."""
     errors: list[str] = []
     for export_example in (None, (args, kwargs)):
         try:
@@ -131,7 +133,9 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
             return fn
         except MonetError:
             raise
-        except Exception as exc:  # noqa: BLE001 - reported below with where it failed
+        except Exception as exc:
+            if planned():
+                raise  # noqa: BLE001 - reported below with where it failed
             how = "AOTAutograd" if export_example is None else \
                 "torch.export(strict=False) then AOTAutograd"
             errors.append(f"{how}: {_where(exc)}")

@@ -30,10 +30,21 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
     """partition_fn for aot_function: (forward GraphModule, backward GraphModule)."""
     rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs)
     fw, bw = default_partition(rebuilt, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+    _drop_dead_random_ops(bw)
     for gm in (fw, bw):
         gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())
         gm.recompile()
     return fw, bw
+
+
+def _drop_dead_random_ops(gm: fx.GraphModule) -> None:
+    """default_partition copies a forward random op into the backward whenever its inputs are
+    saved there, and its dead-code pass keeps it (random ops count as impure). Run there, it
+    would draw from the generator during every backward, which eager PyTorch does not do, and
+    allocate its outputs for nothing. The backward graph is functional, so nothing in it is
+    impure; the schedule's own recomputations of random ops go through rng_replay."""
+    gm.graph.eliminate_dead_code(
+        is_impure_node=lambda node: node.op in ("placeholder", "output"))
 
 
 def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,

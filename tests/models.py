@@ -1,0 +1,89 @@
+"""Small test models: each returns (model, sample_input, loss_fn)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SmallCNN(nn.Module):
+    """BatchNorm, dropout, a residual add, a concat, max-pool, in-place ReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8),
+                                  nn.ReLU(inplace=True))
+        self.block = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8),
+                                   nn.ReLU(inplace=True), nn.Conv2d(8, 8, 3, padding=1),
+                                   nn.BatchNorm2d(8))
+        self.drop = nn.Dropout(0.3)
+        self.pool = nn.MaxPool2d(2)
+        self.head = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(inplace=True),
+                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+    def forward(self, x):
+        y = self.stem(x)
+        z = F.relu(self.block(y) + y, inplace=True)
+        z = torch.cat([self.drop(z), y], dim=1)
+        return self.head(self.pool(z))
+
+
+class TransformerBlock(nn.Module):
+    """LayerNorm, SDPA attention with dropout, GELU MLP with dropout, residuals."""
+
+    def __init__(self, d: int = 32, heads: int = 4, p: float = 0.1) -> None:
+        super().__init__()
+        self.heads, self.p = heads, p
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d),
+                                 nn.Dropout(p))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0,
+                                           is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+def small_cnn():
+    return SmallCNN(), torch.randn(4, 3, 16, 16), lambda out: out.sum()
+
+
+def transformer_block():
+    return TransformerBlock(), torch.randn(2, 16, 32), lambda out: out.sum()
+
+
+def gpt2_tiny():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=500,
+                     use_cache=False, bos_token_id=1, eos_token_id=2)
+    model = GPT2LMHeadModel(cfg)
+    assert model.lm_head.weight is model.transformer.wte.weight  # tied, as real GPT-2
+    return model, {"input_ids": torch.randint(3, 500, (2, 32))}, lambda out: out.logits.sum()
+
+
+def bert_tiny():
+    from transformers import BertConfig, BertModel
+    cfg = BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                     intermediate_size=128, vocab_size=500, max_position_embeddings=64)
+    return (BertModel(cfg), {"input_ids": torch.randint(3, 500, (2, 32))},
+            lambda out: out.last_hidden_state.sum() + out.pooler_output.sum())
+
+
+def resnet18_small():
+    import torchvision
+    return torchvision.models.resnet18(num_classes=10), torch.randn(2, 3, 64, 64), \
+        lambda out: out.sum()
+
+
+def mobilenet_v2_small():
+    import torchvision
+    return torchvision.models.mobilenet_v2(num_classes=10), torch.randn(2, 3, 64, 64), \
+        lambda out: out.sum()
+
+
+ALL = [small_cnn, transformer_block, gpt2_tiny, bert_tiny, resnet18_small, mobilenet_v2_small]
