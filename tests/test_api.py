@@ -1,0 +1,190 @@
+"""The public contract: inputs accepted and refused, errors that say what to do, state left
+alone, and the module behaving like the model outside training steps."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import monet_opt
+from tests import models
+
+HUGE = 1 << 40
+
+
+@pytest.mark.parametrize("text, expected", [
+    (1234, 1234), ("512MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("300 MiB", 300 * 2**20),
+    ("2GiB", 2 * 2**30), ("4096", 4096), ("1e3KB", 10**6), (2.0**20, 2**20),
+])
+def test_memory_limit_forms(text, expected):
+    assert monet_opt.parse_memory_limit(text) == expected
+
+
+@pytest.mark.parametrize("bad", [0, -5, math.nan, math.inf, "lots", "", "12 parsecs", "-1GB",
+                                 None, True, [1], 1.5])
+def test_memory_limit_rejects(bad):
+    with pytest.raises(ValueError, match="512MiB"):
+        monet_opt.parse_memory_limit(bad)
+
+
+def test_optimize_rejects_bad_limit_and_solver():
+    model, x, _ = models.small_cnn()
+    with pytest.raises(ValueError, match="memory_limit"):
+        monet_opt.optimize(model, x, "lots")
+    with pytest.raises(ValueError, match="unknown solver"):
+        monet_opt.optimize(model, x, HUGE, solver="gurobi")
+    with pytest.raises(TypeError, match="sample_input"):
+        monet_opt.optimize(model, "an image", HUGE)
+
+
+def test_infeasible_budget_error_states_both_numbers():
+    model, x, _ = models.small_cnn()
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+        monet_opt.optimize(model, x, 1000, profile_repeats=1)
+    err = info.value
+    assert err.memory_limit_bytes == 1000
+    assert isinstance(err.min_feasible_bytes, int) and err.min_feasible_bytes > 1000
+    assert "1000 B" in str(err) and f"{err.min_feasible_bytes} B" in str(err)
+    # the figure it states is reachable
+    opt = monet_opt.optimize(model, x, err.min_feasible_bytes, profile_repeats=1)
+    assert opt.plan.predicted_peak_bytes <= err.min_feasible_bytes
+
+
+def test_wrong_input_shape_is_refused():
+    model, x, loss_fn = models.small_cnn()
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    with pytest.raises(monet_opt.PlanMismatchError, match=r"expected .*\[4, 3, 16, 16\].*"
+                                                          r"received .*\[2, 3, 16, 16\]"):
+        opt(x[:2])
+    with pytest.raises(monet_opt.PlanMismatchError, match="torch.float64"):
+        opt(x.double())
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:  # Python control flow on a tensor value: cannot be traced
+            return self.lin(x)
+        return -self.lin(x)
+
+
+def test_untraceable_model_names_the_line():
+    with pytest.raises(monet_opt.CaptureError, match=r"test_api.py:\d+: if x.sum\(\) > 0"):
+        monet_opt.optimize(DataDependent(), torch.randn(2, 4), HUGE)
+
+
+def test_optimize_leaves_model_state_and_rng_alone():
+    torch.manual_seed(0)
+    model, x, _ = models.small_cnn()
+    before = copy.deepcopy(model.state_dict())
+    torch.manual_seed(42)
+    rng = torch.get_rng_state()
+    monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    assert torch.equal(torch.get_rng_state(), rng)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_eval_and_no_grad_run_the_model_itself():
+    torch.manual_seed(0)
+    model, x, _ = models.small_cnn()
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    opt.eval()
+    assert not model.training
+    y = opt(x[:1])  # any shape: nothing is planned in eval mode
+    assert torch.equal(y, model(x[:1]))
+    opt.train()
+    with torch.no_grad():
+        before = model.stem[1].running_mean.clone()
+        y = opt(x)
+        assert not y.requires_grad
+        assert not torch.equal(before, model.stem[1].running_mean)  # a train-mode forward
+
+
+def test_shares_parameters_and_state_dict_keys():
+    model, x, _ = models.small_cnn()
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    assert {id(p) for p in opt.parameters()} == {id(p) for p in model.parameters()}
+    assert opt.state_dict().keys() == model.state_dict().keys()
+    opt.load_state_dict(copy.deepcopy(model.state_dict()))
+
+
+def _grads_match(opt_module, model, ref, call, loss_fn):
+    torch.manual_seed(3)
+    loss_fn(call(opt_module)).backward()
+    torch.manual_seed(3)
+    loss_fn(call(ref)).backward()
+    named_ref = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        q = named_ref[name]
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-7), name
+
+
+def test_input_gradient_and_frozen_parameters():
+    torch.manual_seed(0)
+    model, x, loss_fn = models.small_cnn()
+    model.stem[0].weight.requires_grad_(False)
+    ref = copy.deepcopy(model)
+    x = x.clone().requires_grad_(True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    tight = monet_opt.optimize(model, x, opt.plan.min_feasible_bytes, profile_repeats=1)
+    assert tight.plan.recomputed_ops > 0
+    _grads_match(tight, model, ref, lambda m: m(x if m is tight else x_ref), loss_fn)
+    assert model.stem[0].weight.grad is None
+    assert torch.allclose(x.grad, x_ref.grad, rtol=1e-5, atol=1e-7)
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x, y, scale=None):
+        h = torch.relu(self.a(x)) * torch.sigmoid(self.b(y))
+        out = {"h": h, "parts": (h.sum(-1), self.a.weight)}
+        return out if scale is None else {"h": h * scale, "parts": out["parts"]}
+
+
+def test_tuple_and_dict_inputs_and_pytree_outputs():
+    torch.manual_seed(0)
+    model = TwoInputs()
+    x, y = torch.randn(3, 8), torch.randn(3, 8)
+    ref = copy.deepcopy(model)
+    loss_fn = lambda out: out["h"].sum() + out["parts"][0].sum()  # noqa: E731
+    opt = monet_opt.optimize(model, (x, y), HUGE, profile_repeats=1)
+    _grads_match(opt, model, ref, lambda m: m(x, y), loss_fn)
+    model.zero_grad(set_to_none=True)
+    ref.zero_grad(set_to_none=True)
+    s = torch.tensor(2.0)
+    opt_kw = monet_opt.optimize(model, {"x": x, "y": y, "scale": s}, HUGE, profile_repeats=1)
+    _grads_match(opt_kw, model, ref, lambda m: m(x=x, y=y, scale=s), loss_fn)
+    with pytest.raises(monet_opt.PlanMismatchError, match="structured"):
+        opt_kw(x, y, s)
+
+
+def test_tied_weights_get_one_gradient():
+    torch.manual_seed(0)
+    model, x, loss_fn = models.gpt2_tiny()
+    ref = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    _grads_match(opt, model, ref, lambda m: m(**x), loss_fn)
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def test_explain_lists_every_op():
+    model, x, _ = models.small_cnn()
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    full = monet_opt.optimize(model, x, opt.plan.min_feasible_bytes, profile_repeats=1)
+    text = full.plan.explain()
+    assert "predicted peak" in text and "recomputed x1" in text and "kept" in text
+    assert len(text.splitlines()) >= len(full.plan.rows)
