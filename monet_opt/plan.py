@@ -10,7 +10,8 @@ from solvers import Problem, Schedule, Simulation
 @dataclass(frozen=True)
 class OpRow:
     """One operator of the plan. decision: 'kept', 'recomputed xN', 'freed' (forward ops:
-    freed after the forward's last use) or 'backward'."""
+    freed after the forward's last use) or 'backward'. recomputed: how often the backward
+    re-runs it."""
 
     name: str
     label: str
@@ -18,6 +19,7 @@ class OpRow:
     bytes: int
     time_s: float
     decision: str
+    recomputed: int = 0
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,7 @@ class Plan:
     @property
     def recomputed_ops(self) -> int:
         """How many forward op runs the backward adds."""
-        return sum(int(r.decision.split("x")[1]) for r in self.rows
-                   if r.decision.startswith("recomputed"))
+        return sum(r.recomputed for r in self.rows)
 
     def explain(self) -> str:
         overhead = self.predicted_step_time_s / self.store_all_step_time_s - 1 \
@@ -85,5 +86,6 @@ def op_rows(problem: Problem, schedule: Schedule, sim: Simulation,
             decision = "freed"
         rows.append(OpRow(name=op.name, label=labels[i] if labels else op.name,
                           phase="backward" if op.is_backward else "forward", bytes=size,
-                          time_s=op.time_s, decision=decision))
+                          time_s=op.time_s, decision=decision,
+                          recomputed=0 if op.is_backward else sim.recompute_counts[i]))
     return tuple(rows)
