@@ -30,14 +30,14 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
     """partition_fn for aot_function: (forward GraphModule, backward GraphModule)."""
     rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs)
     fw, bw = default_partition(rebuilt, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-    _drop_dead_random_ops(bw)
+    _drop_dead_code(bw)
     for gm in (fw, bw):
         gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())
         gm.recompile()
     return fw, bw
 
 
-def _drop_dead_random_ops(gm: fx.GraphModule) -> None:
+def _drop_dead_code(gm: fx.GraphModule) -> None:
     """default_partition copies a forward random op into the backward whenever its inputs are
     saved there, and its dead-code pass keeps it (random ops count as impure). Run there, it
     would draw from the generator during every backward, which eager PyTorch does not do, and
@@ -54,11 +54,8 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     e = _Emitter(nodes, lowered)
     recomputed = {i for i in schedule.backward if not problem.ops[i].is_backward}
     for n in joint.graph.nodes:
-        if n.op == "placeholder":
+        if n.op in ("placeholder", "get_attr"):
             e.bind(n, e.g.node_copy(n))
-        elif n.op == "get_attr":
-            e.bind(n, e.g.node_copy(n))
-    e.tag = FORWARD
     for i in problem.forward_ops:
         e.emit(nodes[lowered.op_nodes[i]], capture_rng=i in recomputed and problem.ops[i].is_random)
     output = next(iter(joint.graph.find_nodes(op="output")))
@@ -125,7 +122,7 @@ class _Emitter:
         if recompute:
             target, args, kwargs, n_keep = variants.recompute_form(old)
             if variants.is_random(old):
-                device = str(_device_of(old))
+                device = str(_first_tensor(old).device)
                 op_name = variants.op_qualname(target)
                 args, target = (self.rng[old.name], device, op_name, *args), variants.rng_replay
             new = self._copy(old, args, kwargs, target=target)
@@ -143,12 +140,12 @@ class _Emitter:
             self.current[gi.name] = self._copy(gi, (old, gi.args[1]), {})
 
     def _capture_rng(self, old: fx.Node) -> None:
-        device = str(_device_of(old))
+        value = _first_tensor(old)
+        device = str(value.device)
         state = self.g.call_function(variants.rng_state, (device,))
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
             nbytes = variants.rng_state_nbytes(device)
-        fake = _fake_mode(old)
-        with fake:
+        with value.fake_mode:
             state.meta["val"] = torch.empty(nbytes, dtype=torch.uint8)
         state.meta["partitioner_tag"] = FORWARD
         self.rng[old.name] = state
@@ -166,19 +163,10 @@ class _Emitter:
         self.tag = BACKWARD
 
 
-def _device_of(node: fx.Node) -> torch.device:
+def _first_tensor(node: fx.Node) -> torch._subclasses.FakeTensor:
+    """The node's (first) fake tensor value: its device, and the fake mode to make more in."""
     val = node.meta.get("val")
-    vals = val if isinstance(val, (tuple, list)) else [val]
-    for v in vals:
-        if isinstance(v, torch.Tensor):
-            return v.device
-    return torch.device("cpu")
-
-
-def _fake_mode(node: fx.Node):
-    val = node.meta.get("val")
-    vals = val if isinstance(val, (tuple, list)) else [val]
-    for v in vals:
+    for v in val if isinstance(val, (tuple, list)) else [val]:
         if isinstance(v, torch._subclasses.FakeTensor):
-            return v.fake_mode
-    internal_assert(False, f"{node.name} has no fake value to take a fake mode from")
+            return v
+    internal_assert(False, f"{node.name} has no fake tensor value")
