@@ -1,5 +1,5 @@
 """monet_opt: train PyTorch models in less memory at the least extra compute."""
-from monet_opt.api import optimize
+from monet_opt.api import lower_problem, optimize
 from monet_opt.errors import (CaptureError, InfeasibleBudgetError, MonetError, PlanMismatchError,
                               UnsupportedGraphError)
 from monet_opt.memory import LiveBytes, measure_peak, resident_tensors
@@ -9,4 +9,4 @@ from monet_opt.units import format_bytes, parse_memory_limit
 
 __all__ = ["CaptureError", "InfeasibleBudgetError", "LiveBytes", "MonetError", "OptimizedModule",
            "Plan", "PlanMismatchError", "UnsupportedGraphError", "format_bytes", "measure_peak",
-           "optimize", "parse_memory_limit", "resident_tensors"]
+           "lower_problem", "optimize", "parse_memory_limit", "resident_tensors"]

@@ -44,31 +44,51 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     if solver not in solvers.available_solvers():
         raise ValueError(f"monet_opt.optimize: unknown solver {solver!r}; choose one of "
                          f"{solvers.available_solvers()}")
+    planner = _Planner(limit, solver, profile_repeats, type(model).__name__)
+    step, spec, param_names, buffer_names = _trace(model, sample_input, planner)
+    internal_assert(planner.plan is not None, "the partition function was never called")
+    flags = tuple(m.training for m in model.modules())
+    return OptimizedModule(model, step, spec, planner.plan, param_names, buffer_names, flags)
+
+
+def lower_problem(model: nn.Module, sample_input: Any, *,
+                  profile_repeats: int = 3) -> solvers.Problem:
+    """The profiled scheduling problem of one training step of `model` on `sample_input`, as
+    every solver sees it (for benchmarks and for studying a model's graph). Leaves the model's
+    state as it was."""
+    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__)
+    _trace(model, sample_input, planner)
+    internal_assert(planner.problem is not None, "the partition function was never called")
+    return planner.problem
+
+
+def _trace(model: nn.Module, sample_input: Any, planner: _Planner):
+    """Trace one step of `model` through `planner.partition` (which plans it) and run it once,
+    leaving the model's state and the random stream as they were."""
     args, kwargs = capture.InputSpec.split(sample_input)
     spec, inputs = capture.InputSpec.of(args, kwargs)
     param_names, buffer_names = capture.state_names(model)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     # Buffers are cloned for the first run: it applies BatchNorm's statistics update.
-    primals = [params[n] for n in param_names] + \
+    planner.primals = [params[n] for n in param_names] + \
         [buffers[n].clone() for n in buffer_names] + list(inputs)
-    planner = _Planner(limit, solver, primals, profile_repeats, type(model).__name__)
-    devices = sorted({t.device for t in primals if t.device.type == "cuda"}, key=str)
+    devices = sorted({t.device for t in planner.primals if t.device.type == "cuda"}, key=str)
     with torch.random.fork_rng(devices=devices):
-        step = capture.first_call(model, spec, args, kwargs, primals, planner.partition,
-                                  planned=lambda: planner.plan is not None)
-    internal_assert(planner.plan is not None, "the partition function was never called")
-    flags = tuple(m.training for m in model.modules())
-    return OptimizedModule(model, step, spec, planner.plan, param_names, buffer_names, flags)
+        step = capture.first_call(model, spec, args, kwargs, planner.primals, planner.partition,
+                                  planned=lambda: planner.problem is not None)
+    return step, spec, param_names, buffer_names
 
 
 class _Planner:
     """The partition function AOTAutograd calls with the joint graph: plans and cuts it."""
 
-    def __init__(self, limit: int, solver: str, primals: list[torch.Tensor], repeats: int,
-                 name: str) -> None:
-        self.limit, self.solver, self.primals = limit, solver, primals
+    def __init__(self, limit: int | None, solver: str, repeats: int, name: str) -> None:
+        """limit None: only lower and profile (`self.problem`), then run store-all."""
+        self.limit, self.solver = limit, solver
         self.repeats, self.name = repeats, name
+        self.primals: list[torch.Tensor] = []
+        self.problem: solvers.Problem | None = None
         self.plan: Plan | None = None
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
@@ -79,10 +99,12 @@ class _Planner:
         problem = dataclasses.replace(problem, ops=ops,
                                       fixed_bytes=problem.fixed_bytes + _loss_bytes(joint))
         lowered = dataclasses.replace(lowered, problem=problem)
-        result = solvers.solve(problem, self.limit, self.solver)
+        self.problem = problem
+        limit = self.limit if self.limit is not None else 2 ** 62
+        result = solvers.solve(problem, limit, self.solver)
         if not result.feasible:
             raise InfeasibleBudgetError(self.limit, result.min_feasible_bytes, self.solver)
-        self.plan = _make_plan(lowered, result, self.limit)
+        self.plan = _make_plan(lowered, result, limit)
         return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
                                  num_fwd_outputs, **kwargs)
 

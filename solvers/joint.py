@@ -1,0 +1,101 @@
+"""The MILP as a solver: warm start, solve, check with the simulator, report honestly."""
+from __future__ import annotations
+
+import time
+
+from solvers import baselines
+from solvers.errors import SolverError
+from solvers.milp import MilpOptions, Program, build_stages, solve_program
+from solvers.mip import solve_relaxation
+from solvers.ondemand import schedule_from_kept
+from solvers.problem import Problem
+from solvers.schedule import Schedule, SolveResult, Status
+from solvers.simulate import simulate
+
+
+def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResult:
+    """Least step time within the budget. Warm-started from the best heuristic schedule that
+    fits; if the backend stops without beating it, that schedule is returned (FEASIBLE)."""
+    start = time.perf_counter()
+    stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
+    heuristic = baselines.chen_greedy(problem, budget_bytes, baselines.BaselineOptions())
+    program = Program(stages, budget_bytes)
+    warm = _best_start(problem, budget_bytes, program, heuristic, options)
+    res, sched, _ = solve_program(program, options, warm)
+    notes = []
+    if stages.max_stages is not None:
+        notes.append(f"backward cut into {len(stages.groups)} stages (recomputation only at "
+                     "their starts)")
+    if stages.window is not None:
+        notes.append(f"recomputation limited to ancestors within {stages.window} forward ops "
+                     f"({stages.num_recompute_vars} recompute variables); the bound holds for "
+                     "that space")
+    min_feasible = heuristic.min_feasible_bytes
+    candidates: list[tuple[Schedule, str]] = []
+    if sched is not None:
+        candidates.append((sched, "milp"))
+    if warm is not None:
+        candidates.append((warm, "warm start"))
+    best = None
+    for s, origin in candidates:
+        sim = simulate(problem, s)
+        if sim.peak_bytes > budget_bytes:
+            if origin == "milp":
+                raise SolverError(f"internal: the MILP's schedule peaks at {sim.peak_bytes} B "
+                                  f"over its budget {budget_bytes} B; its memory rows are wrong")
+            continue
+        if best is None or (sim.time_s, sim.peak_bytes) < (best[1].time_s, best[1].peak_bytes):
+            best = (s, sim, origin)
+    elapsed = time.perf_counter() - start
+    bound = max(res.bound, problem.no_recompute_time_s) if res.bound is not None \
+        else problem.no_recompute_time_s
+    if best is None:
+        if res.status == "infeasible":
+            least = least_peak(problem, options)
+            min_feasible = least if min_feasible is None else min(min_feasible, least)
+        status = Status.INFEASIBLE if res.status == "infeasible" else Status.TIMEOUT
+        return SolveResult(solver="milp", status=status, schedule=None, objective_s=None,
+                           peak_bytes=None, bound_s=None, gap=None,
+                           solve_time_s=time.perf_counter() - start,
+                           min_feasible_bytes=min_feasible, note="; ".join(notes))
+    s, sim, origin = best
+    if origin != "milp" and res.status != "optimal":
+        notes.append(f"the backend ({res.status}) did not beat the warm start")
+    gap = max(0.0, (sim.time_s - bound) / sim.time_s) if sim.time_s > 0 else 0.0
+    status = Status.OPTIMAL if res.status == "optimal" and origin == "milp" and \
+        gap <= options.rel_gap + 1e-9 else Status.FEASIBLE
+    min_feasible = sim.peak_bytes if min_feasible is None else min(min_feasible, sim.peak_bytes)
+    return SolveResult(solver="milp", status=status, schedule=s, objective_s=sim.time_s,
+                       peak_bytes=sim.peak_bytes, bound_s=bound, gap=gap,
+                       solve_time_s=elapsed, min_feasible_bytes=min_feasible,
+                       note="; ".join(notes))
+
+
+def _best_start(problem: Problem, budget_bytes: int, program: Program, heuristic: SolveResult,
+                options: MilpOptions) -> Schedule | None:
+    """The fastest of Chen's greedy and Checkmate-style roundings of the LP relaxation's kept
+    set (keep x where S[0][x] >= tau), each made runnable on demand and simulated."""
+    best = (heuristic.objective_s, heuristic.schedule) if heuristic.feasible else None
+    lp = solve_relaxation(program.mip, max(1.0, options.time_limit_s / 4))
+    if lp.values is None:
+        return best[1] if best else None
+    for tau in (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
+        kept = {x for x, v in program.S[0].items() if lp.values[v] >= tau}
+        sched = schedule_from_kept(problem, kept)
+        sim = simulate(problem, sched)
+        if sim.peak_bytes <= budget_bytes and (best is None or sim.time_s < best[0]):
+            best = (sim.time_s, sched)
+    return best[1] if best else None
+
+
+def least_peak(problem: Problem, options: MilpOptions) -> int:
+    """The memory-centric program: the least simulated peak the MILP finds within its time
+    limit (never above the best heuristic's)."""
+    stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
+    program = Program(stages, None)
+    heuristic = baselines.chen_greedy(problem, 2 ** 62, baselines.BaselineOptions())
+    best = heuristic.min_feasible_bytes
+    res, sched, _ = solve_program(program, options, None)
+    if sched is not None:
+        best = min(best, simulate(problem, sched).peak_bytes)
+    return best

@@ -1,0 +1,435 @@
+"""The joint MILP: which tensors to keep, what to recompute before which backward op, within the
+budget, at the least step time. The math, with the reasoning for every row, is in
+docs/formulation.md; names below follow it.
+
+The backward ops run in problem order, cut into stages: a stage starts at a backward op that
+reads a forward tensor and runs the ops up to the next such start; its recomputations run
+before its first op. (Large graphs merge several such runs into one stage, so the program
+stays small; the result's note says so.) Variables:
+  S[a][x]  a copy of forward tensor x is held entering stage a (S[0] is the kept set);
+  R[a][i]  forward op i is recomputed in stage a (only for ancestors of what stage a reads);
+  A[a][y]  recomputed y is still held after its last reader in stage a (= R and S[a+1]);
+  M[a][j]  forward bytes held while the j-th candidate of stage a runs (a prefix sum);
+  P[k]     kept bytes already past their last forward read at forward step k (a prefix sum).
+Every memory row is an upper bound on what simulate() measures, so an extracted schedule's
+simulated peak never exceeds the budget; simulate() checks it anyway.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from solvers.errors import InvalidScheduleError
+from solvers.mip import Mip, solve_mip
+from solvers.problem import NO_PRODUCER, Problem
+from solvers.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class MilpOptions:
+    """backend: "highs" | "cbc" | "cpsat". time_limit_s: wall time for the backend.
+    max_recompute_vars: if recomputing any ancestor would need more R variables than this,
+    recomputation is limited to a window of nearby ancestors (the result's note says so).
+    rel_gap: stop once the proven gap is below this."""
+
+    backend: str = "highs"
+    time_limit_s: float = 60.0
+    max_recompute_vars: int = 4000
+    max_held_vars: int = 6000
+    rel_gap: float = 1e-3
+
+
+class Stages:
+    """The budget-independent structure of the program for one problem."""
+
+    def __init__(self, problem: Problem, window: int | None = None,
+                 max_stages: int | None = None) -> None:
+        p = problem
+        self.problem = p
+        fwd = set(p.forward_tensors)
+        self.fwd_pos = {i: k for k, i in enumerate(p.forward_ops)}
+        self.bwd = p.backward_ops
+        self.reads = [tuple(x for x in p.ops[b].inputs if x in fwd) for b in self.bwd]
+        self.groups = _group(self.reads, max_stages)
+        self.end_reads = tuple(x for x in p.backward_outputs if x in fwd)
+        anc = _ancestors(p)
+        self.window = window
+        self.max_stages = max_stages
+        # stages 0..len(groups)-1 run backward ops; stage len(groups) is the end of the step.
+        self.cand: list[tuple[int, ...]] = []
+        reads = [frozenset(x for q in g for x in self.reads[q]) for g in self.groups]
+        for r in reads:
+            ops: set[int] = set()
+            for x in r:
+                src = p.tensors[x].producer
+                ops |= {i for i in anc[src] if window is None or src - i <= window}
+            self.cand.append(tuple(sorted(ops)))
+        self.cand.append(())
+        self.D = reads + [frozenset(self.end_reads)]
+        self.stage_reads = []
+        for a, d in enumerate(self.D):
+            r = set(d)
+            for i in self.cand[a]:
+                r.update(x for x in p.ops[i].inputs if x in fwd)
+            self.stage_reads.append(frozenset(r))
+        last_need: dict[int, int] = {}
+        for a, r in enumerate(self.stage_reads):
+            for x in r:
+                last_need[x] = a
+        self.last_need = last_need
+        self.held = [tuple(sorted(x for x, la in last_need.items() if a <= la))
+                     for a in range(len(self.D))]
+
+    @property
+    def num_recompute_vars(self) -> int:
+        return sum(len(c) for c in self.cand)
+
+    @property
+    def num_held_vars(self) -> int:
+        return sum(len(h) for h in self.held)
+
+
+def _group(reads: list[tuple[int, ...]], max_stages: int | None) -> list[tuple[int, ...]]:
+    """Cut backward positions into stages, each starting at a position that reads forward
+    tensors. With max_stages, merge runs so each stage has about an equal share of reads."""
+    starts = [q for q, d in enumerate(reads) if d]
+    if max_stages is not None and len(starts) > max_stages:
+        total = sum(len(d) for d in reads)
+        share, acc, kept = total / max_stages, 0.0, []
+        for q in starts:
+            if not kept or acc >= share:
+                kept.append(q)
+                acc = 0.0
+            acc += len(reads[q])
+        starts = kept
+    bounds = starts + [len(reads)]
+    return [tuple(range(bounds[k], bounds[k + 1])) for k in range(len(starts))]
+
+
+def build_stages(problem: Problem, max_recompute_vars: int, max_held_vars: int) -> Stages:
+    """The finest stages and widest recomputation window that fit the variable limits."""
+    stages = None
+    for max_stages in (None, 96, 64, 48, 32, 24, 16, 12, 8):
+        stages = Stages(problem, None, max_stages)
+        if stages.num_held_vars <= max_held_vars:
+            break
+    max_stages = stages.max_stages
+    if stages.num_recompute_vars <= max_recompute_vars:
+        return stages
+    lo, hi = 0, len(problem.forward_ops)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if Stages(problem, mid, max_stages).num_recompute_vars <= max_recompute_vars:
+            lo = mid
+        else:
+            hi = mid - 1
+    return Stages(problem, lo, max_stages)
+
+
+def _ancestors(p: Problem) -> dict[int, frozenset[int]]:
+    anc: dict[int, frozenset[int]] = {}
+    for i in p.forward_ops:
+        a = {i}
+        for x in p.ops[i].inputs:
+            a |= anc[p.tensors[x].producer]
+        anc[i] = frozenset(a)
+    return anc
+
+
+class Program:
+    """The MILP of `stages` at `budget_bytes` (or, with budget None, the least-peak program:
+    the budget becomes a variable and the objective)."""
+
+    def __init__(self, stages: Stages, budget_bytes: int | None) -> None:
+        self.st = st = stages
+        p = st.problem
+        self.mip = mip = Mip()
+        self.min_memory = budget_bytes is None
+        if self.min_memory:
+            self.budget_var = mip.var(0.0, math.inf, cost=1.0, integer=False)
+        else:
+            mip.offset = p.no_recompute_time_s
+        self.budget = budget_bytes
+        self.S = [{x: mip.var() for x in held} for held in st.held]
+        time_cost = 0.0 if self.min_memory else 1.0
+        self.R = [{i: mip.var(cost=time_cost * p.ops[i].time_s) for i in c} for c in st.cand]
+        self.A: list[dict[int, int]] = []
+        self.M: list[dict[int, int]] = []
+        self.P: dict[int, int] = {}
+        self._forward_rows()
+        bw_const = _backward_constants(p)
+        for a in range(len(st.groups)):
+            self._stage_rows(a, bw_const)
+        self._end_rows()
+        self._gap_rows(bw_const)
+
+    # ---- helpers ----
+    def _mem_row(self, terms: list[tuple[int, float]], const: float) -> None:
+        if self.min_memory:
+            self.mip.row(terms + [(self.budget_var, -1.0)], hi=-const)
+        else:
+            self.mip.row(terms, hi=self.budget - const)
+
+    def _have(self, a: int, x: int) -> list[tuple[int, float]]:
+        """Terms that are >= 1 exactly when x is readable in stage a: held, or recomputed."""
+        terms = []
+        if x in self.S[a]:
+            terms.append((self.S[a][x], 1.0))
+        prod = self.st.problem.tensors[x].producer
+        if prod in self.R[a]:
+            terms.append((self.R[a][prod], 1.0))
+        return terms
+
+    # ---- rows ----
+    def _forward_rows(self) -> None:
+        """Forward step k holds what it reads later, its outputs, its workspace, and every kept
+        tensor already past its last forward read (P[k])."""
+        p, mip = self.st.problem, self.mip
+        last_read = _last_forward_read(p)
+        dies_after: dict[int, list[int]] = {}
+        for x, k in last_read.items():
+            dies_after.setdefault(k, []).append(x)
+        alive = 0  # bytes of tensors made earlier and read at or after this step
+        prev = None
+        kept = self.S[0]
+        for k, i in enumerate(p.forward_ops):
+            out = sum(p.tensors[x].bytes for x in p.ops[i].outputs)
+            const = p.fixed_bytes + alive + out + p.ops[i].workspace_bytes
+            var = mip.var(0.0, math.inf, integer=False)
+            terms = [(var, 1.0)]
+            newly = [(kept[x], -float(p.tensors[x].bytes)) for x in dies_after.get(k - 1, [])
+                     if x in kept]
+            mip.row(terms + ([(prev, -1.0)] if prev is not None else []) + newly, lo=0.0, hi=0.0)
+            self.P[k] = var
+            self._mem_row([(var, 1.0)], const)
+            prev = var
+            alive += out
+            alive -= sum(p.tensors[x].bytes for x in dies_after.get(k, []))
+
+    def _stage_rows(self, a: int, bw_const) -> None:
+        st, p, mip = self.st, self.st.problem, self.mip
+        S, S_next, R = self.S[a], self.S[a + 1], self.R[a]
+        D, reads = st.D[a], st.stage_reads[a]
+        size = lambda x: float(p.tensors[x].bytes)  # noqa: E731
+        for x, v in S_next.items():  # a copy is held on only if it was held or just made
+            mip.row([(v, 1.0)] + [(j, -c) for j, c in self._have(a, x)], hi=0.0)
+        for i, r in R.items():  # recomputing needs the inputs
+            for x in p.ops[i].inputs:
+                if p.tensors[x].producer != NO_PRODUCER and x in reads:
+                    mip.row([(r, 1.0)] + [(j, -c) for j, c in self._have(a, x)], hi=0.0)
+        for x in D:  # the backward op's forward inputs exist
+            mip.row(self._have(a, x), lo=1.0)
+        # memory while the candidates run, in order
+        last_reader: dict[int, int] = {}
+        for i in st.cand[a]:
+            for x in p.ops[i].inputs:
+                last_reader[x] = i
+        A = {}
+        for i in st.cand[a]:
+            for y in p.ops[i].outputs:
+                if y not in D and y in S_next:
+                    A[y] = mip.var(0.0, 1.0, integer=False)
+                    mip.row([(A[y], 1.0), (R[i], -1.0), (S_next[y], -1.0)], lo=-1.0)
+        self.A.append(A)
+        start = []
+        for x, v in S.items():
+            if x in reads:
+                start.append((v, size(x)))
+            elif x in S_next:
+                start.append((S_next[x], size(x)))
+        gpre = bw_const[st.groups[a][0]][0]
+        dying: dict[int, list[tuple[int, float]]] = {}  # after candidate i: terms to subtract
+        for x in reads - D:
+            if x in S and x in last_reader:
+                dying.setdefault(last_reader[x], []).append((S[x], size(x)))
+                if x in S_next:
+                    dying[last_reader[x]].append((S_next[x], -size(x)))
+        for i in st.cand[a]:
+            for y in p.ops[i].outputs:
+                if y in D:
+                    continue
+                k = last_reader.get(y, i)
+                dying.setdefault(k, []).append((R[i], size(y)))
+                if y in A:
+                    dying[k].append((A[y], -size(y)))
+        Ma = {}
+        prev_var = None
+        for i in st.cand[a]:
+            m = mip.var(0.0, math.inf, integer=False)
+            out = sum(size(y) for y in p.ops[i].outputs)
+            terms = [(m, 1.0), (R[i], -out)]
+            terms += [(j, -c) for j, c in start] if prev_var is None else [(prev_var, -1.0)]
+            mip.row(terms, lo=0.0, hi=0.0)
+            self._mem_row([(m, 1.0), (R[i], float(p.ops[i].workspace_bytes))], gpre)
+            Ma[i] = m
+            prev_var = m
+            if dying.get(i):
+                m2 = mip.var(0.0, math.inf, integer=False)
+                mip.row([(m2, 1.0), (m, -1.0)] + [(j, c) for j, c in dying[i]], lo=0.0, hi=0.0)
+                prev_var = m2
+        self.M.append(Ma)
+        self._backward_op_rows(a, bw_const)
+
+    def _backward_op_rows(self, a: int, bw_const) -> None:
+        """While each backward op of the stage runs: its own memory, the stage's forward inputs
+        not yet read for the last time, and everything held on to later stages. Between two
+        ops that read forward tensors the forward part is the same: one row for the worst."""
+        st, p = self.st, self.st.problem
+        S_next, D = self.S[a + 1], st.D[a]
+        size = lambda x: float(p.tensors[x].bytes)  # noqa: E731
+        last_read = {x: q for q in st.groups[a] for x in st.reads[q]}
+        worst: dict[frozenset, float] = {}
+        for q in st.groups[a]:
+            pending = frozenset(x for x, lq in last_read.items() if lq >= q)
+            worst[pending] = max(worst.get(pending, 0.0), bw_const[q][1])
+        for pending, const in worst.items():
+            terms = [(v, size(x)) for x, v in S_next.items() if x not in pending]
+            self._mem_row(terms, const + sum(size(x) for x in pending))
+
+    def _end_rows(self) -> None:
+        a = len(self.st.groups)
+        for x in self.st.D[a]:
+            self.mip.row(self._have(a, x), lo=1.0)
+
+    def _gap_rows(self, bw_const) -> None:
+        """Backward ops before the first stage hold what it needs (the kept set)."""
+        st, p = self.st, self.st.problem
+        first = st.groups[0][0] if st.groups else len(st.bwd)
+        if first:
+            self._mem_row([(v, float(p.tensors[x].bytes)) for x, v in self.S[0].items()],
+                          max(bw_const[q][1] for q in range(first)))
+
+    # ---- to and from schedules ----
+    def schedule(self, values: list[float]) -> Schedule:
+        st = self.st
+        kept = frozenset(x for x, v in self.S[0].items() if values[v] > 0.5)
+        order: list[int] = []
+        stage_of = {g[0]: a for a, g in enumerate(st.groups)}
+        for q, b in enumerate(st.bwd):
+            a = stage_of.get(q)
+            if a is not None:
+                order.extend(i for i, v in self.R[a].items() if values[v] > 0.5)
+            order.append(b)
+        return Schedule(kept=kept, backward=tuple(order))
+
+    def start_values(self, schedule: Schedule) -> list[float] | None:
+        """The variable values of a heuristic schedule, or None if it is outside this
+        program's space (recomputation where the program allows none)."""
+        st, p = self.st, self.st.problem
+        bwd_pos = {b: q for q, b in enumerate(st.bwd)}
+        stage_of = {q: a for a, g in enumerate(st.groups) for q in g}
+        recomputed: list[set[int]] = [set() for _ in st.D]
+        q = 0
+        for i in schedule.backward:
+            if p.ops[i].is_backward:
+                q = bwd_pos[i] + 1
+                continue
+            a = stage_of.get(q)
+            if a is None or i not in self.R[a] or i in recomputed[a]:
+                return None
+            recomputed[a].add(i)
+        vals = [0.0] * self.mip.num_vars
+        # events per tensor: reads and re-makes, stage by stage
+        made_in = [{y for i in rs for y in p.ops[i].outputs} for rs in recomputed]
+        read_in = []
+        for a, rs in enumerate(recomputed):
+            r = set(st.D[a])
+            for i in rs:
+                r.update(x for x in p.ops[i].inputs if x in st.last_need)
+            read_in.append(r)
+        avail = set(schedule.kept)
+        for a in range(len(st.D)):
+            for x, v in self.S[a].items():
+                if x in avail and x not in made_in[a]:
+                    vals[v] = 1.0 if self._read_before_remake(x, a, read_in, made_in) else 0.0
+            avail |= made_in[a]
+            for i in recomputed[a]:
+                vals[self.R[a][i]] = 1.0
+        for a in range(len(st.groups)):
+            for y, v in self.A[a].items():
+                i = p.tensors[y].producer
+                vals[v] = max(0.0, vals[self.R[a][i]] + vals[self.S[a + 1][y]] - 1.0)
+        self._fill_continuous(vals)
+        return vals
+
+    @staticmethod
+    def _read_before_remake(x, a, read_in, made_in) -> bool:
+        for b in range(a, len(read_in)):
+            if b > a and x in made_in[b]:
+                return False
+            if x in read_in[b]:
+                return True
+        return False
+
+    def _fill_continuous(self, vals: list[float]) -> None:
+        """Continuous variables are defined by equality rows: solve them in order."""
+        mip = self.mip
+        for r_idx, r_val, lo, hi in mip.rows:
+            if lo != hi or not r_idx or mip.integer[r_idx[0]] or r_val[0] != 1.0:
+                continue
+            j = r_idx[0]
+            vals[j] = lo - sum(c * vals[k] for k, c in zip(r_idx[1:], r_val[1:]))
+        if self.min_memory:
+            vals[self.budget_var] = 0.0
+            need = 0.0
+            for r_idx, r_val, lo, hi in mip.rows:
+                if self.budget_var in r_idx:
+                    need = max(need, sum(c * vals[k] for k, c in zip(r_idx, r_val)) - hi)
+            vals[self.budget_var] = need
+
+
+def _last_forward_read(p: Problem) -> dict[int, int]:
+    """Forward step after which each forward tensor is freed if it is not kept."""
+    pos = {i: k for k, i in enumerate(p.forward_ops)}
+    last = {x: pos[p.tensors[x].producer] for x in p.forward_tensors}
+    for i in p.forward_ops:
+        for x in p.ops[i].inputs:
+            last[x] = max(last[x], pos[i])
+    for x in p.forward_outputs:
+        last[x] = len(p.forward_ops) - 1
+    return last
+
+
+def _backward_constants(p: Problem) -> list[tuple[float, float]]:
+    """Per backward op q: (fixed + backward tensors held while the recomputations before it
+    run, fixed + backward tensors held while it runs + its workspace). Output gradients
+    (tangents) exist from the first backward-phase step."""
+    bwd = p.backward_ops
+    pos = {b: q for q, b in enumerate(bwd)}
+    born: dict[int, int] = {t: -1 for t in p.tangents}
+    last: dict[int, int] = {t: 0 for t in p.tangents}
+    for b in bwd:
+        for y in p.ops[b].outputs:
+            born[y] = last[y] = pos[b]
+    for b in bwd:
+        for x in p.ops[b].inputs:
+            if x in born:
+                last[x] = max(last[x], pos[b])
+    for x in p.backward_outputs:
+        if x in born:
+            last[x] = len(bwd) - 1
+    enter = [0] * len(bwd)
+    during = [0] * len(bwd)
+    for t, b0 in born.items():
+        for q in range(max(b0, 0), min(last[t], len(bwd) - 1) + 1):
+            during[q] += p.tensors[t].bytes
+            if q > b0:
+                enter[q] += p.tensors[t].bytes
+    return [(float(p.fixed_bytes + enter[q]),
+             float(p.fixed_bytes + during[q] + p.ops[b].workspace_bytes))
+            for q, b in enumerate(bwd)]
+
+
+def solve_program(program: Program, options: MilpOptions,
+                  start: Schedule | None) -> tuple[object, Schedule | None, float]:
+    """Run the backend; returns (MipResult, extracted schedule or None, seconds)."""
+    t0 = time.perf_counter()
+    values = program.start_values(start) if start is not None else None
+    res = solve_mip(program.mip, options.backend, options.time_limit_s, values, options.rel_gap)
+    sched = program.schedule(res.values) if res.values is not None else None
+    return res, sched, time.perf_counter() - t0
+
+
+__all__ = ["MilpOptions", "Program", "Stages", "build_stages", "solve_program",
+           "InvalidScheduleError"]

@@ -1,0 +1,197 @@
+"""A small sparse mixed-integer program and the open-source backends that solve it.
+
+Formulations (milp.py) write to `Mip`; `solve_mip` hands it to HiGHS (default), CBC (through
+PuLP) or CP-SAT (OR-Tools) with a time limit and an optional starting solution, and reports
+what the backend proved: a time-limit stop with an incumbent is FEASIBLE, never OPTIMAL.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from solvers.errors import SolverError
+
+BACKENDS = ("highs", "cbc", "cpsat")
+
+
+@dataclass
+class Mip:
+    """min cost·x + offset  s.t.  lo <= A x <= hi,  lb <= x <= ub,  x integer where marked."""
+
+    lb: list[float] = field(default_factory=list)
+    ub: list[float] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    rows: list[tuple[list[int], list[float], float, float]] = field(default_factory=list)
+    offset: float = 0.0
+
+    def var(self, lb: float = 0.0, ub: float = 1.0, cost: float = 0.0,
+            integer: bool = True) -> int:
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.cost.append(cost)
+        self.integer.append(integer)
+        return len(self.lb) - 1
+
+    def row(self, terms: list[tuple[int, float]], lo: float = -math.inf,
+            hi: float = math.inf) -> None:
+        merged: dict[int, float] = {}
+        for j, c in terms:
+            merged[j] = merged.get(j, 0.0) + c
+        idx = [j for j, c in merged.items() if c != 0.0]
+        self.rows.append((idx, [merged[j] for j in idx], lo, hi))
+
+    @property
+    def num_vars(self) -> int:
+        return len(self.lb)
+
+
+@dataclass(frozen=True)
+class MipResult:
+    """status: "optimal" | "feasible" | "infeasible" | "timeout". bound: the best proven lower
+    bound on the objective (offset included), or None where the backend gives none."""
+
+    status: str
+    values: list[float] | None
+    objective: float | None
+    bound: float | None
+
+
+def solve_mip(mip: Mip, backend: str = "highs", time_limit_s: float = 60.0,
+              start: list[float] | None = None, rel_gap: float = 1e-3) -> MipResult:
+    """Solve `mip`; `start` is a full assignment the backend may begin from."""
+    if backend not in BACKENDS:
+        raise SolverError(f"unknown MILP backend {backend!r}; choose one of {BACKENDS}")
+    if time_limit_s <= 0:
+        raise SolverError(f"time_limit_s must be positive, got {time_limit_s}")
+    return {"highs": _highs, "cbc": _cbc, "cpsat": _cpsat}[backend](
+        mip, time_limit_s, start, rel_gap)
+
+
+def solve_relaxation(mip: Mip, time_limit_s: float) -> MipResult:
+    """The linear relaxation (integrality dropped), with HiGHS: its optimum is a lower bound and
+    its values guide rounding heuristics."""
+    return _highs(mip, time_limit_s, None, 0.0, relax=True)
+
+
+def _highs(mip: Mip, time_limit_s: float, start, rel_gap: float,
+           relax: bool = False) -> MipResult:
+    import highspy
+    import numpy as np
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", float(rel_gap))
+    n = mip.num_vars
+    inf = highspy.kHighsInf
+    lb = np.array(mip.lb, dtype=float)
+    ub = np.array([inf if math.isinf(u) else u for u in mip.ub], dtype=float)
+    h.addVars(n, lb, ub)
+    h.changeColsCost(n, np.arange(n, dtype=np.int32), np.array(mip.cost, dtype=float))
+    ints = np.array([j for j in range(n) if mip.integer[j] and not relax], dtype=np.int32)
+    if len(ints):
+        h.changeColsIntegrality(len(ints), ints,
+                                np.array([highspy.HighsVarType.kInteger] * len(ints)))
+    starts, idx, val, lo, hi = [], [], [], [], []
+    for r_idx, r_val, r_lo, r_hi in mip.rows:
+        starts.append(len(idx))
+        idx.extend(r_idx)
+        val.extend(r_val)
+        lo.append(-inf if math.isinf(r_lo) else r_lo)
+        hi.append(inf if math.isinf(r_hi) else r_hi)
+    if mip.rows:
+        h.addRows(len(mip.rows), np.array(lo), np.array(hi), len(idx),
+                  np.array(starts, dtype=np.int32), np.array(idx, dtype=np.int32),
+                  np.array(val, dtype=float))
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(start)
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    status = h.getModelStatus()
+    info = h.getInfo()
+    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    values = list(h.getSolution().col_value) if has_solution else None
+    objective = info.objective_function_value + mip.offset if has_solution else None
+    bound = info.mip_dual_bound + mip.offset if math.isfinite(info.mip_dual_bound) else None
+    if status == highspy.HighsModelStatus.kOptimal:
+        if relax:
+            bound = objective
+        return MipResult("optimal", values, objective, bound if bound is not None else objective)
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return MipResult("infeasible", None, None, None)
+    return MipResult("feasible" if has_solution else "timeout", values, objective, bound)
+
+
+def _cbc(mip: Mip, time_limit_s: float, start, rel_gap: float) -> MipResult:
+    import pulp
+
+    prob = pulp.LpProblem("monet", pulp.LpMinimize)
+    xs = [pulp.LpVariable(f"x{j}", lowBound=mip.lb[j],
+                          upBound=None if math.isinf(mip.ub[j]) else mip.ub[j],
+                          cat=pulp.LpInteger if mip.integer[j] else pulp.LpContinuous)
+          for j in range(mip.num_vars)]
+    prob += pulp.lpSum(c * xs[j] for j, c in enumerate(mip.cost) if c) + mip.offset
+    for r_idx, r_val, lo, hi in mip.rows:
+        expr = pulp.lpSum(c * xs[j] for j, c in zip(r_idx, r_val))
+        if lo == hi:
+            prob += expr == lo
+        else:
+            if not math.isinf(lo):
+                prob += expr >= lo
+            if not math.isinf(hi):
+                prob += expr <= hi
+    if start is not None:
+        for x, v in zip(xs, start):
+            x.setInitialValue(v)
+    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=rel_gap,
+                               warmStart=start is not None)
+    prob.solve(solver)
+    # NOTE: PuLP calls a time-limit stop "Optimal" in LpStatus; sol_status tells the truth.
+    if prob.sol_status == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
+        return MipResult("infeasible", None, None, None)
+    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return MipResult("timeout", None, None, None)
+    values = [x.value() or 0.0 for x in xs]
+    objective = pulp.value(prob.objective)
+    if prob.sol_status == pulp.LpSolutionOptimal:
+        return MipResult("optimal", values, objective, objective)
+    return MipResult("feasible", values, objective, None)
+
+
+def _cpsat(mip: Mip, time_limit_s: float, start, rel_gap: float) -> MipResult:
+    """CP-SAT needs integers: every variable becomes integer (continuous ones in our models are
+    sums of integer terms) and the objective is scaled to integer nanoseconds-per-unit."""
+    from ortools.sat.python import cp_model
+
+    scale = 1e9 / max(1e-12, max((abs(c) for c in mip.cost), default=1.0)) * 1e-3
+    model = cp_model.CpModel()
+    big = 2 ** 62
+    xs = [model.NewIntVar(math.ceil(mip.lb[j]), big if math.isinf(mip.ub[j])
+                          else math.floor(mip.ub[j]), f"x{j}") for j in range(mip.num_vars)]
+    for r_idx, r_val, lo, hi in mip.rows:
+        if any(c != round(c) for c in r_val):
+            raise SolverError("the CP-SAT backend needs integer constraint coefficients")
+        expr = sum(int(c) * xs[j] for j, c in zip(r_idx, r_val))
+        model.AddLinearConstraint(expr, -big if math.isinf(lo) else math.ceil(lo),
+                                  big if math.isinf(hi) else math.floor(hi))
+    model.Minimize(sum(round(c * scale) * xs[j] for j, c in enumerate(mip.cost) if c))
+    if start is not None:
+        for x, v in zip(xs, start):
+            model.AddHint(x, round(v))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.num_workers = 8
+    solver.parameters.relative_gap_limit = rel_gap
+    code = solver.Solve(model)
+    if code == cp_model.INFEASIBLE:
+        return MipResult("infeasible", None, None, None)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return MipResult("timeout", None, None, None)
+    values = [float(solver.Value(x)) for x in xs]
+    objective = sum(c * v for c, v in zip(mip.cost, values)) + mip.offset
+    bound = solver.BestObjectiveBound() / scale + mip.offset
+    status = "optimal" if code == cp_model.OPTIMAL else "feasible"
+    return MipResult(status, values, objective, min(bound, objective))
