@@ -18,7 +18,8 @@ import solvers
 
 
 def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
-             solver: str = "auto", profile_repeats: int = 3) -> OptimizedModule:
+             solver: str = "auto", time_limit_s: float = 30.0,
+             profile_repeats: int = 3) -> OptimizedModule:
     """Return a module that trains exactly like `model` with its step's peak memory within
     `memory_limit`.
 
@@ -30,8 +31,10 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             arguments), shaped exactly like the batches you will train on.
         memory_limit: the peak of everything the training step holds on the device
             (parameters, gradients, activations, inputs): int bytes or a string like "512MiB".
-        solver: "auto" (the fastest schedule any solver finds), or one of
-            `solvers.available_solvers()`.
+        solver: "auto" (store-all when it fits, else the fastest schedule any solver finds),
+            or one of `solvers.available_solvers()`: "milp" (the joint program, HiGHS),
+            "chen_greedy", "chen_sqrt", "store_all".
+        time_limit_s: wall time the MILP may spend (the plan reports its status and gap).
         profile_repeats: timed runs per operator when profiling (after one warm-up).
 
     Raises:
@@ -44,7 +47,9 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     if solver not in solvers.available_solvers():
         raise ValueError(f"monet_opt.optimize: unknown solver {solver!r}; choose one of "
                          f"{solvers.available_solvers()}")
-    planner = _Planner(limit, solver, profile_repeats, type(model).__name__)
+    if not time_limit_s > 0:
+        raise ValueError(f"monet_opt.optimize: time_limit_s must be positive, got {time_limit_s}")
+    planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s)
     step, spec, param_names, buffer_names = _trace(model, sample_input, planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
     flags = tuple(m.training for m in model.modules())
@@ -56,7 +61,7 @@ def lower_problem(model: nn.Module, sample_input: Any, *,
     """The profiled scheduling problem of one training step of `model` on `sample_input`, as
     every solver sees it (for benchmarks and for studying a model's graph). Leaves the model's
     state as it was."""
-    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__)
+    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0)
     _trace(model, sample_input, planner)
     internal_assert(planner.problem is not None, "the partition function was never called")
     return planner.problem
@@ -83,9 +88,10 @@ def _trace(model: nn.Module, sample_input: Any, planner: _Planner):
 class _Planner:
     """The partition function AOTAutograd calls with the joint graph: plans and cuts it."""
 
-    def __init__(self, limit: int | None, solver: str, repeats: int, name: str) -> None:
+    def __init__(self, limit: int | None, solver: str, repeats: int, name: str,
+                 time_limit_s: float) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all."""
-        self.limit, self.solver = limit, solver
+        self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name = repeats, name
         self.primals: list[torch.Tensor] = []
         self.problem: solvers.Problem | None = None
@@ -101,7 +107,7 @@ class _Planner:
         lowered = dataclasses.replace(lowered, problem=problem)
         self.problem = problem
         limit = self.limit if self.limit is not None else 2 ** 62
-        result = solvers.solve(problem, limit, self.solver)
+        result = solvers.solve(problem, limit, self.solver, time_limit_s=self.time_limit_s)
         if not result.feasible:
             raise InfeasibleBudgetError(self.limit, result.min_feasible_bytes, self.solver)
         self.plan = _make_plan(lowered, result, limit)
@@ -131,5 +137,5 @@ def _make_plan(lowered: Lowered, result: solvers.SolveResult, limit: int) -> Pla
                 status=result.status.value, solve_time_s=result.solve_time_s, gap=result.gap,
                 fixed_bytes=problem.fixed_bytes, gradient_bytes=grads,
                 store_all_peak_bytes=store_all.peak_bytes, store_all_step_time_s=store_all.time_s,
-                min_feasible_bytes=result.min_feasible_bytes,
+                min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
                 rows=op_rows(problem, result.schedule, sim, lowered.op_labels))

@@ -37,6 +37,7 @@ class Plan:
     store_all_step_time_s: float
     min_feasible_bytes: int    # the least peak the solver can reach
     rows: tuple[OpRow, ...]
+    solver_note: str = ""      # what the solver restricted or fell back to, if anything
 
     @property
     def store_all_activation_bytes(self) -> int:
@@ -54,7 +55,8 @@ class Plan:
         gap = "n/a" if self.gap is None else f"{self.gap:.2%}"
         head = [
             f"monet_opt plan: solver {self.solver} ({self.status}, gap {gap}, "
-            f"solved in {self.solve_time_s:.2f} s)",
+            f"solved in {self.solve_time_s:.2f} s)"
+            + (f"\n  solver note       {self.solver_note}" if self.solver_note else ""),
             f"  memory limit      {format_bytes(self.memory_limit_bytes)}",
             f"  predicted peak    {format_bytes(self.predicted_peak_bytes)} "
             f"(store-all {format_bytes(self.store_all_peak_bytes)}, least reachable "

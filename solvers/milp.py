@@ -17,10 +17,8 @@ simulated peak never exceeds the budget; simulate() checks it anyway.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
-from solvers.errors import InvalidScheduleError
 from solvers.mip import Mip, solve_mip
 from solvers.problem import NO_PRODUCER, Problem
 from solvers.schedule import Schedule
@@ -157,6 +155,7 @@ class Program:
         self.A: list[dict[int, int]] = []
         self.M: list[dict[int, int]] = []
         self.P: dict[int, int] = {}
+        self._mem_row([], float(p.fixed_bytes))  # fixed memory alone must fit
         self._forward_rows()
         bw_const = _backward_constants(p)
         for a in range(len(st.groups)):
@@ -276,7 +275,7 @@ class Program:
         not yet read for the last time, and everything held on to later stages. Between two
         ops that read forward tensors the forward part is the same: one row for the worst."""
         st, p = self.st, self.st.problem
-        S_next, D = self.S[a + 1], st.D[a]
+        S_next = self.S[a + 1]
         size = lambda x: float(p.tensors[x].bytes)  # noqa: E731
         last_read = {x: q for q in st.groups[a] for x in st.reads[q]}
         worst: dict[frozenset, float] = {}
@@ -421,15 +420,12 @@ def _backward_constants(p: Problem) -> list[tuple[float, float]]:
             for q, b in enumerate(bwd)]
 
 
-def solve_program(program: Program, options: MilpOptions,
-                  start: Schedule | None) -> tuple[object, Schedule | None, float]:
-    """Run the backend; returns (MipResult, extracted schedule or None, seconds)."""
-    t0 = time.perf_counter()
+def solve_program(program: Program, options: MilpOptions, start: Schedule | None):
+    """Run the backend from `start` (if the program can express it); returns the MipResult
+    and its schedule (None if the backend found none)."""
     values = program.start_values(start) if start is not None else None
     res = solve_mip(program.mip, options.backend, options.time_limit_s, values, options.rel_gap)
-    sched = program.schedule(res.values) if res.values is not None else None
-    return res, sched, time.perf_counter() - t0
+    return res, (program.schedule(res.values) if res.values is not None else None)
 
 
-__all__ = ["MilpOptions", "Program", "Stages", "build_stages", "solve_program",
-           "InvalidScheduleError"]
+__all__ = ["MilpOptions", "Program", "Stages", "build_stages", "solve_program"]

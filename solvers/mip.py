@@ -7,6 +7,7 @@ what the backend proved: a time-limit stop with an incumbent is FEASIBLE, never 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 from solvers.errors import SolverError
@@ -24,6 +25,7 @@ class Mip:
     integer: list[bool] = field(default_factory=list)
     rows: list[tuple[list[int], list[float], float, float]] = field(default_factory=list)
     offset: float = 0.0
+    trivially_infeasible: bool = False  # a row with no variables that cannot hold
 
     def var(self, lb: float = 0.0, ub: float = 1.0, cost: float = 0.0,
             integer: bool = True) -> int:
@@ -39,6 +41,9 @@ class Mip:
         for j, c in terms:
             merged[j] = merged.get(j, 0.0) + c
         idx = [j for j, c in merged.items() if c != 0.0]
+        if not idx:
+            self.trivially_infeasible |= not lo <= 0.0 <= hi
+            return
         self.rows.append((idx, [merged[j] for j in idx], lo, hi))
 
     @property
@@ -64,6 +69,10 @@ def solve_mip(mip: Mip, backend: str = "highs", time_limit_s: float = 60.0,
         raise SolverError(f"unknown MILP backend {backend!r}; choose one of {BACKENDS}")
     if time_limit_s <= 0:
         raise SolverError(f"time_limit_s must be positive, got {time_limit_s}")
+    if mip.trivially_infeasible:
+        return MipResult("infeasible", None, None, None)
+    if mip.num_vars == 0:
+        return MipResult("optimal", [], mip.offset, mip.offset)
     return {"highs": _highs, "cbc": _cbc, "cpsat": _cpsat}[backend](
         mip, time_limit_s, start, rel_gap)
 
@@ -71,6 +80,10 @@ def solve_mip(mip: Mip, backend: str = "highs", time_limit_s: float = 60.0,
 def solve_relaxation(mip: Mip, time_limit_s: float) -> MipResult:
     """The linear relaxation (integrality dropped), with HiGHS: its optimum is a lower bound and
     its values guide rounding heuristics."""
+    if mip.trivially_infeasible:
+        return MipResult("infeasible", None, None, None)
+    if mip.num_vars == 0:
+        return MipResult("optimal", [], mip.offset, mip.offset)
     return _highs(mip, time_limit_s, None, 0.0, relax=True)
 
 
@@ -146,9 +159,11 @@ def _cbc(mip: Mip, time_limit_s: float, start, rel_gap: float) -> MipResult:
     if start is not None:
         for x, v in zip(xs, start):
             x.setInitialValue(v)
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=rel_gap,
-                               warmStart=start is not None)
-    prob.solve(solver)
+    with warnings.catch_warnings():  # PuLP 3 deprecates the bundled CBC; it still ships it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=rel_gap,
+                                   warmStart=start is not None)
+        prob.solve(solver)
     # NOTE: PuLP calls a time-limit stop "Optimal" in LpStatus; sol_status tells the truth.
     if prob.sol_status == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
         return MipResult("infeasible", None, None, None)

@@ -1,11 +1,13 @@
 """Every solver behind one signature: solve(problem, budget_bytes, solver=name, options)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
-from solvers import baselines
-from solvers.errors import UnknownSolverError
+from solvers import baselines, joint
+from solvers.errors import SolverError, UnknownSolverError
+from solvers.milp import MilpOptions
 from solvers.problem import Problem
 from solvers.schedule import SolveResult, Status
 
@@ -15,6 +17,7 @@ _REGISTRY: dict[str, tuple[SolverFn, type]] = {
     "store_all": (baselines.store_all, baselines.BaselineOptions),
     "chen_sqrt": (baselines.chen_sqrt, baselines.BaselineOptions),
     "chen_greedy": (baselines.chen_greedy, baselines.BaselineOptions),
+    "milp": (joint.milp, MilpOptions),
 }
 
 
@@ -22,27 +25,40 @@ def available_solvers() -> list[str]:
     return ["auto", *_REGISTRY]
 
 
-def solve(problem: Problem, budget_bytes: int, solver: str = "auto",
-          options: Any = None) -> SolveResult:
+def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: Any = None,
+          time_limit_s: float | None = None) -> SolveResult:
     """Find a schedule whose simulated peak is at most `budget_bytes` (fixed memory included).
 
-    "auto" runs every registered solver and returns the fastest feasible schedule; its
-    `min_feasible_bytes` is the least peak any of them reaches. An infeasible budget is not an
-    exception here: the result has status INFEASIBLE and says the least budget that would do.
+    "auto": store-all when it fits (nothing is faster); otherwise every registered solver, and
+    the fastest feasible schedule. Its `min_feasible_bytes` is the least of theirs (the cheap
+    heuristics always run, so it is known even when store-all fits). An
+    infeasible budget is not an exception here: the result has status INFEASIBLE and says the
+    least budget that would do. `time_limit_s` caps the MILP (overrides its options' limit).
     """
+    if time_limit_s is not None and time_limit_s <= 0:
+        raise SolverError(f"solvers.solve: time_limit_s must be positive, got {time_limit_s}")
     if solver == "auto":
-        return _auto(problem, budget_bytes)
+        return _auto(problem, budget_bytes, time_limit_s)
     if solver not in _REGISTRY:
         raise UnknownSolverError(
             f"solvers.solve: no solver named {solver!r}; available: {available_solvers()}")
     fn, options_type = _REGISTRY[solver]
-    return fn(problem, budget_bytes, options if options is not None else options_type())
+    options = options if options is not None else options_type()
+    if time_limit_s is not None and hasattr(options, "time_limit_s"):
+        options = dataclasses.replace(options, time_limit_s=time_limit_s)
+    return fn(problem, budget_bytes, options)
 
 
-def _auto(problem: Problem, budget_bytes: int) -> SolveResult:
+def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None) -> SolveResult:
     start = time.perf_counter()
-    results = [solve(problem, budget_bytes, name) for name in _REGISTRY]
+    cheap = [solve(problem, budget_bytes, name) for name in ("store_all", "chen_sqrt",
+                                                             "chen_greedy")]
+    results = cheap if cheap[0].feasible else \
+        cheap + [solve(problem, budget_bytes, "milp", time_limit_s=time_limit_s)]
     min_peak = min(r.min_feasible_bytes for r in results if r.min_feasible_bytes is not None)
+    if cheap[0].feasible:  # the MILP's least peak, as if it had run
+        options = MilpOptions() if time_limit_s is None else MilpOptions(time_limit_s=time_limit_s)
+        min_peak = min(min_peak, joint.least_peak(problem, options)[0])
     feasible = [r for r in results if r.feasible]
     elapsed = time.perf_counter() - start
     if not feasible:
@@ -50,7 +66,9 @@ def _auto(problem: Problem, budget_bytes: int) -> SolveResult:
                            objective_s=None, peak_bytes=None, bound_s=results[0].bound_s,
                            gap=None, solve_time_s=elapsed, min_feasible_bytes=min_peak)
     best = min(feasible, key=lambda r: (r.objective_s, r.peak_bytes))
+    bound = max(r.bound_s for r in results if r.bound_s is not None)
+    gap = max(0.0, (best.objective_s - bound) / best.objective_s) if best.objective_s else 0.0
     return SolveResult(solver=f"auto:{best.solver}", status=best.status, schedule=best.schedule,
                        objective_s=best.objective_s, peak_bytes=best.peak_bytes,
-                       bound_s=best.bound_s, gap=best.gap, solve_time_s=elapsed,
-                       min_feasible_bytes=min_peak)
+                       bound_s=bound, gap=gap, solve_time_s=elapsed,
+                       min_feasible_bytes=min_peak, note=best.note)

@@ -81,14 +81,15 @@ def test_plans_train_exactly_and_within_limit(factory):
     limits["min"] = plan.min_feasible_bytes
     tried = 0
     for label, limit in limits.items():
-        if limit < plan.min_feasible_bytes:
-            with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
-                monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1)
-            assert info.value.memory_limit_bytes == limit
-            assert info.value.min_feasible_bytes == plan.min_feasible_bytes
+        # Below the heuristics' least peak the MILP may still find a plan, or say it cannot.
+        try:
+            optimized = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
+                                           time_limit_s=10)
+        except monet_opt.InfeasibleBudgetError as err:
+            assert limit < plan.min_feasible_bytes, f"{label}: a known-feasible limit refused"
+            assert err.memory_limit_bytes == limit < err.min_feasible_bytes
             continue
         tried += 1
-        optimized = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1)
         assert optimized.plan.predicted_peak_bytes <= limit
         run = run_steps(optimized, optimized.model, x, loss_fn)
         assert_same(run, ref_run, exact=True, what=f"{label} plan vs store-all plan")

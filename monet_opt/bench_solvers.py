@@ -1,0 +1,77 @@
+"""Solver benchmark: lower real models, then run every solver at limits leaving 70/50/40 % of
+the store-all activation memory. Prints a markdown report (docs/benchmarks/solvers.md).
+
+    python -m monet_opt.bench_solvers [--time-limit 60] [--models resnet50,gpt2]
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+
+import torch
+
+import monet_opt
+import solvers
+from monet_opt import zoo
+
+FRACTIONS = (0.7, 0.5, 0.4)
+SOLVERS = ("store_all", "chen_sqrt", "chen_greedy", "milp")
+
+
+def mib(b: float) -> str:
+    return f"{b / 2**20:,.1f}"
+
+
+def bench_model(name: str, time_limit_s: float, out) -> None:
+    model, x = zoo.MODELS[name]()
+    t0 = time.perf_counter()
+    problem = monet_opt.lower_problem(model, x, profile_repeats=3)
+    lower_s = time.perf_counter() - t0
+    store_all = solvers.simulate(problem, solvers.schedule_from_kept(
+        problem, problem.saved_for_backward))
+    grads = sum(problem.tensors[t].bytes for t in problem.backward_outputs)
+    floor = problem.fixed_bytes + grads
+    act = store_all.peak_bytes - floor
+    print(f"\n### {name}\n\n{len(problem.forward_ops)} forward ops, {len(problem.backward_ops)} "
+          f"backward ops, {len(problem.tensors)} tensors (lowered and profiled in {lower_s:.0f} s). "
+          f"Store-all peak {mib(store_all.peak_bytes)} MiB = {mib(floor)} MiB parameters, "
+          f"inputs and gradients + {mib(act)} MiB activations; step {store_all.time_s * 1e3:.0f} ms"
+          " (sum of profiled op times).\n", file=out)
+    print("| limit (activations left) | solver | status | predicted step | overhead | bound "
+          "| gap | solve time | least peak (MiB) | note |", file=out)
+    print("|---|---|---|---|---|---|---|---|---|---|", file=out)
+    for frac in FRACTIONS:
+        budget = floor + int(frac * act)
+        for s in SOLVERS:
+            r = solvers.solve(problem, budget, s, time_limit_s=time_limit_s)
+            ok = r.feasible
+            step = f"{r.objective_s * 1e3:.0f} ms" if ok else "-"
+            over = f"{r.objective_s / store_all.time_s - 1:+.1%}" if ok else "-"
+            bound = f"{r.bound_s * 1e3:.0f} ms" if r.bound_s is not None else "-"
+            gap = f"{r.gap:.1%}" if r.gap is not None else "-"
+            print(f"| {mib(budget)} MiB ({frac:.0%}) | {s} | {r.status.value} | {step} | {over} "
+                  f"| {bound} | {gap} | {r.solve_time_s:.1f} s | {mib(r.min_feasible_bytes)} "
+                  f"| {r.note} |", file=out, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--models", default=",".join(zoo.MODELS))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    print(f"# Solver benchmark\n\nCommand: `python -m monet_opt.bench_solvers --time-limit "
+          f"{args.time_limit:g} --models {args.models}`. Machine: {platform.processor() or "
+          f"platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"CPU profile. Limits include parameters, inputs and gradients; the percentage is "
+          f"the share of store-all activation memory left. Overhead is predicted step time vs "
+          f"store-all (profiled op times; the simulator's peak equals the executor's measured "
+          f"peak to the byte in tests/test_executor.py).", flush=True)
+    for name in args.models.split(","):
+        bench_model(name, args.time_limit, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
