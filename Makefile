@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test
+.PHONY: install demo test bench-solvers
 install: $(VENV)/.installed
 
 # torch 2.14.1 / torchvision 0.29.1 come from this machine's local disk (see research/env.md).
@@ -17,3 +17,7 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+# The solver benchmark (minutes): writes docs/benchmarks/solvers.md.
+bench-solvers: install
+	$(PY) -m monet_opt.bench_solvers > docs/benchmarks/solvers.md

@@ -62,9 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default=",".join(zoo.MODELS))
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    machine = platform.processor() or platform.machine()
     print(f"# Solver benchmark\n\nCommand: `python -m monet_opt.bench_solvers --time-limit "
-          f"{args.time_limit:g} --models {args.models}`. Machine: {platform.processor() or "
-          f"platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"{args.time_limit:g} --models {args.models}`. Machine: {machine}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"CPU profile. Limits include parameters, inputs and gradients; the percentage is "
           f"the share of store-all activation memory left. Overhead is predicted step time vs "
           f"store-all (profiled op times; the simulator's peak equals the executor's measured "

@@ -23,10 +23,10 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     deadline = start + options.time_limit_s
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
     heuristic = baselines.chen_greedy(problem, budget_bytes, baselines.BaselineOptions())
+    least_bytes, least = least_peak(problem, options)  # cached; a quarter of the limit
     program = Program(stages, budget_bytes)
     warm = _best_start(problem, budget_bytes, program, heuristic, options.time_limit_s / 4)
     res, sched = solve_program(program, _remaining(options, deadline), warm)
-    least_bytes, least = least_peak(problem, options)
     candidates = [(sched, "milp"), (warm, "warm start"), (least, "memory-centric program")]
     min_feasible = min(heuristic.min_feasible_bytes, least_bytes)
     best = None
@@ -99,14 +99,17 @@ def _best_start(problem: Problem, budget_bytes: int, program: Program, heuristic
 @functools.lru_cache(maxsize=8)
 def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     """The memory-centric program (the budget is the objective), given a quarter of the time
-    limit; or Chen's greedy least-peak schedule where that is lower. Cached per problem, so
+    limit; or Chen's least-peak schedule (greedy or sqrt) where that is lower. Cached per problem, so
     the budget it reports is met again by the same call."""
-    floor = baselines.chen_greedy(problem, 2 ** 62, baselines.BaselineOptions())
-    greedy = baselines.chen_greedy(problem, floor.min_feasible_bytes, baselines.BaselineOptions())
-    best = (simulate(problem, greedy.schedule).peak_bytes, greedy.schedule)
+    best = None
+    for heuristic in (baselines.chen_greedy, baselines.chen_sqrt):
+        floor = heuristic(problem, 2 ** 62, baselines.BaselineOptions()).min_feasible_bytes
+        sched = heuristic(problem, floor, baselines.BaselineOptions()).schedule
+        if best is None or floor < best[0]:
+            best = (floor, sched)
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
     quick = dataclasses.replace(options, time_limit_s=max(1.0, options.time_limit_s / 4))
-    res, sched = solve_program(Program(stages, None), quick, greedy.schedule)
+    res, sched = solve_program(Program(stages, None), quick, best[1])
     if sched is not None:
         best = min(best, (simulate(problem, sched).peak_bytes, sched), key=lambda b: b[0])
     return best
