@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from solvers.mip import Mip, solve_mip
 from solvers.problem import NO_PRODUCER, Problem
 from solvers.schedule import Schedule
+from solvers.stages import Stages, build_stages
 
 
 @dataclass(frozen=True)
@@ -36,103 +37,6 @@ class MilpOptions:
     max_recompute_vars: int = 4000
     max_held_vars: int = 6000
     rel_gap: float = 1e-3
-
-
-class Stages:
-    """The budget-independent structure of the program for one problem."""
-
-    def __init__(self, problem: Problem, window: int | None = None,
-                 max_stages: int | None = None) -> None:
-        p = problem
-        self.problem = p
-        fwd = set(p.forward_tensors)
-        self.fwd_pos = {i: k for k, i in enumerate(p.forward_ops)}
-        self.bwd = p.backward_ops
-        self.reads = [tuple(x for x in p.ops[b].inputs if x in fwd) for b in self.bwd]
-        self.groups = _group(self.reads, max_stages)
-        self.end_reads = tuple(x for x in p.backward_outputs if x in fwd)
-        anc = _ancestors(p)
-        self.window = window
-        self.max_stages = max_stages
-        # stages 0..len(groups)-1 run backward ops; stage len(groups) is the end of the step.
-        self.cand: list[tuple[int, ...]] = []
-        reads = [frozenset(x for q in g for x in self.reads[q]) for g in self.groups]
-        for r in reads:
-            ops: set[int] = set()
-            for x in r:
-                src = p.tensors[x].producer
-                ops |= {i for i in anc[src] if window is None or src - i <= window}
-            self.cand.append(tuple(sorted(ops)))
-        self.cand.append(())
-        self.D = reads + [frozenset(self.end_reads)]
-        self.stage_reads = []
-        for a, d in enumerate(self.D):
-            r = set(d)
-            for i in self.cand[a]:
-                r.update(x for x in p.ops[i].inputs if x in fwd)
-            self.stage_reads.append(frozenset(r))
-        last_need: dict[int, int] = {}
-        for a, r in enumerate(self.stage_reads):
-            for x in r:
-                last_need[x] = a
-        self.last_need = last_need
-        self.held = [tuple(sorted(x for x, la in last_need.items() if a <= la))
-                     for a in range(len(self.D))]
-
-    @property
-    def num_recompute_vars(self) -> int:
-        return sum(len(c) for c in self.cand)
-
-    @property
-    def num_held_vars(self) -> int:
-        return sum(len(h) for h in self.held)
-
-
-def _group(reads: list[tuple[int, ...]], max_stages: int | None) -> list[tuple[int, ...]]:
-    """Cut backward positions into stages, each starting at a position that reads forward
-    tensors. With max_stages, merge runs so each stage has about an equal share of reads."""
-    starts = [q for q, d in enumerate(reads) if d]
-    if max_stages is not None and len(starts) > max_stages:
-        total = sum(len(d) for d in reads)
-        share, acc, kept = total / max_stages, 0.0, []
-        for q in starts:
-            if not kept or acc >= share:
-                kept.append(q)
-                acc = 0.0
-            acc += len(reads[q])
-        starts = kept
-    bounds = starts + [len(reads)]
-    return [tuple(range(bounds[k], bounds[k + 1])) for k in range(len(starts))]
-
-
-def build_stages(problem: Problem, max_recompute_vars: int, max_held_vars: int) -> Stages:
-    """The finest stages and widest recomputation window that fit the variable limits."""
-    stages = None
-    for max_stages in (None, 96, 64, 48, 32, 24, 16, 12, 8):
-        stages = Stages(problem, None, max_stages)
-        if stages.num_held_vars <= max_held_vars:
-            break
-    max_stages = stages.max_stages
-    if stages.num_recompute_vars <= max_recompute_vars:
-        return stages
-    lo, hi = 0, len(problem.forward_ops)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if Stages(problem, mid, max_stages).num_recompute_vars <= max_recompute_vars:
-            lo = mid
-        else:
-            hi = mid - 1
-    return Stages(problem, lo, max_stages)
-
-
-def _ancestors(p: Problem) -> dict[int, frozenset[int]]:
-    anc: dict[int, frozenset[int]] = {}
-    for i in p.forward_ops:
-        a = {i}
-        for x in p.ops[i].inputs:
-            a |= anc[p.tensors[x].producer]
-        anc[i] = frozenset(a)
-    return anc
 
 
 class Program:
