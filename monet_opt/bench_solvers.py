@@ -34,10 +34,11 @@ def bench_model(name: str, time_limit_s: float, out) -> None:
     grads = sum(problem.tensors[t].bytes for t in problem.backward_outputs)
     floor = problem.fixed_bytes + grads
     act = store_all.peak_bytes - floor
-    print(f"\n### {name}\n\n{len(problem.forward_ops)} forward ops, {len(problem.backward_ops)} "
-          f"backward ops, {len(problem.tensors)} tensors (lowered and profiled in {lower_s:.0f} s). "
-          f"Store-all peak {mib(store_all.peak_bytes)} MiB = {mib(floor)} MiB parameters, "
-          f"inputs and gradients + {mib(act)} MiB activations; step {store_all.time_s * 1e3:.0f} ms"
+    print(f"\n### {name}\n\n{len(problem.forward_ops)} forward ops, "
+          f"{len(problem.backward_ops)} backward ops, {len(problem.tensors)} tensors (lowered "
+          f"and profiled in {lower_s:.0f} s). Store-all peak {mib(store_all.peak_bytes)} MiB = "
+          f"{mib(floor)} MiB parameters, inputs and gradients + {mib(act)} MiB activations; "
+          f"step {store_all.time_s * 1e3:.0f} ms"
           " (sum of profiled op times).\n", file=out)
     print("| limit (activations left) | solver | status | predicted step | overhead | bound "
           "| gap | solve time | least peak (MiB) | note |", file=out)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_function
 from torch.utils import _pytree as pytree
 

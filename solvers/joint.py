@@ -99,8 +99,8 @@ def _best_start(problem: Problem, budget_bytes: int, program: Program, heuristic
 @functools.lru_cache(maxsize=8)
 def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     """The memory-centric program (the budget is the objective), given a quarter of the time
-    limit; or Chen's least-peak schedule (greedy or sqrt) where that is lower. Cached per problem, so
-    the budget it reports is met again by the same call."""
+    limit; or Chen's least-peak schedule (greedy or sqrt) where that is lower. Cached per
+    problem, so the budget it reports is met again by the same call."""
     best = None
     for heuristic in (baselines.chen_greedy, baselines.chen_sqrt):
         floor = heuristic(problem, 2 ** 62, baselines.BaselineOptions()).min_feasible_bytes

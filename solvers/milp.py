@@ -27,10 +27,11 @@ from solvers.stages import Stages, build_stages
 
 @dataclass(frozen=True)
 class MilpOptions:
-    """backend: "highs" | "cbc" | "cpsat". time_limit_s: wall time for the backend.
-    max_recompute_vars: if recomputing any ancestor would need more R variables than this,
-    recomputation is limited to a window of nearby ancestors (the result's note says so).
-    rel_gap: stop once the proven gap is below this."""
+    """backend: "highs" | "cbc" | "cpsat". time_limit_s: wall time for the whole solve (LP
+    rounding, least-peak program and MILP). max_held_vars: stages are merged until the S
+    variables fit; max_recompute_vars: then recomputation is limited to a window of nearby
+    ancestors until the R variables fit (the result's note says which). rel_gap: stop once the
+    proven gap is below this."""
 
     backend: str = "highs"
     time_limit_s: float = 60.0
@@ -68,6 +69,9 @@ class Program:
         self._gap_rows(bw_const)
 
     # ---- helpers ----
+    def _size(self, x: int) -> float:
+        return float(self.st.problem.tensors[x].bytes)
+
     def _mem_row(self, terms: list[tuple[int, float]], const: float) -> None:
         if self.min_memory:
             self.mip.row(terms + [(self.budget_var, -1.0)], hi=-const)
@@ -114,7 +118,7 @@ class Program:
         st, p, mip = self.st, self.st.problem, self.mip
         S, S_next, R = self.S[a], self.S[a + 1], self.R[a]
         D, reads = st.D[a], st.stage_reads[a]
-        size = lambda x: float(p.tensors[x].bytes)  # noqa: E731
+        size = self._size
         for x, v in S_next.items():  # a copy is held on only if it was held or just made
             mip.row([(v, 1.0)] + [(j, -c) for j, c in self._have(a, x)], hi=0.0)
         for i, r in R.items():  # recomputing needs the inputs
@@ -178,9 +182,9 @@ class Program:
         """While each backward op of the stage runs: its own memory, the stage's forward inputs
         not yet read for the last time, and everything held on to later stages. Between two
         ops that read forward tensors the forward part is the same: one row for the worst."""
-        st, p = self.st, self.st.problem
+        st = self.st
         S_next = self.S[a + 1]
-        size = lambda x: float(p.tensors[x].bytes)  # noqa: E731
+        size = self._size
         last_read = {x: q for q in st.groups[a] for x in st.reads[q]}
         worst: dict[frozenset, float] = {}
         for q in st.groups[a]:

@@ -178,10 +178,10 @@ def _cbc(mip: Mip, time_limit_s: float, start, rel_gap: float) -> MipResult:
 
 def _cpsat(mip: Mip, time_limit_s: float, start, rel_gap: float) -> MipResult:
     """CP-SAT needs integers: every variable becomes integer (continuous ones in our models are
-    sums of integer terms) and the objective is scaled to integer nanoseconds-per-unit."""
+    sums of integer terms) and the objective is scaled so its largest cost becomes 1e6."""
     from ortools.sat.python import cp_model
 
-    scale = 1e9 / max(1e-12, max((abs(c) for c in mip.cost), default=1.0)) * 1e-3
+    scale = 1e6 / max(1e-12, max((abs(c) for c in mip.cost), default=1.0))
     model = cp_model.CpModel()
     big = 2 ** 62
     xs = [model.NewIntVar(math.ceil(mip.lb[j]), big if math.isinf(mip.ub[j])
