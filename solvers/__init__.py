@@ -2,11 +2,11 @@
 from solvers.errors import (InvalidProblemError, InvalidScheduleError, SolverError,
                             UnknownSolverError)
 from solvers.ondemand import schedule_from_kept
-from solvers.problem import NO_PRODUCER, Op, Problem, Tensor
+from solvers.problem import NO_PRODUCER, Op, Problem, Tensor, Variant
 from solvers.registry import available_solvers, solve
 from solvers.schedule import Schedule, SolveResult, Status
 from solvers.simulate import Simulation, simulate
 
 __all__ = ["NO_PRODUCER", "InvalidProblemError", "InvalidScheduleError", "Op", "Problem",
            "Schedule", "Simulation", "SolveResult", "SolverError", "Status", "Tensor",
-           "UnknownSolverError", "available_solvers", "schedule_from_kept", "simulate", "solve"]
+           "UnknownSolverError", "Variant", "available_solvers", "schedule_from_kept", "simulate", "solve"]

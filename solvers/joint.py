@@ -5,7 +5,7 @@ import dataclasses
 import functools
 import time
 
-from solvers import baselines
+from solvers import baselines, variants
 from solvers.errors import SolverError
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
 from solvers.mip import solve_relaxation
@@ -22,7 +22,7 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
-    heuristic = baselines.chen_greedy(problem, budget_bytes, baselines.BaselineOptions())
+    heuristic = _greedy(problem, budget_bytes)
     least_bytes, least = least_peak(problem, options)  # cached; a quarter of the limit
     program = Program(stages, budget_bytes)
     warm = _best_start(problem, budget_bytes, program, heuristic, options.time_limit_s / 4)
@@ -79,17 +79,43 @@ def _notes(stages) -> list[str]:
     return notes
 
 
+def _greedy(problem: Problem, budget_bytes: int) -> SolveResult:
+    """Chen's greedy, without variants and with the lightest ones: the faster that fits (or
+    the lower peak)."""
+    opts = baselines.BaselineOptions()
+    runs = [variants.run_with(baselines.chen_greedy, problem, budget_bytes, opts, chosen)
+            for chosen in {frozenset(), variants.lightest(problem)}]
+    fits = [r for r in runs if r.feasible]
+    if fits:
+        best = min(fits, key=lambda r: (r.objective_s, r.peak_bytes))
+    else:
+        best = min(runs, key=lambda r: r.min_feasible_bytes)
+    return dataclasses.replace(best, min_feasible_bytes=min(r.min_feasible_bytes for r in runs))
+
+
+def _rounded_variants(program: Program, values: list[float]) -> frozenset[int]:
+    """Per exclusive group, the variant the relaxation leans to most, if at least half."""
+    best: dict[tuple[int, int], tuple[float, int]] = {}
+    for v, e in enumerate(program.E):
+        group = program.st.problem.variants[v].group
+        if values[e] >= 0.5 and (group not in best or values[e] > best[group][0]):
+            best[group] = (values[e], v)
+    return frozenset(v for _, v in best.values())
+
+
 def _best_start(problem: Problem, budget_bytes: int, program: Program, heuristic: SolveResult,
                 time_limit_s: float) -> Schedule | None:
-    """The fastest of Chen's greedy and Checkmate-style roundings of the LP relaxation's kept
-    set (keep x where S[0][x] >= tau), each made runnable on demand and simulated."""
+    """The fastest of Chen's greedy and Checkmate-style roundings of the LP relaxation (the
+    variants it leans to; keep x where S[0][x] >= tau), each made runnable on demand and
+    simulated."""
     best = (heuristic.objective_s, heuristic.schedule) if heuristic.feasible else None
     lp = solve_relaxation(program.mip, max(1.0, time_limit_s))
     if lp.values is None:
         return best[1] if best else None
+    chosen = _rounded_variants(program, lp.values)
     for tau in (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
         kept = {x for x, v in program.S[0].items() if lp.values[v] >= tau}
-        sched = schedule_from_kept(problem, kept)
+        sched = schedule_from_kept(problem, kept, chosen)
         sim = simulate(problem, sched)
         if sim.peak_bytes <= budget_bytes and (best is None or sim.time_s < best[0]):
             best = (sim.time_s, sched)
@@ -102,11 +128,14 @@ def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     limit; or Chen's least-peak schedule (greedy or sqrt) where that is lower. Cached per
     problem, so the budget it reports is met again by the same call."""
     best = None
+    opts = baselines.BaselineOptions()
     for heuristic in (baselines.chen_greedy, baselines.chen_sqrt):
-        floor = heuristic(problem, 2 ** 62, baselines.BaselineOptions()).min_feasible_bytes
-        sched = heuristic(problem, floor, baselines.BaselineOptions()).schedule
-        if best is None or floor < best[0]:
-            best = (floor, sched)
+        for chosen in {frozenset(), variants.lightest(problem)}:
+            floor = variants.run_with(heuristic, problem, 2 ** 62, opts,
+                                      chosen).min_feasible_bytes
+            sched = variants.run_with(heuristic, problem, floor, opts, chosen).schedule
+            if best is None or floor < best[0]:
+                best = (floor, sched)
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
     quick = dataclasses.replace(options, time_limit_s=max(1.0, options.time_limit_s / 4))
     res, sched = solve_program(Program(stages, None), quick, best[1])

@@ -10,7 +10,9 @@ stays small; the result's note says so.) Variables:
   R[a][i]  forward op i is recomputed in stage a (only for ancestors of what stage a reads);
   A[a][y]  recomputed y is still held after its last reader in stage a (= R and S[a+1]);
   M[a][j]  forward bytes held while the j-th candidate of stage a runs (a prefix sum);
-  P[k]     kept bytes already past their last forward read at forward step k (a prefix sum).
+  P[k]     kept bytes already past their last forward read at forward step k (a prefix sum);
+  E[v]     operator variant v is in use (its encode ops run in the forward; its op reads the
+           variant's tensors instead of the one it replaces).
 Every memory row is an upper bound on what simulate() measures, so an extracted schedule's
 simulated peak never exceeds the budget; simulate() checks it anyway.
 """
@@ -52,10 +54,12 @@ class Program:
         if self.min_memory:
             self.budget_var = mip.var(0.0, math.inf, cost=1.0, integer=False)
         else:
-            mip.offset = p.no_recompute_time_s
+            mip.offset = p.base_time_s
         self.budget = budget_bytes
         self.S = [{x: mip.var() for x in held} for held in st.held]
         time_cost = 0.0 if self.min_memory else 1.0
+        self.E = [mip.var(cost=time_cost * p.variant_time_s(v)) for v in range(len(p.variants))]
+        self._variant_rows()
         self.R = [{i: mip.var(cost=time_cost * p.ops[i].time_s) for i in c} for c in st.cand]
         self.A: list[dict[int, int]] = []
         self.M: list[dict[int, int]] = []
@@ -89,6 +93,20 @@ class Program:
         return terms
 
     # ---- rows ----
+    def _variant_rows(self) -> None:
+        """One variant per (op, replaced tensor); an encoded tensor is kept only if made."""
+        p, mip = self.st.problem, self.mip
+        groups: dict[tuple[int, int], list[int]] = {}
+        for v, var in enumerate(p.variants):
+            groups.setdefault(var.group, []).append(v)
+            for i in var.encode_ops:
+                for y in p.ops[i].outputs:
+                    if y in self.S[0]:
+                        mip.row([(self.S[0][y], 1.0), (self.E[v], -1.0)], hi=0.0)
+        for vs in groups.values():
+            if len(vs) > 1:
+                mip.row([(self.E[v], 1.0) for v in vs], hi=1.0)
+
     def _forward_rows(self) -> None:
         """Forward step k holds what it reads later, its outputs, its workspace, and every kept
         tensor already past its last forward read (P[k])."""
@@ -102,14 +120,20 @@ class Program:
         kept = self.S[0]
         for k, i in enumerate(p.forward_ops):
             out = sum(p.tensors[x].bytes for x in p.ops[i].outputs)
-            const = p.fixed_bytes + alive + out + p.ops[i].workspace_bytes
+            own = out + p.ops[i].workspace_bytes
+            const = p.fixed_bytes + alive + (own if i not in p.encode_ops else 0)
             var = mip.var(0.0, math.inf, integer=False)
             terms = [(var, 1.0)]
             newly = [(kept[x], -float(p.tensors[x].bytes)) for x in dies_after.get(k - 1, [])
                      if x in kept]
             mip.row(terms + ([(prev, -1.0)] if prev is not None else []) + newly, lo=0.0, hi=0.0)
             self.P[k] = var
-            self._mem_row([(var, 1.0)], const)
+            made = []
+            if i in p.encode_ops:  # it runs only if chosen, reading what may be dead already
+                e = self.E[p.encode_ops[i]]
+                made = [(e, float(own))] + [(e, self._size(x)) for x in p.ops[i].inputs
+                                            if last_read[x] < k]
+            self._mem_row([(var, 1.0)] + made, const)
             prev = var
             alive += out
             alive -= sum(p.tensors[x].bytes for x in dies_after.get(k, []))
@@ -125,8 +149,8 @@ class Program:
             for x in p.ops[i].inputs:
                 if p.tensors[x].producer != NO_PRODUCER and x in reads:
                     mip.row([(r, 1.0)] + [(j, -c) for j, c in self._have(a, x)], hi=0.0)
-        for x in D:  # the backward op's forward inputs exist
-            mip.row(self._have(a, x), lo=1.0)
+        for q in st.groups[a]:  # the backward ops' forward inputs exist
+            self._need_rows(a, q)
         # memory while the candidates run, in order
         last_reader: dict[int, int] = {}
         for i in st.cand[a]:
@@ -178,21 +202,35 @@ class Program:
         self.M.append(Ma)
         self._backward_op_rows(a, bw_const)
 
+    def _need_rows(self, a: int, q: int) -> None:
+        """have(x) >= 1 for a plain read; >= 1 - chosen(v) where variants v replace it;
+        >= chosen(v) for what variant v reads instead."""
+        for x, const, terms in self.st.needs[q]:
+            self.mip.row(self._have(a, x) + [(self.E[v], c) for v, c in terms], lo=const)
+
     def _backward_op_rows(self, a: int, bw_const) -> None:
         """While each backward op of the stage runs: its own memory, the stage's forward inputs
-        not yet read for the last time, and everything held on to later stages. Between two
-        ops that read forward tensors the forward part is the same: one row for the worst."""
-        st = self.st
+        not yet read for the last time (at most `have` copies of each), and everything held on
+        to later stages. Between two ops that read forward tensors the forward part is the
+        same: one row for the worst (ops with variant workspace get their own rows)."""
+        st, p = self.st, self.st.problem
         S_next = self.S[a + 1]
         size = self._size
         last_read = {x: q for q in st.groups[a] for x in st.reads[q]}
-        worst: dict[frozenset, float] = {}
+        extra_ws: dict[int, list[tuple[int, float]]] = {}
+        for v, var in enumerate(p.variants):
+            if var.extra_workspace_bytes:
+                extra_ws.setdefault(var.op, []).append(
+                    (self.E[v], float(var.extra_workspace_bytes)))
+        worst: dict[tuple, float] = {}
         for q in st.groups[a]:
             pending = frozenset(x for x, lq in last_read.items() if lq >= q)
-            worst[pending] = max(worst.get(pending, 0.0), bw_const[q][1])
-        for pending, const in worst.items():
+            key = (pending, st.bwd[q] if st.bwd[q] in extra_ws else None)
+            worst[key] = max(worst.get(key, 0.0), bw_const[q][1])
+        for (pending, op), const in worst.items():
             terms = [(v, size(x)) for x, v in S_next.items() if x not in pending]
-            self._mem_row(terms, const + sum(size(x) for x in pending))
+            terms += [(j, c * size(x)) for x in pending for j, c in self._have(a, x)]
+            self._mem_row(terms + extra_ws.get(op, []), const)
 
     def _end_rows(self) -> None:
         a = len(self.st.groups)
@@ -211,6 +249,7 @@ class Program:
     def schedule(self, values: list[float]) -> Schedule:
         st = self.st
         kept = frozenset(x for x, v in self.S[0].items() if values[v] > 0.5)
+        chosen = frozenset(v for v, e in enumerate(self.E) if values[e] > 0.5)
         order: list[int] = []
         stage_of = {g[0]: a for a, g in enumerate(st.groups)}
         for q, b in enumerate(st.bwd):
@@ -218,7 +257,7 @@ class Program:
             if a is not None:
                 order.extend(i for i, v in self.R[a].items() if values[v] > 0.5)
             order.append(b)
-        return Schedule(kept=kept, backward=tuple(order))
+        return Schedule(kept=kept, backward=tuple(order), variants=chosen)
 
     def start_values(self, schedule: Schedule) -> list[float] | None:
         """The variable values of a heuristic schedule, or None if it is outside this
@@ -237,6 +276,8 @@ class Program:
                 return None
             recomputed[a].add(i)
         vals = [0.0] * self.mip.num_vars
+        for v in schedule.variants:
+            vals[self.E[v]] = 1.0
         # events per tensor: reads and re-makes, stage by stage
         made_in = [{y for i in rs for y in p.ops[i].outputs} for rs in recomputed]
         read_in = []
@@ -287,10 +328,13 @@ class Program:
 
 
 def _last_forward_read(p: Problem) -> dict[int, int]:
-    """Forward step after which each forward tensor is freed if it is not kept."""
+    """Forward step after which each forward tensor is freed if it is not kept (reads by
+    variants' encode ops not counted: the forward rows add those where chosen)."""
     pos = {i: k for k, i in enumerate(p.forward_ops)}
     last = {x: pos[p.tensors[x].producer] for x in p.forward_tensors}
     for i in p.forward_ops:
+        if i in p.encode_ops:
+            continue
         for x in p.ops[i].inputs:
             last[x] = max(last[x], pos[i])
     for x in p.forward_outputs:

@@ -12,7 +12,11 @@ from solvers.problem import NO_PRODUCER, Problem
 from solvers.schedule import Schedule
 
 
-def schedule_from_kept(problem: Problem, kept: frozenset[int] | set[int]) -> Schedule:
+def schedule_from_kept(problem: Problem, kept: frozenset[int] | set[int],
+                       variants: frozenset[int] = frozenset()) -> Schedule:
+    """The recompute-on-demand schedule for `kept`, with `variants` in use."""
+    chosen = frozenset(variants)
+    problem = problem.with_variants(chosen)
     kept = frozenset(kept) & frozenset(problem.forward_tensors)
     available = set(kept) | set(problem.tangents)
     order: list[int] = []
@@ -37,4 +41,4 @@ def schedule_from_kept(problem: Problem, kept: frozenset[int] | set[int]) -> Sch
         order.append(b)
         available.update(problem.ops[b].outputs)
     ensure([t for t in problem.backward_outputs if problem.tensors[t].producer != NO_PRODUCER])
-    return Schedule(kept=kept, backward=tuple(order))
+    return Schedule(kept=kept, backward=tuple(order), variants=chosen)

@@ -8,10 +8,10 @@ every backward op. Names exist only for messages and for mapping back to the fra
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 
-from solvers.errors import InvalidProblemError
+from solvers.errors import InvalidProblemError, InvalidScheduleError
 
 NO_PRODUCER = -1  # a tensor that exists from the start of the backward (an output gradient)
 
@@ -44,16 +44,42 @@ class Op:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """Another way for backward op `op` to get what it needs from forward tensor `replaces`
+    (MONeT's operator variants: a ReLU's backward reading a 1-bit sign mask instead of its output).
+
+    Chosen, `op` reads the tensors `reads` in place of `replaces` (made by `encode_ops`, forward
+    ops that run only when the variant is chosen, or tensors the forward makes anyway), and its
+    time and workspace change by `extra_time_s` (either sign) and `extra_workspace_bytes`.
+    Variants of the same (op, replaces) exclude each other; the others combine."""
+
+    name: str
+    op: int
+    replaces: int
+    reads: tuple[int, ...] = ()
+    encode_ops: tuple[int, ...] = ()
+    extra_time_s: float = 0.0
+    extra_workspace_bytes: int = 0
+
+    @property
+    def group(self) -> tuple[int, int]:
+        return (self.op, self.replaces)
+
+
+@dataclass(frozen=True)
 class Problem:
     """ops: topological, forward ops first.  fixed_bytes: parameters, buffers and inputs, resident
     for the whole step.  forward_outputs: tensors the forward returns (alive until its end).
-    backward_outputs: tensors the backward returns (parameter/input gradients, alive to the end)."""
+    backward_outputs: tensors the backward returns (parameter/input gradients, alive to the end).
+    variants: optional alternatives (see Variant); a schedule names the ones it chooses, and
+    `with_variants` gives the plain problem it then runs."""
 
     ops: tuple[Op, ...]
     tensors: tuple[Tensor, ...]
     fixed_bytes: int
     forward_outputs: tuple[int, ...] = ()
     backward_outputs: tuple[int, ...] = ()
+    variants: tuple[Variant, ...] = ()
     name: str = field(default="problem", compare=False)
 
     def __post_init__(self) -> None:
@@ -94,9 +120,38 @@ class Problem:
         return frozenset(needed)
 
     @cached_property
+    def encode_ops(self) -> dict[int, int]:
+        """Op id -> the variant whose encode op it is."""
+        return {i: v for v, var in enumerate(self.variants) for i in var.encode_ops}
+
+    @cached_property
+    def base_time_s(self) -> float:
+        """Every op once, no variant chosen, nothing recomputed."""
+        return sum(op.time_s for i, op in enumerate(self.ops) if i not in self.encode_ops)
+
+    @cached_property
     def no_recompute_time_s(self) -> float:
-        """Every op once: a lower bound on the step time of any schedule."""
-        return sum(op.time_s for op in self.ops)
+        """Every op once, with the cheapest variants: a lower bound on any schedule's time."""
+        best: dict[tuple[int, int], float] = {}
+        for v, var in enumerate(self.variants):
+            best[var.group] = min(best.get(var.group, 0.0), self.variant_time_s(v))
+        return self.base_time_s + sum(best.values())
+
+    def variant_time_s(self, v: int) -> float:
+        """What choosing variant v adds to the step time (its encode ops included)."""
+        var = self.variants[v]
+        return var.extra_time_s + sum(self.ops[i].time_s for i in var.encode_ops)
+
+    def with_variants(self, chosen: frozenset[int] | set[int]) -> Problem:
+        """The plain problem (no variants) that runs when `chosen` are the variants in use. Op
+        and tensor ids stay the same; the encode ops of unchosen variants cost nothing, read
+        nothing and make empty tensors."""
+        if not self.variants:
+            if chosen:
+                raise InvalidProblemError(f"Problem {self.name!r} has no variants; "
+                                          f"cannot choose {sorted(chosen)[:5]}")
+            return self
+        return _apply_variants(self, frozenset(chosen))
 
     # ---- JSON round trip (for the cache and for reproducing failures) ----
     def to_json(self) -> str:
@@ -104,16 +159,21 @@ class Problem:
                            "forward_outputs": list(self.forward_outputs),
                            "backward_outputs": list(self.backward_outputs),
                            "ops": [asdict(op) for op in self.ops],
-                           "tensors": [asdict(t) for t in self.tensors]})
+                           "tensors": [asdict(t) for t in self.tensors],
+                           "variants": [asdict(v) for v in self.variants]})
 
     @staticmethod
     def from_json(text: str) -> Problem:
         d = json.loads(text)
         ops = tuple(Op(**{**o, "inputs": tuple(o["inputs"]), "outputs": tuple(o["outputs"])})
                     for o in d["ops"])
+        variants = tuple(Variant(**{**v, "reads": tuple(v["reads"]),
+                                    "encode_ops": tuple(v["encode_ops"])})
+                         for v in d.get("variants", ()))
         return Problem(ops=ops, tensors=tuple(Tensor(**t) for t in d["tensors"]),
                        fixed_bytes=d["fixed_bytes"], forward_outputs=tuple(d["forward_outputs"]),
-                       backward_outputs=tuple(d["backward_outputs"]), name=d["name"])
+                       backward_outputs=tuple(d["backward_outputs"]), variants=variants,
+                       name=d["name"])
 
 
 def _validate(p: Problem) -> None:
@@ -152,3 +212,63 @@ def _validate(p: Problem) -> None:
     for t in p.backward_outputs:
         if not 0 <= t < len(p.tensors):
             fail(f"backward output {t} is unknown")
+    _validate_variants(p, fail)
+
+
+def _validate_variants(p: Problem, fail) -> None:
+    fwd = set(p.forward_tensors)
+    owner: dict[int, int] = {}
+    for v, var in enumerate(p.variants):
+        what = f"variant {var.name!r} (#{v})"
+        if not 0 <= var.op < len(p.ops) or not p.ops[var.op].is_backward:
+            fail(f"{what} names op {var.op}, which is not a backward op")
+        if var.replaces not in p.ops[var.op].inputs:
+            fail(f"{what} replaces tensor {var.replaces}, which its op does not read")
+        if var.extra_workspace_bytes < 0:
+            fail(f"{what} has negative extra workspace")
+        for i in var.encode_ops:
+            if not 0 <= i < len(p.ops) or p.ops[i].is_backward:
+                fail(f"{what}: encode op {i} is not a forward op")
+            if i in owner:
+                fail(f"{what}: encode op {p.ops[i].name!r} already belongs to variant {owner[i]}")
+            owner[i] = v
+        for t in var.reads:
+            if t not in fwd:
+                fail(f"{what} reads {t}, which is not a forward tensor")
+    encoded = {t for i in owner for t in p.ops[i].outputs}
+    for i, op in enumerate(p.ops):
+        bad = [t for t in op.inputs if t in encoded and owner.get(i) != owner.get(
+            p.tensors[t].producer)]
+        if bad:
+            fail(f"op {op.name!r} reads {p.tensors[bad[0]].name!r}, which only a variant makes")
+    if encoded & (set(p.forward_outputs) | set(p.backward_outputs)):
+        fail("a variant's encoded tensor is also a step output")
+
+
+def _apply_variants(p: Problem, chosen: frozenset[int]) -> Problem:
+    groups: dict[tuple[int, int], int] = {}
+    for v in sorted(chosen):
+        if not 0 <= v < len(p.variants):
+            raise InvalidScheduleError(f"no variant #{v} (the problem has {len(p.variants)})")
+        g = p.variants[v].group
+        if g in groups:
+            raise InvalidScheduleError(f"variants {p.variants[groups[g]].name!r} and "
+                                       f"{p.variants[v].name!r} exclude each other")
+        groups[g] = v
+    ops = list(p.ops)
+    tensors = list(p.tensors)
+    for v, var in enumerate(p.variants):
+        if v in chosen:
+            op = ops[var.op]
+            inputs = [t for x in op.inputs for t in ((x,) if x != var.replaces else var.reads)]
+            ops[var.op] = replace(op, inputs=tuple(dict.fromkeys(inputs)),
+                                  time_s=max(0.0, op.time_s + var.extra_time_s),
+                                  workspace_bytes=op.workspace_bytes + var.extra_workspace_bytes)
+            continue
+        for i in var.encode_ops:
+            ops[i] = replace(ops[i], time_s=0.0, workspace_bytes=0, inputs=())
+            for t in ops[i].outputs:
+                tensors[t] = replace(tensors[t], bytes=0)
+    return Problem(ops=tuple(ops), tensors=tuple(tensors), fixed_bytes=p.fixed_bytes,
+                   forward_outputs=p.forward_outputs, backward_outputs=p.backward_outputs,
+                   name=p.name)

@@ -5,13 +5,16 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from solvers import baselines, joint
+from solvers import baselines, joint, variants
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
 from solvers.schedule import SolveResult, Status
 
 SolverFn = Callable[[Problem, int, Any], SolveResult]
+
+# Solvers that choose operator variants themselves; the others see the plain problem.
+_VARIANT_AWARE = {"milp"}
 
 _REGISTRY: dict[str, tuple[SolverFn, type]] = {
     "store_all": (baselines.store_all, baselines.BaselineOptions),
@@ -46,13 +49,26 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     options = options if options is not None else options_type()
     if time_limit_s is not None and hasattr(options, "time_limit_s"):
         options = dataclasses.replace(options, time_limit_s=time_limit_s)
-    return fn(problem, budget_bytes, options)
+    if solver in _VARIANT_AWARE:
+        return fn(problem, budget_bytes, options)
+    return variants.run_with(fn, problem, budget_bytes, options)
+
+
+def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
+    """The heuristics, with no variants and (where the problem has any) the lightest ones."""
+    out = [solve(problem, budget_bytes, name) for name in ("store_all", "chen_sqrt",
+                                                           "chen_greedy")]
+    light = variants.lightest(problem)
+    if light:
+        out += [variants.run_with(_REGISTRY[name][0], problem, budget_bytes,
+                                  baselines.BaselineOptions(), light)
+                for name in ("store_all", "chen_sqrt", "chen_greedy")]
+    return out
 
 
 def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None) -> SolveResult:
     start = time.perf_counter()
-    cheap = [solve(problem, budget_bytes, name) for name in ("store_all", "chen_sqrt",
-                                                             "chen_greedy")]
+    cheap = _cheap(problem, budget_bytes)
     results = cheap if cheap[0].feasible else \
         cheap + [solve(problem, budget_bytes, "milp", time_limit_s=time_limit_s)]
     min_peak = min(r.min_feasible_bytes for r in results if r.min_feasible_bytes is not None)

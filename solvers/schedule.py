@@ -15,18 +15,22 @@ class Schedule:
     forward into the backward. `backward` is the order of the backward phase: every backward op
     exactly once, plus forward ops that are recomputed (a forward op id appearing here).
     Every tensor is freed right after its last read (NOTE [Lifetimes] in simulate.py).
+    `variants` are the ids of the problem's variants in use (Problem.with_variants).
     """
 
     kept: frozenset[int]
     backward: tuple[int, ...]
+    variants: frozenset[int] = frozenset()
 
     def to_json(self) -> str:
-        return json.dumps({"kept": sorted(self.kept), "backward": list(self.backward)})
+        return json.dumps({"kept": sorted(self.kept), "backward": list(self.backward),
+                           "variants": sorted(self.variants)})
 
     @staticmethod
     def from_json(text: str) -> Schedule:
         d = json.loads(text)
-        return Schedule(kept=frozenset(d["kept"]), backward=tuple(d["backward"]))
+        return Schedule(kept=frozenset(d["kept"]), backward=tuple(d["backward"]),
+                        variants=frozenset(d.get("variants", ())))
 
 
 class Status(str, enum.Enum):

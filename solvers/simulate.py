@@ -37,7 +37,9 @@ class Simulation:
 
 
 def simulate(problem: Problem, schedule: Schedule) -> Simulation:
-    """Replay `schedule` on `problem`. Raises InvalidScheduleError if it cannot run."""
+    """Replay `schedule` on `problem` (with the schedule's variants in use). Raises
+    InvalidScheduleError if it cannot run."""
+    problem = problem.with_variants(schedule.variants)
     _check_backward_order(problem, schedule)
     steps = problem.forward_ops + schedule.backward
     if not steps:

@@ -15,7 +15,8 @@ class Stages:
         fwd = set(p.forward_tensors)
         self.fwd_pos = {i: k for k, i in enumerate(p.forward_ops)}
         self.bwd = p.backward_ops
-        self.reads = [tuple(x for x in p.ops[b].inputs if x in fwd) for b in self.bwd]
+        self.needs = _needs(p, fwd)
+        self.reads = [tuple(dict.fromkeys(x for x, _, _ in n)) for n in self.needs]
         self.groups = _group(self.reads, max_stages)
         self.end_reads = tuple(x for x in p.backward_outputs if x in fwd)
         anc = _ancestors(p)
@@ -28,7 +29,8 @@ class Stages:
             ops: set[int] = set()
             for x in r:
                 src = p.tensors[x].producer
-                ops |= {i for i in anc[src] if window is None or src - i <= window}
+                ops |= {i for i in anc[src] if (window is None or src - i <= window)
+                        and i not in p.encode_ops}
             self.cand.append(tuple(sorted(ops)))
         self.cand.append(())
         self.D = reads + [frozenset(self.end_reads)]
@@ -53,6 +55,30 @@ class Stages:
     @property
     def num_held_vars(self) -> int:
         return sum(len(h) for h in self.held)
+
+
+Need = tuple[int, float, tuple[tuple[int, float], ...]]
+
+
+def _needs(p: Problem, fwd: set[int]) -> list[tuple[Need, ...]]:
+    """Per backward position: (x, c, terms) meaning "x must be readable when
+    1*have(x) + sum(coef * chosen[v]) >= c" — 1 with no terms for a plain read; 1 and +1 for
+    each variant that replaces the read; 0 and -1 for a variant's own read."""
+    by_op: dict[int, list[int]] = {}
+    for v, var in enumerate(p.variants):
+        by_op.setdefault(var.op, []).append(v)
+    out = []
+    for b in p.backward_ops:
+        needs: list[Need] = []
+        mine = by_op.get(b, [])
+        for x in dict.fromkeys(p.ops[b].inputs):
+            if x in fwd:
+                vs = [v for v in mine if p.variants[v].replaces == x]
+                needs.append((x, 1.0, tuple((v, 1.0) for v in vs)))
+        for v in mine:
+            needs.extend((x, 0.0, ((v, -1.0),)) for x in p.variants[v].reads)
+        out.append(tuple(needs))
+    return out
 
 
 def _group(reads: list[tuple[int, ...]], max_stages: int | None) -> list[tuple[int, ...]]:

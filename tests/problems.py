@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from solvers import NO_PRODUCER, Op, Problem, Tensor
+from solvers import NO_PRODUCER, Op, Problem, Tensor, Variant
 
 
 def autodiff_problem(n_fwd: int, rng: random.Random, fan_in: int = 2, fixed: int = 1000,
@@ -53,3 +53,56 @@ def chain(n: int, size: int = 10, fixed: int = 100) -> Problem:
         prev = len(tensors) - 1
     return Problem(tuple(ops), tuple(tensors), fixed, forward_outputs=(n - 1,),
                    backward_outputs=(prev,), name=f"chain{n}")
+
+
+def with_masks(p: Problem, rng: random.Random, frac: float = 0.5) -> Problem:
+    """`p` plus operator variants: for a random share of the forward tensors that exactly one
+    backward op reads, an encode op right after the producer makes a smaller form (a "mask")
+    which that backward op may read instead, at a random extra cost; sometimes two such forms
+    (exclusive) for the same read."""
+    readers = {x: [b for b in p.backward_ops if x in p.ops[b].inputs] for x in p.forward_tensors}
+    chosen = [x for x in p.forward_tensors if len(readers[x]) == 1 and p.tensors[x].bytes > 1
+              and rng.random() < frac]
+    forms = {x: rng.choice([1, 1, 2]) for x in chosen}
+    order: list[tuple[str, int, int]] = []  # (kind, old op or tensor, form number)
+    for i in p.forward_ops:
+        order.append(("op", i, 0))
+        for x in p.ops[i].outputs:
+            order += [("enc", x, f) for f in range(forms.get(x, 0))]
+    order += [("op", b, 0) for b in p.backward_ops]
+    new_id = {old: k for k, (kind, old, _) in enumerate(order) if kind == "op"}
+    tensors = [Tensor(t.name, t.bytes, new_id.get(t.producer, NO_PRODUCER)) for t in p.tensors]
+    ops: list[Op] = []
+    variants: list[Variant] = []
+    for k, (kind, old, f) in enumerate(order):
+        if kind == "op":
+            ops.append(p.ops[old])
+            continue
+        m = len(tensors)
+        tensors.append(Tensor(f"m{old}.{f}", rng.randint(1, p.tensors[old].bytes - 1), k))
+        ops.append(Op(f"enc{old}.{f}", False, rng.uniform(0.01, 0.3), (old,), (m,)))
+        variants.append(Variant(f"mask{old}.{f}", new_id[readers[old][0]], old, (m,), (k,),
+                                rng.uniform(-0.05, 0.2), rng.choice([0, 0, 5])))
+    return Problem(tuple(ops), tuple(tensors), p.fixed_bytes, p.forward_outputs,
+                   p.backward_outputs, tuple(variants), name=p.name + "+masks")
+
+
+def masked_chain(n: int, size: int = 32, mask: int = 1, encode_s: float = 0.1) -> Problem:
+    """A chain of ReLU-like ops whose backward reads only its own output, each with a variant
+    that reads a `mask`-byte encoding instead (made by an encode op costing `encode_s`)."""
+    ops, tensors, variants = [], [], []
+    for i in range(n):
+        ops.append(Op(f"r{i}", False, 1.0, (2 * i - 2,) if i else (), (2 * i,)))
+        tensors.append(Tensor(f"y{i}", size, 2 * i))
+        ops.append(Op(f"enc{i}", False, encode_s, (2 * i,), (2 * i + 1,)))
+        tensors.append(Tensor(f"m{i}", mask, 2 * i + 1))
+    tensors.append(Tensor("tangent", size, NO_PRODUCER))
+    prev = len(tensors) - 1
+    for i in reversed(range(n)):
+        k = len(ops)
+        variants.append(Variant(f"mask{i}", k, 2 * i, (2 * i + 1,), (2 * i + 1,)))
+        ops.append(Op(f"b{i}", True, 2.0, (prev, 2 * i), (len(tensors),)))
+        tensors.append(Tensor(f"g{i}", size, k))
+        prev = len(tensors) - 1
+    return Problem(tuple(ops), tuple(tensors), 100, forward_outputs=(2 * n - 2,),
+                   backward_outputs=(prev,), variants=tuple(variants), name=f"masked_chain{n}")

@@ -1,0 +1,45 @@
+"""Choosing operator variants outside the MILP: the plain problem a variant-blind solver sees,
+and the cheap "lightest forms" choice the heuristics are also run with."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from solvers.problem import Problem
+from solvers.schedule import SolveResult, Status
+
+
+def lightest(problem: Problem) -> frozenset[int]:
+    """Per (op, replaced tensor): the variant whose reads take the fewest bytes, if fewer than
+    the tensor it replaces (ties: the faster one)."""
+    best: dict[tuple[int, int], tuple[int, float, int]] = {}
+    for v, var in enumerate(problem.variants):
+        size = sum(problem.tensors[t].bytes for t in var.reads)
+        if size >= problem.tensors[var.replaces].bytes:
+            continue
+        key = (size, problem.variant_time_s(v), v)
+        if var.group not in best or key < best[var.group]:
+            best[var.group] = key
+    return frozenset(k[2] for k in best.values())
+
+
+def run_with(fn: Callable[[Problem, int, Any], SolveResult], problem: Problem, budget_bytes: int,
+             options: Any, chosen: frozenset[int] = frozenset()) -> SolveResult:
+    """Run a variant-blind solver on the plain problem with `chosen` in use; its schedule then
+    names them, so it runs (and simulates the same) on `problem` itself."""
+    result = fn(problem.with_variants(chosen), budget_bytes, options)
+    if not problem.variants:
+        return result
+    bound = problem.no_recompute_time_s  # the plain problem's bound ignores other variants
+    if result.bound_s is not None:
+        bound = min(bound, result.bound_s)
+    gap = result.gap
+    if result.objective_s:
+        gap = max(0.0, (result.objective_s - bound) / result.objective_s)
+    status = result.status
+    if status is Status.OPTIMAL and gap > 0:
+        status = Status.FEASIBLE
+    schedule = result.schedule
+    if schedule is not None:
+        schedule = dataclasses.replace(schedule, variants=chosen)
+    return dataclasses.replace(result, schedule=schedule, bound_s=bound, gap=gap, status=status)

@@ -1,0 +1,118 @@
+"""Operator variants in the solver layer: the problem's contract, the simulator's view, and the
+joint MILP choosing them. No torch."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from solvers import (InvalidProblemError, InvalidScheduleError, Problem, Schedule, Status,
+                     Variant, available_solvers, schedule_from_kept, simulate, solve)
+from tests.problems import autodiff_problem, masked_chain, with_masks
+from tests.test_solvers import check_result, dump_on_failure
+
+
+def test_variant_validation():
+    p = masked_chain(3)
+    bad_op = Variant("x", 0, 0, (1,), ())
+    with pytest.raises(InvalidProblemError, match="not a backward op"):
+        Problem(p.ops, p.tensors, p.fixed_bytes, p.forward_outputs, p.backward_outputs,
+                (bad_op,))
+    first_bwd = p.backward_ops[0]
+    bad_read = Variant("x", first_bwd, 0, (1,), ())
+    with pytest.raises(InvalidProblemError, match="does not read"):
+        Problem(p.ops, p.tensors, p.fixed_bytes, p.forward_outputs, p.backward_outputs,
+                (bad_read,))
+    assert Problem.from_json(p.to_json()) == p
+
+
+def test_simulator_runs_the_chosen_variants():
+    p = masked_chain(4)
+    everything = frozenset(range(len(p.variants)))
+    masks = {t for t in p.forward_tensors if p.tensors[t].name.startswith("m")}
+    plain = simulate(p, schedule_from_kept(p, p.saved_for_backward))
+    masked = simulate(p, schedule_from_kept(p, masks, everything))
+    # each op's 32-byte output is replaced by a 1-byte mask; the encoders cost 0.1 s each
+    assert plain.time_s == pytest.approx(p.base_time_s)
+    assert masked.time_s == pytest.approx(p.base_time_s + 4 * 0.1)
+    assert masked.peak_bytes < plain.peak_bytes - 2 * 32
+    # the unchosen encoders are free and allocate nothing
+    assert simulate(p, schedule_from_kept(p, p.saved_for_backward)).time_s == plain.time_s
+    with pytest.raises(InvalidScheduleError, match="reads"):
+        simulate(p, Schedule(frozenset(masks), schedule_from_kept(p, masks, everything).backward))
+
+
+def test_exclusive_variants_cannot_both_run():
+    p = masked_chain(2)
+    v = p.variants[0]
+    twin = Variant("twin", v.op, v.replaces, v.reads, ())
+    q = Problem(p.ops, p.tensors, p.fixed_bytes, p.forward_outputs, p.backward_outputs,
+                p.variants + (twin,))
+    with pytest.raises(InvalidScheduleError, match="exclude each other"):
+        q.with_variants({0, len(q.variants) - 1})
+
+
+def test_milp_chooses_variants_when_memory_is_tight():
+    """Keeping every output does not fit, every mask does: the optimum uses every variant and
+    recomputes nothing (each recomputation costs 1 s, each encoder 0.1 s)."""
+    p = masked_chain(6)
+    everything = frozenset(range(len(p.variants)))
+    masks = {t for t in p.forward_tensors if p.tensors[t].name.startswith("m")}
+    budget = simulate(p, schedule_from_kept(p, masks, everything)).peak_bytes
+    r = check_result(p, budget, "milp")
+    assert r.status is Status.OPTIMAL
+    assert r.schedule.variants == everything
+    assert r.objective_s == pytest.approx(p.base_time_s + 6 * 0.1)
+    assert check_result(p, budget, "auto").objective_s == pytest.approx(r.objective_s)
+
+
+def _brute_force(p: Problem, budget: int) -> float | None:
+    """The fastest on-demand schedule over every variant choice and kept set."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for v, var in enumerate(p.variants):
+        groups.setdefault(var.group, []).append(v)
+    options = [[None] + vs for vs in groups.values()]
+    fwd = list(p.forward_tensors)
+    best = None
+    for pick in itertools.product(*options):
+        chosen = frozenset(v for v in pick if v is not None)
+        for bits in range(1 << len(fwd)):
+            kept = {t for k, t in enumerate(fwd) if bits >> k & 1}
+            sim = simulate(p, schedule_from_kept(p, kept, chosen))
+            if sim.peak_bytes <= budget and (best is None or sim.time_s < best):
+                best = sim.time_s
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_milp_at_least_as_good_as_every_on_demand_schedule(seed):
+    rng = random.Random(seed)
+    p = with_masks(autodiff_problem(5, rng, name=f"tiny{seed}"), rng, frac=1.0)
+    assert p.variants
+    least = solve(p, 10**12, "milp").min_feasible_bytes
+    store = simulate(p, schedule_from_kept(p, p.saved_for_backward)).peak_bytes
+    for budget in (least, (least + store) // 2):
+        r = check_result(p, budget, "milp")
+        brute = _brute_force(p, budget)
+        assert r.feasible
+        if brute is not None:
+            assert r.objective_s <= brute + 1e-9, dump_on_failure(p, budget, "milp")
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 16), seed=st.integers(0, 10**6), frac=st.floats(0.0, 1.0))
+def test_random_dags_with_variants_every_solver(n, seed, frac):
+    rng = random.Random(seed)
+    plain = autodiff_problem(n, rng, name=f"vdag{n}-{seed}")
+    p = with_masks(plain, rng)
+    store_peak = solve(p, 10**12, "store_all").peak_bytes
+    least = solve(p, 10**12, "auto").min_feasible_bytes
+    assert least <= solve(plain, 10**12, "auto").min_feasible_bytes, \
+        dump_on_failure(p, least, "auto")
+    budget = int(least + frac * (store_peak - least))
+    results = {s: check_result(p, budget, s) for s in available_solvers()}
+    assert results["auto"].feasible, dump_on_failure(p, budget, "auto")
+    best = min(r.objective_s for s, r in results.items() if r.feasible and s != "auto")
+    assert results["auto"].objective_s == pytest.approx(best)
