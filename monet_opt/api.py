@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -10,16 +11,17 @@ from torch import nn
 from monet_opt import capture, rewrite
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
+from monet_opt.lower_variants import attach_variants, with_costs
 from monet_opt.module import OptimizedModule
 from monet_opt.plan import Plan, op_rows
-from monet_opt.profiler import profile_op_times
+from monet_opt.profiler import profile
 from monet_opt.units import parse_memory_limit
 import solvers
 
 
 def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
              solver: str = "auto", time_limit_s: float = 30.0,
-             profile_repeats: int = 3) -> OptimizedModule:
+             profile_repeats: int = 3, variants: bool = True) -> OptimizedModule:
     """Return a module that trains exactly like `model` with its step's peak memory within
     `memory_limit`.
 
@@ -36,6 +38,9 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             "chen_greedy", "chen_sqrt", "store_all".
         time_limit_s: wall time the MILP may spend (the plan reports its status and gap).
         profile_repeats: timed runs per operator when profiling (after one warm-up).
+        variants: offer the solver the operator variants of `monet_opt.variants` (ReLU and
+            dropout masks, shape-only max-pool inputs: exact, smaller forms of what the
+            backward reads). False: recomputation alone, for comparison.
 
     Raises:
         ValueError: memory_limit is not a positive size.
@@ -49,19 +54,20 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
                          f"{solvers.available_solvers()}")
     if not time_limit_s > 0:
         raise ValueError(f"monet_opt.optimize: time_limit_s must be positive, got {time_limit_s}")
-    planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s)
+    planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
+                       variants)
     step, spec, param_names, buffer_names = _trace(model, sample_input, planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
     flags = tuple(m.training for m in model.modules())
     return OptimizedModule(model, step, spec, planner.plan, param_names, buffer_names, flags)
 
 
-def lower_problem(model: nn.Module, sample_input: Any, *,
-                  profile_repeats: int = 3) -> solvers.Problem:
+def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int = 3,
+                  variants: bool = True) -> solvers.Problem:
     """The profiled scheduling problem of one training step of `model` on `sample_input`, as
     every solver sees it (for benchmarks and for studying a model's graph). Leaves the model's
     state as it was."""
-    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0)
+    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0, variants)
     _trace(model, sample_input, planner)
     internal_assert(planner.problem is not None, "the partition function was never called")
     return planner.problem
@@ -89,21 +95,19 @@ class _Planner:
     """The partition function AOTAutograd calls with the joint graph: plans and cuts it."""
 
     def __init__(self, limit: int | None, solver: str, repeats: int, name: str,
-                 time_limit_s: float) -> None:
+                 time_limit_s: float, variants: bool = True) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
+        self.variants = variants
         self.repeats, self.name = repeats, name
         self.primals: list[torch.Tensor] = []
         self.problem: solvers.Problem | None = None
         self.plan: Plan | None = None
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
-        lowered = lower(joint, num_fwd_outputs, name=self.name)
-        times = profile_op_times(joint, lowered, self.primals, self.repeats)
-        problem = lowered.problem
-        ops = tuple(dataclasses.replace(op, time_s=t) for op, t in zip(problem.ops, times))
-        problem = dataclasses.replace(problem, ops=ops,
-                                      fixed_bytes=problem.fixed_bytes + _loss_bytes(joint))
+        lowered = self._profiled(joint, num_fwd_outputs)
+        problem = dataclasses.replace(lowered.problem,
+                                      fixed_bytes=lowered.problem.fixed_bytes + _loss_bytes(joint))
         lowered = dataclasses.replace(lowered, problem=problem)
         self.problem = problem
         limit = self.limit if self.limit is not None else 2 ** 62
@@ -113,6 +117,28 @@ class _Planner:
         self.plan = _make_plan(lowered, result, limit)
         return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
                                  num_fwd_outputs, **kwargs)
+
+
+    def _profiled(self, joint, num_fwd_outputs: int) -> Lowered:
+        """The lowered graph with measured times (and variants, where asked for). A variant
+        whose result is not bitwise the op's is left out, with a warning."""
+        plain = lower(joint, num_fwd_outputs, name=self.name)
+        lowered = attach_variants(plain, joint) if self.variants else plain
+        times, costs, exact = profile(joint, lowered, self.primals, self.repeats)
+        skip = {(s.family, s.backward_node) for s, ok in zip(lowered.variant_sites, exact)
+                if not ok}
+        if skip:
+            warnings.warn(f"monet_opt: {len(skip)} operator variant(s) did not reproduce the "
+                          f"op's result bitwise on this device and are not used: "
+                          f"{sorted(skip)[:3]}", RuntimeWarning, stacklevel=2)
+            costs = [c for s, c in zip(lowered.variant_sites, costs)
+                     if (s.family, s.backward_node) not in skip]
+            by_name = dict(zip(lowered.op_nodes, times))
+            lowered = attach_variants(plain, joint, skip=skip)
+            times = tuple(by_name.get(name, 0.0) for name in lowered.op_nodes)
+        ops = tuple(dataclasses.replace(op, time_s=t) for op, t in zip(lowered.problem.ops, times))
+        lowered = dataclasses.replace(lowered, problem=dataclasses.replace(lowered.problem, ops=ops))
+        return with_costs(lowered, costs) if lowered.variant_sites else lowered
 
 
 def _loss_bytes(joint) -> int:
@@ -138,4 +164,5 @@ def _make_plan(lowered: Lowered, result: solvers.SolveResult, limit: int) -> Pla
                 fixed_bytes=problem.fixed_bytes, gradient_bytes=grads,
                 store_all_peak_bytes=store_all.peak_bytes, store_all_step_time_s=store_all.time_s,
                 min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
+                variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
                 rows=op_rows(problem, result.schedule, sim, lowered.op_labels))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from monet_opt import variants
+from monet_opt import recompute
 from monet_opt.errors import UnsupportedGraphError
 from solvers import NO_PRODUCER, Op, Problem, Tensor
 
@@ -35,6 +35,7 @@ class Lowered:
     view_nodes: frozenset[str]
     fixed_nodes: frozenset[str]
     op_labels: tuple[str, ...] = field(default=())
+    variant_sites: tuple = ()  # lower_variants.VariantSite per problem variant
 
 
 def is_view_node(node: fx.Node) -> bool:
@@ -141,7 +142,7 @@ class _Builder:
         is_backward = node.meta.get("partitioner_tag") == "is_backward"
         self.ops.append(Op(name=node.name, is_backward=is_backward, time_s=0.0,
                            inputs=self._reads(node), outputs=outs,
-                           is_random=variants.is_random(node)))
+                           is_random=recompute.is_random(node)))
         self.op_nodes.append(node.name)
         self.labels.append(_label(node))
 
@@ -157,7 +158,7 @@ class _Builder:
 
     def _reads(self, node: fx.Node) -> tuple[int, ...]:
         reads: dict[int, None] = {}
-        for arg in variants.tensor_args(node):
+        for arg in recompute.tensor_args(node):
             for t in self.storage[arg.name]:
                 reads[t] = None
         return tuple(reads)

@@ -38,6 +38,7 @@ class Plan:
     min_feasible_bytes: int    # the least peak the solver can reach
     rows: tuple[OpRow, ...]
     solver_note: str = ""      # what the solver restricted or fell back to, if anything
+    variants: tuple[str, ...] = ()  # the operator variants in use ("family:backward node")
 
     @property
     def store_all_activation_bytes(self) -> int:
@@ -65,6 +66,7 @@ class Plan:
             f"{format_bytes(self.gradient_bytes)} gradients",
             f"  predicted step    {self.predicted_step_time_s * 1e3:.2f} ms "
             f"({overhead:+.1%} vs no recomputation), {self.recomputed_ops} op runs recomputed",
+            f"  variants in use   {_count_families(self.variants)}",
             "",
             f"  {'phase':<8} {'op':<28} {'bytes':>11} {'time ms':>9}  decision   source",
         ]
@@ -73,13 +75,25 @@ class Plan:
         return "\n".join(head + body)
 
 
+def _count_families(names: tuple[str, ...]) -> str:
+    counts: dict[str, int] = {}
+    for name in names:
+        family = name.split(":")[0]
+        counts[family] = counts.get(family, 0) + 1
+    return ", ".join(f"{f} x{n}" for f, n in sorted(counts.items())) or "none"
+
+
 def op_rows(problem: Problem, schedule: Schedule, sim: Simulation,
             labels: tuple[str, ...]) -> tuple[OpRow, ...]:
+    """One row per op that runs (encode ops of variants not in use are left out)."""
     rows = []
+    with_variant = {problem.variants[v].op for v in schedule.variants}
     for i, op in enumerate(problem.ops):
+        if problem.encode_ops.get(i, -1) not in schedule.variants and i in problem.encode_ops:
+            continue
         size = sum(problem.tensors[t].bytes for t in op.outputs)
         if op.is_backward:
-            decision = "backward"
+            decision = "variant" if i in with_variant else "backward"
         elif sim.recompute_counts[i]:
             decision = f"recomputed x{sim.recompute_counts[i]}"
         elif any(t in schedule.kept for t in op.outputs):

@@ -4,6 +4,11 @@ The joint graph is functional: running it changes no parameter or buffer. It run
 parameters, buffers and sample input, with random output gradients, inside `fork_rng` so the
 user's random stream is untouched. Each op is timed on every run after a warm-up; its time is the
 median. Values are freed after their last use, so profiling needs no more memory than eager.
+
+Each operator variant is measured where its backward op runs: encode the argument it replaces,
+run the replacement, and compare its result with the op's own, bitwise (a variant that differs
+is reported and never offered to the solver). Workspace is the peak of what the call allocates
+beyond its result: a live-bytes counter on CPU, the allocator's peak on CUDA.
 """
 from __future__ import annotations
 
@@ -15,14 +20,89 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from monet_opt import variants
 from monet_opt.lower import Lowered
+from monet_opt.memory import LiveBytes
+
+
+class _VariantProbe:
+    """Samples for the variants at the backward nodes they replace."""
+
+    def __init__(self, lowered: Lowered) -> None:
+        self.at: dict[str, list[int]] = {}
+        for v, site in enumerate(lowered.variant_sites):
+            self.at.setdefault(site.backward_node, []).append(v)
+        self.sites = lowered.variant_sites
+        n = len(self.sites)
+        self.encode_s: list[list[float]] = [[] for _ in range(n)]
+        self.run_s: list[list[float]] = [[] for _ in range(n)]
+        self.encode_ws = [0] * n
+        self.run_ws = [0] * n
+        self.exact = [True] * n
+
+    def measure(self, node: fx.Node, args, kwargs, result, cuda: bool, timed: bool) -> None:
+        for v in self.at.get(node.name, ()):
+            site = self.sites[v]
+            fam = variants.family(site.family)
+            x = args[site.arg]
+            if fam.encode is None:
+                enc, enc_s, enc_ws = site.like, 0.0, 0
+            else:
+                enc, enc_s, enc_ws = _measured(fam.encode, (x, *site.params), cuda, timed)
+            new_args = tuple(enc if k == site.arg else a for k, a in enumerate(args))
+            out, run_s, run_ws = _measured(fam.run, new_args, cuda, timed)
+            if timed:
+                self.encode_s[v].append(enc_s)
+                self.run_s[v].append(run_s)
+            else:
+                self.encode_ws[v], self.run_ws[v] = enc_ws, run_ws
+                self.exact[v] = _same(out, result)
+
+
+def _measured(fn, args, cuda: bool, timed: bool):
+    """(result, seconds or 0, workspace bytes or 0): timed runs are not counted, counted
+    runs are not timed (the counter slows them)."""
+    if timed:
+        out, seconds = _call(fn, args, {}, cuda)
+        return out, seconds, 0
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn(*args)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        with LiveBytes() as counter:
+            out = fn(*args)
+        peak = counter.peak
+    return out, 0.0, max(0, peak - _nbytes(out))
+
+
+def _nbytes(out) -> int:
+    return out.untyped_storage().nbytes() if isinstance(out, torch.Tensor) else 0
+
+
+def _same(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
+        a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) and \
+        torch.equal(a.isnan(), b.isnan())
 
 
 def profile_op_times(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
                      repeats: int = 3) -> tuple[float, ...]:
     """Median time in seconds of each Problem op (in `lowered.problem.ops` order)."""
+    return profile(joint, lowered, primals, repeats)[0]
+
+
+def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
+            repeats: int = 3):
+    """(op times as profile_op_times gives them, variant costs, exact flags): per problem
+    variant, (encode time, encode workspace, run time minus the op's time, run workspace)
+    and whether its result equals the op's bitwise."""
     wanted = set(lowered.op_nodes)
     samples: dict[str, list[float]] = {name: [] for name in wanted}
+    probe = _VariantProbe(lowered)
     devices = sorted({t.device for t in primals if t.device.type == "cuda"}, key=str)
     with unset_fake_temporarily(), torch.no_grad(), \
             torch.random.fork_rng(devices=devices, enabled=True):
@@ -31,8 +111,16 @@ def profile_op_times(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[
                     if n.name.startswith("tangents")]
         inputs = list(primals) + tangents
         for run in range(repeats + 1):
-            _timed_run(joint, inputs, samples if run > 0 else None, wanted)
-    return tuple(statistics.median(samples[name]) for name in lowered.op_nodes)
+            _timed_run(joint, inputs, samples if run > 0 else None, wanted, probe)
+    med = {name: statistics.median(v) for name, v in samples.items() if v}
+    times = tuple(med.get(name, 0.0) for name in lowered.op_nodes)
+    costs = []
+    for v, site in enumerate(lowered.variant_sites):
+        enc = statistics.median(probe.encode_s[v]) if probe.encode_s[v] else 0.0
+        run = statistics.median(probe.run_s[v]) if probe.run_s[v] else 0.0
+        costs.append((enc, probe.encode_ws[v], run - med.get(site.backward_node, 0.0),
+                      probe.run_ws[v]))
+    return times, tuple(costs), tuple(probe.exact)
 
 
 def _random_like(val: torch.Tensor, primals: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -43,7 +131,8 @@ def _random_like(val: torch.Tensor, primals: Sequence[torch.Tensor]) -> torch.Te
 
 
 def _timed_run(gm: fx.GraphModule, inputs: list[torch.Tensor],
-               samples: dict[str, list[float]] | None, wanted: set[str]) -> None:
+               samples: dict[str, list[float]] | None, wanted: set[str],
+               probe: _VariantProbe) -> None:
     last_use: dict[str, fx.Node] = {}
     for node in gm.graph.nodes:
         fx.node.map_arg((node.args, node.kwargs), lambda a: last_use.__setitem__(a.name, node))
@@ -64,6 +153,7 @@ def _timed_run(gm: fx.GraphModule, inputs: list[torch.Tensor],
                                    f"{exc}") from exc
             if samples is not None and node.name in wanted:
                 samples[node.name].append(seconds)
+            probe.measure(node, args, kwargs, env[node.name], cuda, timed=samples is not None)
         elif node.op == "output":
             break
         for name in [a.name for a in node.all_input_nodes if last_use.get(a.name) is node]:

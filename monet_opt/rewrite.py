@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 from functorch.compile import default_partition
 
-from monet_opt import variants
+from monet_opt import recompute, variants
 from monet_opt.errors import internal_assert
 from monet_opt.lower import Lowered
 from solvers import Schedule
@@ -53,18 +53,30 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     problem = lowered.problem
     e = _Emitter(nodes, lowered)
     recomputed = {i for i in schedule.backward if not problem.ops[i].is_backward}
+    chosen = [lowered.variant_sites[v] for v in schedule.variants]
+    encodes = {site.encode_op: site for site in chosen if site.encode_op is not None}
+    runs = {site.backward_node: site for site in chosen}
     for n in joint.graph.nodes:
         if n.op in ("placeholder", "get_attr"):
             e.bind(n, e.g.node_copy(n))
     for i in problem.forward_ops:
-        e.emit(nodes[lowered.op_nodes[i]], capture_rng=i in recomputed and problem.ops[i].is_random)
+        if i in encodes:
+            e.emit_encode(encodes[i], lowered.op_nodes[i])
+        elif lowered.op_nodes[i] in nodes:  # not an unchosen variant's encode op
+            e.emit(nodes[lowered.op_nodes[i]],
+                   capture_rng=i in recomputed and problem.ops[i].is_random)
     output = next(iter(joint.graph.find_nodes(op="output")))
     outs = list(output.args[0])
     fwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[:num_fwd_outputs]]
     e.enter_backward(schedule)
     for i in schedule.backward:
+        if i in encodes:
+            e.emit_encode(encodes[i], lowered.op_nodes[i])
+            continue
+        if lowered.op_nodes[i] not in nodes:
+            continue  # an unchosen variant's encode op: it makes nothing anyone reads
         node = nodes[lowered.op_nodes[i]]
-        e.emit(node, recompute=not problem.ops[i].is_backward)
+        e.emit(node, rerun=not problem.ops[i].is_backward, variant=runs.get(node.name))
     bwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[num_fwd_outputs:]]
     new_out = e.g.output(tuple(fwd_values + bwd_values))
     new_out.meta = copy.copy(output.meta)
@@ -114,23 +126,41 @@ class _Emitter:
         new.meta["partitioner_tag"] = self.tag
         return new
 
-    def emit(self, old: fx.Node, recompute: bool = False, capture_rng: bool = False) -> None:
-        """Run `old` here: its op node and the getitems of its outputs."""
+    def emit_encode(self, site, name: str) -> None:
+        """A chosen variant's encode op: the smaller form of the argument it replaces."""
+        arg = self.nodes[site.backward_node].args[site.arg]
+        new = self.g.call_function(variants.encode, (site.family, self._read(arg), *site.params))
+        val = arg.meta["val"]
+        with val.fake_mode:
+            new.meta["val"] = variants.family(site.family).encode(val, *site.params)
+        new.meta["partitioner_tag"] = self.tag
+        self.current[name] = new
+
+    def emit(self, old: fx.Node, rerun: bool = False, capture_rng: bool = False,
+             variant=None) -> None:
+        """Run `old` here: its op node and the getitems of its outputs. With a chosen
+        `variant`, the variant's replacement runs on its encoded argument instead."""
         n_keep = None
         if capture_rng:
             self._capture_rng(old)
-        if recompute:
-            target, args, kwargs, n_keep = variants.recompute_form(old)
-            if variants.is_random(old):
+        if variant is not None:
+            args, kwargs = recompute.effective_args(old)
+            enc = variant.like if variant.encode_op is None else \
+                self.current[self.lowered.op_nodes[variant.encode_op]]
+            args = tuple(enc if k == variant.arg else a for k, a in enumerate(args))
+            new = self._copy(old, (variant.family, *args), kwargs, target=variants.run)
+        elif rerun:
+            target, args, kwargs, n_keep = recompute.recompute_form(old)
+            if recompute.is_random(old):
                 device = str(_first_tensor(old).device)
-                op_name = variants.op_qualname(target)
-                args, target = (self.rng[old.name], device, op_name, *args), variants.rng_replay
+                op_name = recompute.op_qualname(target)
+                args, target = (self.rng[old.name], device, op_name, *args), recompute.rng_replay
             new = self._copy(old, args, kwargs, target=target)
             if n_keep is not None:
                 new.meta["val"] = tuple(old.meta["val"][:n_keep])
             self.views.clear()  # views of the old copies must be re-made from the new ones
         else:
-            args, kwargs = variants.effective_args(old)
+            args, kwargs = recompute.effective_args(old)
             new = self._copy(old, args, kwargs)
         self.current[old.name] = new
         for gi in self.getitems.get(old.name, []):
@@ -142,9 +172,9 @@ class _Emitter:
     def _capture_rng(self, old: fx.Node) -> None:
         value = _first_tensor(old)
         device = str(value.device)
-        state = self.g.call_function(variants.rng_state, (device,))
+        state = self.g.call_function(recompute.rng_state, (device,))
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
-            nbytes = variants.rng_state_nbytes(device)
+            nbytes = recompute.rng_state_nbytes(device)
         with value.fake_mode:
             state.meta["val"] = torch.empty(nbytes, dtype=torch.uint8)
         state.meta["partitioner_tag"] = FORWARD

@@ -1,108 +1,126 @@
-"""Per-operator knowledge the planner and executor share.
+"""The operator-variant library (MONeT's idea in stock PyTorch; DESIGN "Operator variants").
 
-NOTE [Recomputing BatchNorm]
-  1. A training-mode BN (`_native_batch_norm_legit_functional`) returns (out, batch mean, batch
-     rstd, new running mean, new running var). The new running statistics leave the forward as
-     buffer updates, applied once per step by AOTAutograd's runtime.
-  2. A recomputation runs the no-stats form `_native_batch_norm_legit.no_stats`, which computes
-     the same out/mean/rstd from the same batch without reading the running buffers: those were
-     updated in place after the forward, and reading them from the backward would fail autograd's
-     saved-tensor version check (DESIGN pitfall 1) and update the statistics twice.
-  3. The training-mode backward (`native_batch_norm_backward`, train=True) ignores its running
-     mean/var arguments; the executor passes None so the backward holds no statistics.
+Each family is data: a backward ATen op, the argument of it that the family does without, how
+the forward encodes that argument right after it is made (`encode`, or None when the op needs
+only its shape), and what the backward runs instead of the op (`run`, given the op's arguments
+with the encoded tensor in that place). Lowering turns each match into a `solvers.Variant`; the
+profiler measures its time and workspace; the executor emits `encode`/`run` where the schedule
+chooses it. Every family here is exact: the backward's result is bitwise the eager one.
 
-NOTE [Recomputing random ops]
-  A random op (dropout's `native_dropout`, `rand`, `bernoulli`...) that the schedule recomputes
-  gets the generator state captured just before its forward run; the recomputation runs with
-  that state and restores the generator afterwards. It reproduces the forward's mask exactly and
-  leaves the user's random stream as eager PyTorch leaves it.
+NOTE [1-bit masks]
+  A bool tensor takes a byte per element. `pack_bits` stores 8 per byte (uint8, padded to a
+  multiple of 8); `unpack_bits` rebuilds the bool tensor exactly. The backward then holds a
+  bool temporary the size of the mask while the op runs: that is the variant's workspace,
+  measured by the profiler.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.fx as fx
 
 aten = torch.ops.aten
 
-BN_TRAIN = aten._native_batch_norm_legit_functional.default
-BN_RECOMPUTE = aten._native_batch_norm_legit.no_stats
-BN_BACKWARD = aten.native_batch_norm_backward.default
-_BN_BACKWARD_STATS_ARGS = (3, 4)
-_BN_BACKWARD_TRAIN_ARG = 7
+
+@dataclass(frozen=True)
+class Family:
+    """name: unique, used in plans. op/arg: the backward op and the argument it replaces.
+    encode(x, *params) -> the smaller tensor the forward keeps (None: keep nothing, the op
+    needs x's shape only). params(node): constants encode needs from the backward node.
+    run(*args) -> the op's result, args as the op's with the replaced one swapped for the
+    encoded tensor (or, without encode, for a (shape, dtype) pair)."""
+
+    name: str
+    op: torch._ops.OpOverload
+    arg: int
+    encode: Callable[..., torch.Tensor] | None
+    run: Callable[..., torch.Tensor]
+    params: Callable[[fx.Node], tuple] = lambda node: ()
 
 
-def is_random(node: fx.Node) -> bool:
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and \
-        torch.Tag.nondeterministic_seeded in target.tags
+def pack_bits(b: torch.Tensor) -> torch.Tensor:
+    """NOTE [1-bit masks]: a bool tensor as uint8, 8 elements per byte."""
+    flat = b.reshape(-1)
+    pad = -flat.numel() % 8
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    cols = flat.view(-1, 8)
+    out = cols[:, 0].to(torch.uint8)
+    for k in range(1, 8):
+        out = out.bitwise_or(cols[:, k].to(torch.uint8).bitwise_left_shift(k))
+    return out
 
 
-def dropped_args(node: fx.Node) -> tuple[int, ...]:
-    """Positional args the executor replaces by None (NOTE [Recomputing BatchNorm] 3)."""
-    if node.target is BN_BACKWARD and node.args[_BN_BACKWARD_TRAIN_ARG] is True:
-        return _BN_BACKWARD_STATS_ARGS
-    return ()
+def unpack_bits(packed: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+    weights = torch.ones(8, dtype=torch.uint8, device=packed.device).bitwise_left_shift(
+        torch.arange(8, dtype=torch.uint8, device=packed.device))
+    bits = packed.unsqueeze(1).bitwise_and(weights).ne(0).view(-1)
+    numel = 1
+    for s in shape:
+        numel *= s
+    return bits[:numel].view(shape)
 
 
-def effective_args(node: fx.Node) -> tuple[tuple, dict]:
-    drop = dropped_args(node)
-    args = tuple(None if k in drop else a for k, a in enumerate(node.args))
-    return args, dict(node.kwargs)
+# ---- ReLU and other thresholds: threshold_backward(grad, out, threshold) needs out's sign ----
+
+def _relu_bool_encode(out: torch.Tensor, threshold) -> torch.Tensor:
+    return out.le(threshold)
 
 
-def tensor_args(node: fx.Node) -> list[fx.Node]:
-    """The FX nodes this node reads, after dropped args are removed."""
-    args, kwargs = effective_args(node)
-    found: list[fx.Node] = []
-    fx.node.map_arg((args, kwargs), found.append)
-    return found
+def _relu_bool_run(grad: torch.Tensor, zero: torch.Tensor, threshold) -> torch.Tensor:
+    return grad.masked_fill(zero, 0)
 
 
-def recompute_form(node: fx.Node) -> tuple[object, tuple, dict, int | None]:
-    """(target, args, kwargs, number of outputs kept) for recomputing `node` in the backward."""
-    args, kwargs = effective_args(node)
-    if node.target is BN_TRAIN:
-        inp, weight, bias, _rm, _rv, training, momentum, eps = args
-        return BN_RECOMPUTE, (inp, weight, bias, training, momentum, eps), kwargs, 3
-    return node.target, args, kwargs, None
+def _relu_bit_encode(out: torch.Tensor, threshold) -> torch.Tensor:
+    return pack_bits(out.le(threshold))
 
 
-# ---- generator state capture and replay (called from the executed FX graphs) ----
-
-def _generator(device: str) -> torch.Generator:
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.cuda.default_generators[dev.index if dev.index is not None
-                                             else torch.cuda.current_device()]
-    return torch.default_generator
+def _relu_bit_run(grad: torch.Tensor, packed: torch.Tensor, threshold) -> torch.Tensor:
+    return grad.masked_fill(unpack_bits(packed, grad.shape), 0)
 
 
-def rng_state(device: str) -> torch.Tensor:
-    """The generator state right now (a small CPU uint8 tensor)."""
-    return _generator(device).get_state()
+# ---- dropout: native_dropout_backward(grad, mask, scale) reads a bool mask ----
+
+def _dropout_bit_run(grad: torch.Tensor, packed: torch.Tensor, scale: float) -> torch.Tensor:
+    return aten.native_dropout_backward(grad, unpack_bits(packed, grad.shape), scale)
 
 
-def op_qualname(op: torch._ops.OpOverload) -> str:
-    """'aten.native_dropout.default': how the executed graph names an op it replays."""
-    return f"{op.namespace}.{op._schema.name.split('::')[-1]}.{op._overloadname}"
+# ---- max-pool: the backward reads its input only for the shape ----
+
+def _maxpool_shape_run(grad, like, *rest) -> torch.Tensor:
+    shape, dtype = like
+    stand_in = torch.zeros((), dtype=dtype, device=grad.device).expand(shape)
+    return aten.max_pool2d_with_indices_backward(grad, stand_in, *rest)
 
 
-def _resolve(qualname: str) -> torch._ops.OpOverload:
-    namespace, name, overload = qualname.split(".")
-    return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+FAMILIES: tuple[Family, ...] = (
+    Family("relu.bool_mask", aten.threshold_backward.default, 1, _relu_bool_encode,
+           _relu_bool_run, params=lambda node: (node.args[2],)),
+    Family("relu.bit_mask", aten.threshold_backward.default, 1, _relu_bit_encode,
+           _relu_bit_run, params=lambda node: (node.args[2],)),
+    Family("dropout.bit_mask", aten.native_dropout_backward.default, 1, pack_bits,
+           _dropout_bit_run),
+    Family("maxpool.shape_only", aten.max_pool2d_with_indices_backward.default, 1, None,
+           _maxpool_shape_run),
+)
+_BY_NAME = {f.name: f for f in FAMILIES}
 
 
-def rng_replay(state: torch.Tensor, device: str, op_qualname: str, *args, **kwargs):
-    """Run the op with the generator at `state`, then put the generator back as it was."""
-    op = _resolve(op_qualname)
-    gen = _generator(device)
-    saved = gen.get_state()
-    gen.set_state(state)
-    try:
-        return op(*args, **kwargs)
-    finally:
-        gen.set_state(saved)
+def families_for(node: fx.Node) -> list[Family]:
+    return [f for f in FAMILIES if node.target is f.op]
 
 
-def rng_state_nbytes(device: str) -> int:
-    return int(rng_state(device).numel())
+def family(name: str) -> Family:
+    return _BY_NAME[name]
+
+
+# ---- what executed graphs call (module-level, so FX code can name them) ----
+
+def encode(name: str, x: torch.Tensor, *params) -> torch.Tensor:
+    return _BY_NAME[name].encode(x, *params)
+
+
+def run(name: str, *args) -> torch.Tensor:
+    return _BY_NAME[name].run(*args)

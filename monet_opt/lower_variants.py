@@ -1,0 +1,145 @@
+"""Add the variant library's choices to a lowered Problem.
+
+For every backward op that a family matches, the Problem gets a `solvers.Variant`: an encode op
+placed right after the producer of the argument it replaces (so the argument need not outlive
+its forward uses for it), the encoded tensor, and the rewiring. Op ids are renumbered to keep
+the forward ops first and in order; tensor ids do not change (encoded tensors are appended).
+Times and workspaces start at zero; `with_costs` fills them from the profiler.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from monet_opt import recompute, variants
+from monet_opt.lower import Lowered, storage_bytes
+from solvers import Op, Problem, Tensor, Variant
+
+
+@dataclass(frozen=True)
+class VariantSite:
+    """Where variant v of the problem applies: family, the backward FX node, which argument,
+    the encode op's id (None if the family keeps nothing), and the constants encode takes."""
+
+    family: str
+    backward_node: str
+    arg: int
+    encode_op: int | None
+    params: tuple
+    like: tuple  # (shape, dtype) of the replaced argument
+
+
+def attach_variants(lowered: Lowered, joint: fx.GraphModule,
+                    skip: frozenset | set = frozenset()) -> Lowered:
+    """`lowered` with every match of the library (except (family, node name) pairs in
+    `skip`) as a variant of its problem."""
+    p = lowered.problem
+    nodes = {n.name: n for n in joint.graph.nodes}
+    tensor_of = {name: t for t, name in enumerate(lowered.tensor_nodes) if name is not None}
+    fwd = set(p.forward_tensors)
+    found = []  # (family, backward op id, its node, replaced tensor)
+    for b in p.backward_ops:
+        node = nodes[lowered.op_nodes[b]]
+        args, _ = recompute.effective_args(node)
+        for fam in variants.families_for(node):
+            if (fam.name, node.name) in skip:
+                continue
+            arg = args[fam.arg] if fam.arg < len(args) else None
+            t = _storage(arg, lowered, tensor_of, nodes)
+            reads = [a for a in recompute.tensor_args(node)
+                     if _storage(a, lowered, tensor_of, nodes) == t]
+            if t is None or t not in fwd or len(reads) != 1:
+                continue
+            found.append((fam, b, node, t))
+    if not found:
+        return lowered
+    # the new op order: each encode op right after the producer of what it encodes
+    after: dict[int, list[int]] = {}
+    for k, (fam, _, _, t) in enumerate(found):
+        if fam.encode is not None:
+            after.setdefault(p.tensors[t].producer, []).append(k)
+    order: list[tuple[str, int]] = []
+    for i in p.forward_ops:
+        order.append(("op", i))
+        order += [("enc", k) for k in after.get(i, [])]
+    order += [("op", b) for b in p.backward_ops]
+    new_id = {i: n for n, (kind, i) in enumerate(order) if kind == "op"}
+    enc_id = {k: n for n, (kind, k) in enumerate(order) if kind == "enc"}
+    tensors = [dataclasses.replace(t, producer=new_id.get(t.producer, t.producer))
+               for t in p.tensors]
+    tensor_nodes = list(lowered.tensor_nodes)
+    ops: list[Op] = []
+    op_nodes: list[str] = []
+    labels: list[str] = []
+    sites: list[VariantSite] = []
+    problem_variants: list[Variant] = []
+    for n, (kind, i) in enumerate(order):
+        if kind == "op":
+            ops.append(p.ops[i])
+            op_nodes.append(lowered.op_nodes[i])
+            labels.append(lowered.op_labels[i] if lowered.op_labels else "")
+            continue
+        fam, _, node, t = found[i]
+        name = f"{fam.name}:{node.name}"
+        out = len(tensors)
+        tensors.append(Tensor(name, _encoded_bytes(fam, node), n))
+        tensor_nodes.append(name)
+        ops.append(Op(name, False, 0.0, (t,), (out,)))
+        op_nodes.append(name)
+        labels.append(f"{fam.name} encode for {node.name}")
+    for k, (fam, b, node, t) in enumerate(found):
+        enc = enc_id.get(k)
+        like = _like(node.args[fam.arg])
+        sites.append(VariantSite(fam.name, node.name, fam.arg, enc, fam.params(node), like))
+        problem_variants.append(Variant(
+            f"{fam.name}:{node.name}", new_id[b], t,
+            reads=ops[enc].outputs if enc is not None else (),
+            encode_ops=(enc,) if enc is not None else ()))
+    problem = Problem(tuple(ops), tuple(tensors), p.fixed_bytes, p.forward_outputs,
+                      p.backward_outputs, tuple(problem_variants), name=p.name)
+    return dataclasses.replace(lowered, problem=problem, op_nodes=tuple(op_nodes),
+                               tensor_nodes=tuple(tensor_nodes), op_labels=tuple(labels),
+                               variant_sites=tuple(sites))
+
+
+def _storage(arg, lowered: Lowered, tensor_of: dict[str, int], nodes) -> int | None:
+    """The tensor whose storage `arg` reads (through views)."""
+    while isinstance(arg, fx.Node):
+        if arg.name in tensor_of:
+            return tensor_of[arg.name]
+        if arg.name not in lowered.view_nodes or not arg.args:
+            return None
+        arg = arg.args[0]
+    return None
+
+
+def _like(arg: fx.Node) -> tuple:
+    val = arg.meta["val"]
+    return (tuple(val.shape), val.dtype)
+
+
+def _encoded_bytes(fam: variants.Family, node: fx.Node) -> int:
+    val = node.args[fam.arg].meta["val"]
+    with val.fake_mode:
+        return storage_bytes(fam.encode(val, *fam.params(node)))
+
+
+def with_costs(lowered: Lowered, costs) -> Lowered:
+    """Fill measured costs in: costs[v] = (encode time, encode workspace, run time minus the
+    op's own time, run workspace)."""
+    p = lowered.problem
+    ops = list(p.ops)
+    out = []
+    for v, (var, site) in enumerate(zip(p.variants, lowered.variant_sites)):
+        enc_s, enc_ws, extra_s, run_ws = costs[v]
+        if site.encode_op is not None:
+            ops[site.encode_op] = dataclasses.replace(ops[site.encode_op], time_s=enc_s,
+                                                      workspace_bytes=enc_ws)
+        out.append(dataclasses.replace(var, extra_time_s=extra_s,
+                                       extra_workspace_bytes=max(0, run_ws)))
+    problem = dataclasses.replace(p, ops=tuple(ops), variants=tuple(out))
+    return dataclasses.replace(lowered, problem=problem)
+

@@ -1,0 +1,108 @@
+"""How the executor recomputes forward ops: BatchNorm's no-stats form and random-op replay.
+
+NOTE [Recomputing BatchNorm]
+  1. A training-mode BN (`_native_batch_norm_legit_functional`) returns (out, batch mean, batch
+     rstd, new running mean, new running var). The new running statistics leave the forward as
+     buffer updates, applied once per step by AOTAutograd's runtime.
+  2. A recomputation runs the no-stats form `_native_batch_norm_legit.no_stats`, which computes
+     the same out/mean/rstd from the same batch without reading the running buffers: those were
+     updated in place after the forward, and reading them from the backward would fail autograd's
+     saved-tensor version check (DESIGN pitfall 1) and update the statistics twice.
+  3. The training-mode backward (`native_batch_norm_backward`, train=True) ignores its running
+     mean/var arguments; the executor passes None so the backward holds no statistics.
+
+NOTE [Recomputing random ops]
+  A random op (dropout's `native_dropout`, `rand`, `bernoulli`...) that the schedule recomputes
+  gets the generator state captured just before its forward run; the recomputation runs with
+  that state and restores the generator afterwards. It reproduces the forward's mask exactly and
+  leaves the user's random stream as eager PyTorch leaves it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+BN_TRAIN = aten._native_batch_norm_legit_functional.default
+BN_RECOMPUTE = aten._native_batch_norm_legit.no_stats
+BN_BACKWARD = aten.native_batch_norm_backward.default
+_BN_BACKWARD_STATS_ARGS = (3, 4)
+_BN_BACKWARD_TRAIN_ARG = 7
+
+
+def is_random(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and \
+        torch.Tag.nondeterministic_seeded in target.tags
+
+
+def dropped_args(node: fx.Node) -> tuple[int, ...]:
+    """Positional args the executor replaces by None (NOTE [Recomputing BatchNorm] 3)."""
+    if node.target is BN_BACKWARD and node.args[_BN_BACKWARD_TRAIN_ARG] is True:
+        return _BN_BACKWARD_STATS_ARGS
+    return ()
+
+
+def effective_args(node: fx.Node) -> tuple[tuple, dict]:
+    drop = dropped_args(node)
+    args = tuple(None if k in drop else a for k, a in enumerate(node.args))
+    return args, dict(node.kwargs)
+
+
+def tensor_args(node: fx.Node) -> list[fx.Node]:
+    """The FX nodes this node reads, after dropped args are removed."""
+    args, kwargs = effective_args(node)
+    found: list[fx.Node] = []
+    fx.node.map_arg((args, kwargs), found.append)
+    return found
+
+
+def recompute_form(node: fx.Node) -> tuple[object, tuple, dict, int | None]:
+    """(target, args, kwargs, number of outputs kept) for recomputing `node` in the backward."""
+    args, kwargs = effective_args(node)
+    if node.target is BN_TRAIN:
+        inp, weight, bias, _rm, _rv, training, momentum, eps = args
+        return BN_RECOMPUTE, (inp, weight, bias, training, momentum, eps), kwargs, 3
+    return node.target, args, kwargs, None
+
+
+# ---- generator state capture and replay (called from the executed FX graphs) ----
+
+def _generator(device: str) -> torch.Generator:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.default_generators[dev.index if dev.index is not None
+                                             else torch.cuda.current_device()]
+    return torch.default_generator
+
+
+def rng_state(device: str) -> torch.Tensor:
+    """The generator state right now (a small CPU uint8 tensor)."""
+    return _generator(device).get_state()
+
+
+def op_qualname(op: torch._ops.OpOverload) -> str:
+    """'aten.native_dropout.default': how the executed graph names an op it replays."""
+    return f"{op.namespace}.{op._schema.name.split('::')[-1]}.{op._overloadname}"
+
+
+def _resolve(qualname: str) -> torch._ops.OpOverload:
+    namespace, name, overload = qualname.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+
+
+def rng_replay(state: torch.Tensor, device: str, op_qualname: str, *args, **kwargs):
+    """Run the op with the generator at `state`, then put the generator back as it was."""
+    op = _resolve(op_qualname)
+    gen = _generator(device)
+    saved = gen.get_state()
+    gen.set_state(state)
+    try:
+        return op(*args, **kwargs)
+    finally:
+        gen.set_state(saved)
+
+
+def rng_state_nbytes(device: str) -> int:
+    return int(rng_state(device).numel())
