@@ -24,7 +24,9 @@ def mib(b: float) -> str:
     return f"{b / 2**20:,.1f}"
 
 
-def bench_model(name: str, time_limit_s: float, out) -> None:
+def lowered(name: str, out):
+    """Lower and profile a zoo model; print its sizes. (problem, floor, activations, store-all
+    simulation): floor = parameters, inputs and gradients."""
     model, x = zoo.MODELS[name]()
     t0 = time.perf_counter()
     problem = monet_opt.lower_problem(model, x, profile_repeats=3)
@@ -40,6 +42,11 @@ def bench_model(name: str, time_limit_s: float, out) -> None:
           f"{mib(floor)} MiB parameters, inputs and gradients + {mib(act)} MiB activations; "
           f"step {store_all.time_s * 1e3:.0f} ms"
           " (sum of profiled op times).\n", file=out)
+    return problem, floor, act, store_all
+
+
+def bench_model(name: str, time_limit_s: float, out) -> None:
+    problem, floor, act, store_all = lowered(name, out)
     print("| limit (activations left) | solver | status | predicted step | overhead | bound "
           "| gap | solve time | least peak (MiB) | note |", file=out)
     print("|---|---|---|---|---|---|---|---|---|---|", file=out)
@@ -57,20 +64,24 @@ def bench_model(name: str, time_limit_s: float, out) -> None:
                   f"| {r.note} |", file=out, flush=True)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-limit", type=float, default=60.0)
-    ap.add_argument("--models", default=",".join(zoo.MODELS))
-    args = ap.parse_args(argv)
+def header(title: str, module: str, args) -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     machine = platform.processor() or platform.machine()
-    print(f"# Solver benchmark\n\nCommand: `python -m monet_opt.bench_solvers --time-limit "
+    print(f"# {title}\n\nCommand: `python -m {module} --time-limit "
           f"{args.time_limit:g} --models {args.models}`. Machine: {machine}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"CPU profile. Limits include parameters, inputs and gradients; the percentage is "
           f"the share of store-all activation memory left. Overhead is predicted step time vs "
           f"store-all (profiled op times; the simulator's peak equals the executor's measured "
           f"peak to the byte in tests/test_executor.py).", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--models", default=",".join(zoo.MODELS))
+    args = ap.parse_args(argv)
+    header("Solver benchmark", "monet_opt.bench_solvers", args)
     for name in args.models.split(","):
         bench_model(name, args.time_limit, sys.stdout)
 

@@ -142,6 +142,15 @@ class Problem:
         var = self.variants[v]
         return var.extra_time_s + sum(self.ops[i].time_s for i in var.encode_ops)
 
+    def only_variants(self, keep: set[int] | frozenset[int]) -> Problem:
+        """The same problem offering only the variants in `keep` (renumbered in order); the
+        others' encode ops cost nothing and make empty tensors, as if never chosen."""
+        dropped = frozenset(range(len(self.variants))) - frozenset(keep)
+        zeroed = _apply_variants(replace(self, variants=tuple(
+            v for k, v in enumerate(self.variants) if k in dropped)), frozenset())
+        return replace(zeroed, variants=tuple(v for k, v in enumerate(self.variants)
+                                              if k not in dropped))
+
     def with_variants(self, chosen: frozenset[int] | set[int]) -> Problem:
         """The plain problem (no variants) that runs when `chosen` are the variants in use. Op
         and tensor ids stay the same; the encode ops of unchosen variants cost nothing, read

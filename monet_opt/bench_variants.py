@@ -1,0 +1,57 @@
+"""What operator variants are worth: the joint MILP with variants off vs on, and each family
+alone, at limits leaving 70/50/40 % of the store-all activation memory (MONeT's ablation, on
+this machine). Prints markdown (docs/benchmarks/variants.md).
+
+    python -m monet_opt.bench_variants [--time-limit 60] [--models resnet50,gpt2]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import solvers
+from monet_opt import zoo
+from monet_opt.bench_solvers import FRACTIONS, header, lowered, mib
+
+
+def bench_model(name: str, time_limit_s: float, out) -> None:
+    problem, floor, act, store_all = lowered(name, out)
+    off = problem.with_variants(frozenset())
+    families: dict[str, set[int]] = {}
+    for v, var in enumerate(problem.variants):
+        families.setdefault(var.name.split(":")[0], set()).add(v)
+    print(f"{len(problem.variants)} variant sites: "
+          + ", ".join(f"{f} x{len(vs)}" for f, vs in sorted(families.items())) + ".\n",
+          file=out)
+    print("| limit (activations left) | variants | predicted step | overhead | gap "
+          "| least peak (MiB) | variants chosen |", file=out)
+    print("|---|---|---|---|---|---|---|", file=out)
+    cases = [("off", off), ("all", problem)]
+    cases += [(f"{f} only", problem.only_variants(vs)) for f, vs in sorted(families.items())]
+    for frac in FRACTIONS:
+        budget = floor + int(frac * act)
+        for label, p in cases:
+            if frac != 0.5 and label not in ("off", "all"):
+                continue
+            r = solvers.solve(p, budget, "milp", time_limit_s=time_limit_s)
+            ok = r.feasible
+            step = f"{r.objective_s * 1e3:.0f} ms" if ok else "-"
+            over = f"{r.objective_s / store_all.time_s - 1:+.1%}" if ok else "infeasible"
+            gap = f"{r.gap:.1%}" if r.gap is not None else "-"
+            used = len(r.schedule.variants) if ok else "-"
+            print(f"| {mib(budget)} MiB ({frac:.0%}) | {label} | {step} | {over} | {gap} "
+                  f"| {mib(r.min_feasible_bytes)} | {used} |", file=out, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--models", default="resnet50,gpt2")
+    args = ap.parse_args(argv)
+    header("Operator-variant benchmark", "monet_opt.bench_variants", args)
+    for name in args.models.split(","):
+        bench_model(name, args.time_limit, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
