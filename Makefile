@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test bench-solvers
+.PHONY: install demo test bench-solvers bench-variants
 install: $(VENV)/.installed
 
 # torch 2.14.1 / torchvision 0.29.1 come from this machine's local disk (see research/env.md).
@@ -21,3 +21,7 @@ test: install
 # The solver benchmark (minutes): writes docs/benchmarks/solvers.md.
 bench-solvers: install
 	$(PY) -m monet_opt.bench_solvers > docs/benchmarks/solvers.md
+
+# The operator-variant ablation (minutes): writes docs/benchmarks/variants.md.
+bench-variants: install
+	$(PY) -m monet_opt.bench_variants > docs/benchmarks/variants.md
