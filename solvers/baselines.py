@@ -7,6 +7,7 @@ sweep b (and the two keep rules below) and return the fastest schedule within th
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -47,6 +48,20 @@ def chen_greedy(problem: Problem, budget_bytes: int, options: BaselineOptions) -
     start = time.perf_counter()
     candidates = [(s, simulate(problem, s)) for s in greedy_candidates(problem, options)]
     return _result("chen_greedy", problem, budget_bytes, candidates, start)
+
+
+def chen(problem: Problem, budget_bytes: int, options: BaselineOptions) -> SolveResult:
+    """The better of chen_sqrt and chen_greedy: the faster schedule within the budget (ties:
+    the smaller peak); its least peak is the lower of theirs. The note names the one chosen."""
+    start = time.perf_counter()
+    results = [chen_sqrt(problem, budget_bytes, options), chen_greedy(problem, budget_bytes,
+                                                                      options)]
+    min_peak = min(r.min_feasible_bytes for r in results)
+    fits = [r for r in results if r.feasible]
+    best = min(fits, key=lambda r: (r.objective_s, r.peak_bytes)) if fits else results[0]
+    return dataclasses.replace(best, solver="chen", min_feasible_bytes=min_peak,
+                               solve_time_s=time.perf_counter() - start,
+                               note=f"{best.solver}'s schedule" if fits else "")
 
 
 def greedy_candidates(problem: Problem, options: BaselineOptions) -> list[Schedule]:
