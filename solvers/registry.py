@@ -5,7 +5,7 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from solvers import baselines, joint, variants
+from solvers import baselines, checkmate, joint, variants
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
@@ -20,7 +20,9 @@ _REGISTRY: dict[str, tuple[SolverFn, type]] = {
     "store_all": (baselines.store_all, baselines.BaselineOptions),
     "chen_sqrt": (baselines.chen_sqrt, baselines.BaselineOptions),
     "chen_greedy": (baselines.chen_greedy, baselines.BaselineOptions),
+    "chen": (baselines.chen, baselines.BaselineOptions),
     "milp": (joint.milp, MilpOptions),
+    "checkmate": (checkmate.checkmate_milp, checkmate.CheckmateOptions),
 }
 
 
