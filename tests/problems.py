@@ -106,3 +106,26 @@ def masked_chain(n: int, size: int = 32, mask: int = 1, encode_s: float = 0.1) -
         prev = len(tensors) - 1
     return Problem(tuple(ops), tuple(tensors), 100, forward_outputs=(2 * n - 2,),
                    backward_outputs=(prev,), variants=tuple(variants), name=f"masked_chain{n}")
+
+
+def diamonds(k: int, size: int = 10, fixed: int = 100) -> Problem:
+    """k diamonds in a row: each block's input x feeds two branches l = f(x), r = g(x), joined
+    by j = h(l, r), which is the next block's input. The backward is autodiff's: one op per
+    forward op (in reverse), reading the gradients of its consumers and its forward inputs."""
+    fwd_inputs: list[tuple[int, ...]] = [()]  # op 0 makes the first block's input
+    for b in range(k):
+        x = 3 * b
+        fwd_inputs += [(x,), (x,), (x + 1, x + 2)]
+    n = len(fwd_inputs)
+    ops = [Op(f"f{i}", False, 1.0 + (i % 3 == 1), ins, (i,)) for i, ins in enumerate(fwd_inputs)]
+    tensors = [Tensor(f"a{i}", size * (1 + (i % 3 == 2)), i) for i in range(n)]
+    tensors.append(Tensor("tangent", size, NO_PRODUCER))
+    grad_of: dict[int, int] = {}
+    for i in reversed(range(n)):
+        users = [j for j in range(n) if i in fwd_inputs[j]]
+        grads = tuple(grad_of[j] for j in users) if users else (n,)
+        grad_of[i] = len(tensors)
+        tensors.append(Tensor(f"g{i}", size, len(ops)))
+        ops.append(Op(f"b{i}", True, 2.0, grads + fwd_inputs[i], (grad_of[i],)))
+    return Problem(tuple(ops), tuple(tensors), fixed, forward_outputs=(n - 1,),
+                   backward_outputs=(grad_of[0],), name=f"diamonds{k}")
