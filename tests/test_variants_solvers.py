@@ -114,5 +114,8 @@ def test_random_dags_with_variants_every_solver(n, seed, frac):
     budget = int(least + frac * (store_peak - least))
     results = {s: check_result(p, budget, s) for s in available_solvers()}
     assert results["auto"].feasible, dump_on_failure(p, budget, "auto")
-    best = min(r.objective_s for s, r in results.items() if r.feasible and s != "auto")
+    # "auto" does not consult the Checkmate baseline, which can beat the joint MILP
+    # (test_solvers.test_checkmate_never_slower_than_milp).
+    best = min(r.objective_s for s, r in results.items()
+               if r.feasible and s not in ("auto", "checkmate"))
     assert results["auto"].objective_s == pytest.approx(best)
