@@ -11,7 +11,7 @@ from monet_opt import capture, rewrite
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
 from monet_opt.module import OptimizedModule
-from monet_opt.plan import Plan, op_rows
+from monet_opt.plan import Plan, Timeline, op_rows
 from monet_opt.profiler import profile_op_times
 from monet_opt.units import parse_memory_limit
 import solvers
@@ -138,4 +138,7 @@ def _make_plan(lowered: Lowered, result: solvers.SolveResult, limit: int) -> Pla
                 fixed_bytes=problem.fixed_bytes, gradient_bytes=grads,
                 store_all_peak_bytes=store_all.peak_bytes, store_all_step_time_s=store_all.time_s,
                 min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
-                rows=op_rows(problem, result.schedule, sim, lowered.op_labels))
+                rows=op_rows(problem, result.schedule, sim, lowered.op_labels),
+                timeline=Timeline(op_time_s=tuple(problem.ops[i].time_s for i in sim.steps),
+                                  live_bytes=sim.live_bytes,
+                                  backward_start=len(problem.forward_ops)))
