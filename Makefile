@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test bench-solvers bench-variants
+.PHONY: install demo test bench bench-solvers bench-variants
 install: $(VENV)/.installed
 
 # torch 2.14.1 / torchvision 0.29.1 come from this machine's local disk (see research/env.md).
@@ -25,3 +25,15 @@ bench-solvers: install
 # The operator-variant ablation (minutes): writes docs/benchmarks/variants.md.
 bench-variants: install
 	$(PY) -m monet_opt.bench_variants > docs/benchmarks/variants.md
+
+# The side-by-side benchmark: our frontier beside torch.utils.checkpoint and torch.compile on
+# every model (about an hour on 2 idle cores; MONeT's batch sizes when a GPU is present).
+# Writes docs/benchmarks/bench.{json,md} and bench_*.png. In pieces:
+#   make bench BENCH_ARGS="--models resnet50"   (merges into bench.json)
+BENCH_ARGS ?=
+bench: $(VENV)/.bench-installed
+	$(VENV)/bin/monet-opt bench $(BENCH_ARGS)
+
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $@

@@ -13,7 +13,7 @@ from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
 from monet_opt.lower_variants import attach_variants, with_costs
 from monet_opt.module import OptimizedModule
-from monet_opt.plan import Plan, op_rows
+from monet_opt.plan import Plan, Timeline, op_rows
 from monet_opt.profiler import profile
 from monet_opt.units import parse_memory_limit
 import solvers
@@ -154,6 +154,7 @@ def _loss_bytes(joint) -> int:
 def _make_plan(lowered: Lowered, result: solvers.SolveResult, limit: int) -> Plan:
     problem = lowered.problem
     sim = solvers.simulate(problem, result.schedule)
+    run = problem.with_variants(result.schedule.variants)
     internal_assert(sim.peak_bytes == result.peak_bytes, "solver and simulator disagree")
     store_all = solvers.simulate(problem, solvers.schedule_from_kept(
         problem, problem.saved_for_backward))
@@ -165,4 +166,7 @@ def _make_plan(lowered: Lowered, result: solvers.SolveResult, limit: int) -> Pla
                 store_all_peak_bytes=store_all.peak_bytes, store_all_step_time_s=store_all.time_s,
                 min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
                 variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
-                rows=op_rows(problem, result.schedule, sim, lowered.op_labels))
+                rows=op_rows(problem, result.schedule, sim, lowered.op_labels),
+                timeline=Timeline(op_time_s=tuple(run.ops[i].time_s for i in sim.steps),
+                                  live_bytes=sim.live_bytes,
+                                  backward_start=len(problem.forward_ops)))

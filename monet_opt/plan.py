@@ -23,6 +23,17 @@ class OpRow:
 
 
 @dataclass(frozen=True)
+class Timeline:
+    """The simulated step, one entry per op run in execution order (forward, then backward with
+    its recomputations): the op's profiled time and the bytes resident while it runs (fixed
+    memory included). The backward phase starts at entry `backward_start`."""
+
+    op_time_s: tuple[float, ...]
+    live_bytes: tuple[int, ...]
+    backward_start: int
+
+
+@dataclass(frozen=True)
 class Plan:
     memory_limit_bytes: int
     predicted_peak_bytes: int
@@ -39,6 +50,7 @@ class Plan:
     rows: tuple[OpRow, ...]
     solver_note: str = ""      # what the solver restricted or fell back to, if anything
     variants: tuple[str, ...] = ()  # the operator variants in use ("family:backward node")
+    timeline: Timeline | None = None  # the predicted memory over the step
 
     @property
     def store_all_activation_bytes(self) -> int:

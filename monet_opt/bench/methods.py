@@ -1,0 +1,157 @@
+"""Each method of the benchmark on one model: build it, take its gradients and measured peak.
+Step times come afterwards, from one interleaved timing block (see run.py)."""
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+import monet_opt
+import solvers
+from monet_opt.bench import measure, peers
+from monet_opt.bench.measure import Runner
+from monet_opt.bench.results import Point
+from monet_opt.errors import InfeasibleBudgetError
+from monet_opt.units import format_bytes
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every method on one model shares."""
+
+    name: str
+    model: nn.Module
+    x: Any
+    device: torch.device
+    eager: Runner
+    eager_peak_bytes: int
+    ref_grads: list[torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A point with the runner that made it (for timing) and our plan where there is one."""
+
+    point: Point
+    runner: Runner | None = None
+    plan: monet_opt.Plan | None = None
+
+
+def _failure(exc: BaseException) -> str:
+    traceback.print_exception(exc, file=sys.stderr, limit=-3)
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+
+
+def measured_point(ctx: Context, runner: Runner, base: Point) -> Point:
+    """`base` with the runner's gradient difference and peaks filled in."""
+    grads, _ = measure.first_step(runner, ctx.x, ctx.device)
+    peak, instrument = measure.peak_bytes(runner, ctx.x, ctx.device, compiled=False)
+    prof = measure.profiler_peak(runner, ctx.x) if ctx.device.type == "cpu" else None
+    return replace(base, peak_bytes=peak, peak_instrument=instrument, profiler_peak_bytes=prof,
+                   grad_rel_diff=measure.grad_rel_diff(grads, ctx.ref_grads))
+
+
+def limit_of(setting: str, eager_peak: int, least: int | None) -> int | None:
+    if setting == "min":
+        return least
+    return int(eager_peak * float(setting) / 100)
+
+
+def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
+         ) -> list[Measured]:
+    """optimize() with `solver` at every limit (a share of eager's measured peak, or "min":
+    the least peak the solver reported). Limits below that least peak are not solved again."""
+    family = "checkmate" if solver == "checkmate" else "ours"
+    method = "checkmate (our executor)" if family == "checkmate" else f"monet_opt {solver}"
+    out: list[Measured] = []
+    least: int | None = None
+    for setting in limits:
+        label = "min" if setting == "min" else f"{setting}%"
+        base = Point(model=ctx.name, method=method, family=family, setting=label, status="ok")
+        limit = limit_of(setting, ctx.eager_peak_bytes, least)
+        if limit is None or (least is not None and limit < least):
+            why = "least peak unknown" if limit is None else \
+                f"below the least peak {solver} reaches, {format_bytes(least)}"
+            out.append(Measured(replace(base, status="infeasible", limit_bytes=limit, note=why)))
+            continue
+        base = replace(base, limit_bytes=limit)
+        start = time.perf_counter()
+        try:
+            opt = monet_opt.optimize(ctx.model, ctx.x, limit, solver=solver,
+                                     time_limit_s=time_limit_s)
+        except InfeasibleBudgetError as exc:
+            least = exc.min_feasible_bytes
+            out.append(Measured(replace(base, status="infeasible", note=(
+                f"below the least peak {solver} reaches, {format_bytes(least)}"))))
+            continue
+        except Exception as exc:  # noqa: BLE001 - a benchmark records a failing method and goes on
+            out.append(Measured(replace(base, status="failed", note=_failure(exc))))
+            continue
+        plan_s = time.perf_counter() - start
+        plan = opt.plan
+        least = plan.min_feasible_bytes if least is None else min(least, plan.min_feasible_bytes)
+        runner = measure.runner_for(f"{method} {label}", opt, ctx.model, ctx.x)
+        gap = "" if plan.gap is None else f", gap {plan.gap:.1%}"
+        note = (f"{plan.solver} {plan.status}{gap}; {plan.recomputed_ops} op runs recomputed"
+                + (f"; {plan.solver_note}" if plan.solver_note else ""))
+        point = replace(base, solve_time_s=plan.solve_time_s, plan_time_s=plan_s,
+                        predicted_peak_bytes=plan.predicted_peak_bytes, note=note)
+        point = measured_point(ctx, runner, point)
+        point = replace(point, prediction_error=(
+            (plan.predicted_peak_bytes - point.peak_bytes) / point.peak_bytes))
+        out.append(Measured(point, runner, plan))
+        print(f"  {method:<26} {label:>5}  limit {format_bytes(limit):>11}  measured "
+              f"{format_bytes(point.peak_bytes):>11}  predicted "
+              f"{format_bytes(plan.predicted_peak_bytes):>11}  plan {plan_s:5.1f} s", flush=True)
+    return out
+
+
+def checkpoint(ctx: Context, peer: peers.CheckpointPeer) -> Measured:
+    base = Point(model=ctx.name, method=peer.name, family="checkpoint", setting="",
+                 status="ok", solve_time_s=0.0, note=peer.describe)
+    try:
+        wrapped = peer.build(ctx.model)
+        runner = measure.runner_for(peer.name, wrapped.module, wrapped.module, ctx.x,
+                                    params=wrapped.params)
+        point = measured_point(ctx, runner, base)
+    except Exception as exc:  # noqa: BLE001 - recorded, the benchmark goes on
+        return Measured(replace(base, status="failed", note=f"{peer.describe}; {_failure(exc)}"))
+    print(f"  {peer.name:<26}        measured {format_bytes(point.peak_bytes):>11}", flush=True)
+    return Measured(point, runner)
+
+
+def compiled(ctx: Context, backend: str, budget: float, rounds: int) -> Point:
+    """torch.compile at one activation memory budget, timed against eager in its own block."""
+    base = Point(model=ctx.name, method=f"torch.compile {backend}", family="compile",
+                 setting=f"budget {budget:g}", status="ok")
+    try:
+        with peers.compile_settings(budget):
+            wrapped = peers.compiled(ctx.model, backend)
+            runner = measure.runner_for(base.method, wrapped.module, ctx.model, ctx.x)
+            grads, first_s = measure.first_step(runner, ctx.x, ctx.device)
+            peak, instrument = measure.peak_bytes(runner, ctx.x, ctx.device, compiled=True)
+            times = measure.interleaved_times([ctx.eager, runner], ctx.x, rounds, ctx.device,
+                                              warmup=2)
+            note, really = peers.compile_note()
+    except Exception as exc:  # noqa: BLE001 - recorded, the benchmark goes on
+        return replace(base, status="failed", note=_failure(exc))
+    step, eager = times[runner.name], times[ctx.eager.name]
+    point = replace(base, status="ok" if really else "failed",
+                    note=note if really else f"did not compile (ran eager): {note}",
+                    peak_bytes=peak, peak_instrument=instrument,
+                    profiler_peak_bytes=peak if instrument == measure.PROFILER else None,
+                    step_time_s=step, eager_step_time_s=eager, overhead=step / eager - 1,
+                    solve_time_s=first_s, grad_rel_diff=measure.grad_rel_diff(grads,
+                                                                              ctx.ref_grads))
+    print(f"  {base.method:<26} {budget:5g}  measured {format_bytes(peak):>11}  "
+          f"overhead {point.overhead:+.1%}  first call {first_s:.0f} s", flush=True)
+    return point
+
+
+def registered(name: str) -> bool:
+    return name in solvers.available_solvers()

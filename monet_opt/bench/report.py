@@ -1,0 +1,124 @@
+"""bench.md: what was measured and how, then per model a summary and a table of every point."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from monet_opt.bench.results import ModelRun, Point
+
+MD_NAME = "bench.md"
+
+HEADER = """# `monet-opt bench`: our memory/overhead frontier beside the peers'
+
+Generated from `bench.json` by `monet-opt bench` (`make bench`); every model names the command,
+commit, device and torch version it was measured with. Regenerate rather than edit.
+
+- **Step**: gradients unset, forward, `out.sum()`, backward. Train mode, random init (seed 0),
+  dropout on where the model has it.
+- **Peak**: everything the step holds (parameters, buffers, input, activations, gradients). CPU:
+  the live-bytes counter for eager-mode code (eager, torch.utils.checkpoint, our executor; the
+  figure our predictions are checked against); torch.profiler's allocation events for
+  torch.compile'd code (a dispatch mode would make it run eager). The profiler figure, which
+  also sees scratch memory inside kernels, is given for every method as a cross-check. CUDA:
+  `max_memory_allocated` (cudnn.benchmark on).
+- **Floor** = parameters + buffers + input + gradients; **activations** = peak - floor.
+- **Time**: median of interleaved steps after warm-up (eager, ours and checkpointing in one
+  block, order rotating; each torch.compile budget in its own block against eager).
+  **Overhead** = step / eager step of the same block - 1.
+- **Limits** are shares of eager's measured peak; "min" is the least peak the solver reports.
+- **Predicted**: the plan's simulated peak; error = (predicted - measured) / measured.
+- **grad diff**: max |g - g_eager| / max |g_eager| over all parameters, same seed. torch.compile
+  draws dropout masks differently from eager, so on models with dropout its gradients differ
+  by design.
+"""
+
+
+def unit_for(eager_peak_bytes: int) -> tuple[str, int]:
+    """MiB for real models, KiB for the tiny smoke-test ones."""
+    return ("MiB", 2**20) if eager_peak_bytes >= 16 * 2**20 else ("KiB", 2**10)
+
+
+def size(b: int | None, unit: tuple[str, int]) -> str:
+    return "-" if b is None else f"{b / unit[1]:,.1f}"
+
+
+def pct(v: float | None, signed: bool = True) -> str:
+    return "-" if v is None else (f"{v:+.1%}" if signed else f"{v:.0%}")
+
+
+def write(out: Path, runs: dict[str, ModelRun]) -> Path:
+    path = out / MD_NAME
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(HEADER + "".join(section(run) for run in runs.values()))
+    return path
+
+
+def section(run: ModelRun) -> str:
+    m = run.meta
+    u = unit_for(m.eager_peak_bytes)
+
+    def fmt(b: int | None) -> str:
+        return size(b, u)
+
+    lines = [
+        f"\n## {m.model}\n",
+        f"`{m.config}` on {m.device}, torch {m.torch_version}, commit {m.git_commit}, "
+        f"{m.date}; command `{m.command}`; {m.wall_time_s / 60:.1f} min.\n",
+        f"Sizes in {u[0]}. Floor {fmt(m.floor_bytes)} (parameters {fmt(m.param_bytes)}, buffers "
+        f"{fmt(m.buffer_bytes)}, input {fmt(m.input_bytes)}, gradients {fmt(m.grad_bytes)}). "
+        f"Eager: peak {fmt(m.eager_peak_bytes)}, activations "
+        f"{fmt(m.eager_peak_bytes - m.floor_bytes)} "
+        f"({(m.eager_peak_bytes - m.floor_bytes) / m.eager_peak_bytes:.0%} of the peak), step "
+        f"{m.eager_step_time_s:.3f} s.\n",
+    ]
+    if m.skipped:
+        lines.append("Not run: " + "; ".join(m.skipped) + ".\n")
+    lines += summary(run, u) + ["", *table(run.points, m.floor_bytes, m.eager_peak_bytes, u)]
+    return "\n".join(lines) + "\n"
+
+
+def summary(run: ModelRun, u: tuple[str, int]) -> list[str]:
+    """Per method: the least overhead with activations at most half of eager's, and the least
+    measured peak; then how our points held their limits and predictions."""
+    m = run.meta
+    half = m.floor_bytes + (m.eager_peak_bytes - m.floor_bytes) // 2
+    rows = ["| method | least overhead with activations halved (peak <= "
+            f"{size(half, u)}) | least measured peak (activations cut vs eager) |",
+            "|---|---|---|"]
+    ok = [p for p in run.points if p.status == "ok" and p.peak_bytes is not None]
+    for method in dict.fromkeys(p.method for p in ok if p.family != "eager"):
+        mine = [p for p in ok if p.method == method]
+        under = [p.overhead for p in mine if p.peak_bytes <= half and p.overhead is not None]
+        least = min(mine, key=lambda p: p.peak_bytes)
+        cut = 1 - (least.peak_bytes - m.floor_bytes) / max(1, m.eager_peak_bytes - m.floor_bytes)
+        rows.append(f"| {method} | {pct(min(under)) if under else 'none reached'} | "
+                    f"{size(least.peak_bytes, u)} ({cut:.0%}) |")
+    planned = [p for p in ok if p.limit_bytes is not None]
+    if planned:
+        within = sum(1 for p in planned if p.within_limit)
+        worst = max(abs(p.prediction_error) for p in planned if p.prediction_error is not None)
+        rows.append(f"\nOur executor's points: {within} of {len(planned)} within their limit; "
+                    f"largest |prediction error| {worst:.2%}.")
+    return ["", *rows]
+
+
+def table(points: tuple[Point, ...], floor: int, eager_peak: int,
+          u: tuple[str, int]) -> list[str]:
+    def fmt(b: int | None) -> str:
+        return size(b, u)
+
+    rows = ["| method | setting | status | limit | peak | % of eager | activations "
+            "| profiler | step s | overhead | solve s | predicted | error | grad diff | note |",
+            "|" + "---|" * 15]
+    for p in points:
+        share = pct(p.peak_bytes / eager_peak, signed=False) if p.peak_bytes else "-"
+        act = fmt(p.peak_bytes - floor) if p.peak_bytes is not None else "-"
+        step = "-" if p.step_time_s is None else f"{p.step_time_s:.3f}"
+        solve = "-" if p.solve_time_s is None else f"{p.solve_time_s:.1f}"
+        err = "-" if p.prediction_error is None else f"{p.prediction_error:+.2%}"
+        grad = "-" if p.grad_rel_diff is None else f"{p.grad_rel_diff:.1e}"
+        over = "" if p.within_limit is not False else " **over limit**"
+        rows.append(f"| {p.method} | {p.setting} | {p.status} | {fmt(p.limit_bytes)} | "
+                    f"{fmt(p.peak_bytes)}{over} | {share} | {act} | {fmt(p.profiler_peak_bytes)} "
+                    f"| {step} | {pct(p.overhead)} | {solve} | {fmt(p.predicted_peak_bytes)} | "
+                    f"{err} | {grad} | {p.note.replace('|', '/')} |")
+    return rows

@@ -1,0 +1,150 @@
+"""What the benchmark records, and its JSON file (merged model by model, so it can be run in
+pieces: `--models resnet50`, then `--models gpt2`, into the same file)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from monet_opt.errors import MonetError
+
+SCHEMA_VERSION = 1
+JSON_NAME = "bench.json"
+
+FAMILIES = ("eager", "ours", "checkmate", "checkpoint", "compile")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One method at one setting on one model.
+
+    family: "eager", "ours" (optimize() with one solver), "checkmate" (Checkmate's MILP through our
+    executor), "checkpoint" (torch.utils.checkpoint), "compile" (torch.compile with an activation
+    memory budget). setting: the limit as a share of eager's measured peak ("50%", "min"), or the
+    compile budget ("budget 0.5"). status: "ok", "infeasible" (the solver cannot reach the
+    limit; the note says its least peak) or "failed" (the note says why).
+    peak_bytes: measured with `peak_instrument`; profiler_peak_bytes: the profiler's allocation
+    events on CPU, for every method (a cross-check that also sees scratch memory in kernels).
+    step_time_s: median of interleaved steps; eager_step_time_s: eager's median in the same
+    timing block, which `overhead` (step / eager - 1) is relative to. solve_time_s: the solver's
+    time (ours), the first call including compilation (compile), 0 (checkpoint).
+    plan_time_s: the whole optimize() call (trace, profile, solve). prediction_error:
+    (predicted - measured) / measured. grad_rel_diff: max |g - g_eager| / max |g_eager| over
+    all parameters, same seed.
+    """
+
+    model: str
+    method: str
+    family: str
+    setting: str
+    status: str
+    limit_bytes: int | None = None
+    peak_bytes: int | None = None
+    peak_instrument: str = ""
+    profiler_peak_bytes: int | None = None
+    step_time_s: float | None = None
+    eager_step_time_s: float | None = None
+    overhead: float | None = None
+    solve_time_s: float | None = None
+    plan_time_s: float | None = None
+    predicted_peak_bytes: int | None = None
+    prediction_error: float | None = None
+    grad_rel_diff: float | None = None
+    note: str = ""
+
+    @property
+    def within_limit(self) -> bool | None:
+        if self.limit_bytes is None or self.peak_bytes is None:
+            return None
+        return self.peak_bytes <= self.limit_bytes
+
+
+@dataclass(frozen=True)
+class Meta:
+    """Where and how one model was measured. floor_bytes = parameters + buffers + input +
+    gradients: what no schedule can avoid; peak - floor is activation memory."""
+
+    model: str
+    config: str
+    device: str
+    torch_version: str
+    command: str
+    git_commit: str
+    date: str
+    threads: int
+    param_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    grad_bytes: int
+    floor_bytes: int
+    eager_peak_bytes: int
+    eager_step_time_s: float
+    skipped: tuple[str, ...] = ()   # methods not run, each with the reason
+    wall_time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Predicted and measured memory over one step of one schedule. Times are fractions of the
+    step (predicted: cumulative profiled op times; measured: wall clock under the counter)."""
+
+    method: str
+    setting: str
+    limit_bytes: int
+    predicted: tuple[tuple[float, int], ...]
+    measured: tuple[tuple[float, int], ...]
+    predicted_backward_at: float
+    measured_backward_at: float
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    meta: Meta
+    points: tuple[Point, ...]
+    timeline: Timeline | None = None
+
+
+class BenchFileError(MonetError):
+    """The benchmark JSON to merge into cannot be read."""
+
+
+def load(path: Path) -> dict[str, ModelRun]:
+    """The runs in `path` by model name; {} if the file does not exist."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BenchFileError(f"monet-opt bench: {path} is not valid JSON ({exc}); move it away "
+                             "or pass --no-merge to overwrite it") from exc
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise BenchFileError(
+            f"monet-opt bench: {path} has schema version {data.get('schema_version')!r}, this "
+            f"benchmark writes {SCHEMA_VERSION}; move it away or pass --no-merge")
+    return {name: _run_from_dict(d) for name, d in data["models"].items()}
+
+
+def save(path: Path, runs: dict[str, ModelRun]) -> None:
+    """Write atomically (a temporary file, then rename)."""
+    data = {"schema_version": SCHEMA_VERSION,
+            "models": {name: dataclasses.asdict(run) for name, run in runs.items()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".bench-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _run_from_dict(d: dict) -> ModelRun:
+    meta = d["meta"]
+    meta = Meta(**{**meta, "skipped": tuple(meta.get("skipped", ()))})
+    points = tuple(Point(**p) for p in d["points"])
+    tl = d.get("timeline")
+    timeline = None if tl is None else Timeline(**{
+        **tl, "predicted": tuple(tuple(p) for p in tl["predicted"]),
+        "measured": tuple(tuple(p) for p in tl["measured"])})
+    return ModelRun(meta=meta, points=points, timeline=timeline)

@@ -1,0 +1,223 @@
+"""`monet-opt bench`: our memory/overhead frontier beside the peers', on the same models, in one
+run. Writes bench.json (merged model by model), bench.md and PNG plots into --out."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch.utils import _pytree as pytree
+
+from monet_opt.bench import measure, methods, models, results
+from monet_opt.bench import timeline as timeline_mod
+from monet_opt.bench.methods import Context, Measured
+from monet_opt.units import format_bytes
+
+LIMITS = ("100", "80", "60", "50", "40", "33", "min")
+QUICK_LIMITS = ("100", "50", "min")
+SOLVERS = ("auto", "milp", "dp")
+BUDGETS = (1.0, 0.7, 0.5, 0.3, 0.1, 0.0)
+QUICK_BUDGETS = (1.0, 0.5, 0.0)
+
+
+@dataclass(frozen=True)
+class Settings:
+    models: tuple[str, ...]
+    regime: str              # "cpu", "gpu" or "quick": which sizes (models.py)
+    device: torch.device
+    limits: tuple[str, ...]
+    solvers: tuple[str, ...]
+    compile_backend: str
+    compile_budgets: tuple[float, ...]
+    rounds: int
+    time_limit_s: float
+    out: Path
+    merge: bool
+    command: str
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default=",".join(models.DEFAULT_MODELS),
+                   help=f"comma-separated, of {sorted(models.SPECS)}")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny inputs, limits 100%%,50%%,min, budgets 1,0.5,0, 3 rounds, 5 s solver "
+                        "limit: checks that everything runs, measures nothing worth reporting")
+    p.add_argument("--out", default="docs/benchmarks", help="folder for bench.json/.md/.png")
+    p.add_argument("--limits", help=f"shares of eager's peak in %% and/or 'min' "
+                                    f"(default {','.join(LIMITS)})")
+    p.add_argument("--solvers", default=",".join(SOLVERS),
+                   help="our solvers to run (a name not in solvers.available_solvers() is "
+                        "skipped and reported); Checkmate runs too when registered")
+    p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--compile-budgets", help="activation memory budgets, comma-separated "
+                                             f"(default {','.join(map(str, BUDGETS))}; "
+                                             "'none' to skip torch.compile)")
+    p.add_argument("--rounds", type=int, help="timed interleaved rounds (default 7; quick 3)")
+    p.add_argument("--time-limit", type=float,
+                   help="seconds each MILP may take (default 30, optimize()'s; quick 5)")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="default: cuda when available (MONeT's batch sizes), else cpu")
+    p.add_argument("--no-merge", action="store_true",
+                   help="replace bench.json instead of merging these models into it")
+
+
+def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    names = tuple(n for n in args.models.split(",") if n)
+    unknown = [n for n in names if n not in models.SPECS]
+    if unknown:
+        raise SystemExit(f"monet-opt bench: unknown models {unknown}; choose from "
+                         f"{sorted(models.SPECS)}")
+    budgets = args.compile_budgets or ",".join(map(str, QUICK_BUDGETS if args.quick else BUDGETS))
+    return Settings(
+        models=names, regime="quick" if args.quick else device.type.replace("cuda", "gpu"),
+        device=device,
+        limits=tuple(args.limits.split(",")) if args.limits else
+        (QUICK_LIMITS if args.quick else LIMITS),
+        solvers=tuple(s for s in args.solvers.split(",") if s),
+        compile_backend=args.compile_backend,
+        compile_budgets=() if budgets == "none" else tuple(float(b) for b in budgets.split(",")),
+        rounds=args.rounds or (3 if args.quick else 7),
+        time_limit_s=args.time_limit or (5.0 if args.quick else 30.0),
+        out=Path(args.out), merge=not args.no_merge,
+        command="monet-opt bench " + shlex.join(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="monet-opt bench", description=__doc__)
+    add_arguments(parser)
+    return run(settings_from(parser.parse_args(argv), argv))
+
+
+def run(s: Settings) -> int:
+    from monet_opt.bench import plots, report
+    if s.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    path = s.out / results.JSON_NAME
+    runs = results.load(path) if s.merge else {}
+    for name in s.models:
+        runs[name] = bench_model(models.SPECS[name], s)
+        results.save(path, runs)
+    report.write(s.out, runs)
+    plots.write(s.out, runs)
+    print(f"wrote {path}, {s.out / report.MD_NAME} and plots into {s.out}")
+    return 0
+
+
+def bench_model(spec: models.BenchModel, s: Settings) -> results.ModelRun:
+    started = time.perf_counter()
+    model, x, config = spec.build(s.regime)
+    model, x = model.to(s.device), _to(x, s.device)
+    print(f"\n== {spec.name}: {config} on {_device_name(s.device)}", flush=True)
+    eager = measure.runner_for("eager", model, model, x)
+    ref, _ = measure.first_step(eager, x, s.device)
+    peak, instrument = measure.peak_bytes(eager, x, s.device, compiled=False)
+    ctx = Context(spec.name, model, x, s.device, eager, peak, ref)
+    eager_point = methods.measured_point(ctx, eager, results.Point(
+        model=spec.name, method="eager", family="eager", setting="", status="ok",
+        grad_rel_diff=0.0, solve_time_s=0.0))
+    print(f"  eager peak {format_bytes(peak)} ({instrument})", flush=True)
+    skipped, measured = [], []
+    for solver in s.solvers + ("checkmate",):
+        if not methods.registered(solver):
+            why = "not registered" if solver == "checkmate" else "not in available_solvers()"
+            skipped.append(f"solver {solver!r}: {why}")
+            print(f"  skipping solver {solver!r}: {why}", flush=True)
+            continue
+        measured += methods.ours(ctx, solver, s.limits, s.time_limit_s)
+    measured += [methods.checkpoint(ctx, peer) for peer in spec.checkpoint]
+    points = _timed(ctx, eager_point, measured, s.rounds)
+    points += [methods.compiled(ctx, s.compile_backend, b, s.rounds) for b in s.compile_budgets]
+    meta = _meta(spec.name, config, s, ctx, points[0], tuple(skipped),
+                 time.perf_counter() - started)
+    return results.ModelRun(meta=meta, points=tuple(points),
+                            timeline=_timeline(ctx, measured, s.device))
+
+
+def _timed(ctx: Context, eager_point: results.Point, measured: list[Measured],
+           rounds: int) -> list[results.Point]:
+    """Eager, ours and the checkpoint peers in one interleaved timing block."""
+    runners = [ctx.eager] + [m.runner for m in measured if m.runner is not None]
+    print(f"  timing {len(runners)} methods x {rounds} interleaved rounds", flush=True)
+    times = measure.interleaved_times(runners, ctx.x, rounds, ctx.device)
+    eager_s = times[ctx.eager.name]
+    out = [replace(eager_point, step_time_s=eager_s, eager_step_time_s=eager_s, overhead=0.0)]
+    for m in measured:
+        if m.runner is None:
+            out.append(m.point)
+            continue
+        step = times[m.runner.name]
+        out.append(replace(m.point, step_time_s=step, eager_step_time_s=eager_s,
+                           overhead=step / eager_s - 1))
+    return out
+
+
+def _timeline(ctx: Context, measured: list[Measured], device: torch.device):
+    """Predicted vs measured memory for one schedule: ours at 50 % of eager's peak, else the
+    tightest limit that ran."""
+    if not timeline_mod.available(device):
+        return None
+    ran = [m for m in measured if m.plan is not None and m.point.family == "ours"]
+    if not ran:
+        return None
+    pick = next((m for m in ran if m.point.setting == "50%"),
+                min(ran, key=lambda m: m.point.limit_bytes))
+    return timeline_mod.record(pick.runner, ctx.x, pick.plan, pick.point.method,
+                               pick.point.setting)
+
+
+def _meta(name: str, config: str, s: Settings, ctx: Context, eager: results.Point,
+          skipped: tuple[str, ...], wall_s: float) -> results.Meta:
+    model = ctx.model
+    param_bytes = measure.resident_bytes(list(model.parameters()))
+    buffer_bytes = measure.resident_bytes(list(model.buffers()))
+    input_bytes = measure.resident_bytes(pytree.tree_leaves(ctx.x))
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return results.Meta(
+        model=name, config=config, device=_device_name(s.device),
+        torch_version=torch.__version__, command=s.command, git_commit=_git_commit(),
+        date=datetime.datetime.now().isoformat(timespec="seconds"),
+        threads=torch.get_num_threads(), param_bytes=param_bytes, buffer_bytes=buffer_bytes,
+        input_bytes=input_bytes, grad_bytes=grad_bytes,
+        floor_bytes=param_bytes + buffer_bytes + input_bytes + grad_bytes,
+        eager_peak_bytes=ctx.eager_peak_bytes, eager_step_time_s=eager.step_time_s or 0.0,
+        skipped=skipped, wall_time_s=wall_s)
+
+
+def _to(x, device: torch.device):
+    if isinstance(x, dict):
+        return {k: v.to(device) for k, v in x.items()}
+    return x.to(device)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                       cpu)
+    except OSError:
+        pass
+    return f"CPU {cpu}, {torch.get_num_threads()} threads"
+
+
+def _git_commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, text=True, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + (" (with uncommitted changes)" if dirty.strip() else "")

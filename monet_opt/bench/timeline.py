@@ -1,0 +1,71 @@
+"""Predicted against measured memory over one step of one schedule (CPU: the live-bytes counter
+sampled after every ATen op)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from monet_opt.bench.measure import Runner
+from monet_opt.bench.results import Timeline
+from monet_opt.memory import LiveBytes
+from monet_opt.plan import Plan
+
+MAX_SAMPLES = 1500
+
+
+class _Recorder(LiveBytes):
+    """The live-bytes counter, remembering for every op when it started and the bytes live
+    once its outputs exist (its inputs are still alive then: the most it holds)."""
+
+    def __init__(self, resident) -> None:
+        super().__init__(resident)
+        self.samples: list[tuple[float, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.samples.append((start, self.live))
+        return out
+
+
+def record(runner: Runner, x: Any, plan: Plan, method: str, setting: str) -> Timeline | None:
+    """One step of `runner` under the recorder, beside `plan`'s predicted timeline. None where
+    the plan carries no timeline."""
+    if plan.timeline is None or not plan.timeline.live_bytes:
+        return None
+    runner.clear_grads()
+    with _Recorder(runner.resident) as rec:
+        start = time.perf_counter()
+        loss = runner.forward(x).sum()
+        backward_at = time.perf_counter()
+        loss.backward()
+        end = time.perf_counter()
+    runner.clear_grads()
+    span = max(end - start, 1e-12)
+    measured = [((t - start) / span, b) for t, b in rec.samples]
+    pt = plan.timeline
+    total = sum(pt.op_time_s) or 1.0
+    predicted, clock = [], 0.0
+    for dt, b in zip(pt.op_time_s, pt.live_bytes):
+        predicted.append((clock / total, b))   # op k holds b bytes from its start on
+        clock += dt
+    predicted_backward = sum(pt.op_time_s[:pt.backward_start]) / total
+    return Timeline(method=method, setting=setting, limit_bytes=plan.memory_limit_bytes,
+                    predicted=_thin(predicted), measured=_thin(measured),
+                    predicted_backward_at=predicted_backward,
+                    measured_backward_at=(backward_at - start) / span)
+
+
+def _thin(samples: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
+    """At most MAX_SAMPLES points; each kept point is the largest of its run (peaks survive)."""
+    if len(samples) <= MAX_SAMPLES:
+        return tuple(samples)
+    size = -(-len(samples) // MAX_SAMPLES)
+    return tuple(max(samples[k:k + size], key=lambda s: s[1])
+                 for k in range(0, len(samples), size))
+
+
+def available(device: torch.device) -> bool:
+    return device.type == "cpu"

@@ -1,0 +1,149 @@
+"""`monet-opt bench`: the harness runs end to end and writes what it promises; the peers'
+wrappers train like eager."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import solvers
+from monet_opt import zoo
+from monet_opt.bench import measure, models, peers, results, run
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _other_run() -> results.ModelRun:
+    """A run of another model already in the file, which the next run must keep."""
+    meta = results.Meta(model="other", config="x", device="d", torch_version="t", command="c",
+                         git_commit="g", date="now", threads=1, param_bytes=10, buffer_bytes=0,
+                         input_bytes=1, grad_bytes=10, floor_bytes=21, eager_peak_bytes=100,
+                         eager_step_time_s=1.0)
+    eager = results.Point(model="other", method="eager", family="eager", setting="",
+                          status="ok", peak_bytes=100, step_time_s=1.0, overhead=0.0)
+    return results.ModelRun(meta=meta, points=(eager,))
+
+
+def test_quick_run_writes_json_markdown_and_plots(tmp_path):
+    results.save(tmp_path / results.JSON_NAME, {"other": _other_run()})
+    argv = ["--models", "tiny_cnn", "--quick", "--out", str(tmp_path), "--solvers",
+            "auto,no_such_solver", "--limits", "100,min", "--compile-backend",
+            "aot_eager_decomp_partition", "--compile-budgets", "0.5", "--rounds", "1"]
+    assert run.main(argv) == 0
+
+    data = json.loads((tmp_path / results.JSON_NAME).read_text())
+    assert data["schema_version"] == results.SCHEMA_VERSION
+    runs = results.load(tmp_path / results.JSON_NAME)
+    assert set(runs) == {"other", "tiny_cnn"}, "merging must keep the models already there"
+    r = runs["tiny_cnn"]
+    m = r.meta
+    assert m.torch_version == torch.__version__ and m.device.startswith("CPU")
+    assert m.command.startswith("monet-opt bench --models tiny_cnn") and m.git_commit
+    assert m.floor_bytes == m.param_bytes + m.buffer_bytes + m.input_bytes + m.grad_bytes
+    assert any("no_such_solver" in s for s in m.skipped)
+    if "checkmate" not in solvers.available_solvers():
+        assert any("checkmate" in s for s in m.skipped)
+
+    by_family = {f: [p for p in r.points if p.family == f] for f in results.FAMILIES}
+    eager = by_family["eager"][0]
+    assert eager.peak_bytes == m.eager_peak_bytes and eager.overhead == 0.0
+    # The profiler sees what the counter sees, plus scratch memory inside kernels.
+    assert m.eager_peak_bytes <= eager.profiler_peak_bytes <= 1.1 * m.eager_peak_bytes
+    assert [p.setting for p in by_family["ours"]] == ["100%", "min"]
+    for p in by_family["ours"]:
+        assert p.status == "ok", p.note
+        assert p.peak_bytes <= p.limit_bytes
+        assert abs(p.prediction_error) <= 0.02
+        assert p.grad_rel_diff <= 1e-5
+        assert p.step_time_s > 0 and p.eager_step_time_s == eager.step_time_s
+        assert p.solve_time_s >= 0 and p.plan_time_s > 0
+    assert by_family["ours"][1].peak_bytes < eager.peak_bytes
+    assert {p.method for p in by_family["checkpoint"]} == \
+        {peer.name for peer in models.SPECS["tiny_cnn"].checkpoint}
+    (compiled,) = by_family["compile"]
+    assert compiled.status == "ok", compiled.note
+    assert compiled.peak_instrument == measure.PROFILER and compiled.setting == "budget 0.5"
+    assert compiled.solve_time_s > 0 and compiled.step_time_s > 0
+    assert r.timeline is not None and r.timeline.predicted and r.timeline.measured
+    # The timeline's measured peak is the point's.
+    ours_point = next(p for p in by_family["ours"] if p.setting == r.timeline.setting)
+    assert max(b for _, b in r.timeline.measured) == ours_point.peak_bytes
+
+    md = (tmp_path / "bench.md").read_text()
+    assert "## tiny_cnn" in md and "## other" in md
+    for text in (m.device, m.torch_version, m.git_commit, m.command, "| monet_opt auto | min |"):
+        assert text in md
+    for name in ("bench_frontier.png", "bench_frontier_tiny_cnn.png",
+                 "bench_timeline_tiny_cnn.png", "bench_frontier_other.png"):
+        assert (tmp_path / name).read_bytes().startswith(PNG), name
+
+
+def _tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=16, vocab_size=100,
+                     use_cache=False)
+    return zoo._LogitsOnly(GPT2LMHeadModel(cfg).train()), {"input_ids": torch.randint(0, 100,
+                                                                                      (2, 16))}
+
+
+PEER_CASES = {
+    "tiny_cnn": lambda: zoo.tiny_cnn(),
+    "resnet50": lambda: zoo.resnet50(batch=2, size=32),
+    "googlenet": lambda: zoo.googlenet(batch=2, size=32),
+    "densenet121": lambda: zoo.densenet121(batch=2, size=32),
+    "unet": lambda: zoo.unet(batch=1, height=16, width=16, base=4),
+    "gpt2": _tiny_gpt2,
+}
+
+
+def _checkpoints(module: nn.Module) -> bool:
+    hf = getattr(module, "model", None)
+    return getattr(hf, "is_gradient_checkpointing", False) or any(
+        type(m).__name__ in ("_Checkpointed", "_SequentialCheckpoint") for m in module.modules())
+
+
+@pytest.mark.parametrize("name", sorted(PEER_CASES))
+def test_checkpoint_peers_give_eager_gradients(name):
+    model, x = PEER_CASES[name]()
+    eager = measure.runner_for("eager", model, model, x)
+    ref, _ = measure.first_step(eager, x, torch.device("cpu"))
+    eager_peak, _ = measure.peak_bytes(eager, x, torch.device("cpu"), compiled=False)
+    for peer in models.SPECS[name].checkpoint:
+        wrapped = peer.build(model)
+        assert wrapped.module is not model
+        assert _checkpoints(wrapped.module), f"{name} {peer.name}: nothing is checkpointed"
+        assert [tuple(p.shape) for p in wrapped.params] == [tuple(p.shape)
+                                                            for p in model.parameters()]
+        runner = measure.runner_for(peer.name, wrapped.module, wrapped.module, x,
+                                    params=wrapped.params)
+        grads, _ = measure.first_step(runner, x, torch.device("cpu"))
+        assert measure.grad_rel_diff(grads, ref) <= 1e-6, f"{name} {peer.name}"
+        peak, _ = measure.peak_bytes(runner, x, torch.device("cpu"), compiled=False)
+        assert peak <= eager_peak, f"{name} {peer.name}: checkpointing raised the peak"
+        if name == "tiny_cnn" and peer.name == "checkpoint_sequential":
+            assert peak < eager_peak, "checkpoint_sequential saved nothing"
+
+
+def test_compile_peer_gives_eager_gradients():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(),
+                          nn.Linear(32, 4)).train()
+    x = torch.randn(8, 16)
+    eager = measure.runner_for("eager", model, model, x)
+    ref, _ = measure.first_step(eager, x, torch.device("cpu"))
+    with peers.compile_settings(0.0):
+        wrapped = peers.compiled(model, "aot_eager_decomp_partition")
+        runner = measure.runner_for("compiled", wrapped.module, model, x)
+        grads, _ = measure.first_step(runner, x, torch.device("cpu"))
+        note, really = peers.compile_note()
+    assert really, note
+    assert measure.grad_rel_diff(grads, ref) <= 1e-5
+
+
+def test_bench_file_from_another_schema_is_refused(tmp_path):
+    (tmp_path / results.JSON_NAME).write_text(json.dumps({"schema_version": 0, "models": {}}))
+    with pytest.raises(results.BenchFileError, match="schema version"):
+        results.load(tmp_path / results.JSON_NAME)
