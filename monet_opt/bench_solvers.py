@@ -2,6 +2,7 @@
 the store-all activation memory. Prints a markdown report (docs/benchmarks/solvers.md).
 
     python -m monet_opt.bench_solvers [--time-limit 60] [--models resnet50,gpt2]
+                                      [--solvers milp,checkmate]
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import solvers
 from monet_opt import zoo
 
 FRACTIONS = (0.7, 0.5, 0.4)
-SOLVERS = ("store_all", "chen_sqrt", "chen_greedy", "milp")
+SOLVERS = ("store_all", "chen_sqrt", "chen_greedy", "milp", "checkmate")
 
 
 def mib(b: float) -> str:
@@ -45,14 +46,14 @@ def lowered(name: str, out):
     return problem, floor, act, store_all
 
 
-def bench_model(name: str, time_limit_s: float, out) -> None:
+def bench_model(name: str, time_limit_s: float, out, names=SOLVERS) -> None:
     problem, floor, act, store_all = lowered(name, out)
     print("| limit (activations left) | solver | status | predicted step | overhead | bound "
           "| gap | solve time | least peak (MiB) | note |", file=out)
     print("|---|---|---|---|---|---|---|---|---|---|", file=out)
     for frac in FRACTIONS:
         budget = floor + int(frac * act)
-        for s in SOLVERS:
+        for s in names:
             r = solvers.solve(problem, budget, s, time_limit_s=time_limit_s)
             ok = r.feasible
             step = f"{r.objective_s * 1e3:.0f} ms" if ok else "-"
@@ -67,8 +68,9 @@ def bench_model(name: str, time_limit_s: float, out) -> None:
 def header(title: str, module: str, args) -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     machine = platform.processor() or platform.machine()
+    chosen = f" --solvers {args.solvers}" if getattr(args, "solvers", None) else ""
     print(f"# {title}\n\nCommand: `python -m {module} --time-limit "
-          f"{args.time_limit:g} --models {args.models}`. Machine: {machine}, "
+          f"{args.time_limit:g} --models {args.models}{chosen}`. Machine: {machine}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"CPU profile. Limits include parameters, inputs and gradients; the percentage is "
           f"the share of store-all activation memory left. Overhead is predicted step time vs "
@@ -80,10 +82,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--models", default=",".join(zoo.MODELS))
+    ap.add_argument("--solvers", default=",".join(SOLVERS))
     args = ap.parse_args(argv)
     header("Solver benchmark", "monet_opt.bench_solvers", args)
     for name in args.models.split(","):
-        bench_model(name, args.time_limit, sys.stdout)
+        bench_model(name, args.time_limit, sys.stdout, args.solvers.split(","))
 
 
 if __name__ == "__main__":

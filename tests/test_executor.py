@@ -98,6 +98,24 @@ def test_plans_train_exactly_and_within_limit(factory):
     assert tried >= 2
 
 
+@pytest.mark.parametrize("solver", ["checkmate", "chen"])
+def test_baseline_plans_train_exactly(solver):
+    """optimize(solver=...) with the baselines: their recomputing plans run bitwise like
+    store-all, within the limit."""
+    torch.manual_seed(0)
+    base, x, loss_fn = models.small_cnn()
+    reference = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    plan = reference.plan
+    limit = plan.fixed_bytes + plan.gradient_bytes + int(0.7 * plan.store_all_activation_bytes)
+    optimized = monet_opt.optimize(copy.deepcopy(base), x, limit, solver=solver,
+                                   profile_repeats=1, time_limit_s=4)
+    assert optimized.plan.solver == solver and optimized.plan.recomputed_ops > 0
+    run = run_steps(optimized, optimized.model, x, loss_fn)
+    ref_run = run_steps(reference, reference.model, x, loss_fn)
+    assert_same(run, ref_run, exact=True, what=f"{solver} plan vs store-all plan")
+    _check_memory(optimized, x, loss_fn, limit, solver)
+
+
 def _check_memory(optimized, x, loss_fn, limit, label):
     resident = monet_opt.resident_tensors(optimized.model, x)
     measured = monet_opt.measure_peak(lambda: loss_fn(call(optimized, x)).backward(), resident)
