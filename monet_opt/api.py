@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from typing import Any
 
@@ -9,11 +10,12 @@ import torch
 from torch import nn
 
 from monet_opt import capture, rewrite
+from monet_opt.cache import Profile, ProfileCache, ProfileKey, describe_inputs
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
 from monet_opt.lower_variants import attach_variants, with_costs
 from monet_opt.module import OptimizedModule
-from monet_opt.plan import Plan, Timeline, op_rows
+from monet_opt.plan import Plan, make_plan
 from monet_opt.profiler import profile
 from monet_opt.units import parse_memory_limit
 import solvers
@@ -21,7 +23,8 @@ import solvers
 
 def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
              solver: str = "auto", time_limit_s: float = 30.0,
-             profile_repeats: int = 3, variants: bool = True) -> OptimizedModule:
+             profile_repeats: int = 3, variants: bool = True,
+             profile_dir: str | os.PathLike | None = "profiles") -> OptimizedModule:
     """Return a module that trains exactly like `model` with its step's peak memory within
     `memory_limit`.
 
@@ -42,6 +45,9 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         variants: offer the solver the operator variants of `monet_opt.variants` (ReLU and
             dropout masks, shape-only max-pool inputs: exact, smaller forms of what the
             backward reads). False: recomputation alone, for comparison.
+        profile_dir: where profiles and schedules are cached as JSON (None: no caching). A
+            second call with the same model graph, input shapes, device, limit and solver
+            options profiles and solves nothing (the model is still traced).
 
     Raises:
         ValueError: memory_limit is not a positive size.
@@ -55,7 +61,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
                          f"{solvers.available_solvers()}")
     if not time_limit_s > 0:
         raise ValueError(f"monet_opt.optimize: time_limit_s must be positive, got {time_limit_s}")
-    planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
+    cache = ProfileCache(profile_dir) if profile_dir is not None else None
+    planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s, cache,
                        variants)
     step, spec, param_names, buffer_names = _trace(model, sample_input, planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
@@ -85,6 +92,7 @@ def _trace(model: nn.Module, sample_input: Any, planner: _Planner):
     # Buffers are cloned for the first run: it applies BatchNorm's statistics update.
     planner.primals = [params[n] for n in param_names] + \
         [buffers[n].clone() for n in buffer_names] + list(inputs)
+    planner.inputs = describe_inputs(args, kwargs)
     devices = sorted({t.device for t in planner.primals if t.device.type == "cuda"}, key=str)
     with torch.random.fork_rng(devices=devices):
         step = capture.first_call(model, spec, args, kwargs, planner.primals, planner.partition,
@@ -96,50 +104,68 @@ class _Planner:
     """The partition function AOTAutograd calls with the joint graph: plans and cuts it."""
 
     def __init__(self, limit: int | None, solver: str, repeats: int, name: str,
-                 time_limit_s: float, variants: bool = True) -> None:
-        """limit None: only lower and profile (`self.problem`), then run store-all."""
+                 time_limit_s: float, cache: ProfileCache | None = None,
+                 variants: bool = True) -> None:
+        """limit None: only lower and profile (`self.problem`), then run store-all (and cache
+        no schedule). cache: the profile directory to consult, if any. variants: offer the
+        library's operator variants to the solver."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
+        self.repeats, self.name, self.cache = repeats, name, cache
         self.variants = variants
-        self.repeats, self.name = repeats, name
         self.primals: list[torch.Tensor] = []
+        self.inputs = ""
         self.problem: solvers.Problem | None = None
+        self.profile: Profile | None = None
         self.plan: Plan | None = None
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
-        lowered = self._profiled(joint, num_fwd_outputs)
-        problem = dataclasses.replace(lowered.problem,
-                                      fixed_bytes=lowered.problem.fixed_bytes + _loss_bytes(joint))
-        lowered = dataclasses.replace(lowered, problem=problem)
+        plain = lower(joint, num_fwd_outputs, name=self.name)
+        lowered = attach_variants(plain, joint) if self.variants else plain
+        measure = lambda: _measured(joint, lowered, self.primals, self.repeats)  # noqa: E731
+        if self.cache is None:
+            problem = measure()
+        else:
+            key = ProfileKey.of(joint, self.primals, self.inputs,
+                                {"repeats": self.repeats, "variants": self.variants})
+            self.profile = self.cache.profile(key, self.name, lowered, measure)
+            problem = self.profile.problem
+        lowered = _matching(lowered, problem)
         self.problem = problem
         limit = self.limit if self.limit is not None else 2 ** 62
-        result = solvers.solve(problem, limit, self.solver, time_limit_s=self.time_limit_s)
+        if self.cache is None or self.limit is None:
+            result = solvers.solve(problem, limit, self.solver, time_limit_s=self.time_limit_s)
+        else:
+            result = self.cache.solve(self.profile, limit, self.solver, self.time_limit_s)
         if not result.feasible:
             raise InfeasibleBudgetError(self.limit, result.min_feasible_bytes, self.solver)
-        self.plan = _make_plan(lowered, result, limit)
+        self.plan = make_plan(problem, lowered.op_labels, result, limit)
         return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
                                  num_fwd_outputs, **kwargs)
 
 
-    def _profiled(self, joint, num_fwd_outputs: int) -> Lowered:
-        """The lowered graph with measured times (and variants, where asked for). A variant
-        whose result is not bitwise the op's is left out, with a warning."""
-        plain = lower(joint, num_fwd_outputs, name=self.name)
-        lowered = attach_variants(plain, joint) if self.variants else plain
-        times, costs, exact = profile(joint, lowered, self.primals, self.repeats)
-        skip = {(s.family, s.backward_node) for s, ok in zip(lowered.variant_sites, exact)
-                if not ok}
-        if skip:
-            warnings.warn(f"monet_opt: {len(skip)} operator variant(s) did not reproduce the "
-                          f"op's result bitwise on this device and are not used: "
-                          f"{sorted(skip)[:3]}", RuntimeWarning, stacklevel=2)
-            costs = [c for s, c in zip(lowered.variant_sites, costs)
-                     if (s.family, s.backward_node) not in skip]
-            by_name = dict(zip(lowered.op_nodes, times))
-            lowered = attach_variants(plain, joint, skip=skip)
-            times = tuple(by_name.get(name, 0.0) for name in lowered.op_nodes)
-        ops = tuple(dataclasses.replace(op, time_s=t) for op, t in zip(lowered.problem.ops, times))
-        lowered = dataclasses.replace(lowered, problem=dataclasses.replace(lowered.problem, ops=ops))
-        return with_costs(lowered, costs) if lowered.variant_sites else lowered
+def _measured(joint, lowered: Lowered, primals: list[torch.Tensor],
+              repeats: int) -> solvers.Problem:
+    """`lowered.problem` with each op's and variant's measured costs and the loss scalars'
+    bytes. A variant whose result is not bitwise the op's is withdrawn, with a warning."""
+    times, costs, exact = profile(joint, lowered, primals, repeats)
+    problem = lowered.problem
+    ops = tuple(dataclasses.replace(op, time_s=t) for op, t in zip(problem.ops, times))
+    lowered = dataclasses.replace(lowered, problem=dataclasses.replace(problem, ops=ops))
+    problem = with_costs(lowered, costs).problem if lowered.variant_sites else lowered.problem
+    if not all(exact):
+        bad = [problem.variants[v].name for v, ok in enumerate(exact) if not ok]
+        warnings.warn(f"monet_opt: {len(bad)} operator variant(s) did not reproduce the op's "
+                      f"result bitwise on this device and are not used: {bad[:3]}",
+                      RuntimeWarning, stacklevel=2)
+        problem = problem.only_variants({v for v, ok in enumerate(exact) if ok})
+    return dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + _loss_bytes(joint))
+
+
+def _matching(lowered: Lowered, problem: solvers.Problem) -> Lowered:
+    """`lowered` carrying `problem`, its variant sites cut to the variants `problem` offers."""
+    names = {v.name for v in problem.variants}
+    sites = tuple(s for s in lowered.variant_sites if f"{s.family}:{s.backward_node}" in names)
+    return dataclasses.replace(lowered, problem=problem, variant_sites=sites)
 
 
 def _loss_bytes(joint) -> int:
@@ -150,24 +176,3 @@ def _loss_bytes(joint) -> int:
     tangents = [n.meta["val"] for n in joint.graph.find_nodes(op="placeholder")
                 if n.name.startswith("tangents")]
     return 2 * tangents[0].element_size() if tangents else 0
-
-
-def _make_plan(lowered: Lowered, result: solvers.SolveResult, limit: int) -> Plan:
-    problem = lowered.problem
-    sim = solvers.simulate(problem, result.schedule)
-    run = problem.with_variants(result.schedule.variants)
-    internal_assert(sim.peak_bytes == result.peak_bytes, "solver and simulator disagree")
-    store_all = solvers.simulate(problem, solvers.schedule_from_kept(
-        problem, problem.saved_for_backward))
-    grads = sum(problem.tensors[t].bytes for t in problem.backward_outputs)
-    return Plan(memory_limit_bytes=limit, predicted_peak_bytes=sim.peak_bytes,
-                predicted_step_time_s=sim.time_s, solver=result.solver,
-                status=result.status.value, solve_time_s=result.solve_time_s, gap=result.gap,
-                fixed_bytes=problem.fixed_bytes, gradient_bytes=grads,
-                store_all_peak_bytes=store_all.peak_bytes, store_all_step_time_s=store_all.time_s,
-                min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
-                variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
-                rows=op_rows(problem, result.schedule, sim, lowered.op_labels),
-                timeline=Timeline(op_time_s=tuple(run.ops[i].time_s for i in sim.steps),
-                                  live_bytes=sim.live_bytes,
-                                  backward_start=len(problem.forward_ops)))

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from monet_opt.errors import internal_assert
 from monet_opt.units import format_bytes
-from solvers import Problem, Schedule, Simulation
+from solvers import Problem, Schedule, Simulation, SolveResult, schedule_from_kept, simulate
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,27 @@ def _count_families(names: tuple[str, ...]) -> str:
         family = name.split(":")[0]
         counts[family] = counts.get(family, 0) + 1
     return ", ".join(f"{f} x{n}" for f, n in sorted(counts.items())) or "none"
+
+
+def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
+              limit: int) -> Plan:
+    """The plan of a feasible `result` on `problem`; labels: each op's source (or ())."""
+    sim = simulate(problem, result.schedule)
+    run = problem.with_variants(result.schedule.variants)
+    internal_assert(sim.peak_bytes == result.peak_bytes, "solver and simulator disagree")
+    store_all = simulate(problem, schedule_from_kept(problem, problem.saved_for_backward))
+    grads = sum(problem.tensors[t].bytes for t in problem.backward_outputs)
+    return Plan(memory_limit_bytes=limit, predicted_peak_bytes=sim.peak_bytes,
+                predicted_step_time_s=sim.time_s, solver=result.solver,
+                status=result.status.value, solve_time_s=result.solve_time_s, gap=result.gap,
+                fixed_bytes=problem.fixed_bytes, gradient_bytes=grads,
+                store_all_peak_bytes=store_all.peak_bytes, store_all_step_time_s=store_all.time_s,
+                min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
+                variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
+                rows=op_rows(problem, result.schedule, sim, labels),
+                timeline=Timeline(op_time_s=tuple(run.ops[i].time_s for i in sim.steps),
+                                  live_bytes=sim.live_bytes,
+                                  backward_start=len(problem.forward_ops)))
 
 
 def op_rows(problem: Problem, schedule: Schedule, sim: Simulation,

@@ -1,0 +1,442 @@
+"""The profile directory: profiles and schedules cached as plain JSON.
+
+    <profile_dir>/<Model>-<profile digest[:16]>/profile.json
+    <profile_dir>/<Model>-<profile digest[:16]>/schedule-<limit B>-<solver>-<digest[:12]>.json
+
+A profile is the profiled `solvers.Problem` of one training step (plus each op's source label),
+keyed by `ProfileKey`: a fingerprint of the joint graph (every node's op, arguments, shapes,
+strides, dtypes and phase), the input shapes and dtypes, the device, the torch version and the
+profiling options. A schedule file is one solver's answer for one memory limit: the Schedule and
+the facts of its SolveResult, keyed by `ScheduleKey` (the profile's content, the limit, the
+solver, its options, the monet_opt version). A profile that is measured again (its file was
+unusable) thus never meets the schedules of the old measurement; they are deleted. Parameter values are in no key: they change no shape or time.
+
+NOTE [Cache files are untrusted]
+  Every file is checked before use: that it is JSON, of our kind and schema version; that its
+  stored key is the key asked for; that a profile has the structure of the graph being planned;
+  that a schedule passes the simulator on the cached problem, within its limit, with the peak and
+  time it claims. A file failing any check is reported by a `ProfileCacheWarning` naming the file
+  and the failure, then rebuilt and overwritten: never used, never a crash.
+  Writes go to a temporary file in the same folder, then `os.replace`: readers see the old file
+  or the new one, never a part. Two processes writing one entry both succeed; the last rename
+  wins, and both wrote a valid file.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+import solvers
+from monet_opt.lower import Lowered
+from solvers import Problem, Schedule, SolveResult, Status
+
+SCHEMA_VERSION = 1
+PROFILE_KIND, SCHEDULE_KIND = "monet_opt.profile", "monet_opt.schedule"
+
+
+class ProfileCacheWarning(UserWarning):
+    """A file in the profile directory was unusable; it is rebuilt."""
+
+
+class _Unusable(Exception):
+    """Why a cache file cannot be used (internal: becomes a ProfileCacheWarning)."""
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """What a profile depends on. options: the profiling options, as (name, value) pairs."""
+
+    graph_sha256: str
+    inputs: str
+    device: str
+    torch_version: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @staticmethod
+    def of(joint: fx.GraphModule, primals: Sequence[torch.Tensor], inputs: str,
+           options: dict[str, Any]) -> ProfileKey:
+        return ProfileKey(graph_fingerprint(joint), inputs, device_name(primals),
+                          torch.__version__, tuple(sorted(options.items())))
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain({**asdict(self), "options": dict(self.options)})
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ProfileKey:
+        return ProfileKey(**{**d, "options": tuple(sorted(d["options"].items()))})
+
+    @property
+    def digest(self) -> str:
+        return _digest(self.to_dict())
+
+
+@dataclass(frozen=True)
+class ScheduleKey:
+    profile_sha256: str  # Profile.content_sha256
+    memory_limit_bytes: int
+    solver: str
+    options: tuple[tuple[str, Any], ...]
+    library_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain({**asdict(self), "options": dict(self.options)})
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ScheduleKey:
+        return ScheduleKey(**{**d, "options": tuple(sorted(d["options"].items()))})
+
+    @property
+    def digest(self) -> str:
+        return _digest(self.to_dict())
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A profile in the directory. folder: where it and its schedules live."""
+
+    key: ProfileKey
+    name: str
+    problem: Problem
+    op_labels: tuple[str, ...]
+    folder: Path
+
+    @property
+    def content_sha256(self) -> str:
+        return hashlib.sha256(self.problem.to_json().encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CachedSchedule:
+    key: ScheduleKey
+    result: SolveResult
+    path: Path
+
+
+class ProfileCache:
+    """The profile directory `root`. optimize() asks it for a profile and for each schedule;
+    it answers from a valid file or builds (measures, solves) and writes one."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+
+    def profile(self, key: ProfileKey, name: str, lowered: Lowered,
+                measure: Callable[[], Problem]) -> Profile:
+        """The cached profile of `lowered`'s graph, or `measure()` stored as one."""
+        folder = self.root / f"{_safe(name)}-{key.digest[:16]}"
+        path = folder / "profile.json"
+        seen = _stat(path)
+        with _reported(path):
+            if seen is not None:
+                return _read_profile(path, folder, key, lowered.problem)
+        problem = measure()
+        if _stat(path) not in (seen, None):  # another process stored it meanwhile: use theirs
+            with contextlib.suppress(_Unusable):
+                return _read_profile(path, folder, key, lowered.problem)
+        profile = Profile(key, name, problem, lowered.op_labels, folder)
+        _write(path, {"kind": PROFILE_KIND, "schema_version": SCHEMA_VERSION,
+                      "key": key.to_dict(), "name": name, "op_labels": list(profile.op_labels),
+                      "problem": json.loads(profile.problem.to_json())})
+        for stale in folder.glob("schedule-*.json"):  # made on an older measurement
+            if _schedule_profile(stale) != profile.content_sha256:
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+        return profile
+
+    def solve(self, profile: Profile, limit_bytes: int, solver: str,
+              time_limit_s: float) -> SolveResult:
+        """The cached answer of `solver` at `limit_bytes` on `profile`, or a fresh one stored.
+        Results without a schedule are stored only when the solver proved infeasibility
+        (a time-limit stop may go otherwise next time)."""
+        key = ScheduleKey(profile.content_sha256, limit_bytes, solver,
+                          (("time_limit_s", float(time_limit_s)),), library_version())
+        path = profile.folder / f"schedule-{limit_bytes}-{_safe(solver)}-{key.digest[:12]}.json"
+        with _reported(path):
+            if path.exists():
+                return _read_schedule(path, profile, key).result
+        result = solvers.solve(profile.problem, limit_bytes, solver, time_limit_s=time_limit_s)
+        if result.status != Status.TIMEOUT:
+            facts = {f: getattr(result, f) for f in _RESULT_FIELDS}
+            _write(path, {"kind": SCHEDULE_KIND, "schema_version": SCHEMA_VERSION,
+                          "key": key.to_dict(), "result": {**facts, "status": result.status.value},
+                          "schedule": None if result.schedule is None
+                          else json.loads(result.schedule.to_json())})
+        return result
+
+    def profiles(self) -> list[Profile]:
+        """Every valid profile in the directory (unusable ones are warned about)."""
+        found = []
+        for path in sorted(self.root.glob("*/profile.json")):
+            with _reported(path, "skipped"):
+                found.append(_read_profile(path, path.parent, None))
+        return found
+
+    def schedules(self, profile: Profile) -> list[CachedSchedule]:
+        """Every valid schedule of `profile`, by limit then solver (those of an older
+        measurement of it are passed over)."""
+        found = []
+        current = profile.content_sha256
+        for path in sorted(profile.folder.glob("schedule-*.json")):
+            if _schedule_profile(path) not in (current, None):
+                continue
+            with _reported(path, "skipped"):
+                found.append(_read_schedule(path, profile, None))
+        return sorted(found, key=lambda s: (s.key.memory_limit_bytes, s.key.solver))
+
+
+_RESULT_FIELDS = ("solver", "objective_s", "peak_bytes", "bound_s", "gap", "solve_time_s",
+                  "min_feasible_bytes", "note")
+
+
+def graph_fingerprint(joint: fx.GraphModule) -> str:
+    """sha256 of every node's kind, name, target, arguments, value metadata and phase."""
+    h = hashlib.sha256()
+    for node in joint.graph.nodes:
+        args = fx.node.map_arg((node.args, node.kwargs), lambda a: f"%{a.name}")
+        text = (f"{node.op} {node.name} {_target_name(node.target)} {_stable_repr(args)} "
+                f"{_val_text(node.meta.get('val'))} {node.meta.get('partitioner_tag', '')}\n")
+        h.update(text.encode())
+    return h.hexdigest()
+
+
+def describe_inputs(args: tuple, kwargs: dict) -> str:
+    """'float32[4x3x16x16]', or 'input_ids=int64[4x256]' for keyword arguments."""
+    def one(value: Any) -> str:
+        texts = [f"{str(t.dtype).removeprefix('torch.')}[{'x'.join(map(str, t.shape))}]"
+                 for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+        return texts[0] if isinstance(value, torch.Tensor) else f"({', '.join(texts)})"
+    return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
+
+
+def device_name(primals: Sequence[torch.Tensor]) -> str:
+    cuda = [t.device for t in primals if t.is_cuda]
+    if cuda:
+        return f"cuda: {torch.cuda.get_device_name(cuda[0])}"
+    return f"cpu: {_cpu_model()}, {torch.get_num_threads()} threads"
+
+
+def library_version() -> str:
+    try:
+        return importlib.metadata.version("monet_opt")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _target_name(target: Any) -> str:
+    if isinstance(target, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)  # e.g. 'aten.convolution.default'
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', repr(target))}"
+
+
+def _val_text(val: Any) -> str:
+    if isinstance(val, torch.Tensor):
+        return f"{val.dtype}{list(val.shape)}{list(val.stride())}"
+    if isinstance(val, (tuple, list)):
+        return "(" + ",".join(_val_text(v) for v in val) + ")"
+    return type(val).__name__ if val is not None else "-"
+
+
+def _stable_repr(value: Any) -> str:
+    """repr without memory addresses (an object without a stable repr is named by its type)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    """d as it reads back from JSON (tuples become lists), so stored and asked keys compare."""
+    return json.loads(json.dumps(d, sort_keys=True))
+
+
+def _digest(d: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", name).strip("._") or "model"
+
+
+@contextlib.contextmanager
+def _reported(path: Path, then: str = "rebuilt"):
+    """Turn an unusable file into a warning that names it and says why."""
+    try:
+        yield
+    except _Unusable as why:
+        warnings.warn(f"monet_opt profile directory: {path}: {why}; {then}.",
+                      ProfileCacheWarning, stacklevel=4)
+
+
+def _load(path: Path, kind: str) -> dict[str, Any]:
+    """The JSON object in `path`, checked for kind and schema version."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise _Unusable(f"cannot be read ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise _Unusable(f"corrupt: not UTF-8 text ({exc})") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
+            raise _Unusable(f"truncated: the JSON ends early, at byte {len(text)}") from exc
+        raise _Unusable(f"corrupt: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("kind") != kind:
+        found = data.get("kind") if isinstance(data, dict) else type(data).__name__
+        raise _Unusable(f"not a {kind} file (kind {found!r})")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise _Unusable(f"schema version {data.get('schema_version')!r}, but this monet_opt "
+                        f"reads version {SCHEMA_VERSION}")
+    return data
+
+
+def _schedule_profile(path: Path) -> str | None:
+    """The profile a schedule file was made on, or None if that cannot be read."""
+    try:
+        return json.loads(path.read_bytes())["key"]["profile_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _check_key(stored: Any, expected: dict[str, Any]) -> None:
+    if stored != expected:
+        stored = stored if isinstance(stored, dict) else {}
+        field = next(k for k in sorted(set(stored) | set(expected))
+                     if stored.get(k) != expected.get(k))
+        raise _Unusable(f"mismatched: its key has {field} = {stored.get(field)!r}, "
+                        f"expected {expected.get(field)!r}")
+
+
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _read_profile(path: Path, folder: Path, key: ProfileKey | None,
+                  fresh: Problem | None = None) -> Profile:
+    """The profile in `path`, checked against `key` and (if given) the freshly lowered graph."""
+    data = _load(path, PROFILE_KIND)
+    try:
+        stored = ProfileKey.from_dict(data["key"])
+        _check_key(data["key"], stored.to_dict() if key is None else key.to_dict())
+        if not folder.name.endswith(f"-{stored.digest[:16]}"):
+            raise _Unusable(f"mismatched: its key's digest {stored.digest[:16]} is not in the "
+                            f"folder name {folder.name!r}")
+        problem = Problem.from_json(json.dumps(data["problem"]))
+        labels = tuple(str(s) for s in data["op_labels"])
+        name = str(data["name"])
+    except _Unusable:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
+    if len(labels) != len(problem.ops):
+        raise _Unusable(f"malformed: {len(labels)} op labels for {len(problem.ops)} ops")
+    if fresh is not None:
+        _check_structure(problem, fresh)
+    return Profile(stored, name, problem, labels, folder)
+
+
+def _check_structure(cached: Problem, fresh: Problem) -> None:
+    """The cached problem is the fresh one up to measured times and the fixed loss bytes."""
+    if len(cached.ops) != len(fresh.ops) or len(cached.tensors) != len(fresh.tensors):
+        raise _Unusable(f"mismatched: the cached graph has {len(cached.ops)} ops and "
+                        f"{len(cached.tensors)} tensors, this model's {len(fresh.ops)} and "
+                        f"{len(fresh.tensors)}")
+    for i, (a, b) in enumerate(zip(cached.ops, fresh.ops)):
+        if (a.name, a.is_backward, a.inputs, a.outputs) != \
+                (b.name, b.is_backward, b.inputs, b.outputs):
+            raise _Unusable(f"mismatched: op #{i} is {a.name!r} there, {b.name!r} here, or "
+                            "reads or writes other tensors")
+    if cached.tensors != fresh.tensors or cached.fixed_bytes < fresh.fixed_bytes or \
+            (cached.forward_outputs, cached.backward_outputs) != \
+            (fresh.forward_outputs, fresh.backward_outputs):
+        raise _Unusable("mismatched: tensor sizes, fixed bytes or outputs differ from this "
+                        "model's graph")
+
+
+def _read_schedule(path: Path, profile: Profile, key: ScheduleKey | None) -> CachedSchedule:
+    data = _load(path, SCHEDULE_KIND)
+    try:
+        stored = ScheduleKey.from_dict(data["key"])
+        _check_key(data["key"], stored.to_dict() if key is None else key.to_dict())
+        if stored.profile_sha256 != profile.content_sha256:
+            raise _Unusable("mismatched: it was made on another profile")
+        facts = data["result"]
+        schedule = None if data["schedule"] is None else \
+            Schedule.from_json(json.dumps(data["schedule"]))
+        result = SolveResult(**{f: facts[f] for f in _RESULT_FIELDS},
+                             status=Status(facts["status"]), schedule=schedule)
+    except _Unusable:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
+    _check_result(result, profile.problem, stored.memory_limit_bytes)
+    return CachedSchedule(stored, result, path)
+
+
+def _check_result(result: SolveResult, problem: Problem, limit_bytes: int) -> None:
+    """NOTE [Cache files are untrusted]: a schedule is used only if the simulator agrees."""
+    if result.schedule is None:
+        if result.feasible or result.status == Status.TIMEOUT:
+            raise _Unusable(f"malformed: status {result.status.value} without a schedule")
+        return
+    if not result.feasible:
+        raise _Unusable(f"malformed: a schedule with status {result.status.value}")
+    try:
+        sim = solvers.simulate(problem, result.schedule)
+    except (solvers.InvalidScheduleError, IndexError, TypeError) as exc:
+        raise _Unusable(f"its schedule fails the simulator ({exc})") from exc
+    if sim.peak_bytes > limit_bytes:
+        raise _Unusable(f"its schedule peaks at {sim.peak_bytes} B, above its limit "
+                        f"{limit_bytes} B")
+    if sim.peak_bytes != result.peak_bytes or result.objective_s is None or \
+            not math.isclose(sim.time_s, result.objective_s, rel_tol=1e-9, abs_tol=1e-15):
+        raise _Unusable(f"mismatched: it claims peak {result.peak_bytes} B and time "
+                        f"{result.objective_s} s; the simulator says {sim.peak_bytes} B and "
+                        f"{sim.time_s} s")
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    """Write `data` atomically (a temporary file in the same folder, then os.replace). A folder
+    that cannot be written is warned about; optimize() goes on without caching."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if not isinstance(exc, OSError):
+            raise
+        warnings.warn(f"monet_opt profile directory: cannot write {path} ({exc}); not cached.",
+                      ProfileCacheWarning, stacklevel=3)

@@ -1,0 +1,348 @@
+"""The profile directory: a second optimize() neither profiles nor solves; unusable files are
+reported and rebuilt; concurrent writers leave only valid files."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import re
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import monet_opt
+import solvers
+from monet_opt import api, cache
+from monet_opt.cache import ProfileCache, ProfileCacheWarning, ProfileKey
+from monet_opt.lower import Lowered
+from tests.problems import chain
+
+HUGE = 1 << 40
+
+
+def tiny():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+    return model, torch.randn(256, 8)
+
+
+class Calls:
+    """Counts profiling runs and solver calls made through optimize()."""
+
+    def __init__(self, monkeypatch):
+        self.profiled = self.solved = 0
+        profile, solve = api.profile, solvers.solve
+
+        def counted_profile(*a, **k):
+            self.profiled += 1
+            return profile(*a, **k)
+
+        def counted_solve(*a, **k):
+            self.solved += 1
+            return solve(*a, **k)
+        monkeypatch.setattr(api, "profile", counted_profile)
+        monkeypatch.setattr(solvers, "solve", counted_solve)
+
+    def take(self) -> tuple[int, int]:
+        counts, self.profiled, self.solved = (self.profiled, self.solved), 0, 0
+        return counts
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    return Calls(monkeypatch)
+
+
+def _optimize(model, x, limit, **kw):
+    return monet_opt.optimize(model, x, limit, profile_repeats=1, **kw)
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_second_call_neither_profiles_nor_solves(calls, tmp_path):
+    model, x = tiny()
+    least = _optimize(model, x, HUGE, profile_dir=None).plan.min_feasible_bytes
+    assert calls.take() == (1, 1)
+    first = _optimize(model, x, least)  # the default directory, "profiles"
+    assert calls.take() == (1, 1)
+    assert first.plan.recomputed_ops > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = _optimize(model, x, least)
+    assert calls.take() == (0, 0)
+    assert again.plan == first.plan
+    # the cached plan trains like the fresh one
+    grads = []
+    for module in (first, again):
+        model.zero_grad(set_to_none=True)
+        module(x).square().sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    # another limit or solver option reuses the profile and solves; another shape profiles
+    _optimize(model, x, least + 4096)
+    assert calls.take() == (0, 1)
+    _optimize(model, x, least, time_limit_s=5.0)
+    assert calls.take() == (0, 1)
+    _optimize(model, x[:128], HUGE)
+    assert calls.take() == (1, 1)
+    assert len(list(Path("profiles").glob("*/profile.json"))) == 2
+    _optimize(model, x, least, profile_dir=None)
+    assert calls.take() == (1, 1)
+
+
+def test_infeasible_answer_is_cached_too(calls):
+    model, x = tiny()
+    for expected in ((1, 1), (0, 0)):
+        with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+            _optimize(model, x, 1000)
+        assert calls.take() == expected
+        assert info.value.min_feasible_bytes > 1000
+
+
+def test_fingerprint_sees_shapes_not_values():
+    model, x = tiny()
+    other, _ = tiny()
+    with torch.no_grad():
+        other[0].weight.add_(1.0)
+    _optimize(model, x, HUGE)
+    _optimize(other, x, HUGE)
+    _optimize(model, torch.randn(256, 8), HUGE)
+    assert len(list(Path("profiles").iterdir())) == 1
+    _optimize(model, x[:64], HUGE)
+    assert len(list(Path("profiles").iterdir())) == 2
+
+
+def _truncate(path: Path) -> None:
+    path.write_text(path.read_text()[: path.stat().st_size // 2])
+
+
+def _garble(path: Path) -> None:
+    path.write_bytes(b'{"kind": "monet_opt.profile", \x00\xff garbage ]]')
+
+
+def _edit(change):
+    def run(path: Path) -> None:
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data))
+    return run
+
+
+def _rewire_first_backward_op(data):
+    ops = data["problem"]["ops"]
+    op = next(o for o in ops if o["is_backward"] and len(o["inputs"]) > 1)
+    op["inputs"] = op["inputs"][:-1]
+
+
+class Direct:
+    """The cache without a model: a chain problem as the 'lowered graph', counting how often
+    it is measured and solved."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.problem = chain(8, size=10, fixed=100)
+        self.lowered = Lowered(self.problem, op_nodes=(), tensor_nodes=(), view_nodes=frozenset(),
+                               fixed_nodes=frozenset(),
+                               op_labels=tuple(f"op {i}" for i in range(len(self.problem.ops))))
+        self.key = ProfileKey("0" * 64, "float32[4x8]", "cpu: test", torch.__version__,
+                              (("repeats", 1),))
+        self.cache, self.calls, self.measured, self.runs = ProfileCache("profiles"), calls, 0, 0
+
+    def measure(self):
+        """A new measurement: the same graph, other times."""
+        self.measured += 1
+        self.runs += 1
+        ops = tuple(dataclasses.replace(op, time_s=op.time_s * (1 + self.runs / 10))
+                    for op in self.problem.ops)
+        return dataclasses.replace(self.problem, ops=ops)
+
+    def profile(self):
+        return self.cache.profile(self.key, "Chain", self.lowered, self.measure)
+
+    def solve(self, limit):
+        return self.cache.solve(self.profile(), limit, "auto", 30.0)
+
+    def take(self) -> tuple[int, int]:
+        counts = (self.measured, self.calls.take()[1])
+        self.measured = 0
+        return counts
+
+
+@pytest.fixture
+def direct(calls):
+    return Direct(calls)
+
+
+PROFILE_DAMAGE = {
+    "truncated": (_truncate, "truncated"),
+    "empty": (lambda p: p.write_text(""), "truncated"),
+    "corrupt": (_garble, "corrupt"),
+    "foreign version": (_edit(lambda d: d.update(schema_version=99)), "schema version 99"),
+    "foreign kind": (_edit(lambda d: d.update(kind="something.else")), "not a monet_opt.profile"),
+    "other key": (_edit(lambda d: d["key"].update(device="cuda: elsewhere")),
+                  "mismatched: its key has device"),
+    "other graph": (_edit(_rewire_first_backward_op), "mismatched: op #"),
+    "malformed problem": (_edit(lambda d: d["problem"].pop("ops")), "malformed"),
+    "wrong label count": (_edit(lambda d: d["op_labels"].pop()), "malformed"),
+}
+
+
+@pytest.mark.parametrize("damage", PROFILE_DAMAGE)
+def test_unusable_profile_is_reported_and_rebuilt(damage, direct):
+    direct.solve(25)
+    assert direct.take() == (1, 1)
+    path, = Path("profiles").glob("*/profile.json")
+    spoil, reason = PROFILE_DAMAGE[damage]
+    spoil(path)
+    with pytest.warns(ProfileCacheWarning, match=re.escape(str(path)) + ".*" + reason):
+        direct.profile()
+    assert direct.take() == (1, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert direct.profile().problem.ops[0].time_s == direct.problem.ops[0].time_s * 1.2
+        direct.solve(25)
+    assert direct.take() == (0, 1)  # the old measurement's schedule was dropped with it
+
+
+def _claim(field, delta):
+    return _edit(lambda d: d["result"].update({field: d["result"][field] + delta}))
+
+
+def _drop_backward_step(data):
+    data["schedule"]["backward"] = data["schedule"]["backward"][1:]
+
+
+SCHEDULE_DAMAGE = {
+    "truncated": (_truncate, "truncated"),
+    "foreign version": (_edit(lambda d: d.update(schema_version=0)), "schema version 0"),
+    "fails the simulator": (_edit(_drop_backward_step), "fails the simulator"),
+    "wrong peak": (_claim("peak_bytes", -8), "mismatched: it claims peak"),
+    "wrong time": (_claim("objective_s", 1.0), "mismatched: it claims peak"),
+    "bad status": (_edit(lambda d: d["result"].update(status="splendid")), "malformed"),
+    "other limit": (_edit(lambda d: d["key"].update(memory_limit_bytes=7)),
+                    "mismatched: its key has memory_limit_bytes"),
+}
+
+
+@pytest.mark.parametrize("damage", SCHEDULE_DAMAGE)
+def test_unusable_schedule_is_reported_and_resolved(damage, direct):
+    least = solvers.solve(direct.problem, HUGE).min_feasible_bytes
+    direct.take()
+    first = direct.solve(least)
+    assert direct.take() == (1, 1) and first.schedule is not None
+    path, = Path("profiles").glob(f"*/schedule-{least}-*.json")
+    spoil, reason = SCHEDULE_DAMAGE[damage]
+    spoil(path)
+    with pytest.warns(ProfileCacheWarning, match=re.escape(str(path)) + ".*" + reason):
+        again = direct.solve(least)
+    assert direct.take() == (0, 1)
+    assert again.schedule == first.schedule
+    assert direct.solve(least) == again
+    assert direct.take() == (0, 0)
+
+
+def test_schedule_over_its_limit_is_refused(direct):
+    least = solvers.solve(direct.problem, HUGE).min_feasible_bytes
+    direct.solve(HUGE)
+    direct.solve(least)
+    # plant the store-all schedule's file under the tight limit's name
+    loose, = Path("profiles").glob(f"*/schedule-{HUGE}-*.json")
+    tight, = Path("profiles").glob(f"*/schedule-{least}-*.json")
+    data = json.loads(loose.read_text())
+    data["key"]["memory_limit_bytes"] = least
+    tight.write_text(json.dumps(data))
+    direct.take()
+    with pytest.warns(ProfileCacheWarning, match=f"above its limit {least} B"):
+        result = direct.solve(least)
+    assert result.peak_bytes <= least and direct.take() == (0, 1)
+
+
+def test_damaged_files_never_break_optimize(calls):
+    model, x = tiny()
+    _optimize(model, x, HUGE)
+    profile, = Path("profiles").glob("*/profile.json")
+    schedule, = Path("profiles").glob("*/schedule-*.json")
+    _garble(schedule)
+    _truncate(profile)
+    calls.take()
+    with pytest.warns(ProfileCacheWarning, match="truncated"):
+        opt = _optimize(model, x, HUGE)
+    assert calls.take() == (1, 1)
+    # the garbled schedule was made on the old measurement: deleted with it
+    names = [p.name for p in _files(Path("profiles"))]
+    assert names[0] == "profile.json" and len(names) == 2 and schedule.name not in names
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = _optimize(model, x, HUGE)
+    assert calls.take() == (0, 0) and again.plan == opt.plan
+
+
+def test_unwritable_directory_warns_and_still_optimizes():
+    model, x = tiny()
+    Path("blocked").write_text("a file where the directory should be")
+    with pytest.warns(ProfileCacheWarning, match="cannot write"):
+        opt = _optimize(model, x, HUGE, profile_dir="blocked")
+    assert opt.plan.predicted_peak_bytes <= HUGE
+
+
+def test_atomic_writes_are_never_seen_half_done(tmp_path):
+    path = tmp_path / "entry.json"
+    payloads = [{"kind": "k", "data": [i] * 20000} for i in range(2)]
+    stop, seen, errors = threading.Event(), set(), []
+
+    def writer(data):
+        while not stop.is_set():
+            cache._write(path, data)
+
+    def reader():
+        for _ in range(200):
+            try:
+                seen.add(json.loads(path.read_text())["data"][0])
+            except json.JSONDecodeError as exc:  # a half-written file: the failure
+                errors.append(exc)
+        stop.set()
+
+    cache._write(path, payloads[0])
+
+    threads = [threading.Thread(target=writer, args=(d,)) for d in payloads]
+    threads.append(threading.Thread(target=reader))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and seen <= {0, 1} and seen
+    assert [p.name for p in tmp_path.iterdir()] == ["entry.json"]
+
+
+def _race_worker(root: str, barrier) -> int:
+    torch.set_num_threads(1)
+    model, x = tiny()
+    barrier.wait()
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=root, profile_repeats=1)
+    return opt.plan.predicted_peak_bytes
+
+
+def test_two_processes_share_one_directory(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Manager().Barrier(2)
+    with ctx.Pool(2) as pool:
+        jobs = [pool.apply_async(_race_worker, (str(tmp_path), barrier)) for _ in range(2)]
+        peaks = [job.get(timeout=240) for job in jobs]
+    assert peaks[0] == peaks[1]
+    files = _files(tmp_path)
+    assert [p.name for p in files if p.name.startswith(".")] == []  # no temporary files left
+    assert sum(p.name == "profile.json" for p in files) == 1
+    for path in files:  # every file whole and ours (a schedule made on the profile that lost
+        # the race, if any, is valid but passed over)
+        kind = cache.PROFILE_KIND if path.name == "profile.json" else cache.SCHEDULE_KIND
+        cache._load(path, kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        profile, = ProfileCache(tmp_path).profiles()
+        assert len(ProfileCache(tmp_path).schedules(profile)) == 1
