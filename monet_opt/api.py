@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from monet_opt import capture, rewrite
-from monet_opt.cache import Profile, ProfileCache, ProfileKey, describe_inputs
+from monet_opt.cache import Profile, ProfileCache
+from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
 from monet_opt.lower_variants import attach_variants, with_costs
