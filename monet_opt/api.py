@@ -63,8 +63,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     if not time_limit_s > 0:
         raise ValueError(f"monet_opt.optimize: time_limit_s must be positive, got {time_limit_s}")
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
-    planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s, cache,
-                       variants)
+    planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
+                       cache=cache, variants=variants)
     step, spec, param_names, buffer_names = _trace(model, sample_input, planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
     flags = tuple(m.training for m in model.modules())
@@ -76,7 +76,8 @@ def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int =
     """The profiled scheduling problem of one training step of `model` on `sample_input`, as
     every solver sees it (for benchmarks and for studying a model's graph). Leaves the model's
     state as it was."""
-    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0, variants)
+    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0,
+                       variants=variants)
     _trace(model, sample_input, planner)
     internal_assert(planner.problem is not None, "the partition function was never called")
     return planner.problem
@@ -105,7 +106,7 @@ class _Planner:
     """The partition function AOTAutograd calls with the joint graph: plans and cuts it."""
 
     def __init__(self, limit: int | None, solver: str, repeats: int, name: str,
-                 time_limit_s: float, cache: ProfileCache | None = None,
+                 time_limit_s: float, *, cache: ProfileCache | None = None,
                  variants: bool = True) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (and cache
         no schedule). cache: the profile directory to consult, if any. variants: offer the
