@@ -5,7 +5,7 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from solvers import baselines, checkmate, joint, variants
+from solvers import baselines, checkmate, evict, joint, variants
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
@@ -21,6 +21,7 @@ _REGISTRY: dict[str, tuple[SolverFn, type]] = {
     "chen_sqrt": (baselines.chen_sqrt, baselines.BaselineOptions),
     "chen_greedy": (baselines.chen_greedy, baselines.BaselineOptions),
     "chen": (baselines.chen, baselines.BaselineOptions),
+    "evict": (evict.evict, evict.EvictOptions),
     "milp": (joint.milp, MilpOptions),
     "checkmate": (checkmate.checkmate_milp, checkmate.CheckmateOptions),
 }
@@ -56,15 +57,16 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     return variants.run_with(fn, problem, budget_bytes, options)
 
 
+_HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")
+
+
 def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
     """The heuristics, with no variants and (where the problem has any) the lightest ones."""
-    out = [solve(problem, budget_bytes, name) for name in ("store_all", "chen_sqrt",
-                                                           "chen_greedy")]
+    out = [solve(problem, budget_bytes, name) for name in _HEURISTICS]
     light = variants.lightest(problem)
     if light:
         out += [variants.run_with(_REGISTRY[name][0], problem, budget_bytes,
-                                  baselines.BaselineOptions(), light)
-                for name in ("store_all", "chen_sqrt", "chen_greedy")]
+                                  _REGISTRY[name][1](), light) for name in _HEURISTICS]
     return out
 
 
