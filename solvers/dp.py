@@ -27,7 +27,8 @@ from solvers.simulate import Simulation, simulate
 class DpOptions:
     """mode: "time" (least simulated step time within the budget) or "memory" (least
     simulated peak). exact: every lower set (True), ancestor sets only (False), or exact when
-    there are at most max_lower_sets lower sets (None). max_pareto: entries kept per lower set
+    there are at most max_lower_sets lower sets (None). max_approx_sets: ancestor sets beyond it
+    are thinned to that many, evenly spaced in order of bytes (the note says so). max_pareto: entries kept per lower set
     (evenly thinned beyond it; the note says so). max_searches: programs run by the search over
     the estimate's cap (NOTE [Estimate and truth])."""
 
@@ -35,8 +36,9 @@ class DpOptions:
     exact: bool | None = None
     max_lower_sets: int = 400
     time_limit_s: float = 10.0
-    max_pareto: int = 64
-    max_searches: int = 24
+    max_approx_sets: int = 200
+    max_pareto: int = 16
+    max_searches: int = 16
 
 
 class _Timeout(Exception):
@@ -85,6 +87,7 @@ class _Sets:
     need_time_s: tuple[float, ...]  # time of the ops of L that some backward read needs
     boundary: tuple[tuple[tuple[int, int, float], ...], ...]  # (op, kept bytes, need time)
     exact: bool
+    listed: int  # lower sets listed, before thinning
 
 
 @dataclass(frozen=True)
@@ -184,9 +187,13 @@ def _lower_sets(g: _Graph, options: DpOptions, deadline: float) -> _Sets:
         rows.append((made, bin(m).count("1"), m, need,
                      tuple((v, g.kept_bytes[v], g.need_time_s[v]) for v in edge)))
     rows.sort(key=lambda r: (r[0], r[1]))
+    listed = len(rows)
+    if not exact and len(rows) > options.max_approx_sets:  # evenly spaced; {} and all stay
+        step = (len(rows) - 1) / (options.max_approx_sets - 1)
+        rows = [rows[round(k * step)] for k in range(options.max_approx_sets)]
     return _Sets(masks=tuple(r[2] for r in rows), made_bytes=tuple(r[0] for r in rows),
                  need_time_s=tuple(r[3] for r in rows), boundary=tuple(r[4] for r in rows),
-                 exact=exact)
+                 exact=exact, listed=listed)
 
 
 @dataclass(frozen=True)
@@ -199,39 +206,36 @@ class _Chain:
     recompute_est_s: float
 
 
-def _program(sets: _Sets, memory: bool, cap: float, options: DpOptions,
+def _program(sets: _Sets, cap: float, options: DpOptions,
              deadline: float) -> tuple[list[_Chain], bool]:
-    """One pass of the program: D[L] as a Pareto list of (kept bytes, x), x the recompute time
-    (time mode: transitions whose estimated peak exceeds `cap` are not taken) or the estimated
-    peak so far (memory mode). Returns the chains at the whole forward, and whether a list was
-    thinned."""
+    """One pass of the time-centric program: D[L] is a Pareto list of (kept bytes, recompute
+    time); a transition L -> L' is taken only if D[L] + M(L' - L) <= cap. Returns the chains at
+    the whole forward (least recompute first), and whether a list was thinned."""
     count = len(sets.masks)
     raw: list[list[tuple]] = [[] for _ in range(count)]
-    raw[0].append((0, 0, 0.0, -1, -1))  # (kept bytes, peak est, recompute s, prev set, prev k)
+    raw[0].append((0, 0.0, 0, -1, -1))  # (kept bytes, recompute s, peak est, prev set, prev k)
     done: list[list[tuple]] = [[] for _ in range(count)]
     thinned = False
     for s in range(count):
         if time.perf_counter() > deadline:
             raise _Timeout
-        entries, cut = _pareto(raw[s], memory, options.max_pareto)
+        done[s], cut = _pareto(raw[s], options.max_pareto)
         raw[s] = []
         thinned |= cut
-        done[s] = entries
-        if not entries or s == count - 1:
-            continue
-        _relax(sets, s, entries, raw, memory, cap)
-    chains = [_trace(done, sets.masks, count - 1, k) for k in range(len(done[-1]))]
-    return chains, thinned
+        if done[s] and s < count - 1:
+            _relax(sets, s, done[s], raw, cap)
+    chains = [_trace(done, count - 1, k) for k in range(len(done[-1]))]
+    return sorted(chains, key=lambda c: (c.recompute_est_s, c.peak_est_bytes)), thinned
 
 
-def _relax(sets: _Sets, s: int, entries: list[tuple], raw: list[list[tuple]], memory: bool,
-           cap: float) -> None:
+def _transitions(sets: _Sets, s: int, cap: float):
+    """(L', block bytes M(L' - L), kept bytes M(W), recompute time) for every superset L' of
+    set s whose block alone fits under `cap`."""
     low, made, need = sets.masks[s], sets.made_bytes[s], sets.need_time_s[s]
-    least_kept = entries[0][0]
     for s2 in range(s + 1, len(sets.masks)):
         block_bytes = sets.made_bytes[s2] - made
-        if least_kept + block_bytes > cap:
-            break  # sets come in order of bytes: every later block is as large
+        if block_bytes > cap:
+            return  # sets come in order of bytes: every later block is as large
         if low & ~sets.masks[s2]:
             continue  # not a superset
         kept_bytes, recompute = 0, sets.need_time_s[s2] - need
@@ -239,32 +243,51 @@ def _relax(sets: _Sets, s: int, entries: list[tuple], raw: list[list[tuple]], me
             if not low >> v & 1:
                 kept_bytes += kb
                 recompute -= t
-        recompute = max(0.0, recompute)
+        yield s2, block_bytes, kept_bytes, max(0.0, recompute)
+
+
+def _relax(sets: _Sets, s: int, entries: list[tuple], raw: list[list[tuple]],
+           cap: float) -> None:
+    for s2, block_bytes, kept_bytes, recompute in _transitions(sets, s, cap - entries[0][0]):
         target = raw[s2]
-        for k, (kept, peak, rec, _, _) in enumerate(entries):
+        for k, (kept, rec, peak, _, _) in enumerate(entries):
             here = kept + block_bytes
             if here > cap:
                 break  # entries come in order of kept bytes
-            target.append((kept + kept_bytes, max(peak, here), rec + recompute, s, k))
+            target.append((kept + kept_bytes, rec + recompute, max(peak, here), s, k))
 
 
-def _pareto(raw: list[tuple], memory: bool, limit: int) -> tuple[list[tuple], bool]:
-    """Entries not dominated in (kept bytes, x): x the peak (memory) or recompute time."""
-    x = 1 if memory else 2
-    raw.sort(key=lambda e: (e[0], e[x], e[2 if memory else 1]))
+def _reachable(sets: _Sets, cap: float, deadline: float) -> bool:
+    """Whether some chain's estimated peak is at most `cap` (least kept bytes per set is all
+    that matters for that)."""
+    least = [float("inf")] * len(sets.masks)
+    least[0] = 0
+    for s in range(len(sets.masks) - 1):
+        if least[s] == float("inf"):
+            continue
+        if time.perf_counter() > deadline:
+            raise _Timeout
+        for s2, _, kept_bytes, _ in _transitions(sets, s, cap - least[s]):
+            least[s2] = min(least[s2], least[s] + kept_bytes)
+    return least[-1] < float("inf")
+
+
+def _pareto(raw: list[tuple], limit: int) -> tuple[list[tuple], bool]:
+    """Entries not dominated in (kept bytes, recompute time), ties to the lower peak."""
+    raw.sort(key=lambda e: (e[0], e[1], e[2]))
     out, best = [], float("inf")
     for e in raw:
-        if e[x] < best:
+        if e[1] < best:
             out.append(e)
-            best = e[x]
+            best = e[1]
     if len(out) <= limit:
         return out, False
     step = (len(out) - 1) / (limit - 1)
     return [out[round(k * step)] for k in range(limit)], True
 
 
-def _trace(done: list[list[tuple]], masks: tuple[int, ...], s: int, k: int) -> _Chain:
-    _, peak, rec, _, _ = done[s][k]
+def _trace(done: list[list[tuple]], s: int, k: int) -> _Chain:
+    _, rec, peak, _, _ = done[s][k]
     path = []
     while s >= 0:
         path.append(s)
@@ -298,15 +321,16 @@ class _Search:
         self.thinned = False
         self.timed_out = False
         self.programs = 0
+        self.least_cap = 0
+        self.exhausted = False  # the last program's fastest chain recomputes nothing
         self.best: _Found | None = None  # the fastest chain found within the budget
         self._seen: dict[frozenset[int], _Found] = {}
 
-    def run(self, memory: bool, cap: float) -> list[_Found]:
-        """The chains one program ends with, simulated (fastest estimate first)."""
-        chains, cut = _program(self.sets, memory, cap, self.options, self.deadline)
+    def run(self, cap: float) -> list[_Found]:
+        """The chains one program ends with, simulated (least estimated recompute first)."""
+        chains, cut = _program(self.sets, cap, self.options, self.deadline)
         self.thinned |= cut
         self.programs += 1
-        chains.sort(key=lambda c: (c.recompute_est_s, c.peak_est_bytes))
         out = []
         for c in chains:
             kept = _kept(self.graph, self.sets, c)
@@ -317,35 +341,51 @@ class _Search:
         return out
 
     def least_peak(self) -> _Found:
-        """Memory-centric: the least simulated peak among the chains of least estimated
-        peak."""
-        found = self.run(memory=True, cap=float("inf"))
-        if not found:
-            raise SolverError("internal: the lower-set program found no chain at all")
+        """Memory-centric: the least cap any chain meets (doubling, then bisection, with the
+        one-number program), and the least simulated peak among that cap's chains."""
+        lo, hi = -1, max(1, *self.graph.made_bytes) if self.graph.n else 1
+        while not _reachable(self.sets, hi, self.deadline):
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if _reachable(self.sets, mid, self.deadline) else (mid, hi)
+        found = self.run(hi)
+        self.least_cap = hi
         return min(found, key=lambda f: (f.sim.peak_bytes, f.sim.time_s))
 
     def fastest(self, budget_bytes: int, least: _Found) -> None:
-        """Time-centric: bisect the estimate's cap between the least-peak chain's estimate
-        (it fits) and the unconstrained program's; `best` is the fastest chain that fits."""
+        """Time-centric: search the cap from where the least-peak chain's offset between
+        estimate and simulation says the budget lies; bisect between a cap whose fastest
+        chain fits and one whose does not. `best`: the fastest chain that fits, of all seen."""
         self.best = least
 
-        def fits(found: list[_Found]) -> bool:
+        def fits(cap: int) -> bool:
+            found = self.run(cap)
             for f in found:
                 if f.sim.peak_bytes <= budget_bytes and (f.sim.time_s, f.sim.peak_bytes) < (
                         self.best.sim.time_s, self.best.sim.peak_bytes):
                     self.best = f
+            self.exhausted = bool(found) and found[0].chain.recompute_est_s == 0.0
             return bool(found) and found[0].sim.peak_bytes <= budget_bytes
 
-        top = self.run(memory=False, cap=float("inf"))
-        if fits(top):
+        floor, top = self.least_cap, self.sets.made_bytes[-1]
+        guess = min(top, floor + budget_bytes - least.sim.peak_bytes)
+        if guess <= floor:
             return
-        lo, hi = least.chain.peak_est_bytes, top[0].chain.peak_est_bytes
-        while hi - lo > 1 and self.programs < self.options.max_searches:
+        lo, hi = floor, guess
+        if fits(guess):
+            step = max(1, guess - floor)
+            lo, hi = guess, None
+            while hi is None and not self.exhausted and lo < top:
+                cap = min(top, lo + step)
+                lo, hi = (cap, None) if fits(cap) else (lo, cap)
+                step *= 2
+            if hi is None:
+                return
+        close = max(1, budget_bytes // 512)  # a cap this near the last one changes little
+        while hi - lo > close and self.programs < self.options.max_searches:
             mid = (lo + hi) // 2
-            if fits(self.run(memory=False, cap=mid)):
-                lo = mid
-            else:
-                hi = mid
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
 
 
 def dp(problem: Problem, budget_bytes: int, options: DpOptions) -> SolveResult:
@@ -379,8 +419,11 @@ def _result(problem: Problem, budget_bytes: int, search: _Search | None, least: 
     best = search.best if search is not None else None
     note = "time limit before the lower sets were listed"
     if search is not None:
-        kind = "exact" if search.sets.exact else "approximate (ancestor sets)"
-        note = f"{kind} over {len(search.sets.masks)} lower sets, {search.programs} programs"
+        used, listed = len(search.sets.masks), search.sets.listed
+        note = f"exact over all {used} lower sets" if search.sets.exact else \
+            f"approximate over {used} of {listed} ancestor sets" if used < listed else \
+            f"approximate over {used} ancestor sets"
+        note += f", {search.programs} programs"
         note += "; Pareto lists thinned" if search.thinned else ""
         note += "; stopped by the time limit" if search.timed_out else ""
     if least is None:
