@@ -63,6 +63,13 @@ class _Timeout(Exception):
 #   bytes are already in the estimate (M(V_k) beside D_(k-1)), and with blocks of one op each
 #   the chain is store-all.
 #
+# NOTE [Exact mode]
+#   With every lower set listed, one program keeps D[L] as a Pareto list over (kept bytes,
+#   recompute time, peak estimate) and so ends with the best chain of every cap at once. These
+#   chains, with the least-peak pass's, are simulated, and each budget takes the fastest that
+#   fits: the same candidates at every budget, so the time never rises as the budget grows and
+#   the least peak is the same at every budget. (The approximate mode searches caps per budget.)
+#
 # NOTE [Estimate and truth]
 #   The program's peak of a chain is  max_i (D_(i-1) + M(V_i))  where D_(i-1) is the bytes kept
 #   by the earlier blocks and M(V_i) every byte block i makes (its recomputed values and its own
@@ -206,11 +213,12 @@ class _Chain:
     recompute_est_s: float
 
 
-def _program(sets: _Sets, cap: float, options: DpOptions,
+def _program(sets: _Sets, cap: float | None, options: DpOptions,
              deadline: float) -> tuple[list[_Chain], bool]:
     """One pass of the time-centric program: D[L] is a Pareto list of (kept bytes, recompute
-    time); a transition L -> L' is taken only if D[L] + M(L' - L) <= cap. Returns the chains at
-    the whole forward (least recompute first), and whether a list was thinned."""
+    time); a transition L -> L' is taken only if D[L] + M(L' - L) <= cap. cap None: every cap
+    at once, D[L] a Pareto list of (kept bytes, recompute time, peak estimate). Returns the
+    chains at the whole forward (least recompute first), and whether a list was thinned."""
     count = len(sets.masks)
     raw: list[list[tuple]] = [[] for _ in range(count)]
     raw[0].append((0, 0.0, 0, -1, -1))  # (kept bytes, recompute s, peak est, prev set, prev k)
@@ -219,11 +227,14 @@ def _program(sets: _Sets, cap: float, options: DpOptions,
     for s in range(count):
         if time.perf_counter() > deadline:
             raise _Timeout
-        done[s], cut = _pareto(raw[s], options.max_pareto)
+        if cap is None:
+            done[s], cut = _pareto3(raw[s], 8 * options.max_pareto)
+        else:
+            done[s], cut = _pareto(raw[s], options.max_pareto)
         raw[s] = []
         thinned |= cut
         if done[s] and s < count - 1:
-            _relax(sets, s, done[s], raw, cap)
+            _relax(sets, s, done[s], raw, float("inf") if cap is None else cap)
     chains = [_trace(done, count - 1, k) for k in range(len(done[-1]))]
     return sorted(chains, key=lambda c: (c.recompute_est_s, c.peak_est_bytes)), thinned
 
@@ -286,6 +297,19 @@ def _pareto(raw: list[tuple], limit: int) -> tuple[list[tuple], bool]:
     return [out[round(k * step)] for k in range(limit)], True
 
 
+def _pareto3(raw: list[tuple], limit: int) -> tuple[list[tuple], bool]:
+    """Entries not dominated in (kept bytes, recompute time, peak estimate)."""
+    raw.sort(key=lambda e: (e[0], e[1], e[2]))
+    out: list[tuple] = []
+    for e in raw:  # no later entry can dominate an earlier one in this order
+        if not any(o[1] <= e[1] and o[2] <= e[2] for o in out):
+            out.append(e)
+    if len(out) <= limit:
+        return out, False
+    step = (len(out) - 1) / (limit - 1)
+    return [out[round(k * step)] for k in range(limit)], True
+
+
 def _trace(done: list[list[tuple]], s: int, k: int) -> _Chain:
     _, rec, peak, _, _ = done[s][k]
     path = []
@@ -323,10 +347,12 @@ class _Search:
         self.programs = 0
         self.least_cap = 0
         self.exhausted = False  # the last program's fastest chain recomputes nothing
+        self.last_peak = 0  # and its simulated peak
+        self.every: list[_Found] = []  # exact mode: the chains of every cap, simulated
         self.best: _Found | None = None  # the fastest chain found within the budget
         self._seen: dict[frozenset[int], _Found] = {}
 
-    def run(self, cap: float) -> list[_Found]:
+    def run(self, cap: float | None) -> list[_Found]:
         """The chains one program ends with, simulated (least estimated recompute first)."""
         chains, cut = _program(self.sets, cap, self.options, self.deadline)
         self.thinned |= cut
@@ -351,6 +377,9 @@ class _Search:
             lo, hi = (lo, mid) if _reachable(self.sets, mid, self.deadline) else (mid, hi)
         found = self.run(hi)
         self.least_cap = hi
+        if self.sets.exact:  # NOTE [Exact mode]
+            self.every = found + self.run(None)
+            found = self.every
         return min(found, key=lambda f: (f.sim.peak_bytes, f.sim.time_s))
 
     def fastest(self, budget_bytes: int, least: _Found) -> None:
@@ -358,6 +387,10 @@ class _Search:
         estimate and simulation says the budget lies; bisect between a cap whose fastest
         chain fits and one whose does not. `best`: the fastest chain that fits, of all seen."""
         self.best = least
+        if self.every:  # exact: the fastest of every cap's chains that fits
+            fit = [f for f in self.every if f.sim.peak_bytes <= budget_bytes]
+            self.best = min(fit, key=lambda f: (f.sim.time_s, f.sim.peak_bytes))
+            return
 
         def fits(cap: int) -> bool:
             found = self.run(cap)
@@ -366,15 +399,17 @@ class _Search:
                         self.best.sim.time_s, self.best.sim.peak_bytes):
                     self.best = f
             self.exhausted = bool(found) and found[0].chain.recompute_est_s == 0.0
+            self.last_peak = found[0].sim.peak_bytes if found else budget_bytes
             return bool(found) and found[0].sim.peak_bytes <= budget_bytes
 
         floor, top = self.least_cap, self.sets.made_bytes[-1]
+        close = max(1, budget_bytes // 512)  # a cap this near the last one changes little
         guess = min(top, floor + budget_bytes - least.sim.peak_bytes)
         if guess <= floor:
             return
         lo, hi = floor, guess
-        if fits(guess):
-            step = max(1, guess - floor)
+        if fits(guess):  # gallop up from the room the fastest chain left under the budget
+            step = max(close, budget_bytes - self.last_peak)
             lo, hi = guess, None
             while hi is None and not self.exhausted and lo < top:
                 cap = min(top, lo + step)
@@ -382,7 +417,6 @@ class _Search:
                 step *= 2
             if hi is None:
                 return
-        close = max(1, budget_bytes // 512)  # a cap this near the last one changes little
         while hi - lo > close and self.programs < self.options.max_searches:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
