@@ -28,7 +28,8 @@ class DpOptions:
     """mode: "time" (least simulated step time within the budget) or "memory" (least
     simulated peak). exact: every lower set (True), ancestor sets only (False), or exact when
     there are at most max_lower_sets lower sets (None). max_approx_sets: ancestor sets beyond it
-    are thinned to that many, evenly spaced in order of bytes (the note says so). max_pareto: entries kept per lower set
+    are thinned to that many, evenly spaced in order of bytes (the note says so). max_pareto:
+    entries kept per lower set
     (evenly thinned beyond it; the note says so). max_searches: programs run by the search over
     the estimate's cap (NOTE [Estimate and truth])."""
 
@@ -78,9 +79,11 @@ class _Timeout(Exception):
 #   on the chain when the backward handles blocks in reverse order, so the estimate is the
 #   simulator's peak up to a chain-independent offset there; it over-counts what a block has
 #   already freed, and under-counts when backward ops interleave blocks. So the estimate only
-#   ranks chains: the time-centric pass searches over the estimate's cap (bisection between the
-#   memory-centric chain's estimate and the unconstrained one's), simulates every chain each
-#   program ends with, and keeps the fastest whose simulated peak fits. The budget is only
+#   ranks chains; it never decides feasibility. The memory-centric pass finds the least cap
+#   any chain meets and simulates that cap's chains. The time-centric pass guesses the cap from
+#   the least-peak chain's offset (simulated minus estimated peak), gallops or bisects from
+#   there, simulates every chain each program ends with, and keeps the fastest that fits
+#   (NOTE [Exact mode] for the exact one). The budget is only
 #   ever checked against simulate().
 
 
