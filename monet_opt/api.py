@@ -39,8 +39,10 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             (parameters, gradients, activations, inputs): int bytes or a string like "512MiB".
         solver: "auto" (store-all when it fits, else the fastest schedule any solver finds),
             or one of `solvers.available_solvers()`: "milp" (the joint program, HiGHS),
-            "checkmate" (Checkmate's MILP, a baseline: recomputation only), "chen" (the
-            better of "chen_greedy" and "chen_sqrt"), "store_all".
+            "evict" (cheapest-first eviction: recompute what costs least per byte), "dp"
+            (Kusumoto et al.'s lower-set DP), "checkmate" (Checkmate's MILP, a baseline:
+            recomputation only), "chen" (the better of "chen_greedy" and "chen_sqrt"),
+            "store_all".
         time_limit_s: wall time the MILP may spend (the plan reports its status and gap).
         profile_repeats: timed runs per operator when profiling (after one warm-up).
         variants: offer the solver the operator variants of `monet_opt.variants` (ReLU and
