@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from solvers.errors import SolverError
+from solvers.lower_sets import Graph, Sets, Timeout, graph, lower_sets
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
 from solvers.schedule import Schedule, SolveResult, Status
@@ -40,10 +41,6 @@ class DpOptions:
     max_approx_sets: int = 200
     max_pareto: int = 16
     max_searches: int = 16
-
-
-class _Timeout(Exception):
-    pass
 
 
 # NOTE [What is kept]
@@ -88,127 +85,8 @@ class _Timeout(Exception):
 
 
 @dataclass(frozen=True)
-class _Sets:
-    """The lower sets, ordered by (bytes, size), so a subset always comes before its
-    supersets; index 0 is the empty set and the last is the whole forward."""
-
-    masks: tuple[int, ...]
-    made_bytes: tuple[int, ...]     # M(L): every byte the ops of L make
-    need_time_s: tuple[float, ...]  # time of the ops of L that some backward read needs
-    boundary: tuple[tuple[tuple[int, int, float], ...], ...]  # (op, kept bytes, need time)
-    exact: bool
-    listed: int  # lower sets listed, before thinning
-
-
-@dataclass(frozen=True)
-class _Graph:
-    n: int
-    preds: tuple[int, ...]          # bitset of each forward op's forward predecessors
-    succs: tuple[int, ...]
-    made_bytes: tuple[int, ...]     # bytes of each op's outputs
-    kept_bytes: tuple[int, ...]     # bytes kept if the op is a boundary op
-    kept: tuple[tuple[int, ...], ...]
-    need_time_s: tuple[float, ...]  # its time if a backward read needs it, else 0
-
-
-def _graph(problem: Problem) -> _Graph:
-    n = len(problem.forward_ops)  # forward ops are 0..n-1 (they come first)
-    preds, succs = [0] * n, [0] * n
-    needed = set(problem.saved_for_backward)
-    for v in range(n):
-        for t in problem.ops[v].inputs:
-            u = problem.tensors[t].producer
-            preds[v] |= 1 << u
-            succs[u] |= 1 << v
-    need = [False] * n
-    for v in reversed(range(n)):
-        need[v] = any(t in needed for t in problem.ops[v].outputs) or any(
-            need[u] for u in _bits(succs[v]))
-    kept = tuple(tuple(t for t in problem.ops[v].outputs
-                       if problem.consumers[t] or t in problem.backward_outputs)
-                 for v in range(n))
-    return _Graph(n=n, preds=tuple(preds), succs=tuple(succs),
-                  made_bytes=tuple(sum(problem.tensors[t].bytes for t in problem.ops[v].outputs)
-                                   for v in range(n)),
-                  kept_bytes=tuple(sum(problem.tensors[t].bytes for t in k) for k in kept),
-                  kept=kept,
-                  need_time_s=tuple(problem.ops[v].time_s if need[v] else 0.0 for v in range(n)))
-
-
-def _bits(x: int):
-    while x:
-        low = x & -x
-        yield low.bit_length() - 1
-        x ^= low
-
-
-def _all_lower_sets(g: _Graph, limit: int, deadline: float) -> list[int] | None:
-    """Every lower set (depth-first, adding one addable op at a time); None past `limit`."""
-    seen = {0}
-    stack = [(0, sum(1 << v for v in range(g.n) if not g.preds[v]))]
-    while stack:
-        if time.perf_counter() > deadline:
-            raise _Timeout
-        low, addable = stack.pop()
-        for v in _bits(addable):
-            grown = low | 1 << v
-            if grown in seen:
-                continue
-            seen.add(grown)
-            if len(seen) > limit:
-                return None
-            opened = sum(1 << u for u in _bits(g.succs[v]) if g.preds[u] & ~grown == 0)
-            stack.append((grown, (addable & ~(1 << v)) | opened))
-    return list(seen)
-
-
-def _ancestor_sets(g: _Graph) -> list[int]:
-    closure = [0] * g.n
-    for v in range(g.n):
-        closure[v] = 1 << v
-        for u in _bits(g.preds[v]):
-            closure[v] |= closure[u]
-    return list({0, (1 << g.n) - 1, *closure})
-
-
-def _lower_sets(g: _Graph, options: DpOptions, deadline: float) -> _Sets:
-    masks = None
-    if options.exact is not False:
-        limit = 2 ** 62 if options.exact else options.max_lower_sets
-        masks = _all_lower_sets(g, limit, deadline)
-    exact = masks is not None
-    if masks is None:
-        masks = _ancestor_sets(g)
-    full = (1 << g.n) - 1
-    rows = []
-    for m in masks:
-        made = sum(g.made_bytes[v] for v in _bits(m))
-        need = sum(g.need_time_s[v] for v in _bits(m))
-        outside = full & ~m
-        if bin(m).count("1") <= g.n // 2:
-            edge = [v for v in _bits(m) if g.succs[v] & outside]
-        else:
-            union = 0
-            for u in _bits(outside):
-                union |= g.preds[u]
-            edge = list(_bits(union & m))
-        if m == full:
-            edge = list(range(g.n))  # NOTE [The last block]
-        rows.append((made, bin(m).count("1"), m, need,
-                     tuple((v, g.kept_bytes[v], g.need_time_s[v]) for v in edge)))
-    rows.sort(key=lambda r: (r[0], r[1]))
-    listed = len(rows)
-    if not exact and len(rows) > options.max_approx_sets:  # evenly spaced; {} and all stay
-        step = (len(rows) - 1) / (options.max_approx_sets - 1)
-        rows = [rows[round(k * step)] for k in range(options.max_approx_sets)]
-    return _Sets(masks=tuple(r[2] for r in rows), made_bytes=tuple(r[0] for r in rows),
-                 need_time_s=tuple(r[3] for r in rows), boundary=tuple(r[4] for r in rows),
-                 exact=exact, listed=listed)
-
-
-@dataclass(frozen=True)
 class _Chain:
-    """A strategy: indices into _Sets from the empty set to the whole forward, with the
+    """A strategy: indices into Sets from the empty set to the whole forward, with the
     program's own figures (estimated peak, estimated recompute time)."""
 
     sets: tuple[int, ...]
@@ -216,7 +94,7 @@ class _Chain:
     recompute_est_s: float
 
 
-def _program(sets: _Sets, cap: float | None, options: DpOptions,
+def _program(sets: Sets, cap: float | None, options: DpOptions,
              deadline: float) -> tuple[list[_Chain], bool]:
     """One pass of the time-centric program: D[L] is a Pareto list of (kept bytes, recompute
     time); a transition L -> L' is taken only if D[L] + M(L' - L) <= cap. cap None: every cap
@@ -229,7 +107,7 @@ def _program(sets: _Sets, cap: float | None, options: DpOptions,
     thinned = False
     for s in range(count):
         if time.perf_counter() > deadline:
-            raise _Timeout
+            raise Timeout
         if cap is None:
             done[s], cut = _pareto3(raw[s], 8 * options.max_pareto)
         else:
@@ -242,7 +120,7 @@ def _program(sets: _Sets, cap: float | None, options: DpOptions,
     return sorted(chains, key=lambda c: (c.recompute_est_s, c.peak_est_bytes)), thinned
 
 
-def _transitions(sets: _Sets, s: int, cap: float):
+def _transitions(sets: Sets, s: int, cap: float):
     """(L', block bytes M(L' - L), kept bytes M(W), recompute time) for every superset L' of
     set s whose block alone fits under `cap`."""
     low, made, need = sets.masks[s], sets.made_bytes[s], sets.need_time_s[s]
@@ -260,7 +138,7 @@ def _transitions(sets: _Sets, s: int, cap: float):
         yield s2, block_bytes, kept_bytes, max(0.0, recompute)
 
 
-def _relax(sets: _Sets, s: int, entries: list[tuple], raw: list[list[tuple]],
+def _relax(sets: Sets, s: int, entries: list[tuple], raw: list[list[tuple]],
            cap: float) -> None:
     for s2, block_bytes, kept_bytes, recompute in _transitions(sets, s, cap - entries[0][0]):
         target = raw[s2]
@@ -271,7 +149,7 @@ def _relax(sets: _Sets, s: int, entries: list[tuple], raw: list[list[tuple]],
             target.append((kept + kept_bytes, rec + recompute, max(peak, here), s, k))
 
 
-def _reachable(sets: _Sets, cap: float, deadline: float) -> bool:
+def _reachable(sets: Sets, cap: float, deadline: float) -> bool:
     """Whether some chain's estimated peak is at most `cap` (least kept bytes per set is all
     that matters for that)."""
     least = [float("inf")] * len(sets.masks)
@@ -280,7 +158,7 @@ def _reachable(sets: _Sets, cap: float, deadline: float) -> bool:
         if least[s] == float("inf"):
             continue
         if time.perf_counter() > deadline:
-            raise _Timeout
+            raise Timeout
         for s2, _, kept_bytes, _ in _transitions(sets, s, cap - least[s]):
             least[s2] = min(least[s2], least[s] + kept_bytes)
     return least[-1] < float("inf")
@@ -322,7 +200,7 @@ def _trace(done: list[list[tuple]], s: int, k: int) -> _Chain:
     return _Chain(sets=tuple(reversed(path)), peak_est_bytes=peak, recompute_est_s=rec)
 
 
-def _kept(g: _Graph, sets: _Sets, chain: _Chain) -> frozenset[int]:
+def _kept(g: Graph, sets: Sets, chain: _Chain) -> frozenset[int]:
     kept: set[int] = set()
     for a, b in zip(chain.sets, chain.sets[1:]):
         for v, _, _ in sets.boundary[b]:
@@ -343,8 +221,9 @@ class _Search:
 
     def __init__(self, problem: Problem, options: DpOptions, deadline: float):
         self.problem, self.options, self.deadline = problem, options, deadline
-        self.graph = _graph(problem)
-        self.sets = _lower_sets(self.graph, options, deadline)
+        self.graph = graph(problem)
+        self.sets = lower_sets(self.graph, options.exact, options.max_lower_sets,
+                               options.max_approx_sets, deadline)
         self.thinned = False
         self.timed_out = False
         self.programs = 0
@@ -443,7 +322,7 @@ def dp(problem: Problem, budget_bytes: int, options: DpOptions) -> SolveResult:
                 search.best = least
             else:
                 search.fastest(budget_bytes, least)
-    except _Timeout:
+    except Timeout:
         if search is not None:
             search.timed_out = True
     return _result(problem, budget_bytes, search, least, time.perf_counter() - start)
