@@ -54,13 +54,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             estimates (from the output bytes of ops measured already, of the same ATen target
             where there are some), with a `ProfileTimeLimitWarning` saying how many; variants
             not reached are not offered. See `monet_opt.profiler`, NOTE [The profiling time
-            limit].
-            NOTE [The time limit in the cache key]: a limit that is hit changes the profile,
-            and whether it is hit depends on the machine's speed and load, which no key can
-            see. So a time-limited profile is cached under its own key (the limit is one of
-            the key's options) and is never served to a call without a limit; a call with a
-            limit first takes a complete profile of the same graph if one is cached (it is at
-            least as good), and only then its own. Without a limit the key is as before.
+            limit]. A time-limited profile is cached apart from complete ones (NOTE [The time
+            limit in the cache key], in `_Planner._cached_profile`).
 
     Raises:
         ValueError: memory_limit is not a positive size.
@@ -174,7 +169,13 @@ class _Planner:
                                  num_fwd_outputs, **kwargs)
 
     def _cached_profile(self, joint, lowered: Lowered, measure) -> Profile:
-        """NOTE [The time limit in the cache key] (optimize's docstring)."""
+        """NOTE [The time limit in the cache key]
+          A limit that is hit changes the profile, and whether it is hit depends on the
+          machine's speed and load, which no key can see. So a time-limited profile is cached
+          under its own key (the limit is one of the key's options) and is never served to a
+          call without a limit; a call with a limit first takes a complete profile of the same
+          graph if one is cached (it is at least as good), and only then its own. Without a
+          limit the key is what it was before the limit existed (old caches stay valid)."""
         options: dict[str, Any] = {"repeats": self.repeats, "variants": self.variants}
         complete = ProfileKey.of(joint, self.primals, self.inputs, options)
         if self.profile_time_limit_s is None:
