@@ -220,7 +220,7 @@ def run_precompute(args: argparse.Namespace) -> int:
           f"{format_bytes(base.fixed_bytes)}, gradients {format_bytes(base.gradient_bytes)}, "
           f"activations {format_bytes(base.store_all_activation_bytes)}")
     print(f"  {'limit':>12} {'bytes':>13}  {'asked as':<19} {'peak':>11} {'overhead':>9}  "
-          f"{'solver':<12} {'status':<10} {'solve s':>7}")
+          f"{'solver':<17} {'status':<10} {'solve s':>7}")
     cache = ProfileCache(args.profile_dir)
     for k, (limit, asked) in enumerate(limits, 1):
         _note(f"solving {k}/{len(limits)}: {format_bytes(limit)} ({args.solver}, up to "
@@ -238,7 +238,7 @@ def _outcome(profile: Profile, result: solvers.SolveResult, limit: int) -> str:
         overhead = plan.predicted_step_time_s / plan.store_all_step_time_s - 1 \
             if plan.store_all_step_time_s else 0.0
         return (f"{format_bytes(plan.predicted_peak_bytes):>11} {overhead:>+9.1%}  "
-                f"{result.solver:<12} {result.status.value:<10} {result.solve_time_s:>7.2f}")
+                f"{result.solver:<17} {result.status.value:<10} {result.solve_time_s:>7.2f}")
     if result.status == solvers.Status.TIMEOUT:
         return (f"no schedule within the time limit ({result.solver}, "
                 f"{result.solve_time_s:.1f} s): raise --time-limit-s")
