@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 import solvers
 from monet_opt import api
 from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
-from monet_opt.errors import UsageError
+from monet_opt.errors import UsageError, internal_assert
 from monet_opt.plan import Plan, make_plan
 from monet_opt.units import format_bytes, parse_memory_limit
 
@@ -42,7 +42,7 @@ def add_precompute_arguments(p: argparse.ArgumentParser) -> None:
                    help="a callable returning an nn.Module (or a (module, sample input) pair, "
                         "as monet_opt.zoo's do), e.g. torchvision.models:resnet18 or "
                         "monet_opt.zoo:tiny_cnn; MODULE is imported from the current directory "
-                        "too")
+                        "too. The model is profiled in train mode, with seed 0")
     p.add_argument("--input-shape", metavar="SHAPE",
                    help="the batch's shape, e.g. 32x3x160x160 (random values; needed unless "
                         "the factory returns a sample input)")
@@ -211,9 +211,7 @@ def run_precompute(args: argparse.Namespace) -> int:
                                       variants=not args.no_variants,
                                       profile_time_limit_s=args.profile_time_limit_s)
     limits = limits_of(requested, base)
-    if profile is None:
-        raise UsageError(f"cannot write the profile directory {args.profile_dir!r} (see the "
-                         "warning above); give a writable --profile-dir")
+    internal_assert(profile is not None, "profile_model gave no profile for a profile_dir")
     print(f"profile {profile.folder.name}: {profile.key.inputs}, {len(profile.problem.ops)} "
           f"ops, profiled in {time.perf_counter() - start:.1f} s")
     print(f"  store-all peak {format_bytes(base.store_all_peak_bytes)}, fixed "
