@@ -25,7 +25,8 @@ import solvers
 def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
              solver: str = "auto", time_limit_s: float = 30.0,
              profile_repeats: int = 3, variants: bool = True,
-             profile_dir: str | os.PathLike | None = "profiles") -> OptimizedModule:
+             profile_dir: str | os.PathLike | None = "profiles",
+             profile_time_limit_s: float | None = None) -> OptimizedModule:
     """Return a module that trains exactly like `model` with its step's peak memory within
     `memory_limit`.
 
@@ -51,6 +52,13 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         profile_dir: where profiles and schedules are cached as JSON (None: no caching). A
             second call with the same model graph, input shapes, device, limit and solver
             options profiles and solves nothing (the model is still traced).
+        profile_time_limit_s: wall time profiling may take (None: no limit). Near the limit
+            ops are timed with fewer repeats, down to one; ops not reached by then get
+            estimates (from the output bytes of ops measured already, of the same ATen target
+            where there are some), with a `ProfileTimeLimitWarning` saying how many; variants
+            not reached are not offered. See `monet_opt.profiler`, NOTE [The profiling time
+            limit]. A time-limited profile is cached apart from complete ones (NOTE [The time
+            limit in the cache key], in `_Planner._cached_profile`).
 
     Raises:
         ValueError: memory_limit is not a positive size.
@@ -64,9 +72,13 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
                          f"{solvers.available_solvers()}")
     if not time_limit_s > 0:
         raise ValueError(f"monet_opt.optimize: time_limit_s must be positive, got {time_limit_s}")
+    if profile_time_limit_s is not None and not profile_time_limit_s > 0:
+        raise ValueError("monet_opt.optimize: profile_time_limit_s must be positive or None, "
+                         f"got {profile_time_limit_s}")
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
     planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
-                       cache=cache, variants=variants)
+                       cache=cache, variants=variants,
+                       profile_time_limit_s=profile_time_limit_s)
     step, spec, param_names, buffer_names = _trace(model, sample_input, planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
     flags = tuple(m.training for m in model.modules())
@@ -83,6 +95,22 @@ def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int =
     _trace(model, sample_input, planner)
     internal_assert(planner.problem is not None, "the partition function was never called")
     return planner.problem
+
+
+def profile_model(model: nn.Module, sample_input: Any, *,
+                  profile_dir: str | os.PathLike | None = "profiles", profile_repeats: int = 3,
+                  variants: bool = True,
+                  profile_time_limit_s: float | None = None) -> tuple[Profile | None, Plan]:
+    """Trace and profile one training step of `model` (or read its profile from `profile_dir`,
+    storing it there if new) without solving for any limit: the profile (None without a
+    profile directory) and the store-all plan, whose fixed, gradient and store-all bytes say
+    which limits make sense. Options as optimize()'s. Leaves the model's state as it was."""
+    cache = ProfileCache(profile_dir) if profile_dir is not None else None
+    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0,
+                       cache=cache, variants=variants, profile_time_limit_s=profile_time_limit_s)
+    _trace(model, sample_input, planner)
+    internal_assert(planner.plan is not None, "the partition function was never called")
+    return planner.profile, planner.plan
 
 
 def _trace(model: nn.Module, sample_input: Any, planner: _Planner):
@@ -109,13 +137,13 @@ class _Planner:
 
     def __init__(self, limit: int | None, solver: str, repeats: int, name: str,
                  time_limit_s: float, *, cache: ProfileCache | None = None,
-                 variants: bool = True) -> None:
+                 variants: bool = True, profile_time_limit_s: float | None = None) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (and cache
         no schedule). cache: the profile directory to consult, if any. variants: offer the
         library's operator variants to the solver."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
-        self.variants = variants
+        self.variants, self.profile_time_limit_s = variants, profile_time_limit_s
         self.primals: list[torch.Tensor] = []
         self.inputs = ""
         self.problem: solvers.Problem | None = None
@@ -125,13 +153,12 @@ class _Planner:
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint) if self.variants else plain
-        measure = lambda: _measured(joint, lowered, self.primals, self.repeats)  # noqa: E731
+        measure = lambda: _measured(joint, lowered, self.primals, self.repeats,  # noqa: E731
+                                    self.profile_time_limit_s)
         if self.cache is None:
             problem = measure()
         else:
-            key = ProfileKey.of(joint, self.primals, self.inputs,
-                                {"repeats": self.repeats, "variants": self.variants})
-            self.profile = self.cache.profile(key, self.name, lowered, measure)
+            self.profile = self._cached_profile(joint, lowered, measure)
             problem = self.profile.problem
         lowered = _matching(lowered, problem)
         self.problem = problem
@@ -146,21 +173,46 @@ class _Planner:
         return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
                                  num_fwd_outputs, **kwargs)
 
+    def _cached_profile(self, joint, lowered: Lowered, measure) -> Profile:
+        """NOTE [The time limit in the cache key]
+          A limit that is hit changes the profile, and whether it is hit depends on the
+          machine's speed and load, which no key can see. So a time-limited profile is cached
+          under its own key (the limit is one of the key's options) and is never served to a
+          call without a limit; a call with a limit first takes a complete profile of the same
+          graph if one is cached (it is at least as good), and only then its own. Without a
+          limit the key is what it was before the limit existed (old caches stay valid)."""
+        options: dict[str, Any] = {"repeats": self.repeats, "variants": self.variants}
+        complete = ProfileKey.of(joint, self.primals, self.inputs, options)
+        if self.profile_time_limit_s is None:
+            return self.cache.profile(complete, self.name, lowered, measure)
+        found = self.cache.find(complete, self.name, lowered)
+        if found is not None:
+            return found
+        limited = ProfileKey.of(joint, self.primals, self.inputs, {
+            **options, "profile_time_limit_s": float(self.profile_time_limit_s)})
+        return self.cache.profile(limited, self.name, lowered, measure)
 
-def _measured(joint, lowered: Lowered, primals: list[torch.Tensor],
-              repeats: int) -> solvers.Problem:
+
+def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int,
+              time_limit_s: float | None = None) -> solvers.Problem:
     """`lowered.problem` with each op's and variant's measured costs and the loss scalars'
-    bytes. A variant whose result is not bitwise the op's is withdrawn, with a warning."""
-    times, costs, exact = profile(joint, lowered, primals, repeats)
+    bytes. A variant whose result is not bitwise the op's is withdrawn, with a warning; one
+    the time limit left unmeasured is withdrawn (the profiler's warning says so)."""
+    measured = profile(joint, lowered, primals, repeats, time_limit_s)
     problem = lowered.problem
-    ops = tuple(dataclasses.replace(op, time_s=t) for op, t in zip(problem.ops, times))
+    ops = tuple(dataclasses.replace(op, time_s=t)
+                for op, t in zip(problem.ops, measured.op_time_s))
     lowered = dataclasses.replace(lowered, problem=dataclasses.replace(problem, ops=ops))
-    problem = with_costs(lowered, costs).problem if lowered.variant_sites else lowered.problem
+    problem = with_costs(lowered, measured.variant_costs).problem if lowered.variant_sites \
+        else lowered.problem
+    exact = measured.variant_exact
     if not all(exact):
-        bad = [problem.variants[v].name for v, ok in enumerate(exact) if not ok]
-        warnings.warn(f"monet_opt: {len(bad)} operator variant(s) did not reproduce the op's "
-                      f"result bitwise on this device and are not used: {bad[:3]}",
-                      RuntimeWarning, stacklevel=2)
+        bad = [problem.variants[v].name for v, ok in enumerate(exact)
+               if not ok and measured.variant_measured[v]]
+        if bad:
+            warnings.warn(f"monet_opt: {len(bad)} operator variant(s) did not reproduce the "
+                          f"op's result bitwise on this device and are not used: {bad[:3]}",
+                          RuntimeWarning, stacklevel=2)
         problem = problem.only_variants({v for v, ok in enumerate(exact) if ok})
     return dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + _loss_bytes(joint))
 

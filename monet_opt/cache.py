@@ -102,6 +102,17 @@ class ProfileCache:
                     stale.unlink()
         return profile
 
+    def find(self, key: ProfileKey, name: str, lowered: Lowered) -> Profile | None:
+        """The cached profile of `lowered`'s graph under `key` if a valid one is stored (an
+        unusable one is warned about and left for `profile()` to rebuild), else None."""
+        folder = self.root / f"{_safe(name)}-{key.digest[:16]}"
+        path = folder / "profile.json"
+        if _stat(path) is None:
+            return None
+        with _reported(path, "not used"):
+            return _read_profile(path, folder, key, lowered.problem)
+        return None
+
     def solve(self, profile: Profile, limit_bytes: int, solver: str,
               time_limit_s: float) -> SolveResult:
         """The cached answer of `solver` at `limit_bytes` on `profile`, or a fresh one stored.
