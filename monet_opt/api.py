@@ -75,7 +75,8 @@ def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int =
     """The profiled scheduling problem of one training step of `model` on `sample_input`, as
     every solver sees it (for benchmarks and for studying a model's graph). Leaves the model's
     state as it was."""
-    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0, variants)
+    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0, None,
+                       variants)
     _trace(model, sample_input, planner)
     internal_assert(planner.problem is not None, "the partition function was never called")
     return planner.problem
