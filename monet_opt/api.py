@@ -4,12 +4,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Any
+from typing import Any, Collection
 
 import torch
 from torch import nn
 
 from monet_opt import capture, rewrite
+from monet_opt import variants as variant_library
 from monet_opt.cache import Profile, ProfileCache, ProfileKey, describe_inputs
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
@@ -23,7 +24,8 @@ import solvers
 
 def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
              solver: str = "auto", time_limit_s: float = 30.0,
-             profile_repeats: int = 3, variants: bool = True,
+             profile_repeats: int = 3, variants: bool | Collection[str] = True,
+             allow_lossy: bool = False,
              profile_dir: str | os.PathLike | None = "profiles") -> OptimizedModule:
     """Return a module that trains exactly like `model` with its step's peak memory within
     `memory_limit`.
@@ -44,7 +46,12 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         profile_repeats: timed runs per operator when profiling (after one warm-up).
         variants: offer the solver the operator variants of `monet_opt.variants` (ReLU and
             dropout masks, shape-only max-pool inputs: exact, smaller forms of what the
-            backward reads). False: recomputation alone, for comparison.
+            backward reads). False: recomputation alone, for comparison. A collection of
+            family names (`monet_opt.variants.FAMILIES`): only those (an ablation).
+        allow_lossy: also offer the lossy variants (float32 tensors that convolution and
+            matrix-product backwards read, kept as bfloat16): the plan then no longer trains
+            bitwise like the original; each family's docstring states its error bound.
+            Ignored without `variants`.
         profile_dir: where profiles and schedules are cached as JSON (None: no caching). A
             second call with the same model graph, input shapes, device, limit and solver
             options profiles and solves nothing (the model is still traced).
@@ -63,7 +70,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         raise ValueError(f"monet_opt.optimize: time_limit_s must be positive, got {time_limit_s}")
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
     planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s, cache,
-                       variants)
+                       variants, allow_lossy)
     step, spec, param_names, buffer_names = _trace(model, sample_input, planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
     flags = tuple(m.training for m in model.modules())
@@ -71,12 +78,13 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
 
 
 def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int = 3,
-                  variants: bool = True) -> solvers.Problem:
+                  variants: bool | Collection[str] = True,
+                  allow_lossy: bool = False) -> solvers.Problem:
     """The profiled scheduling problem of one training step of `model` on `sample_input`, as
     every solver sees it (for benchmarks and for studying a model's graph). Leaves the model's
     state as it was."""
     planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0, None,
-                       variants)
+                       variants, allow_lossy)
     _trace(model, sample_input, planner)
     internal_assert(planner.problem is not None, "the partition function was never called")
     return planner.problem
@@ -106,13 +114,15 @@ class _Planner:
 
     def __init__(self, limit: int | None, solver: str, repeats: int, name: str,
                  time_limit_s: float, cache: ProfileCache | None = None,
-                 variants: bool = True) -> None:
+                 variants: bool | Collection[str] = True, allow_lossy: bool = False) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (and cache
         no schedule). cache: the profile directory to consult, if any. variants: offer the
-        library's operator variants to the solver."""
+        library's operator variants to the solver; allow_lossy: its lossy ones too."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
-        self.variants = variants
+        self.families = _families(variants, allow_lossy)
+        self.variants = bool(self.families)
+        self.allow_lossy = self.variants and allow_lossy
         self.primals: list[torch.Tensor] = []
         self.inputs = ""
         self.problem: solvers.Problem | None = None
@@ -121,13 +131,16 @@ class _Planner:
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
         plain = lower(joint, num_fwd_outputs, name=self.name)
-        lowered = attach_variants(plain, joint) if self.variants else plain
-        measure = lambda: _measured(joint, lowered, self.primals, self.repeats)  # noqa: E731
+        lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
+                                  only=self.families) if self.variants else plain
+        measure = lambda: _measured(joint, lowered, self.primals, self.repeats,  # noqa: E731
+                                    self.allow_lossy)
         if self.cache is None:
             problem = measure()
         else:
-            key = ProfileKey.of(joint, self.primals, self.inputs,
-                                {"repeats": self.repeats, "variants": self.variants})
+            options = {"repeats": self.repeats, "variants": ",".join(sorted(self.families)),
+                       "allow_lossy": self.allow_lossy}
+            key = ProfileKey.of(joint, self.primals, self.inputs, options)
             self.profile = self.cache.profile(key, self.name, lowered, measure)
             problem = self.profile.problem
         lowered = _matching(lowered, problem)
@@ -144,11 +157,14 @@ class _Planner:
                                  num_fwd_outputs, **kwargs)
 
 
-def _measured(joint, lowered: Lowered, primals: list[torch.Tensor],
-              repeats: int) -> solvers.Problem:
+def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int,
+              allow_lossy: bool = False) -> solvers.Problem:
     """`lowered.problem` with each op's and variant's measured costs and the loss scalars'
-    bytes. A variant whose result is not bitwise the op's is withdrawn, with a warning."""
-    times, costs, exact = profile(joint, lowered, primals, repeats)
+    bytes. A variant whose result is not bitwise the op's is withdrawn, with a warning, unless
+    its family is lossy, lossy ones are allowed, and the error is within the family's bound."""
+    times, costs, errors = profile(joint, lowered, primals, repeats)
+    exact = [_acceptable(site, err, allow_lossy)
+             for site, err in zip(lowered.variant_sites, errors)]
     problem = lowered.problem
     ops = tuple(dataclasses.replace(op, time_s=t) for op, t in zip(problem.ops, times))
     lowered = dataclasses.replace(lowered, problem=dataclasses.replace(problem, ops=ops))
@@ -156,10 +172,35 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor],
     if not all(exact):
         bad = [problem.variants[v].name for v, ok in enumerate(exact) if not ok]
         warnings.warn(f"monet_opt: {len(bad)} operator variant(s) did not reproduce the op's "
-                      f"result bitwise on this device and are not used: {bad[:3]}",
+                      f"result (bitwise, or within a lossy family's bound) on this device and "
+                      f"are not used: {bad[:3]}",
                       RuntimeWarning, stacklevel=2)
         problem = problem.only_variants({v for v, ok in enumerate(exact) if ok})
     return dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + _loss_bytes(joint))
+
+
+def _families(variants: bool | Collection[str], allow_lossy: bool) -> frozenset[str]:
+    """The family names `optimize(variants=..., allow_lossy=...)` offers."""
+    lossy_ok = lambda f: f.exact or allow_lossy  # noqa: E731
+    if variants is True or variants is False:
+        return frozenset(f.name for f in variant_library.FAMILIES if variants and lossy_ok(f))
+    names = frozenset(variants)
+    known = {f.name for f in variant_library.FAMILIES}
+    if names - known:
+        raise ValueError(f"monet_opt.optimize: unknown variant families {sorted(names - known)}; "
+                         f"choose from {sorted(known)}")
+    lossy = sorted(n for n in names if not lossy_ok(variant_library.family(n)))
+    if lossy:
+        raise ValueError(f"monet_opt.optimize: variant families {lossy} are lossy; pass "
+                         f"allow_lossy=True to use them")
+    return names
+
+
+def _acceptable(site, error: float, allow_lossy: bool) -> bool:
+    fam = variant_library.family(site.family)
+    if fam.exact or not allow_lossy:
+        return error == 0.0
+    return error <= fam.max_rel_error
 
 
 def _matching(lowered: Lowered, problem: solvers.Problem) -> Lowered:

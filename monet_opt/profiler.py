@@ -12,6 +12,7 @@ beyond its result: a live-bytes counter on CPU, the allocator's peak on CUDA.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Sequence
@@ -38,25 +39,26 @@ class _VariantProbe:
         self.run_s: list[list[float]] = [[] for _ in range(n)]
         self.encode_ws = [0] * n
         self.run_ws = [0] * n
-        self.exact = [True] * n
+        self.error = [0.0] * n
 
     def measure(self, node: fx.Node, args, kwargs, result, cuda: bool, timed: bool) -> None:
         for v in self.at.get(node.name, ()):
             site = self.sites[v]
             fam = variants.family(site.family)
             x = args[site.arg]
+            replacement = functools.partial(variants.run, (site.family,), (site.params,))
             if fam.encode is None:
                 enc, enc_s, enc_ws = site.like, 0.0, 0
             else:
                 enc, enc_s, enc_ws = _measured(fam.encode, (x, *site.params), cuda, timed)
             new_args = tuple(enc if k == site.arg else a for k, a in enumerate(args))
-            out, run_s, run_ws = _measured(fam.run, new_args, cuda, timed)
+            out, run_s, run_ws = _measured(replacement, new_args, cuda, timed)
             if timed:
                 self.encode_s[v].append(enc_s)
                 self.run_s[v].append(run_s)
             else:
                 self.encode_ws[v], self.run_ws[v] = enc_ws, run_ws
-                self.exact[v] = _same(out, result)
+                self.error[v] = relative_error(out, result)
 
 
 def _measured(fn, args, cuda: bool, timed: bool):
@@ -80,13 +82,36 @@ def _measured(fn, args, cuda: bool, timed: bool):
 
 
 def _nbytes(out) -> int:
-    return out.untyped_storage().nbytes() if isinstance(out, torch.Tensor) else 0
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return sum(o.untyped_storage().nbytes() for o in outs if isinstance(o, torch.Tensor))
 
 
-def _same(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
-        a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) and \
-        torch.equal(a.isnan(), b.isnan())
+def relative_error(got, want) -> float:
+    """0.0 when `got` is bitwise `want` (tensors or tuples of them, NaNs where want has
+    them); else the largest max-abs relative error over the outputs; inf when shapes, dtypes
+    or the NaN/inf pattern differ."""
+    gots = got if isinstance(got, (tuple, list)) else (got,)
+    wants = want if isinstance(want, (tuple, list)) else (want,)
+    if len(gots) != len(wants):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(gots, wants):
+        if a is None and b is None:
+            continue
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \
+                a.shape != b.shape or a.dtype != b.dtype:
+            return float("inf")
+        if torch.equal(a, b) or (torch.equal(a.isnan(), b.isnan())
+                                 and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))):
+            continue
+        finite = b.isfinite()
+        if not bool(finite.any()):
+            return float("inf")
+        if not (torch.equal(a.isfinite(), finite) and torch.equal(a[~finite], b[~finite])):
+            return float("inf")
+        diff = (a[finite].double() - b[finite].double()).abs().max().item()
+        worst = max(worst, diff / max(b[finite].double().abs().max().item(), 1e-30))
+    return worst
 
 
 def profile_op_times(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
@@ -97,9 +122,9 @@ def profile_op_times(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[
 
 def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
             repeats: int = 3):
-    """(op times as profile_op_times gives them, variant costs, exact flags): per problem
+    """(op times as profile_op_times gives them, variant costs, variant errors): per problem
     variant, (encode time, encode workspace, run time minus the op's time, run workspace)
-    and whether its result equals the op's bitwise."""
+    and `relative_error` of its result against the op's (0.0: bitwise equal)."""
     wanted = set(lowered.op_nodes)
     samples: dict[str, list[float]] = {name: [] for name in wanted}
     probe = _VariantProbe(lowered)
@@ -120,7 +145,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         run = statistics.median(probe.run_s[v]) if probe.run_s[v] else 0.0
         costs.append((enc, probe.encode_ws[v], run - med.get(site.backward_node, 0.0),
                       probe.run_ws[v]))
-    return times, tuple(costs), tuple(probe.exact)
+    return times, tuple(costs), tuple(probe.error)
 
 
 def _random_like(val: torch.Tensor, primals: Sequence[torch.Tensor]) -> torch.Tensor:

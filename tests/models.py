@@ -49,8 +49,27 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class PoolCNN(nn.Module):
+    """A ResNet-like stem (conv, BN, ReLU, 3x3/2 max-pool), then wider convolutions at the
+    lower resolution, whose backward holds the step's peak while the stem's indices wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 16, 7, padding=3), nn.BatchNorm2d(16), nn.ReLU(),
+                                 nn.MaxPool2d(3, 2, 1), nn.Conv2d(16, 64, 3, padding=1),
+                                 nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                                 nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
 def small_cnn():
     return SmallCNN(), torch.randn(4, 3, 16, 16), lambda out: out.sum()
+
+
+def pool_cnn():
+    return PoolCNN(), torch.randn(4, 3, 32, 32), lambda out: out.sum()
 
 
 def transformer_block():
