@@ -44,13 +44,13 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             better of "chen_greedy" and "chen_sqrt"), "store_all".
         time_limit_s: wall time the MILP may spend (the plan reports its status and gap).
         profile_repeats: timed runs per operator when profiling (after one warm-up).
-        variants: offer the solver the operator variants of `monet_opt.variants` (ReLU and
-            dropout masks, shape-only max-pool inputs: exact, smaller forms of what the
-            backward reads). False: recomputation alone, for comparison. A collection of
+        variants: offer the solver the exact operator variants of `monet_opt.variants` (ReLU
+            and dropout masks, compact max-pool indices, shape-only pooling inputs: smaller
+            forms of what the backward reads, bitwise the same result). False: recomputation alone, for comparison. A collection of
             family names (`monet_opt.variants.FAMILIES`): only those (an ablation).
         allow_lossy: also offer the lossy variants (float32 tensors that convolution and
             matrix-product backwards read, kept as bfloat16): the plan then no longer trains
-            bitwise like the original; each family's docstring states its error bound.
+            bitwise like the original (error bounds: NOTE [Lossy bound] in monet_opt.variants).
             Ignored without `variants`.
         profile_dir: where profiles and schedules are cached as JSON (None: no caching). A
             second call with the same model graph, input shapes, device, limit and solver

@@ -64,12 +64,29 @@ class PoolCNN(nn.Module):
         return self.net(x)
 
 
+class MLP(nn.Module):
+    """Linear layers (3-d input, so they lower to mm on a view), ReLU, dropout, GELU."""
+
+    def __init__(self, depth: int = 4) -> None:
+        super().__init__()
+        hidden = [m for _ in range(depth - 1) for m in (nn.Linear(128, 128), nn.GELU())]
+        self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.2), *hidden,
+                                 nn.Linear(128, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
 def small_cnn():
     return SmallCNN(), torch.randn(4, 3, 16, 16), lambda out: out.sum()
 
 
 def pool_cnn():
     return PoolCNN(), torch.randn(4, 3, 32, 32), lambda out: out.sum()
+
+
+def mlp():
+    return MLP(), torch.randn(8, 64, 64), lambda out: out.sum()
 
 
 def transformer_block():
