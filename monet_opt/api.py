@@ -46,8 +46,9 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         profile_repeats: timed runs per operator when profiling (after one warm-up).
         variants: offer the solver the exact operator variants of `monet_opt.variants` (ReLU
             and dropout masks, compact max-pool indices, shape-only pooling inputs: smaller
-            forms of what the backward reads, bitwise the same result). False: recomputation alone, for comparison. A collection of
-            family names (`monet_opt.variants.FAMILIES`): only those (an ablation).
+            forms of what the backward reads, bitwise the same result). False: recomputation
+            alone, for comparison. A collection of family names (`monet_opt.variants.FAMILIES`):
+            only those (an ablation).
         allow_lossy: also offer the lossy variants (float32 tensors that convolution and
             matrix-product backwards read, kept as bfloat16): the plan then no longer trains
             bitwise like the original (error bounds: NOTE [Lossy bound] in monet_opt.variants).

@@ -13,6 +13,7 @@ beyond its result: a live-bytes counter on CPU, the allocator's peak on CUDA.
 from __future__ import annotations
 
 import functools
+import operator
 import statistics
 import time
 from typing import Sequence
@@ -58,7 +59,7 @@ class _VariantProbe:
                 self.run_s[v].append(run_s)
             else:
                 self.encode_ws[v], self.run_ws[v] = enc_ws, run_ws
-                self.error[v] = relative_error(out, result)
+                self.error[v] = relative_error(out, result, _used_outputs(node))
 
 
 def _measured(fn, args, cuda: bool, timed: bool):
@@ -86,16 +87,27 @@ def _nbytes(out) -> int:
     return sum(o.untyped_storage().nbytes() for o in outs if isinstance(o, torch.Tensor))
 
 
-def relative_error(got, want) -> float:
-    """0.0 when `got` is bitwise `want` (tensors or tuples of them, NaNs where want has
-    them); else the largest max-abs relative error over the outputs; inf when shapes, dtypes
-    or the NaN/inf pattern differ."""
+def _used_outputs(node: fx.Node) -> frozenset[int] | None:
+    """Which outputs of a multi-output node the graph reads (None: all). Unread ones may hold
+    anything: convolution_backward returns a tensor for a gradient its output_mask declined."""
+    val = node.meta.get("val")
+    if not isinstance(val, (tuple, list)):
+        return None
+    return frozenset(u.args[1] for u in node.users if u.target is operator.getitem)
+
+
+def relative_error(got, want, only: frozenset[int] | None = None) -> float:
+    """0.0 when `got` is bitwise `want` (tensors or tuples of them, the outputs in `only`
+    if given; NaNs where want has them); else the largest max-abs relative error over the
+    outputs; inf when shapes, dtypes or the NaN/inf pattern differ."""
     gots = got if isinstance(got, (tuple, list)) else (got,)
     wants = want if isinstance(want, (tuple, list)) else (want,)
     if len(gots) != len(wants):
         return float("inf")
     worst = 0.0
-    for a, b in zip(gots, wants):
+    for k, (a, b) in enumerate(zip(gots, wants)):
+        if only is not None and k not in only:
+            continue
         if a is None and b is None:
             continue
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \

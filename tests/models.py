@@ -77,6 +77,24 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+class ShapeOnlyNet(nn.Module):
+    """A convolution, then an op whose backward reads its input for the shape only: a frozen
+    convolution (no weight gradient), average pooling, or adaptive average pooling (to 7x7,
+    which stays _adaptive_avg_pool2d). Without dropping that input, the op's backward holds
+    three maps at once (input, output gradient, input gradient); nothing else holds as many."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.op = {"frozen_conv": lambda: nn.Conv2d(8, 8, 3, padding=1).requires_grad_(False),
+                   "avgpool": lambda: nn.AvgPool2d(2),
+                   "adaptive_avgpool": lambda: nn.AdaptiveAvgPool2d((7, 7))}[kind]()
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(self.op(self.conv(x)).mean((2, 3)))
+
+
 def small_cnn():
     return SmallCNN(), torch.randn(4, 3, 16, 16), lambda out: out.sum()
 
@@ -87,6 +105,10 @@ def pool_cnn():
 
 def mlp():
     return MLP(), torch.randn(8, 64, 64), lambda out: out.sum()
+
+
+def shape_only_net(kind: str):
+    return ShapeOnlyNet(kind), torch.randn(4, 3, 16, 16), lambda out: out.sum()
 
 
 def transformer_block():

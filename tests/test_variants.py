@@ -81,6 +81,30 @@ def test_compact_maxpool_indices_rebuild_exactly(geometry, layout):
     assert torch.equal(both.isnan(), want.isnan()) and torch.equal(both, want)
 
 
+def test_shape_only_families_reproduce_their_ops_bitwise():
+    """Average pooling, adaptive average pooling and a convolution without weight gradient
+    read the argument these families drop for its shape, dtype and device only."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 11, 9)
+    like = (tuple(x.shape), x.dtype, x.device)
+    for rest in [([2, 2], [2, 2], [0, 0], False, True, None),
+                 ([3, 3], [2, 1], [1, 1], True, False, None), ([3, 2], [2, 2], [1, 0], True,
+                                                                True, 5)]:
+        g = torch.randn_like(aten.avg_pool2d(x, *rest))
+        want = aten.avg_pool2d_backward(g, x, *rest)
+        assert torch.equal(variants.run(("avgpool.shape_only",), ((),), g, like, *rest), want)
+    g = torch.randn_like(aten._adaptive_avg_pool2d(x, [4, 3]))
+    want = aten._adaptive_avg_pool2d_backward(g, x)
+    assert torch.equal(variants.run(("adaptive_avgpool.shape_only",), ((),), g, like), want)
+    w = torch.randn(6, 4, 3, 3)
+    g = torch.randn_like(torch.conv2d(x, w, padding=1))
+    for mask in ([True, False, True], [True, False, False], [False, False, True]):
+        rest = ([6], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask)
+        want = aten.convolution_backward(g, x, w, *rest)
+        got = variants.run(("conv.shape_only",), ((),), g, like, w, *rest)
+        assert all(torch.equal(a, b) for a, b, m in zip(got, want, mask) if m)
+
+
 def test_library_rules():
     """Families of one op replacing different arguments must decode (so they combine);
     exact ones state no error, lossy ones a bound; lossy ones are only offered on request."""
@@ -141,6 +165,29 @@ def test_maxpool_variants_combine_in_a_plan(free_variants):
     assert_same(run_steps(tight, tight.model, x, loss_fn), run_steps(ref, ref.model, x, loss_fn),
                 exact=True, what="max-pool variants combined vs store-all")
     _check_memory(tight, x, loss_fn, limit, "max-pool variants combined")
+
+
+@pytest.mark.parametrize("kind", ["frozen_conv", "avgpool", "adaptive_avgpool"])
+def test_shape_only_families_lower_the_least_peak(kind):
+    """A frozen convolution, average pooling, adaptive average pooling: dropping the input
+    their backward reads for its shape lowers the least reachable peak (no recomputation can:
+    the op needs the input while it runs), the least-peak plan uses the family, and it trains
+    bitwise like store-all, within the limit."""
+    family = "conv.shape_only" if kind == "frozen_conv" else f"{kind}.shape_only"
+    torch.manual_seed(0)
+    base, x, loss_fn = models.shape_only_net(kind)
+    without = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
+                                 variants=False)
+    with_ = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    limit = with_.plan.min_feasible_bytes
+    assert limit < without.plan.min_feasible_bytes
+    tight = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
+                               time_limit_s=10)
+    assert family in {name.split(":")[0] for name in tight.plan.variants}, tight.plan.explain()
+    assert_same(run_steps(tight, tight.model, x, loss_fn),
+                run_steps(with_, with_.model, x, loss_fn), exact=True,
+                what=f"{family} vs store-all")
+    _check_memory(tight, x, loss_fn, limit, family)
 
 
 def test_variants_lower_the_least_peak_and_train_exactly():
