@@ -50,7 +50,7 @@ def _offset_dtype(cells: int) -> torch.dtype:
     return torch.int16 if cells <= 32768 else torch.int32
 
 
-def _corners(indices: torch.Tensor, sh, sw, ph, pw, width) -> tuple[torch.Tensor, torch.Tensor]:
+def _corners(indices: torch.Tensor, sh, sw, ph, pw) -> tuple[torch.Tensor, torch.Tensor]:
     """Each output position's window corner (row (OH, 1), column (OW,)), in input coordinates."""
     oh_n, ow_n = indices.shape[-2:]
     dev = indices.device
@@ -62,7 +62,7 @@ def _corners(indices: torch.Tensor, sh, sw, ph, pw, width) -> tuple[torch.Tensor
 def compact_indices(indices: torch.Tensor, kh, kw, sh, sw, ph, pw, dh, dw,
                     width) -> torch.Tensor:
     """NOTE [Compact max-pool indices]: int64 flat positions -> in-window offsets."""
-    rows, cols = _corners(indices, sh, sw, ph, pw, width)
+    rows, cols = _corners(indices, sh, sw, ph, pw)
     ih = torch.div(indices, width, rounding_mode="floor")
     iw = indices - ih * width
     a = torch.div(ih - rows, dh, rounding_mode="floor") if dh != 1 else ih.sub_(rows)
@@ -76,6 +76,6 @@ def full_indices(offsets: torch.Tensor, kh, kw, sh, sw, ph, pw, dh, dw,
     dev = offsets.device
     cells = (torch.arange(kh, device=dev, dtype=torch.int64).mul_(dh * width).unsqueeze(1)
              + torch.arange(kw, device=dev, dtype=torch.int64).mul_(dw)).reshape(-1)
-    rows, cols = _corners(offsets, sh, sw, ph, pw, width)
+    rows, cols = _corners(offsets, sh, sw, ph, pw)
     flat = cells.index_select(0, offsets.reshape(-1).to(torch.int32))
     return flat.view(offsets.shape).add_(rows * width + cols)
