@@ -11,7 +11,8 @@ from torch import nn
 
 from monet_opt import capture, rewrite
 from monet_opt import variants as variant_library
-from monet_opt.cache import Profile, ProfileCache, ProfileKey, describe_inputs
+from monet_opt.cache import Profile, ProfileCache
+from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
 from monet_opt.lower_variants import attach_variants, with_costs
@@ -26,7 +27,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
              solver: str = "auto", time_limit_s: float = 30.0,
              profile_repeats: int = 3, variants: bool | Collection[str] = True,
              allow_lossy: bool = False,
-             profile_dir: str | os.PathLike | None = "profiles") -> OptimizedModule:
+             profile_dir: str | os.PathLike | None = "profiles",
+             profile_time_limit_s: float | None = None) -> OptimizedModule:
     """Return a module that trains exactly like `model` with its step's peak memory within
     `memory_limit`.
 
@@ -40,8 +42,10 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             (parameters, gradients, activations, inputs): int bytes or a string like "512MiB".
         solver: "auto" (store-all when it fits, else the fastest schedule any solver finds),
             or one of `solvers.available_solvers()`: "milp" (the joint program, HiGHS),
-            "checkmate" (Checkmate's MILP, a baseline: recomputation only), "chen" (the
-            better of "chen_greedy" and "chen_sqrt"), "store_all".
+            "evict" (cheapest-first eviction: recompute what costs least per byte), "dp"
+            (Kusumoto et al.'s lower-set DP), "checkmate" (Checkmate's MILP, a baseline:
+            recomputation only), "chen" (the better of "chen_greedy" and "chen_sqrt"),
+            "store_all".
         time_limit_s: wall time the MILP may spend (the plan reports its status and gap).
         profile_repeats: timed runs per operator when profiling (after one warm-up).
         variants: offer the solver the exact operator variants of `monet_opt.variants` (ReLU
@@ -56,6 +60,13 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         profile_dir: where profiles and schedules are cached as JSON (None: no caching). A
             second call with the same model graph, input shapes, device, limit and solver
             options profiles and solves nothing (the model is still traced).
+        profile_time_limit_s: wall time profiling may take (None: no limit). Near the limit
+            ops are timed with fewer repeats, down to one; ops not reached by then get
+            estimates (from the output bytes of ops measured already, of the same ATen target
+            where there are some), with a `ProfileTimeLimitWarning` saying how many; variants
+            not reached are not offered. See `monet_opt.profiler`, NOTE [The profiling time
+            limit]. A time-limited profile is cached apart from complete ones (NOTE [The time
+            limit in the cache key], in `_Planner._cached_profile`).
 
     Raises:
         ValueError: memory_limit is not a positive size.
@@ -69,9 +80,13 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
                          f"{solvers.available_solvers()}")
     if not time_limit_s > 0:
         raise ValueError(f"monet_opt.optimize: time_limit_s must be positive, got {time_limit_s}")
+    if profile_time_limit_s is not None and not profile_time_limit_s > 0:
+        raise ValueError("monet_opt.optimize: profile_time_limit_s must be positive or None, "
+                         f"got {profile_time_limit_s}")
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
-    planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s, cache,
-                       variants, allow_lossy)
+    planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
+                       cache=cache, variants=variants, allow_lossy=allow_lossy,
+                       profile_time_limit_s=profile_time_limit_s)
     step, spec, param_names, buffer_names = _trace(model, sample_input, planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
     flags = tuple(m.training for m in model.modules())
@@ -84,11 +99,28 @@ def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int =
     """The profiled scheduling problem of one training step of `model` on `sample_input`, as
     every solver sees it (for benchmarks and for studying a model's graph). Leaves the model's
     state as it was."""
-    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0, None,
-                       variants, allow_lossy)
+    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0,
+                       variants=variants, allow_lossy=allow_lossy)
     _trace(model, sample_input, planner)
     internal_assert(planner.problem is not None, "the partition function was never called")
     return planner.problem
+
+
+def profile_model(model: nn.Module, sample_input: Any, *,
+                  profile_dir: str | os.PathLike | None = "profiles", profile_repeats: int = 3,
+                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
+                  profile_time_limit_s: float | None = None) -> tuple[Profile | None, Plan]:
+    """Trace and profile one training step of `model` (or read its profile from `profile_dir`,
+    storing it there if new) without solving for any limit: the profile (None without a
+    profile directory) and the store-all plan, whose fixed, gradient and store-all bytes say
+    which limits make sense. Options as optimize()'s. Leaves the model's state as it was."""
+    cache = ProfileCache(profile_dir) if profile_dir is not None else None
+    planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0,
+                       cache=cache, variants=variants, allow_lossy=allow_lossy,
+                       profile_time_limit_s=profile_time_limit_s)
+    _trace(model, sample_input, planner)
+    internal_assert(planner.plan is not None, "the partition function was never called")
+    return planner.profile, planner.plan
 
 
 def _trace(model: nn.Module, sample_input: Any, planner: _Planner):
@@ -114,8 +146,9 @@ class _Planner:
     """The partition function AOTAutograd calls with the joint graph: plans and cuts it."""
 
     def __init__(self, limit: int | None, solver: str, repeats: int, name: str,
-                 time_limit_s: float, cache: ProfileCache | None = None,
-                 variants: bool | Collection[str] = True, allow_lossy: bool = False) -> None:
+                 time_limit_s: float, *, cache: ProfileCache | None = None,
+                 variants: bool | Collection[str] = True, allow_lossy: bool = False,
+                 profile_time_limit_s: float | None = None) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (and cache
         no schedule). cache: the profile directory to consult, if any. variants: offer the
         library's operator variants to the solver; allow_lossy: its lossy ones too."""
@@ -124,6 +157,7 @@ class _Planner:
         self.families = _families(variants, allow_lossy)
         self.variants = bool(self.families)
         self.allow_lossy = self.variants and allow_lossy
+        self.profile_time_limit_s = profile_time_limit_s
         self.primals: list[torch.Tensor] = []
         self.inputs = ""
         self.problem: solvers.Problem | None = None
@@ -135,14 +169,11 @@ class _Planner:
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain
         measure = lambda: _measured(joint, lowered, self.primals, self.repeats,  # noqa: E731
-                                    self.allow_lossy)
+                                    self.allow_lossy, self.profile_time_limit_s)
         if self.cache is None:
             problem = measure()
         else:
-            options = {"repeats": self.repeats, "variants": ",".join(sorted(self.families)),
-                       "allow_lossy": self.allow_lossy}
-            key = ProfileKey.of(joint, self.primals, self.inputs, options)
-            self.profile = self.cache.profile(key, self.name, lowered, measure)
+            self.profile = self._cached_profile(joint, lowered, measure)
             problem = self.profile.problem
         lowered = _matching(lowered, problem)
         self.problem = problem
@@ -157,25 +188,52 @@ class _Planner:
         return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
                                  num_fwd_outputs, **kwargs)
 
+    def _cached_profile(self, joint, lowered: Lowered, measure) -> Profile:
+        """NOTE [The time limit in the cache key]
+          A limit that is hit changes the profile, and whether it is hit depends on the
+          machine's speed and load, which no key can see. So a time-limited profile is cached
+          under its own key (the limit is one of the key's options) and is never served to a
+          call without a limit; a call with a limit first takes a complete profile of the same
+          graph if one is cached (it is at least as good), and only then its own. Without a
+          limit the key is what it was before the limit existed (old caches stay valid)."""
+        options: dict[str, Any] = {"repeats": self.repeats,
+                                   "variants": ",".join(sorted(self.families)),
+                                   "allow_lossy": self.allow_lossy}
+        complete = ProfileKey.of(joint, self.primals, self.inputs, options)
+        if self.profile_time_limit_s is None:
+            return self.cache.profile(complete, self.name, lowered, measure)
+        found = self.cache.find(complete, self.name, lowered)
+        if found is not None:
+            return found
+        limited = ProfileKey.of(joint, self.primals, self.inputs, {
+            **options, "profile_time_limit_s": float(self.profile_time_limit_s)})
+        return self.cache.profile(limited, self.name, lowered, measure)
+
 
 def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int,
-              allow_lossy: bool = False) -> solvers.Problem:
+              allow_lossy: bool = False, time_limit_s: float | None = None) -> solvers.Problem:
     """`lowered.problem` with each op's and variant's measured costs and the loss scalars'
     bytes. A variant whose result is not bitwise the op's is withdrawn, with a warning, unless
-    its family is lossy, lossy ones are allowed, and the error is within the family's bound."""
-    times, costs, errors = profile(joint, lowered, primals, repeats)
-    exact = [_acceptable(site, err, allow_lossy)
-             for site, err in zip(lowered.variant_sites, errors)]
+    its family is lossy, lossy ones are allowed, and the error is within the family's bound;
+    one the time limit left unmeasured is withdrawn (the profiler's warning says so)."""
+    measured = profile(joint, lowered, primals, repeats, time_limit_s)
     problem = lowered.problem
-    ops = tuple(dataclasses.replace(op, time_s=t) for op, t in zip(problem.ops, times))
+    ops = tuple(dataclasses.replace(op, time_s=t)
+                for op, t in zip(problem.ops, measured.op_time_s))
     lowered = dataclasses.replace(lowered, problem=dataclasses.replace(problem, ops=ops))
-    problem = with_costs(lowered, costs).problem if lowered.variant_sites else lowered.problem
+    problem = with_costs(lowered, measured.variant_costs).problem if lowered.variant_sites \
+        else lowered.problem
+    exact = [measured.variant_measured[v] and _acceptable(site, err, allow_lossy)
+             for v, (site, err) in enumerate(zip(lowered.variant_sites,
+                                                 measured.variant_error))]
     if not all(exact):
-        bad = [problem.variants[v].name for v, ok in enumerate(exact) if not ok]
-        warnings.warn(f"monet_opt: {len(bad)} operator variant(s) did not reproduce the op's "
-                      f"result (bitwise, or within a lossy family's bound) on this device and "
-                      f"are not used: {bad[:3]}",
-                      RuntimeWarning, stacklevel=2)
+        bad = [problem.variants[v].name for v, ok in enumerate(exact)
+               if not ok and measured.variant_measured[v]]
+        if bad:
+            warnings.warn(f"monet_opt: {len(bad)} operator variant(s) did not reproduce the "
+                          f"op's result (bitwise, or within a lossy family's bound) on this "
+                          f"device and are not used: {bad[:3]}",
+                          RuntimeWarning, stacklevel=2)
         problem = problem.only_variants({v for v, ok in enumerate(exact) if ok})
     return dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + _loss_bytes(joint))
 

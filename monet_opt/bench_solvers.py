@@ -18,7 +18,7 @@ import solvers
 from monet_opt import zoo
 
 FRACTIONS = (0.7, 0.5, 0.4)
-SOLVERS = ("store_all", "chen_sqrt", "chen_greedy", "milp", "checkmate")
+SOLVERS = ("store_all", "chen_sqrt", "chen_greedy", "evict", "dp", "milp", "checkmate")
 
 
 def mib(b: float) -> str:

@@ -4,12 +4,10 @@
     <profile_dir>/<Model>-<profile digest[:16]>/schedule-<limit B>-<solver>-<digest[:12]>.json
 
 A profile is the profiled `solvers.Problem` of one training step (plus each op's source label),
-keyed by `ProfileKey`: a fingerprint of the joint graph (every node's op, arguments, shapes,
-strides, dtypes and phase), the input shapes and dtypes, the device, the torch version and the
-profiling options. A schedule file is one solver's answer for one memory limit: the Schedule and
-the facts of its SolveResult, keyed by `ScheduleKey` (the profile's content, the limit, the
-solver, its options, the monet_opt version). A profile that is measured again (its file was
-unusable) thus never meets the schedules of the old measurement; they are deleted. Parameter values are in no key: they change no shape or time.
+keyed by a `ProfileKey`; a schedule file is one solver's answer for one memory limit (the Schedule
+and the facts of its SolveResult), keyed by a `ScheduleKey` (both in cache_keys.py). A profile
+that is measured again (its file was unusable) thus never meets the schedules of the old
+measurement; they are deleted.
 
 NOTE [Cache files are untrusted]
   Every file is checked before use: that it is JSON, of our kind and schema version; that its
@@ -25,23 +23,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import json
 import math
 import os
-import platform
 import re
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
-import torch
-import torch.fx as fx
-from torch.utils import _pytree as pytree
+from typing import Any, Callable
 
 import solvers
+from monet_opt.cache_keys import ProfileKey, ScheduleKey, library_version
 from monet_opt.lower import Lowered
 from solvers import Problem, Schedule, SolveResult, Status
 
@@ -55,54 +48,6 @@ class ProfileCacheWarning(UserWarning):
 
 class _Unusable(Exception):
     """Why a cache file cannot be used (internal: becomes a ProfileCacheWarning)."""
-
-
-@dataclass(frozen=True)
-class ProfileKey:
-    """What a profile depends on. options: the profiling options, as (name, value) pairs."""
-
-    graph_sha256: str
-    inputs: str
-    device: str
-    torch_version: str
-    options: tuple[tuple[str, Any], ...] = ()
-
-    @staticmethod
-    def of(joint: fx.GraphModule, primals: Sequence[torch.Tensor], inputs: str,
-           options: dict[str, Any]) -> ProfileKey:
-        return ProfileKey(graph_fingerprint(joint), inputs, device_name(primals),
-                          torch.__version__, tuple(sorted(options.items())))
-
-    def to_dict(self) -> dict[str, Any]:
-        return _plain({**asdict(self), "options": dict(self.options)})
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> ProfileKey:
-        return ProfileKey(**{**d, "options": tuple(sorted(d["options"].items()))})
-
-    @property
-    def digest(self) -> str:
-        return _digest(self.to_dict())
-
-
-@dataclass(frozen=True)
-class ScheduleKey:
-    profile_sha256: str  # Profile.content_sha256
-    memory_limit_bytes: int
-    solver: str
-    options: tuple[tuple[str, Any], ...]
-    library_version: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return _plain({**asdict(self), "options": dict(self.options)})
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> ScheduleKey:
-        return ScheduleKey(**{**d, "options": tuple(sorted(d["options"].items()))})
-
-    @property
-    def digest(self) -> str:
-        return _digest(self.to_dict())
 
 
 @dataclass(frozen=True)
@@ -157,6 +102,17 @@ class ProfileCache:
                     stale.unlink()
         return profile
 
+    def find(self, key: ProfileKey, name: str, lowered: Lowered) -> Profile | None:
+        """The cached profile of `lowered`'s graph under `key` if a valid one is stored (an
+        unusable one is warned about and left for `profile()` to rebuild), else None."""
+        folder = self.root / f"{_safe(name)}-{key.digest[:16]}"
+        path = folder / "profile.json"
+        if _stat(path) is None:
+            return None
+        with _reported(path, "not used"):
+            return _read_profile(path, folder, key, lowered.problem)
+        return None
+
     def solve(self, profile: Profile, limit_bytes: int, solver: str,
               time_limit_s: float) -> SolveResult:
         """The cached answer of `solver` at `limit_bytes` on `profile`, or a fresh one stored.
@@ -200,76 +156,6 @@ class ProfileCache:
 
 _RESULT_FIELDS = ("solver", "objective_s", "peak_bytes", "bound_s", "gap", "solve_time_s",
                   "min_feasible_bytes", "note")
-
-
-def graph_fingerprint(joint: fx.GraphModule) -> str:
-    """sha256 of every node's kind, name, target, arguments, value metadata and phase."""
-    h = hashlib.sha256()
-    for node in joint.graph.nodes:
-        args = fx.node.map_arg((node.args, node.kwargs), lambda a: f"%{a.name}")
-        text = (f"{node.op} {node.name} {_target_name(node.target)} {_stable_repr(args)} "
-                f"{_val_text(node.meta.get('val'))} {node.meta.get('partitioner_tag', '')}\n")
-        h.update(text.encode())
-    return h.hexdigest()
-
-
-def describe_inputs(args: tuple, kwargs: dict) -> str:
-    """'float32[4x3x16x16]', or 'input_ids=int64[4x256]' for keyword arguments."""
-    def one(value: Any) -> str:
-        texts = [f"{str(t.dtype).removeprefix('torch.')}[{'x'.join(map(str, t.shape))}]"
-                 for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
-        return texts[0] if isinstance(value, torch.Tensor) else f"({', '.join(texts)})"
-    return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
-
-
-def device_name(primals: Sequence[torch.Tensor]) -> str:
-    cuda = [t.device for t in primals if t.is_cuda]
-    if cuda:
-        return f"cuda: {torch.cuda.get_device_name(cuda[0])}"
-    return f"cpu: {_cpu_model()}, {torch.get_num_threads()} threads"
-
-
-def library_version() -> str:
-    try:
-        return importlib.metadata.version("monet_opt")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def _target_name(target: Any) -> str:
-    if isinstance(target, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return str(target)  # e.g. 'aten.convolution.default'
-    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', repr(target))}"
-
-
-def _val_text(val: Any) -> str:
-    if isinstance(val, torch.Tensor):
-        return f"{val.dtype}{list(val.shape)}{list(val.stride())}"
-    if isinstance(val, (tuple, list)):
-        return "(" + ",".join(_val_text(v) for v in val) + ")"
-    return type(val).__name__ if val is not None else "-"
-
-
-def _stable_repr(value: Any) -> str:
-    """repr without memory addresses (an object without a stable repr is named by its type)."""
-    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
-
-
-def _plain(d: dict[str, Any]) -> dict[str, Any]:
-    """d as it reads back from JSON (tuples become lists), so stored and asked keys compare."""
-    return json.loads(json.dumps(d, sort_keys=True))
-
-
-def _digest(d: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
 def _safe(name: str) -> str:

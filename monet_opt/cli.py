@@ -1,9 +1,13 @@
-"""monet-opt command line: `monet-opt demo` runs the main job, `monet-opt bench` the
-side-by-side benchmark."""
+"""monet-opt command line: `demo` runs the main job, `bench` the side-by-side benchmark;
+`precompute` fills the profile directory with a model's profile and schedules (a schedule zoo),
+`list` shows what it holds and `explain` prints a cached plan."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from monet_opt.errors import UsageError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,14 +21,40 @@ def main(argv: list[str] | None = None) -> int:
                                          "(torch.utils.checkpoint, torch.compile) on the same "
                                          "models; writes JSON, markdown and plots")
     bench_run.add_arguments(bench)
+    from monet_opt import precompute
+    precompute.add_precompute_arguments(sub.add_parser(
+        "precompute", help="profile a model once and solve a list of memory limits into the "
+                           "profile directory (a later optimize() of it neither profiles nor "
+                           "solves)"))
+    precompute.add_profile_dir(sub.add_parser(
+        "list", help="every profile in the profile directory and its cached schedules"))
+    precompute.add_explain_arguments(sub.add_parser(
+        "explain", help="print a cached plan (Plan.explain()), or the limits cached for a "
+                        "profile"))
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    try:
+        return _run(args, argv)
+    except UsageError as exc:
+        print(f"monet-opt {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader (`| head`) left; not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so exit's flush does not fail
+        return 0
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "demo":
         from monet_opt import demo as demo_module
         demo_module.main(rounds=args.rounds)
-    elif args.command == "bench":
+        return 0
+    if args.command == "bench":
+        from monet_opt.bench import run as bench_run
         return bench_run.run(bench_run.settings_from(args, argv[1:]))
-    return 0
+    from monet_opt import precompute
+    command = {"precompute": precompute.run_precompute, "list": precompute.run_list,
+               "explain": precompute.run_explain}[args.command]
+    return command(args)
 
 
 if __name__ == "__main__":

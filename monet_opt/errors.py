@@ -33,6 +33,12 @@ class UnsupportedGraphError(MonetError):
     """The traced graph has something the executor cannot schedule safely."""
 
 
+class UsageError(MonetError, ValueError):
+    """A command line that asks for something that cannot be done (a bad factory or shape, an
+    unknown profile, a limit with no cached schedule). The message says what to do instead;
+    `monet-opt` prints it on one line and exits with status 2."""
+
+
 class InternalError(MonetError, AssertionError):
     """A broken invariant inside monet_opt: a bug, never the user's input."""
 

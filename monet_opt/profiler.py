@@ -1,30 +1,130 @@
 """Measure every operator of the joint graph on the device it will train on.
 
-The joint graph is functional: running it changes no parameter or buffer. It runs on the real
-parameters, buffers and sample input, with random output gradients, inside `fork_rng` so the
-user's random stream is untouched. Each op is timed on every run after a warm-up; its time is the
+The joint graph is functional: running it changes no parameter or buffer. It runs once, op by op,
+on the real parameters, buffers and sample input, with random output gradients, inside
+`fork_rng` so the user's random stream is untouched. Each op that the problem schedules is run
+once for its value (the warm-up), then timed `repeats` more times back to back; its time is the
 median. Values are freed after their last use, so profiling needs no more memory than eager.
 
+Identical calls are measured once: an op whose signature (ATen target, every tensor argument's
+dtype, shape, stride and device, every other argument's value) was timed already reuses that
+time and runs once, for its value. A variant reuses the times of the same variant at an
+identical signature; its error check and workspace are still taken at every site (one run).
+
 Each operator variant is measured where its backward op runs: encode the argument it replaces,
-run the replacement, and compare its result with the op's own, bitwise (a variant that differs
-is reported and never offered to the solver). Workspace is the peak of what the call allocates
-beyond its result: a live-bytes counter on CPU, the allocator's peak on CUDA.
+run the replacement (`variants.run`), and report its result's `relative_error` against the
+op's own (0.0: bitwise equal; the caller decides what is acceptable). Workspace is the peak of
+what the call allocates beyond its result: a live-bytes counter on CPU, the allocator's peak on
+CUDA.
+
+NOTE [The profiling time limit]
+  With `time_limit_s`, each op gets the most repeats (from `repeats` down to one) that the
+  projected rest of the pass (ops left x (1 + repeats) x the mean measured call) still fits in
+  the time left; when not even one does, the op's value-making call is its only, cold,
+  measurement. When the time is up the pass stops: every op not reached gets an estimate
+  proportional to its output bytes, at the time-per-byte of the ops of the same ATen target
+  measured already, else of all ops measured (an op without output bytes: the median time of
+  those ops). Variants not reached are not measured and not offered to the solver. A
+  `ProfileTimeLimitWarning` says how many ops were estimated.
 """
 from __future__ import annotations
 
 import functools
 import operator
 import statistics
+import sys
 import time
-from typing import Sequence
+import warnings
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils import _pytree as pytree
 
 from monet_opt import variants
 from monet_opt.lower import Lowered
 from monet_opt.memory import LiveBytes
+
+PROGRESS_AFTER_S = 2.0   # print progress lines on stderr once profiling has taken this long
+PROGRESS_EVERY_S = 5.0
+
+
+class ProfileTimeLimitWarning(RuntimeWarning):
+    """The profiling time limit was reached: some op times are estimates."""
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """op_time_s: per problem op (encode ops 0: their cost is in variant_costs).
+    variant_costs[v]: (encode time s, encode workspace bytes, run time minus the op's time s,
+    run workspace bytes). variant_error[v]: `relative_error` of its result against the op's
+    (0.0: bitwise equal; inf if not measured). variant_measured[v]: reached before the time
+    limit. estimated_ops: ops given an estimate;
+    reduced_ops: ops timed with fewer repeats than asked; timed_signatures: distinct op
+    signatures timed."""
+
+    op_time_s: tuple[float, ...]
+    variant_costs: tuple[tuple[float, int, float, int], ...]
+    variant_error: tuple[float, ...]
+    variant_measured: tuple[bool, ...]
+    estimated_ops: int = 0
+    reduced_ops: int = 0
+    timed_signatures: int = 0
+
+
+class _Budget:
+    """How many repeats the next op gets under the time limit; progress lines on stderr."""
+
+    def __init__(self, repeats: int, time_limit_s: float | None, total: int, name: str) -> None:
+        self.repeats, self.limit_s, self.total, self.name = repeats, time_limit_s, total, name
+        self.start = time.perf_counter()
+        self.done = 0
+        self.call_s = 0.0
+        self.calls = 0
+        self.reduced = 0
+        self.last_report = self.start + PROGRESS_AFTER_S - PROGRESS_EVERY_S
+        self.reported = False
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.start
+
+    def over(self) -> bool:
+        """The time limit is up (never before the first op is measured)."""
+        return self.limit_s is not None and self.done > 0 and self.elapsed_s() >= self.limit_s
+
+    def repeats_now(self) -> int:
+        """Timed runs for the next op after its warm-up; 0: one timed run, no warm-up."""
+        if self.limit_s is None or self.calls == 0:
+            return self.repeats
+        mean = self.call_s / self.calls
+        left_s = self.limit_s - self.elapsed_s()
+        ops_left = max(1, self.total - self.done)
+        for r in range(self.repeats, 0, -1):
+            if ops_left * (1 + r) * mean <= left_s:
+                return r
+        return 0
+
+    def timed(self, seconds: float) -> None:
+        self.call_s += seconds
+        self.calls += 1
+
+    def op_done(self, repeats: int) -> None:
+        self.done += 1
+        self.reduced += repeats < self.repeats
+        now = time.perf_counter()
+        if now - self.last_report >= PROGRESS_EVERY_S:
+            self.last_report = now
+            self.reported = True
+            print(f"monet_opt: profiling {self.name}: {self.done}/{self.total} ops, "
+                  f"{now - self.start:.0f} s", file=sys.stderr, flush=True)
+
+    def finish(self, estimated: int) -> None:
+        if self.reported:
+            more = f", {estimated} estimated" if estimated else ""
+            print(f"monet_opt: profiled {self.name}: {self.done} ops in "
+                  f"{self.elapsed_s():.0f} s{more}", file=sys.stderr, flush=True)
 
 
 class _VariantProbe:
@@ -36,50 +136,57 @@ class _VariantProbe:
             self.at.setdefault(site.backward_node, []).append(v)
         self.sites = lowered.variant_sites
         n = len(self.sites)
-        self.encode_s: list[list[float]] = [[] for _ in range(n)]
-        self.run_s: list[list[float]] = [[] for _ in range(n)]
-        self.encode_ws = [0] * n
-        self.run_ws = [0] * n
-        self.error = [0.0] * n
+        self.times: list[tuple[float, float] | None] = [None] * n  # (encode s, run s)
+        self.workspace = [(0, 0)] * n
+        self.error = [float("inf")] * n  # inf: not measured
+        self.seen: dict[tuple, tuple[float, float]] = {}
 
-    def measure(self, node: fx.Node, args, kwargs, result, cuda: bool, timed: bool) -> None:
+    def measure(self, node: fx.Node, args, result, sig: tuple, cuda: bool,
+                budget: _Budget) -> None:
         for v in self.at.get(node.name, ()):
             site = self.sites[v]
             fam = variants.family(site.family)
             x = args[site.arg]
             replacement = functools.partial(variants.run, (site.family,), (site.params,))
-            if fam.encode is None:
-                enc, enc_s, enc_ws = site.like, 0.0, 0
-            else:
-                enc, enc_s, enc_ws = _measured(fam.encode, (x, *site.params), cuda, timed)
+            enc_fn = None if fam.encode is None else \
+                functools.partial(fam.encode, x, *site.params)
+            # one counted run: workspace and the relative error (also the warm-up)
+            enc, enc_ws = _counted(enc_fn, cuda) if enc_fn else (site.like, 0)
             new_args = tuple(enc if k == site.arg else a for k, a in enumerate(args))
-            out, run_s, run_ws = _measured(replacement, new_args, cuda, timed)
-            if timed:
-                self.encode_s[v].append(enc_s)
-                self.run_s[v].append(run_s)
-            else:
-                self.encode_ws[v], self.run_ws[v] = enc_ws, run_ws
-                self.error[v] = relative_error(out, result, _used_outputs(node))
+            out, run_ws = _counted(functools.partial(replacement, *new_args), cuda)
+            self.workspace[v] = (enc_ws, run_ws)
+            self.error[v] = relative_error(out, result, _used_outputs(node))
+            key = (site.family, repr(site.params), sig)
+            if key not in self.seen:
+                n = max(1, budget.repeats_now())
+                enc_s = [_call(enc_fn, (), {}, cuda)[1] for _ in range(n)] if enc_fn else [0.0]
+                run_s = [_call(replacement, new_args, {}, cuda)[1] for _ in range(n)]
+                self.seen[key] = (statistics.median(enc_s), statistics.median(run_s))
+            self.times[v] = self.seen[key]
+
+    def costs(self, op_time: dict[str, float]) -> tuple[tuple[float, int, float, int], ...]:
+        out = []
+        for v, site in enumerate(self.sites):
+            enc_s, run_s = self.times[v] or (0.0, 0.0)
+            extra = run_s - op_time.get(site.backward_node, 0.0) if self.times[v] else 0.0
+            out.append((enc_s, self.workspace[v][0], extra, self.workspace[v][1]))
+        return tuple(out)
 
 
-def _measured(fn, args, cuda: bool, timed: bool):
-    """(result, seconds or 0, workspace bytes or 0): timed runs are not counted, counted
-    runs are not timed (the counter slows them)."""
-    if timed:
-        out, seconds = _call(fn, args, {}, cuda)
-        return out, seconds, 0
+def _counted(fn, cuda: bool):
+    """(result, workspace bytes): what `fn()` allocates at its peak beyond its result."""
     if cuda:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        out = fn(*args)
+        out = fn()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
         with LiveBytes() as counter:
-            out = fn(*args)
+            out = fn()
         peak = counter.peak
-    return out, 0.0, max(0, peak - _nbytes(out))
+    return out, max(0, peak - _nbytes(out))
 
 
 def _nbytes(out) -> int:
@@ -129,35 +236,41 @@ def relative_error(got, want, only: frozenset[int] | None = None) -> float:
 def profile_op_times(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
                      repeats: int = 3) -> tuple[float, ...]:
     """Median time in seconds of each Problem op (in `lowered.problem.ops` order)."""
-    return profile(joint, lowered, primals, repeats)[0]
+    return profile(joint, lowered, primals, repeats).op_time_s
 
 
 def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
-            repeats: int = 3):
-    """(op times as profile_op_times gives them, variant costs, variant errors): per problem
-    variant, (encode time, encode workspace, run time minus the op's time, run workspace)
-    and `relative_error` of its result against the op's (0.0: bitwise equal)."""
-    wanted = set(lowered.op_nodes)
-    samples: dict[str, list[float]] = {name: [] for name in wanted}
+            repeats: int = 3, time_limit_s: float | None = None) -> ProfileResult:
+    """Time every op and variant of `lowered` (see the module docstring and NOTE [The profiling
+    time limit]); warns with `ProfileTimeLimitWarning` when ops had to be estimated."""
+    nodes = {n.name: n for n in joint.graph.nodes if n.op == "call_function"}
+    wanted = [name for name in lowered.op_nodes if name in nodes]
     probe = _VariantProbe(lowered)
+    budget = _Budget(repeats, time_limit_s, len(wanted), lowered.problem.name or "model")
     devices = sorted({t.device for t in primals if t.device.type == "cuda"}, key=str)
     with unset_fake_temporarily(), torch.no_grad(), \
             torch.random.fork_rng(devices=devices, enabled=True):
         tangents = [_random_like(n.meta["val"], primals)
                     for n in joint.graph.find_nodes(op="placeholder")
                     if n.name.startswith("tangents")]
-        inputs = list(primals) + tangents
-        for run in range(repeats + 1):
-            _timed_run(joint, inputs, samples if run > 0 else None, wanted, probe)
-    med = {name: statistics.median(v) for name, v in samples.items() if v}
-    times = tuple(med.get(name, 0.0) for name in lowered.op_nodes)
-    costs = []
-    for v, site in enumerate(lowered.variant_sites):
-        enc = statistics.median(probe.encode_s[v]) if probe.encode_s[v] else 0.0
-        run = statistics.median(probe.run_s[v]) if probe.run_s[v] else 0.0
-        costs.append((enc, probe.encode_ws[v], run - med.get(site.backward_node, 0.0),
-                      probe.run_ws[v]))
-    return times, tuple(costs), tuple(probe.error)
+        measured, signatures = _run(joint, list(primals) + tangents, set(wanted), probe, budget)
+    missing = [name for name in wanted if name not in measured]
+    op_time = {**measured, **_estimates([nodes[n] for n in missing],
+                                        [nodes[n] for n in measured], measured)}
+    budget.finish(len(missing))
+    if missing:
+        unmeasured = sum(t is None for t in probe.times)
+        warnings.warn(
+            f"monet_opt profiler: the profiling time limit ({time_limit_s} s) was reached after "
+            f"{budget.done} of {len(wanted)} ops; {len(missing)} op times are estimates (from "
+            f"output bytes) and {unmeasured} operator variant(s) were not measured and are not "
+            "offered. Raise profile_time_limit_s (or leave it None) for a complete profile.",
+            ProfileTimeLimitWarning, stacklevel=2)
+    return ProfileResult(
+        op_time_s=tuple(op_time.get(name, 0.0) for name in lowered.op_nodes),
+        variant_costs=probe.costs(op_time), variant_error=tuple(probe.error),
+        variant_measured=tuple(t is not None for t in probe.times),
+        estimated_ops=len(missing), reduced_ops=budget.reduced, timed_signatures=signatures)
 
 
 def _random_like(val: torch.Tensor, primals: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -167,13 +280,26 @@ def _random_like(val: torch.Tensor, primals: Sequence[torch.Tensor]) -> torch.Te
     return torch.zeros(tuple(val.shape), dtype=val.dtype, device=device)
 
 
-def _timed_run(gm: fx.GraphModule, inputs: list[torch.Tensor],
-               samples: dict[str, list[float]] | None, wanted: set[str],
-               probe: _VariantProbe) -> None:
+def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
+    """What an op's time depends on: its target, each tensor argument's dtype, shape, stride
+    and device, every other argument's value."""
+    def describe(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            return ("tensor", str(a.dtype), tuple(a.shape), tuple(a.stride()), str(a.device))
+        return repr(a)
+    return (str(target), repr(pytree.tree_map(describe, (args, kwargs))))
+
+
+def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
+         probe: _VariantProbe, budget: _Budget) -> tuple[dict[str, float], int]:
+    """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
+    and how many distinct signatures were timed."""
     last_use: dict[str, fx.Node] = {}
     for node in gm.graph.nodes:
         fx.node.map_arg((node.args, node.kwargs), lambda a: last_use.__setitem__(a.name, node))
     env: dict[str, object] = {}
+    measured: dict[str, float] = {}
+    seen: dict[tuple, float] = {}
     it = iter(inputs)
     cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
     for node in gm.graph.nodes:
@@ -182,19 +308,72 @@ def _timed_run(gm: fx.GraphModule, inputs: list[torch.Tensor],
         elif node.op == "get_attr":
             env[node.name] = getattr(gm, node.target)
         elif node.op == "call_function":
+            if budget.over():
+                break
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: env[a.name])
             try:
-                env[node.name], seconds = _call(node.target, args, kwargs, cuda)
+                _measure_node(node, args, kwargs, env, measured, seen, wanted, probe, budget,
+                              cuda)
             except Exception as exc:
                 raise RuntimeError(f"monet_opt profiler: {node.format_node()} failed: "
                                    f"{exc}") from exc
-            if samples is not None and node.name in wanted:
-                samples[node.name].append(seconds)
-            probe.measure(node, args, kwargs, env[node.name], cuda, timed=samples is not None)
         elif node.op == "output":
             break
         for name in [a.name for a in node.all_input_nodes if last_use.get(a.name) is node]:
             env.pop(name, None)
+    return measured, len(seen)
+
+
+def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, float],
+                  seen: dict[tuple, float], wanted: set[str], probe: _VariantProbe,
+                  budget: _Budget, cuda: bool) -> None:
+    """Run `node` for its value; if the problem schedules it, time it (or reuse the time of an
+    identical call), then its variants."""
+    target = node.target
+    if node.name not in wanted and node.name not in probe.at:
+        env[node.name] = target(*args, **kwargs)
+        return
+    sig = signature(target, args, kwargs)
+    repeats = budget.repeats_now() if sig not in seen else budget.repeats
+    if sig in seen or repeats > 0:
+        env[node.name] = target(*args, **kwargs)  # the value (and the warm-up)
+    if sig not in seen:
+        samples = [_call(target, args, kwargs, cuda)[1] for _ in range(repeats)]
+        if repeats == 0:
+            env[node.name], first_s = _call(target, args, kwargs, cuda)
+            samples = [first_s]
+        for s in samples:
+            budget.timed(s)
+        seen[sig] = statistics.median(samples)
+    if node.name in wanted:
+        measured[node.name] = seen[sig]
+        budget.op_done(repeats)
+    probe.measure(node, args, env[node.name], sig, cuda, budget)
+
+
+def _estimates(missing: list[fx.Node], done: list[fx.Node],
+               measured: dict[str, float]) -> dict[str, float]:
+    """NOTE [The profiling time limit]: times for the ops not reached, from output bytes."""
+    if not missing:
+        return {}
+    by_target: dict[str, list[fx.Node]] = {}
+    for node in done:
+        by_target.setdefault(str(node.target), []).append(node)
+    out = {}
+    for node in missing:
+        peers = by_target.get(str(node.target)) or done
+        size = _output_bytes(node)
+        peer_bytes = sum(_output_bytes(p) for p in peers)
+        if size and peer_bytes:
+            out[node.name] = sum(measured[p.name] for p in peers) / peer_bytes * size
+        else:
+            out[node.name] = statistics.median(measured[p.name] for p in peers) if peers else 0.0
+    return out
+
+
+def _output_bytes(node: fx.Node) -> int:
+    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(node.meta.get("val"))
+               if isinstance(t, torch.Tensor))
 
 
 def _call(target, args, kwargs, cuda: bool):

@@ -30,7 +30,7 @@ def store_all(problem: Problem, budget_bytes: int, options: BaselineOptions) -> 
     optimal: no schedule can be faster than running each op once."""
     start = time.perf_counter()
     sched = schedule_from_kept(problem, problem.saved_for_backward)
-    return _result("store_all", problem, budget_bytes, [(sched, simulate(problem, sched))], start)
+    return best_of("store_all", problem, budget_bytes, [(sched, simulate(problem, sched))], start)
 
 
 def chen_sqrt(problem: Problem, budget_bytes: int, options: BaselineOptions) -> SolveResult:
@@ -40,14 +40,14 @@ def chen_sqrt(problem: Problem, budget_bytes: int, options: BaselineOptions) -> 
     n_seg = max(1, round(math.sqrt(len(fwd))))
     segment = {op: min(n_seg - 1, k * n_seg // max(1, len(fwd))) for k, op in enumerate(fwd)}
     sched = schedule_from_kept(problem, _crossing(problem, segment))
-    return _result("chen_sqrt", problem, budget_bytes, [(sched, simulate(problem, sched))], start)
+    return best_of("chen_sqrt", problem, budget_bytes, [(sched, simulate(problem, sched))], start)
 
 
 def chen_greedy(problem: Problem, budget_bytes: int, options: BaselineOptions) -> SolveResult:
     """Chen's greedy segmentation, swept over its threshold; the fastest schedule that fits."""
     start = time.perf_counter()
     candidates = [(s, simulate(problem, s)) for s in greedy_candidates(problem, options)]
-    return _result("chen_greedy", problem, budget_bytes, candidates, start)
+    return best_of("chen_greedy", problem, budget_bytes, candidates, start)
 
 
 def chen(problem: Problem, budget_bytes: int, options: BaselineOptions) -> SolveResult:
@@ -115,7 +115,7 @@ def _geometric(lo: float, hi: float, n: int) -> list[float]:
     return [lo * ratio ** k for k in range(n)]
 
 
-def _result(name: str, problem: Problem, budget_bytes: int,
+def best_of(name: str, problem: Problem, budget_bytes: int,
             candidates: list[tuple[Schedule, Simulation]], start: float) -> SolveResult:
     """The fastest candidate within the budget (ties: the smaller peak), with the gap measured
     against the no-recomputation time, a valid lower bound on any schedule."""

@@ -5,7 +5,7 @@ import dataclasses
 import functools
 import time
 
-from solvers import baselines, variants
+from solvers import baselines, evict, variants
 from solvers.errors import SolverError
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
 from solvers.mip import solve_relaxation
@@ -22,7 +22,7 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
-    heuristic = _greedy(problem, budget_bytes)
+    heuristic = _heuristic(problem, budget_bytes)
     least_bytes, least = least_peak(problem, options)  # cached; a quarter of the limit
     program = Program(stages, budget_bytes)
     warm = _best_start(problem, budget_bytes, program, heuristic, options.time_limit_s / 4)
@@ -79,11 +79,12 @@ def _notes(stages) -> list[str]:
     return notes
 
 
-def _greedy(problem: Problem, budget_bytes: int) -> SolveResult:
-    """Chen's greedy, without variants and with the lightest ones: the faster that fits (or
-    the lower peak)."""
-    opts = baselines.BaselineOptions()
-    runs = [variants.run_with(baselines.chen_greedy, problem, budget_bytes, opts, chosen)
+def _heuristic(problem: Problem, budget_bytes: int) -> SolveResult:
+    """Chen's greedy and cheapest-first eviction, without variants and with the lightest ones:
+    the fastest that fits (or the lowest peak)."""
+    runs = [variants.run_with(fn, problem, budget_bytes, opts, chosen)
+            for fn, opts in ((baselines.chen_greedy, baselines.BaselineOptions()),
+                             (evict.evict, evict.EvictOptions()))
             for chosen in {frozenset(), variants.lightest(problem)}]
     fits = [r for r in runs if r.feasible]
     if fits:

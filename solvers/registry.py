@@ -5,7 +5,7 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from solvers import baselines, checkmate, joint, variants
+from solvers import baselines, checkmate, dp, evict, joint, variants
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
@@ -21,9 +21,14 @@ _REGISTRY: dict[str, tuple[SolverFn, type]] = {
     "chen_sqrt": (baselines.chen_sqrt, baselines.BaselineOptions),
     "chen_greedy": (baselines.chen_greedy, baselines.BaselineOptions),
     "chen": (baselines.chen, baselines.BaselineOptions),
+    "evict": (evict.evict, evict.EvictOptions),
     "milp": (joint.milp, MilpOptions),
     "checkmate": (checkmate.checkmate_milp, checkmate.CheckmateOptions),
+    "dp": (dp.dp, dp.DpOptions),
 }
+
+# The lower-set program's share of "auto" (it runs whatever else does; a cap, not a target).
+AUTO_DP_TIME_LIMIT_S = 3.0
 
 
 def available_solvers() -> list[str]:
@@ -34,9 +39,11 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
           time_limit_s: float | None = None) -> SolveResult:
     """Find a schedule whose simulated peak is at most `budget_bytes` (fixed memory included).
 
-    "auto": store-all when it fits (nothing is faster); otherwise every registered solver, and
-    the fastest feasible schedule. Its `min_feasible_bytes` is the least of theirs (the cheap
-    heuristics always run, so it is known even when store-all fits). An
+    "auto": store-all when it fits (nothing is faster); otherwise store-all, Chen's heuristics,
+    the lower-set DP (capped at AUTO_DP_TIME_LIMIT_S) and the joint MILP, and the fastest
+    feasible schedule. Its `min_feasible_bytes` is the least of theirs (the heuristics, the
+    DP's memory-centric pass and the MILP's least-peak program always run, so it is known even
+    when store-all fits). An
     infeasible budget is not an exception here: the result has status INFEASIBLE and says the
     least budget that would do. `time_limit_s` caps the MILP (overrides its options' limit).
     """
@@ -56,24 +63,30 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     return variants.run_with(fn, problem, budget_bytes, options)
 
 
+_HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")
+
+
 def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
     """The heuristics, with no variants and (where the problem has any) the lightest ones."""
-    out = [solve(problem, budget_bytes, name) for name in ("store_all", "chen_sqrt",
-                                                           "chen_greedy")]
+    out = [solve(problem, budget_bytes, name) for name in _HEURISTICS]
     light = variants.lightest(problem)
     if light:
         out += [variants.run_with(_REGISTRY[name][0], problem, budget_bytes,
-                                  baselines.BaselineOptions(), light)
-                for name in ("store_all", "chen_sqrt", "chen_greedy")]
+                                  _REGISTRY[name][1](), light) for name in _HEURISTICS]
     return out
 
 
 def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None) -> SolveResult:
     start = time.perf_counter()
     cheap = _cheap(problem, budget_bytes)
+    dp_options = dp.DpOptions(mode="memory" if cheap[0].feasible else "time",
+                              time_limit_s=min(AUTO_DP_TIME_LIMIT_S,
+                                               time_limit_s or AUTO_DP_TIME_LIMIT_S))
+    lower_sets = solve(problem, budget_bytes, "dp", dp_options)  # memory: only its least peak
     results = cheap if cheap[0].feasible else \
-        cheap + [solve(problem, budget_bytes, "milp", time_limit_s=time_limit_s)]
-    min_peak = min(r.min_feasible_bytes for r in results if r.min_feasible_bytes is not None)
+        cheap + [lower_sets, solve(problem, budget_bytes, "milp", time_limit_s=time_limit_s)]
+    min_peak = min(r.min_feasible_bytes for r in results + [lower_sets]
+                   if r.min_feasible_bytes is not None)
     if cheap[0].feasible:  # the MILP's least peak, as if it had run
         options = MilpOptions() if time_limit_s is None else MilpOptions(time_limit_s=time_limit_s)
         min_peak = min(min_peak, joint.least_peak(problem, options)[0])

@@ -1,6 +1,16 @@
 """Each test runs in its own empty working directory, so optimize()'s default profile
-directory ("profiles", relative) starts empty and never lands in the checkout."""
+directory ("profiles", relative) starts empty and never lands in the checkout.
+
+Under CI (CI=true), Hypothesis draws the same examples every run: a red CI then means a change
+broke something, not that a new random example was drawn. Local runs keep exploring."""
+import os
+
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(autouse=True)

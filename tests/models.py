@@ -145,3 +145,10 @@ def mobilenet_v2_small():
 
 
 ALL = [small_cnn, transformer_block, gpt2_tiny, bert_tiny, resnet18_small, mobilenet_v2_small]
+
+
+def tiny_mlp() -> nn.Module:
+    """A model-only factory (the CLI's MODULE:FACTORY form): input (batch, 8)."""
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                         nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(),
+                         nn.Linear(32, 4))

@@ -188,3 +188,15 @@ def test_explain_lists_every_op():
     text = full.plan.explain()
     assert "predicted peak" in text and "recomputed x1" in text and "kept" in text
     assert len(text.splitlines()) >= len(full.plan.rows)
+
+
+@pytest.mark.parametrize("variants", [True, False])
+def test_lower_problem_gives_the_profiled_problem(variants):
+    model, x, _ = models.small_cnn()
+    before = copy.deepcopy(model.state_dict())
+    p = monet_opt.lower_problem(model, x, profile_repeats=1, variants=variants)
+    assert p.forward_ops and p.backward_ops
+    assert bool(p.variants) == variants
+    assert all(p.ops[i].time_s > 0 for i in p.forward_ops)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)

@@ -17,7 +17,8 @@ from torch import nn
 import monet_opt
 import solvers
 from monet_opt import api, cache
-from monet_opt.cache import ProfileCache, ProfileCacheWarning, ProfileKey
+from monet_opt.cache import ProfileCache, ProfileCacheWarning
+from monet_opt.cache_keys import ProfileKey
 from monet_opt.lower import Lowered
 from tests.problems import chain
 

@@ -1,0 +1,139 @@
+"""What a cached profile or schedule depends on: the keys of the profile directory.
+
+A `ProfileKey` is a fingerprint of the joint graph (every node's op, arguments, shapes, strides,
+dtypes and phase), the input shapes and dtypes, the device, the torch version and the profiling
+options. A `ScheduleKey` is the profile's content, the limit, the solver, its options and the
+monet_opt version. Parameter values are in no key: they change no shape or time.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import platform
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """What a profile depends on. options: the profiling options, as (name, value) pairs."""
+
+    graph_sha256: str
+    inputs: str
+    device: str
+    torch_version: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @staticmethod
+    def of(joint: fx.GraphModule, primals: Sequence[torch.Tensor], inputs: str,
+           options: dict[str, Any]) -> ProfileKey:
+        return ProfileKey(graph_fingerprint(joint), inputs, device_name(primals),
+                          torch.__version__, tuple(sorted(options.items())))
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain({**asdict(self), "options": dict(self.options)})
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ProfileKey:
+        return ProfileKey(**{**d, "options": tuple(sorted(d["options"].items()))})
+
+    @property
+    def digest(self) -> str:
+        return _digest(self.to_dict())
+
+
+@dataclass(frozen=True)
+class ScheduleKey:
+    profile_sha256: str  # Profile.content_sha256
+    memory_limit_bytes: int
+    solver: str
+    options: tuple[tuple[str, Any], ...]
+    library_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain({**asdict(self), "options": dict(self.options)})
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ScheduleKey:
+        return ScheduleKey(**{**d, "options": tuple(sorted(d["options"].items()))})
+
+    @property
+    def digest(self) -> str:
+        return _digest(self.to_dict())
+
+
+def graph_fingerprint(joint: fx.GraphModule) -> str:
+    """sha256 of every node's kind, name, target, arguments, value metadata and phase."""
+    h = hashlib.sha256()
+    for node in joint.graph.nodes:
+        args = fx.node.map_arg((node.args, node.kwargs), lambda a: f"%{a.name}")
+        text = (f"{node.op} {node.name} {_target_name(node.target)} {_stable_repr(args)} "
+                f"{_val_text(node.meta.get('val'))} {node.meta.get('partitioner_tag', '')}\n")
+        h.update(text.encode())
+    return h.hexdigest()
+
+
+def describe_inputs(args: tuple, kwargs: dict) -> str:
+    """'float32[4x3x16x16]', or 'input_ids=int64[4x256]' for keyword arguments."""
+    def one(value: Any) -> str:
+        texts = [f"{str(t.dtype).removeprefix('torch.')}[{'x'.join(map(str, t.shape))}]"
+                 for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+        return texts[0] if isinstance(value, torch.Tensor) else f"({', '.join(texts)})"
+    return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
+
+
+def device_name(primals: Sequence[torch.Tensor]) -> str:
+    cuda = [t.device for t in primals if t.is_cuda]
+    if cuda:
+        return f"cuda: {torch.cuda.get_device_name(cuda[0])}"
+    return f"cpu: {_cpu_model()}, {torch.get_num_threads()} threads"
+
+
+def library_version() -> str:
+    try:
+        return importlib.metadata.version("monet_opt")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _target_name(target: Any) -> str:
+    if isinstance(target, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)  # e.g. 'aten.convolution.default'
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', repr(target))}"
+
+
+def _val_text(val: Any) -> str:
+    if isinstance(val, torch.Tensor):
+        return f"{val.dtype}{list(val.shape)}{list(val.stride())}"
+    if isinstance(val, (tuple, list)):
+        return "(" + ",".join(_val_text(v) for v in val) + ")"
+    return type(val).__name__ if val is not None else "-"
+
+
+def _stable_repr(value: Any) -> str:
+    """repr without memory addresses (an object without a stable repr is named by its type)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    """d as it reads back from JSON (tuples become lists), so stored and asked keys compare."""
+    return json.loads(json.dumps(d, sort_keys=True))
+
+
+def _digest(d: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,367 @@
+"""`monet-opt precompute | list | explain`: a schedule zoo in the profile directory.
+
+precompute profiles a model once (`module:factory` and an input shape) and solves a list of
+memory limits into the profile directory, where a later `optimize()` of the same model, input
+shapes, device and limit finds them (the same keys: nothing is profiled or solved again). list
+says what the directory holds; explain prints a cached plan. A command line that cannot be
+served raises `UsageError` (the CLI prints it on one line and exits with status 2).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+import solvers
+from monet_opt import api
+from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
+from monet_opt.errors import UsageError, internal_assert
+from monet_opt.plan import Plan, make_plan
+from monet_opt.units import format_bytes, parse_memory_limit
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
+DEFAULT_FRACTIONS = (0.7, 0.5, 0.4)
+TOKEN_IDS = 100  # integer inputs are token ids in [0, TOKEN_IDS)
+
+
+# ---- arguments -------------------------------------------------------------------------------
+
+def add_precompute_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("factory", metavar="MODULE:FACTORY",
+                   help="a callable returning an nn.Module (or a (module, sample input) pair, "
+                        "as monet_opt.zoo's do), e.g. torchvision.models:resnet18 or "
+                        "monet_opt.zoo:tiny_cnn; MODULE is imported from the current directory "
+                        "too. The model is profiled in train mode, with seed 0")
+    p.add_argument("--input-shape", metavar="SHAPE",
+                   help="the batch's shape, e.g. 32x3x160x160 (random values; needed unless "
+                        "the factory returns a sample input)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="the input's dtype; an integer dtype (int64, int32) gives token ids in "
+                        f"[0, {TOKEN_IDS}), for HF-style models (default float32)")
+    p.add_argument("--input-name", metavar="NAME",
+                   help="pass the input as this keyword argument (e.g. input_ids) instead of "
+                        "positionally")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where to profile: the device you will train on (default: %(default)s)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--limits", metavar="L1,L2,...",
+                       help="memory limits, bytes or sizes such as 2GiB,1.5GiB,512MiB")
+    group.add_argument("--fractions", metavar="F1,F2,...",
+                       help="limits as fractions of the store-all activation memory (the peak "
+                            "above parameters, buffers, inputs and gradients), e.g. 0.7,0.5,0.4 "
+                            "(the default)")
+    p.add_argument("--solver", default="auto", choices=solvers.available_solvers(),
+                   help="as optimize(solver=...) (default: auto)")
+    p.add_argument("--time-limit-s", type=float, default=30.0,
+                   help="the solver's time limit per memory limit (default: 30, as optimize's)")
+    p.add_argument("--profile-repeats", type=int, default=3,
+                   help="timed runs per operator (default: 3, as optimize's)")
+    p.add_argument("--profile-time-limit-s", type=float, default=None,
+                   help="wall time profiling may take; ops beyond it are estimated "
+                        "(default: no limit)")
+    add_profile_dir(p)
+    p.add_argument("--no-variants", action="store_true",
+                   help="recomputation alone, no operator variants (optimize(variants=False))")
+
+
+def add_profile_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile-dir", default="profiles",
+                   help="the profile directory (default: %(default)s, as optimize's)")
+
+
+def add_explain_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("profile", metavar="PROFILE",
+                   help="a profile's folder name as `monet-opt list` prints it, or a unique "
+                        "prefix of it")
+    p.add_argument("limit", metavar="LIMIT", nargs="?",
+                   help="the memory limit of a cached schedule (bytes or e.g. 512MiB); "
+                        "without it, the cached limits are listed")
+    p.add_argument("--solver", default="auto", help="the solver the schedule was made with "
+                                                    "(default: auto)")
+    add_profile_dir(p)
+
+
+# ---- precompute ------------------------------------------------------------------------------
+
+def load_factory(spec: str) -> Callable[[], Any]:
+    """The callable named by 'module:attribute' (the attribute may be dotted)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"bad factory {spec!r}: write MODULE:FACTORY, e.g. "
+                         "torchvision.models:resnet18 or monet_opt.zoo:tiny_cnn")
+    if os.getcwd() not in sys.path:  # as `python -m` would
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"bad factory {spec!r}: cannot import {module_name!r} ({exc}); check "
+                         "the module name and that its package is installed") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"bad factory {spec!r}: {module_name!r} has no {attr!r}; check the "
+                             "name after the colon")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"bad factory {spec!r}: {attr!r} is a {type(obj).__name__}, not a "
+                         "callable that returns an nn.Module")
+    try:
+        inspect.signature(obj).bind()
+    except TypeError as exc:
+        raise UsageError(f"bad factory {spec!r}: it cannot be called without arguments ({exc}); "
+                         "name a function of none that builds the model") from exc
+    except ValueError:  # no signature to inspect (some builtins): just try it
+        pass
+    return obj
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """'32x3x160x160' -> (32, 3, 160, 160)."""
+    parts = text.lower().replace(",", "x").split("x")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"bad input shape {text!r}: write positive sizes joined by 'x', e.g. "
+                         "32x3x160x160 (images) or 4x256 (token ids)")
+    return tuple(int(p) for p in parts)
+
+
+def build(args: argparse.Namespace) -> tuple[nn.Module, Any]:
+    """The factory's model (in train mode, on --device) and the sample input."""
+    shape = parse_shape(args.input_shape) if args.input_shape is not None else None
+    factory = load_factory(args.factory)
+    torch.manual_seed(0)
+    made = factory()
+    sample = None
+    if isinstance(made, (tuple, list)) and made and isinstance(made[0], nn.Module):
+        made, sample = made[0], (made[1] if len(made) > 1 else None)
+    if not isinstance(made, nn.Module):
+        raise UsageError(f"bad factory {args.factory!r}: it returned a {type(made).__name__}, "
+                         "not an nn.Module (or a (module, sample input) pair)")
+    device = torch.device(args.device)
+    model = made.to(device).train()
+    if shape is not None:
+        dtype = DTYPES[args.dtype]
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randint(0, TOKEN_IDS, shape, generator=gen, dtype=dtype) \
+            if not dtype.is_floating_point else torch.randn(shape, generator=gen, dtype=dtype)
+        sample = {args.input_name: x} if args.input_name else x
+    elif sample is None:
+        raise UsageError(f"{args.factory!r} returned a model without a sample input: give "
+                         "--input-shape, e.g. --input-shape 32x3x160x160")
+    to_device = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    return model, pytree.tree_map(to_device, sample)
+
+
+def requested_limits(args: argparse.Namespace) -> list[tuple[int, str]] | tuple[float, ...]:
+    """--limits as (bytes, as written) pairs, or the --fractions (checked before profiling)."""
+    if not args.limits:
+        return DEFAULT_FRACTIONS if not args.fractions else _fractions(args.fractions)
+    out = []
+    for text in args.limits.split(","):
+        try:
+            out.append((parse_memory_limit(text.strip()), text.strip()))
+        except ValueError as exc:
+            raise UsageError(f"bad --limits entry {text!r}: {exc}") from exc
+    return out
+
+
+def limits_of(requested: list[tuple[int, str]] | tuple[float, ...],
+              base: Plan) -> list[tuple[int, str]]:
+    """(bytes, how it was asked) per limit; a fraction f of the store-all activation memory is
+    fixed memory + gradients + f x activations."""
+    if requested and not isinstance(requested[0], float):
+        return list(requested)
+    floor = base.fixed_bytes + base.gradient_bytes
+    return [(floor + int(f * base.store_all_activation_bytes), f"{f:.0%} of activations")
+            for f in requested]
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(f) for f in text.split(","))
+    except ValueError as exc:
+        raise UsageError(f"bad --fractions {text!r}: write numbers such as 0.7,0.5,0.4") from exc
+    if not all(0 < f for f in values):
+        raise UsageError(f"bad --fractions {text!r}: each must be above 0 (1 = store-all)")
+    return values
+
+
+def run_precompute(args: argparse.Namespace) -> int:
+    """Profile once, solve every limit into the profile directory, one line per limit."""
+    if args.profile_time_limit_s is not None and not args.profile_time_limit_s > 0:
+        raise UsageError("--profile-time-limit-s must be positive (or left out: no limit)")
+    if not args.time_limit_s > 0 or args.profile_repeats < 1:
+        raise UsageError("--time-limit-s must be positive and --profile-repeats at least 1")
+    requested = requested_limits(args)
+    model, sample = build(args)
+    _note(f"profiling {args.factory} ({type(model).__name__}) on {args.device} into "
+          f"{args.profile_dir}/ ...")
+    start = time.perf_counter()
+    profile, base = api.profile_model(model, sample, profile_dir=args.profile_dir,
+                                      profile_repeats=args.profile_repeats,
+                                      variants=not args.no_variants,
+                                      profile_time_limit_s=args.profile_time_limit_s)
+    limits = limits_of(requested, base)
+    internal_assert(profile is not None, "profile_model gave no profile for a profile_dir")
+    print(f"profile {profile.folder.name}: {profile.key.inputs}, {len(profile.problem.ops)} "
+          f"ops, profiled in {time.perf_counter() - start:.1f} s")
+    print(f"  store-all peak {format_bytes(base.store_all_peak_bytes)}, fixed "
+          f"{format_bytes(base.fixed_bytes)}, gradients {format_bytes(base.gradient_bytes)}, "
+          f"activations {format_bytes(base.store_all_activation_bytes)}")
+    print(f"  {'limit':>12} {'bytes':>13}  {'asked as':<19} {'peak':>11} {'overhead':>9}  "
+          f"{'solver':<17} {'status':<10} {'solve s':>7}")
+    cache = ProfileCache(args.profile_dir)
+    for k, (limit, asked) in enumerate(limits, 1):
+        _note(f"solving {k}/{len(limits)}: {format_bytes(limit)} ({args.solver}, up to "
+              f"{args.time_limit_s:g} s) ...")
+        result = cache.solve(profile, limit, args.solver, args.time_limit_s)
+        print(f"  {format_bytes(limit):>12} {limit:>13}  {asked:<19} "
+              + _outcome(profile, result, limit))
+    return 0
+
+
+def _outcome(profile: Profile, result: solvers.SolveResult, limit: int) -> str:
+    """The rest of a precompute line: peak, overhead, solver, status, time; or why none."""
+    if result.feasible:
+        plan = make_plan(profile.problem, profile.op_labels, result, limit)
+        overhead = plan.predicted_step_time_s / plan.store_all_step_time_s - 1 \
+            if plan.store_all_step_time_s else 0.0
+        return (f"{format_bytes(plan.predicted_peak_bytes):>11} {overhead:>+9.1%}  "
+                f"{result.solver:<17} {result.status.value:<10} {result.solve_time_s:>7.2f}")
+    if result.status == solvers.Status.TIMEOUT:
+        return (f"no schedule within the time limit ({result.solver}, "
+                f"{result.solve_time_s:.1f} s): raise --time-limit-s")
+    least = result.min_feasible_bytes
+    return (f"infeasible: the least feasible peak is {format_bytes(least)} ({least} B); "
+            "ask for at least that")
+
+
+def _note(text: str) -> None:
+    print(f"monet-opt: {text}", file=sys.stderr, flush=True)
+
+
+# ---- list and explain ------------------------------------------------------------------------
+
+def _read(root: Path) -> list[tuple[Profile, list[CachedSchedule]]]:
+    """Every valid profile under `root` and its schedules; unusable files are reported on
+    stderr, one line each."""
+    cache = ProfileCache(root)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ProfileCacheWarning)
+        found = [(p, cache.schedules(p)) for p in cache.profiles()]
+    for w in caught:
+        if issubclass(w.category, ProfileCacheWarning):
+            print(f"monet-opt: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return found
+
+
+def run_list(args: argparse.Namespace) -> int:
+    root = Path(args.profile_dir)
+    if not root.is_dir():
+        print(f"no profile directory at {root}/ (monet-opt precompute MODULE:FACTORY "
+              f"--profile-dir {root} makes one)")
+        return 0
+    found = _read(root)
+    if not found:
+        print(f"{root}/ holds no usable profiles (monet-opt precompute MODULE:FACTORY "
+              f"--profile-dir {root} adds some)")
+        return 0
+    for profile, schedules in found:
+        key = profile.key
+        store_all = _store_all(profile)
+        print(f"{profile.folder.name}")
+        print(f"  model {profile.name}, inputs {key.inputs}, {len(profile.problem.ops)} ops; "
+              f"{key.device}; torch {key.torch_version}; options "
+              + ", ".join(f"{k}={v}" for k, v in key.options))
+        print(f"  store-all: peak {format_bytes(store_all.peak_bytes)}, step "
+              f"{store_all.time_s * 1e3:.2f} ms")
+        if not schedules:
+            print("  no schedules")
+            continue
+        print(f"  {'limit':>12} {'bytes':>13}  {'solver':<18} {'status':<10} {'peak':>11} "
+              f"{'step ms':>9} {'overhead':>9}")
+        for s in schedules:
+            print("  " + _schedule_line(s, store_all.time_s))
+    return 0
+
+
+def _schedule_line(s: CachedSchedule, store_all_s: float) -> str:
+    r, limit = s.result, s.key.memory_limit_bytes
+    solver = r.solver if r.solver.startswith(s.key.solver) else f"{s.key.solver} ({r.solver})"
+    head = f"{format_bytes(limit):>12} {limit:>13}  {solver:<18} {r.status.value:<10} "
+    if not r.feasible:
+        return head + f"least feasible peak {format_bytes(r.min_feasible_bytes)}"
+    overhead = r.objective_s / store_all_s - 1 if store_all_s else 0.0
+    return head + (f"{format_bytes(r.peak_bytes):>11} {r.objective_s * 1e3:>9.2f} "
+                   f"{overhead:>+9.1%}")
+
+
+def _store_all(profile: Profile) -> solvers.Simulation:
+    problem = profile.problem
+    return solvers.simulate(problem, solvers.schedule_from_kept(problem,
+                                                                problem.saved_for_backward))
+
+
+def find_profile(found: list[tuple[Profile, list[CachedSchedule]]], name: str,
+                 root: Path) -> tuple[Profile, list[CachedSchedule]]:
+    """The profile whose folder is `name`, or the only one it is a prefix of."""
+    exact = [f for f in found if f[0].folder.name == name]
+    hits = exact or [f for f in found if f[0].folder.name.startswith(name)]
+    if not hits:
+        raise UsageError(f"no profile {name!r} in {root}/; `monet-opt list --profile-dir "
+                         f"{root}` shows the profiles there")
+    if len(hits) > 1:
+        names = ", ".join(p.folder.name for p, _ in hits)
+        raise UsageError(f"{name!r} matches {len(hits)} profiles in {root}/ ({names}); give "
+                         "more of the name")
+    return hits[0]
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    root = Path(args.profile_dir)
+    profile, schedules = find_profile(_read(root) if root.is_dir() else [], args.profile, root)
+    mine = [s for s in schedules if s.key.solver == args.solver]
+    if args.limit is None:
+        print(f"{profile.folder.name}: {len(mine)} cached {args.solver} schedule(s)"
+              + (":" if mine else f" (other solvers: {_solvers(schedules)})"))
+        for s in mine:
+            print("  " + _schedule_line(s, _store_all(profile).time_s))
+        print(f"monet-opt explain {profile.folder.name} LIMIT prints one (LIMIT as in the "
+              "bytes column)")
+        return 0
+    try:
+        limit = parse_memory_limit(args.limit)
+    except ValueError as exc:
+        raise UsageError(f"bad LIMIT {args.limit!r}: {exc}") from exc
+    at = sorted((s for s in mine if s.key.memory_limit_bytes == limit),
+                key=lambda s: (not s.result.feasible, s.result.objective_s or 0.0))
+    if not at:
+        cached = ", ".join(str(s.key.memory_limit_bytes) for s in mine) or "none"
+        raise UsageError(f"no cached {args.solver} schedule at {format_bytes(limit)} ({limit} B) "
+                         f"for {profile.folder.name} (cached limits in bytes: {cached}); "
+                         f"precompute it: monet-opt precompute MODULE:FACTORY --limits {limit}")
+    result = at[0].result
+    if not result.feasible:
+        raise UsageError(f"{format_bytes(limit)} ({limit} B) is infeasible for "
+                         f"{profile.folder.name}: the least feasible peak is "
+                         f"{format_bytes(result.min_feasible_bytes)} "
+                         f"({result.min_feasible_bytes} B); explain a larger limit")
+    print(f"{profile.folder.name}: {profile.name}, inputs {profile.key.inputs}, "
+          f"{profile.key.device}")
+    print(make_plan(profile.problem, profile.op_labels, result, limit).explain())
+    return 0
+
+
+def _solvers(schedules: list[CachedSchedule]) -> str:
+    return ", ".join(sorted({s.key.solver for s in schedules})) or "none"

@@ -1,0 +1,155 @@
+"""Cheapest-first eviction: keep what the backward reads, except what is cheapest to recompute
+per byte, and no more of it than the budget needs.
+
+Chen's segmentations cut the forward by position and recompute whole segments, matmuls
+included. Where a model's memory sits in tensors that cheap ops make (a transformer's attention
+probabilities, dropout masks, activations after a norm), recomputing those alone frees most of
+the memory for a fraction of the time: what torch.compile's partitioner does by banning the
+recomputation of expensive ops. This solver ranks the store-all kept set by recompute seconds
+per byte and evicts the fewest leading tensors of that ranking that fit the budget (the
+simulator judges every candidate), then re-ranks against what is left and repeats, then puts
+back, most expensive first, whatever still fits.
+
+NOTE [Recompute cost]
+  Evicting x means its producer runs again in the backward, and so does every producer of an
+  input that is no longer held (on-demand recomputation stops at kept tensors). cost(x | kept)
+  sums the time of that closure; it is re-ranked each round, since every eviction lengthens the
+  closures of what reads the evicted tensor. The ranking is a heuristic; the simulator's time
+  and peak are what the result reports.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from dataclasses import dataclass
+
+from solvers.baselines import best_of
+from solvers.ondemand import schedule_from_kept
+from solvers.problem import NO_PRODUCER, Problem
+from solvers.schedule import Schedule, SolveResult, Status
+from solvers.simulate import Simulation, simulate
+
+
+@dataclass(frozen=True)
+class EvictOptions:
+    """rounds: how often the ranking is recomputed against what is still kept. probes: how many
+    eviction counts each round simulates before bisecting. time_limit_s: wall time for the
+    whole solve (putting back stops there)."""
+
+    rounds: int = 8
+    probes: int = 24
+    time_limit_s: float = 10.0
+
+
+def evict(problem: Problem, budget_bytes: int, options: EvictOptions) -> SolveResult:
+    """The fastest schedule found within the budget by cheapest-first eviction.
+    min_feasible_bytes is the least peak of the same search aimed at zero bytes, whatever the
+    budget; a budget below it is answered INFEASIBLE, so the answer does not depend on luck."""
+    start = time.perf_counter()
+    least_peak, least_kept = _least_peak(problem, options.rounds, options.probes)
+    seen: list[tuple[Schedule, Simulation]] = []
+
+    def judge(k: frozenset[int]) -> Simulation:
+        sched = schedule_from_kept(problem, k)
+        sim = simulate(problem, sched)
+        seen.append((sched, sim))
+        return sim
+
+    if budget_bytes < least_peak:
+        return SolveResult(solver="evict", status=Status.INFEASIBLE, schedule=None,
+                           objective_s=None, peak_bytes=None, bound_s=problem.no_recompute_time_s,
+                           gap=None, solve_time_s=time.perf_counter() - start,
+                           min_feasible_bytes=least_peak)
+    deadline = start + options.time_limit_s
+    kept = _search(problem, frozenset(problem.saved_for_backward), budget_bytes, judge, options,
+                   deadline)
+    _put_back(problem, kept, budget_bytes, judge, deadline)
+    judge(least_kept)  # fits: budget_bytes >= least_peak
+    return dataclasses.replace(best_of("evict", problem, budget_bytes, seen, start),
+                               min_feasible_bytes=least_peak)
+
+
+@functools.lru_cache(maxsize=8)
+def _least_peak(problem: Problem, rounds: int, probes: int) -> tuple[int, frozenset[int]]:
+    """The search aimed at a budget of zero: the least peak it reaches, and its kept set."""
+    best: list[tuple[int, frozenset[int]]] = []
+
+    def judge(k: frozenset[int]) -> Simulation:
+        sim = simulate(problem, schedule_from_kept(problem, k))
+        best.append((sim.peak_bytes, k))
+        return sim
+
+    options = EvictOptions(rounds=rounds, probes=probes, time_limit_s=float("inf"))
+    _search(problem, frozenset(problem.saved_for_backward), 0, judge, options, float("inf"))
+    return min(best, key=lambda b: (b[0], sorted(b[1])))
+
+
+def _search(problem: Problem, kept: frozenset[int], budget_bytes: int, judge,
+            options: EvictOptions, deadline: float) -> frozenset[int]:
+    """Rounds of ranking and evicting until the budget fits (or nothing more helps)."""
+    if judge(kept).peak_bytes <= budget_bytes:
+        return kept
+    evictable = {x for x in kept if problem.tensors[x].producer != NO_PRODUCER}
+    for _ in range(options.rounds):
+        ranked = _ranked(problem, kept, evictable & kept)
+        k, fits = _evict_count(ranked, kept, budget_bytes, judge, options.probes)
+        kept = kept - frozenset(ranked[:k])
+        if fits or k == 0 or time.perf_counter() > deadline:
+            break
+    return kept
+
+
+def _ranked(problem: Problem, kept: frozenset[int], candidates: set[int]) -> list[int]:
+    """Candidates by recompute seconds per byte, cheapest first (NOTE [Recompute cost])."""
+    def key(x: int) -> tuple[float, int]:
+        size = problem.tensors[x].bytes
+        return (_recompute_s(problem, x, kept) / size if size else float("inf"), x)
+    return sorted(candidates, key=key)
+
+
+def _recompute_s(problem: Problem, x: int, kept: frozenset[int]) -> float:
+    ops, stack = set(), [problem.tensors[x].producer]
+    while stack:
+        i = stack.pop()
+        if i in ops:
+            continue
+        ops.add(i)
+        stack.extend(problem.tensors[t].producer for t in problem.ops[i].inputs
+                     if t not in kept and problem.tensors[t].producer != NO_PRODUCER)
+    return sum(problem.ops[i].time_s for i in ops)
+
+
+def _evict_count(ranked: list[int], kept: frozenset[int], budget_bytes: int, judge,
+                 probes: int) -> tuple[int, bool]:
+    """How many leading tensors of `ranked` to evict: the fewest that fit (probed on a grid,
+    then bisected below the first fit), else the count with the lowest peak. NOTE [Why not
+    evict everything]: recomputed copies live until their last read, so evicting a long
+    chain brings it all back at once; the peak is not monotone in the count."""
+    grid = sorted({round(j * len(ranked) / probes) for j in range(probes + 1)})
+    peaks = {k: judge(kept - frozenset(ranked[:k])).peak_bytes for k in grid}
+    fitting = [k for k in grid if peaks[k] <= budget_bytes]
+    if not fitting:
+        return min(grid, key=lambda k: (peaks[k], k)), False
+    hi = fitting[0]
+    lo = max((k for k in grid if k < hi), default=hi)
+    while lo + 1 < hi:  # evicting ranked[:hi] fits, ranked[:lo] did not
+        mid = (lo + hi) // 2
+        if judge(kept - frozenset(ranked[:mid])).peak_bytes <= budget_bytes:
+            hi = mid
+        else:
+            lo = mid
+    return hi, True
+
+
+def _put_back(problem: Problem, kept: frozenset[int], budget_bytes: int, judge,
+              deadline: float) -> frozenset[int]:
+    """Re-keep evicted tensors, most expensive per byte first, while the budget holds."""
+    out = sorted(set(problem.saved_for_backward) - kept, key=lambda x: _recompute_s(problem, x, kept)
+                 / max(1, problem.tensors[x].bytes), reverse=True)
+    for x in out:
+        if time.perf_counter() > deadline:
+            break
+        if judge(kept | {x}).peak_bytes <= budget_bytes:
+            kept = kept | {x}
+    return kept

@@ -1,0 +1,202 @@
+"""monet-opt precompute / list / explain, and the profiler's time limit and de-duplication."""
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import io
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import monet_opt
+import solvers
+from monet_opt import api, cli, profiler
+from monet_opt.profiler import ProfileTimeLimitWarning
+from tests import models
+
+HUGE = 1 << 40
+FACTORY = "tests.models:tiny_mlp"
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def precompute(root: Path, shape: str, *more: str) -> str:
+    code, out, err = run_cli("precompute", FACTORY, "--input-shape", shape, "--profile-dir",
+                             str(root), "--profile-repeats", "1", "--time-limit-s", "5", *more)
+    assert code == 0, err
+    return out
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> tuple[Path, str]:
+    """A profile directory with two profiles of tiny_mlp (batch 64 and 32)."""
+    root = tmp_path_factory.mktemp("zoo") / "profiles"
+    out = precompute(root, "64x8", "--fractions", "0.8,0.01")
+    precompute(root, "32x8", "--limits", "1MiB")
+    return root, out
+
+
+def test_precompute_solves_each_limit_and_reports_infeasible_ones(zoo):
+    _, out = zoo
+    rows = [line for line in out.splitlines() if "of activations" in line]
+    assert len(rows) == 2
+    assert "optimal" in rows[0] or "feasible" in rows[0]
+    assert "infeasible: the least feasible peak is" in rows[1]
+
+
+def test_optimize_then_neither_profiles_nor_solves(zoo, monkeypatch):
+    root, out = zoo
+    counts = collections.Counter()
+    real_profile, real_solve = api.profile, solvers.solve
+    monkeypatch.setattr(api, "profile", lambda *a, **k: counts.update(["profile"]) or
+                        real_profile(*a, **k))
+    monkeypatch.setattr(solvers, "solve", lambda *a, **k: counts.update(["solve"]) or
+                        real_solve(*a, **k))
+    limit = int(next(line for line in out.splitlines() if "80% of" in line).split()[2])
+    opt = monet_opt.optimize(models.tiny_mlp(), torch.randn(64, 8), limit, profile_repeats=1,
+                             time_limit_s=5, profile_dir=root)
+    assert counts == {}
+    assert opt.plan.predicted_peak_bytes <= limit
+
+
+def test_list_shows_profiles_and_schedules(zoo):
+    root, _ = zoo
+    code, out, err = run_cli("list", "--profile-dir", str(root))
+    assert code == 0 and err == ""
+    assert out.count("Sequential-") == 2
+    assert "inputs float32[64x8]" in out and "inputs float32[32x8]" in out
+    assert "infeasible" in out and "optimal" in out
+
+
+def test_explain_prints_a_cached_plan(zoo):
+    root, out = zoo
+    limit = next(line for line in out.splitlines() if "80% of" in line).split()[2]
+    folder = next(p.name for p in root.iterdir() if (p / "profile.json").read_text().count(
+        "64x8"))
+    code, listed, _ = run_cli("explain", "--profile-dir", str(root), folder)
+    assert code == 0 and limit in listed
+    code, text, _ = run_cli("explain", "--profile-dir", str(root), folder, limit)
+    assert code == 0
+    assert "monet_opt plan: solver" in text and "predicted peak" in text and "addmm" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("precompute", "tests.models"), "write MODULE:FACTORY"),
+    (("precompute", "no_such_module:f", "--input-shape", "2x8"), "cannot import"),
+    (("precompute", "tests.models:nope", "--input-shape", "2x8"), "has no 'nope'"),
+    (("precompute", "torch.nn:Linear", "--input-shape", "2x8"), "without arguments"),
+    (("precompute", FACTORY, "--input-shape", "2xq8"), "bad input shape"),
+    (("precompute", FACTORY), "give --input-shape"),
+    (("precompute", FACTORY, "--input-shape", "2x8", "--limits", "lots"), "bad --limits"),
+    (("explain", "Nothing"), "no profile 'Nothing'"),
+    (("explain", "Seq"), "matches 2 profiles"),
+    (("explain", "Sequential", "--solver", "chen"), "matches 2 profiles"),
+])
+def test_errors_exit_2_with_one_line(zoo, argv, message):
+    root, _ = zoo
+    code, out, err = run_cli(*argv, "--profile-dir", str(root))
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_explain_limit_without_schedule(zoo):
+    root, _ = zoo
+    folder = sorted(p.name for p in root.iterdir())[0]
+    code, _, err = run_cli("explain", "--profile-dir", str(root), folder, "3MiB")
+    assert code == 2 and "no cached auto schedule at 3.00 MiB" in err
+    assert "monet-opt precompute" in err
+
+
+def test_list_missing_empty_and_damaged_directories(tmp_path):
+    code, out, _ = run_cli("list", "--profile-dir", str(tmp_path / "none"))
+    assert code == 0 and "no profile directory" in out
+    (tmp_path / "empty").mkdir()
+    code, out, _ = run_cli("list", "--profile-dir", str(tmp_path / "empty"))
+    assert code == 0 and "no usable profiles" in out
+    bad = tmp_path / "bad" / "Model-0123456789abcdef"
+    bad.mkdir(parents=True)
+    (bad / "profile.json").write_text('{"kind": "monet_opt.profile", "schema')
+    code, out, err = run_cli("list", "--profile-dir", str(tmp_path / "bad"))
+    assert code == 0 and "warning:" in err and "truncated" in err
+
+
+# ---- the profiler ----------------------------------------------------------------------------
+
+def test_budget_lowers_repeats_to_fit_the_time_left():
+    budget = profiler._Budget(3, 1.0, total=10, name="m")
+    assert budget.repeats_now() == 3  # nothing measured yet
+    budget.timed(0.01)  # 10 ops x (1 + 3) x 10 ms fits in 1 s
+    assert budget.repeats_now() == 3
+    budget.timed(0.05)  # mean 30 ms: 10 x 4 x 30 ms does not fit, 10 x 3 x 30 ms does
+    assert budget.repeats_now() == 2
+    budget.timed(0.5)   # mean 187 ms: not even one repeat fits: one cold timed call
+    assert budget.repeats_now() == 0
+    assert not budget.over()  # never over before the first op is done
+    budget.limit_s = 0.0
+    budget.op_done(0)
+    assert budget.over()
+
+
+def test_time_limit_estimates_ops_and_still_trains_exactly():
+    torch.manual_seed(0)
+    model, x = models.tiny_mlp(), torch.randn(64, 8)
+    eager = copy.deepcopy(model)
+    before = copy.deepcopy(model.state_dict())
+    # variants off: the time limit leaves variants unmeasured, so they would not be offered
+    least = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_repeats=1, variants=False,
+                               profile_dir=None).plan.min_feasible_bytes
+    with pytest.warns(ProfileTimeLimitWarning, match=r"after 1 of \d+ ops; \d+ op times are "
+                                                     r"estimates"):
+        opt = monet_opt.optimize(model, x, least, profile_repeats=1, profile_dir=None,
+                                 variants=False, profile_time_limit_s=1e-9)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert opt.plan.predicted_peak_bytes <= least and opt.plan.recomputed_ops > 0
+    assert all(r.time_s > 0 for r in opt.plan.rows if r.bytes > 0)  # every op has a time
+    for module, owner in ((opt, model), (eager, eager)):
+        torch.manual_seed(1)
+        module(x).square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+def test_time_limited_profile_is_cached_apart(monkeypatch):
+    counts = collections.Counter()
+    real = api.profile
+    monkeypatch.setattr(api, "profile", lambda *a, **k: counts.update(["p"]) or real(*a, **k))
+    model, x = models.tiny_mlp(), torch.randn(16, 8)
+    with pytest.warns(ProfileTimeLimitWarning):
+        monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_time_limit_s=1e-9)
+    monet_opt.optimize(model, x, HUGE, profile_repeats=1)  # never served the estimated one
+    assert counts["p"] == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the complete profile is used: nothing estimated
+        monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_time_limit_s=1e-9)
+    assert counts["p"] == 2
+    assert len(list(Path("profiles").glob("*/profile.json"))) == 2
+
+
+def test_identical_calls_are_timed_once(monkeypatch):
+    results, timed = [], collections.Counter()
+    real_profile, real_call = api.profile, profiler._call
+    monkeypatch.setattr(api, "profile", lambda *a, **k: results.append(real_profile(*a, **k))
+                        or results[-1])
+
+    def counting(target, args, kwargs, cuda):
+        if isinstance(target, torch._ops.OpOverload):
+            timed[profiler.signature(target, args, kwargs)] += 1
+        return real_call(target, args, kwargs, cuda)
+    monkeypatch.setattr(profiler, "_call", counting)
+    opt = monet_opt.optimize(models.tiny_mlp(), torch.randn(16, 8), HUGE, profile_repeats=2,
+                             profile_dir=None)
+    assert set(timed.values()) == {2}  # each signature: its repeats, no more
+    assert results[0].timed_signatures == len(timed) < len(opt.plan.rows) - 4
+    hidden = [r.time_s for r in opt.plan.rows if r.name in ("addmm_1", "addmm_2")]
+    assert len(hidden) == 2 and hidden[0] == hidden[1]  # identical layers, one measurement

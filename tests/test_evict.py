@@ -1,0 +1,43 @@
+"""Cheapest-first eviction: on a transformer-like chain it recomputes the cheap, large tensors
+and keeps the expensive ones, where Chen's segments recompute everything in a segment."""
+from __future__ import annotations
+
+import dataclasses
+
+from solvers import Op, Problem, schedule_from_kept, simulate, solve
+from tests.problems import chain
+
+
+def matmul_softmax_chain(n_pairs: int) -> Problem:
+    """Alternating ops: an expensive one with a small output (a matmul) and a cheap one with a
+    large output (a softmax or dropout)."""
+    p = chain(2 * n_pairs, size=10)
+    ops = list(p.ops)
+    tensors = list(p.tensors)
+    for i in range(2 * n_pairs):
+        cheap = i % 2 == 1
+        ops[i] = dataclasses.replace(ops[i], time_s=0.1 if cheap else 5.0)
+        tensors[i] = dataclasses.replace(tensors[i], bytes=40 if cheap else 10)
+    return dataclasses.replace(p, ops=tuple(ops), tensors=tuple(tensors), name="mm_softmax")
+
+
+def test_evicts_the_cheap_large_tensors_first():
+    p = matmul_softmax_chain(6)
+    store = simulate(p, schedule_from_kept(p, p.saved_for_backward))
+    budget = store.peak_bytes - 100  # some large tensors must go
+    r = solve(p, budget, "evict")
+    assert r.feasible and r.peak_bytes <= budget
+    recomputed = {i for i in r.schedule.backward if not p.ops[i].is_backward}
+    assert recomputed and all(p.ops[i].time_s == 0.1 for i in recomputed)
+    chen = solve(p, budget, "chen")
+    assert chen.feasible and r.objective_s < chen.objective_s
+
+
+def test_min_feasible_does_not_depend_on_the_budget():
+    p = matmul_softmax_chain(5)
+    store = simulate(p, schedule_from_kept(p, p.saved_for_backward)).peak_bytes
+    answers = {solve(p, b, "evict").min_feasible_bytes for b in (10**9, store, store - 60)}
+    assert len(answers) == 1
+    least = answers.pop()
+    assert solve(p, least, "evict").feasible
+    assert not solve(p, least - 1, "evict").feasible
