@@ -4,12 +4,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Any
+from typing import Any, Collection
 
 import torch
 from torch import nn
 
 from monet_opt import capture, rewrite
+from monet_opt import variants as variant_library
 from monet_opt.cache import Profile, ProfileCache
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
@@ -24,7 +25,8 @@ import solvers
 
 def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
              solver: str = "auto", time_limit_s: float = 30.0,
-             profile_repeats: int = 3, variants: bool = True,
+             profile_repeats: int = 3, variants: bool | Collection[str] = True,
+             allow_lossy: bool = False,
              profile_dir: str | os.PathLike | None = "profiles",
              profile_time_limit_s: float | None = None) -> OptimizedModule:
     """Return a module that trains exactly like `model` with its step's peak memory within
@@ -46,9 +48,15 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             "store_all".
         time_limit_s: wall time the MILP may spend (the plan reports its status and gap).
         profile_repeats: timed runs per operator when profiling (after one warm-up).
-        variants: offer the solver the operator variants of `monet_opt.variants` (ReLU and
-            dropout masks, shape-only max-pool inputs: exact, smaller forms of what the
-            backward reads). False: recomputation alone, for comparison.
+        variants: offer the solver the exact operator variants of `monet_opt.variants` (ReLU
+            and dropout masks, compact max-pool indices, shape-only pooling inputs: smaller
+            forms of what the backward reads, bitwise the same result). False: recomputation
+            alone, for comparison. A collection of family names (`monet_opt.variants.FAMILIES`):
+            only those (an ablation).
+        allow_lossy: also offer the lossy variants (float32 tensors that convolution and
+            matrix-product backwards read, kept as bfloat16): the plan then no longer trains
+            bitwise like the original (error bounds: NOTE [Lossy bound] in monet_opt.variants).
+            Ignored without `variants`.
         profile_dir: where profiles and schedules are cached as JSON (None: no caching). A
             second call with the same model graph, input shapes, device, limit and solver
             options profiles and solves nothing (the model is still traced).
@@ -77,7 +85,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
                          f"got {profile_time_limit_s}")
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
     planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
-                       cache=cache, variants=variants,
+                       cache=cache, variants=variants, allow_lossy=allow_lossy,
                        profile_time_limit_s=profile_time_limit_s)
     step, spec, param_names, buffer_names = _trace(model, sample_input, planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
@@ -86,12 +94,13 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
 
 
 def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int = 3,
-                  variants: bool = True) -> solvers.Problem:
+                  variants: bool | Collection[str] = True,
+                  allow_lossy: bool = False) -> solvers.Problem:
     """The profiled scheduling problem of one training step of `model` on `sample_input`, as
     every solver sees it (for benchmarks and for studying a model's graph). Leaves the model's
     state as it was."""
     planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0,
-                       variants=variants)
+                       variants=variants, allow_lossy=allow_lossy)
     _trace(model, sample_input, planner)
     internal_assert(planner.problem is not None, "the partition function was never called")
     return planner.problem
@@ -99,7 +108,7 @@ def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int =
 
 def profile_model(model: nn.Module, sample_input: Any, *,
                   profile_dir: str | os.PathLike | None = "profiles", profile_repeats: int = 3,
-                  variants: bool = True,
+                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
                   profile_time_limit_s: float | None = None) -> tuple[Profile | None, Plan]:
     """Trace and profile one training step of `model` (or read its profile from `profile_dir`,
     storing it there if new) without solving for any limit: the profile (None without a
@@ -107,7 +116,8 @@ def profile_model(model: nn.Module, sample_input: Any, *,
     which limits make sense. Options as optimize()'s. Leaves the model's state as it was."""
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
     planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0,
-                       cache=cache, variants=variants, profile_time_limit_s=profile_time_limit_s)
+                       cache=cache, variants=variants, allow_lossy=allow_lossy,
+                       profile_time_limit_s=profile_time_limit_s)
     _trace(model, sample_input, planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
     return planner.profile, planner.plan
@@ -137,13 +147,17 @@ class _Planner:
 
     def __init__(self, limit: int | None, solver: str, repeats: int, name: str,
                  time_limit_s: float, *, cache: ProfileCache | None = None,
-                 variants: bool = True, profile_time_limit_s: float | None = None) -> None:
+                 variants: bool | Collection[str] = True, allow_lossy: bool = False,
+                 profile_time_limit_s: float | None = None) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (and cache
         no schedule). cache: the profile directory to consult, if any. variants: offer the
-        library's operator variants to the solver."""
+        library's operator variants to the solver; allow_lossy: its lossy ones too."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
-        self.variants, self.profile_time_limit_s = variants, profile_time_limit_s
+        self.families = _families(variants, allow_lossy)
+        self.variants = bool(self.families)
+        self.allow_lossy = self.variants and allow_lossy
+        self.profile_time_limit_s = profile_time_limit_s
         self.primals: list[torch.Tensor] = []
         self.inputs = ""
         self.problem: solvers.Problem | None = None
@@ -152,9 +166,10 @@ class _Planner:
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
         plain = lower(joint, num_fwd_outputs, name=self.name)
-        lowered = attach_variants(plain, joint) if self.variants else plain
+        lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
+                                  only=self.families) if self.variants else plain
         measure = lambda: _measured(joint, lowered, self.primals, self.repeats,  # noqa: E731
-                                    self.profile_time_limit_s)
+                                    self.allow_lossy, self.profile_time_limit_s)
         if self.cache is None:
             problem = measure()
         else:
@@ -181,7 +196,9 @@ class _Planner:
           call without a limit; a call with a limit first takes a complete profile of the same
           graph if one is cached (it is at least as good), and only then its own. Without a
           limit the key is what it was before the limit existed (old caches stay valid)."""
-        options: dict[str, Any] = {"repeats": self.repeats, "variants": self.variants}
+        options: dict[str, Any] = {"repeats": self.repeats,
+                                   "variants": ",".join(sorted(self.families)),
+                                   "allow_lossy": self.allow_lossy}
         complete = ProfileKey.of(joint, self.primals, self.inputs, options)
         if self.profile_time_limit_s is None:
             return self.cache.profile(complete, self.name, lowered, measure)
@@ -194,10 +211,11 @@ class _Planner:
 
 
 def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int,
-              time_limit_s: float | None = None) -> solvers.Problem:
+              allow_lossy: bool = False, time_limit_s: float | None = None) -> solvers.Problem:
     """`lowered.problem` with each op's and variant's measured costs and the loss scalars'
-    bytes. A variant whose result is not bitwise the op's is withdrawn, with a warning; one
-    the time limit left unmeasured is withdrawn (the profiler's warning says so)."""
+    bytes. A variant whose result is not bitwise the op's is withdrawn, with a warning, unless
+    its family is lossy, lossy ones are allowed, and the error is within the family's bound;
+    one the time limit left unmeasured is withdrawn (the profiler's warning says so)."""
     measured = profile(joint, lowered, primals, repeats, time_limit_s)
     problem = lowered.problem
     ops = tuple(dataclasses.replace(op, time_s=t)
@@ -205,16 +223,43 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
     lowered = dataclasses.replace(lowered, problem=dataclasses.replace(problem, ops=ops))
     problem = with_costs(lowered, measured.variant_costs).problem if lowered.variant_sites \
         else lowered.problem
-    exact = measured.variant_exact
+    exact = [measured.variant_measured[v] and _acceptable(site, err, allow_lossy)
+             for v, (site, err) in enumerate(zip(lowered.variant_sites,
+                                                 measured.variant_error))]
     if not all(exact):
         bad = [problem.variants[v].name for v, ok in enumerate(exact)
                if not ok and measured.variant_measured[v]]
         if bad:
             warnings.warn(f"monet_opt: {len(bad)} operator variant(s) did not reproduce the "
-                          f"op's result bitwise on this device and are not used: {bad[:3]}",
+                          f"op's result (bitwise, or within a lossy family's bound) on this "
+                          f"device and are not used: {bad[:3]}",
                           RuntimeWarning, stacklevel=2)
         problem = problem.only_variants({v for v, ok in enumerate(exact) if ok})
     return dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + _loss_bytes(joint))
+
+
+def _families(variants: bool | Collection[str], allow_lossy: bool) -> frozenset[str]:
+    """The family names `optimize(variants=..., allow_lossy=...)` offers."""
+    lossy_ok = lambda f: f.exact or allow_lossy  # noqa: E731
+    if variants is True or variants is False:
+        return frozenset(f.name for f in variant_library.FAMILIES if variants and lossy_ok(f))
+    names = frozenset(variants)
+    known = {f.name for f in variant_library.FAMILIES}
+    if names - known:
+        raise ValueError(f"monet_opt.optimize: unknown variant families {sorted(names - known)}; "
+                         f"choose from {sorted(known)}")
+    lossy = sorted(n for n in names if not lossy_ok(variant_library.family(n)))
+    if lossy:
+        raise ValueError(f"monet_opt.optimize: variant families {lossy} are lossy; pass "
+                         f"allow_lossy=True to use them")
+    return names
+
+
+def _acceptable(site, error: float, allow_lossy: bool) -> bool:
+    fam = variant_library.family(site.family)
+    if fam.exact or not allow_lossy:
+        return error == 0.0
+    return error <= fam.max_rel_error
 
 
 def _matching(lowered: Lowered, problem: solvers.Problem) -> Lowered:

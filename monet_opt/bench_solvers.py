@@ -25,12 +25,12 @@ def mib(b: float) -> str:
     return f"{b / 2**20:,.1f}"
 
 
-def lowered(name: str, out):
-    """Lower and profile a zoo model; print its sizes. (problem, floor, activations, store-all
-    simulation): floor = parameters, inputs and gradients."""
-    model, x = zoo.MODELS[name]()
+def lowered(name: str, out, **options):
+    """Lower and profile a zoo model (`options` for lower_problem); print its sizes. (problem,
+    floor, activations, store-all simulation): floor = parameters, inputs and gradients."""
+    model, x = zoo.ALL_MODELS[name]()
     t0 = time.perf_counter()
-    problem = monet_opt.lower_problem(model, x, profile_repeats=3)
+    problem = monet_opt.lower_problem(model, x, profile_repeats=3, **options)
     lower_s = time.perf_counter() - t0
     store_all = solvers.simulate(problem, solvers.schedule_from_kept(
         problem, problem.saved_for_backward))

@@ -2,7 +2,12 @@
 alone, at limits leaving 70/50/40 % of the store-all activation memory (MONeT's ablation, on
 this machine). Prints markdown (docs/benchmarks/variants.md).
 
-    python -m monet_opt.bench_variants [--time-limit 60] [--models resnet50,gpt2]
+Per family, it also prints what its sites read instead of what they replace, and what it is
+worth at the no-recompute peak: that peak with every family in its lightest form, less the same
+without the family (a family can save bytes between forward and backward and still be worth
+nothing there, if the peak is where its tensor is not alive).
+
+    python -m monet_opt.bench_variants [--time-limit 60] [--models resnet50,gpt2] [--lossy]
 """
 from __future__ import annotations
 
@@ -10,12 +15,37 @@ import argparse
 import sys
 
 import solvers
-from monet_opt import zoo
 from monet_opt.bench_solvers import FRACTIONS, header, lowered, mib
+from solvers.variants import lightest
 
 
-def bench_model(name: str, time_limit_s: float, out) -> None:
-    problem, floor, act, store_all = lowered(name, out)
+def kib(b: float) -> str:
+    return f"{b / 2**10:,.0f}"
+
+
+def _no_recompute_peak(problem: solvers.Problem, chosen: frozenset[int]) -> int:
+    kept = problem.with_variants(chosen).saved_for_backward
+    return solvers.simulate(problem, solvers.schedule_from_kept(problem, kept, chosen)).peak_bytes
+
+
+def family_table(problem: solvers.Problem, families: dict[str, set[int]], out) -> None:
+    light = lightest(problem)
+    peak = _no_recompute_peak(problem, light)
+    print(f"No-recompute peak with every family in its lightest form: {mib(peak)} MiB; "
+          f"with none: {mib(_no_recompute_peak(problem, frozenset()))} MiB.\n", file=out)
+    print("| family | sites | replaced (KiB) | read instead (KiB) | worth at that peak (KiB) |",
+          file=out)
+    print("|---|---|---|---|---|", file=out)
+    for fam, vs in sorted(families.items()):
+        replaced = sum(problem.tensors[problem.variants[v].replaces].bytes for v in vs)
+        reads = sum(problem.tensors[t].bytes for v in vs for t in problem.variants[v].reads)
+        worth = _no_recompute_peak(problem, light - vs) - peak
+        print(f"| {fam} | {len(vs)} | {kib(replaced)} | {kib(reads)} | {kib(worth)} |", file=out)
+    print(file=out)
+
+
+def bench_model(name: str, time_limit_s: float, out, lossy: bool = False) -> None:
+    problem, floor, act, store_all = lowered(name, out, allow_lossy=lossy)
     off = problem.with_variants(frozenset())
     families: dict[str, set[int]] = {}
     for v, var in enumerate(problem.variants):
@@ -23,6 +53,7 @@ def bench_model(name: str, time_limit_s: float, out) -> None:
     print(f"{len(problem.variants)} variant sites: "
           + ", ".join(f"{f} x{len(vs)}" for f, vs in sorted(families.items())) + ".\n",
           file=out)
+    family_table(problem, families, out)
     print("| limit (activations left) | variants | predicted step | overhead | gap "
           "| least peak (MiB) | variants chosen |", file=out)
     print("|---|---|---|---|---|---|---|", file=out)
@@ -47,10 +78,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--models", default="resnet50,gpt2")
+    ap.add_argument("--lossy", action="store_true",
+                    help="offer the lossy families too (optimize(allow_lossy=True))")
     args = ap.parse_args(argv)
     header("Operator-variant benchmark", "monet_opt.bench_variants", args)
+    if args.lossy:
+        print("\nLossy families offered (`--lossy`).")
     for name in args.models.split(","):
-        bench_model(name, args.time_limit, sys.stdout)
+        bench_model(name, args.time_limit, sys.stdout, args.lossy)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import torch
 import torch.fx as fx
 
 from monet_opt import recompute, variants
@@ -29,13 +28,23 @@ class VariantSite:
     arg: int
     encode_op: int | None
     params: tuple
-    like: tuple  # (shape, dtype) of the replaced argument
+    like: tuple  # (shape, dtype, device) of the replaced argument
 
 
 def attach_variants(lowered: Lowered, joint: fx.GraphModule,
-                    skip: frozenset | set = frozenset()) -> Lowered:
+                    skip: frozenset | set = frozenset(), allow_lossy: bool = False,
+                    only: frozenset[str] | None = None) -> Lowered:
     """`lowered` with every match of the library (except (family, node name) pairs in
-    `skip`) as a variant of its problem."""
+    `skip`, and families not in `only` if given) as a variant of its problem; lossy families
+    only with `allow_lossy`.
+
+    NOTE [What a variant may replace]
+      A family replaces one argument of its op, and the Problem's variant replaces that
+      argument's storage (through views). It matches only where the argument is a forward
+      tensor and the op reads that storage through no other argument: otherwise the op would
+      still need the storage. Two families replacing different arguments of one op (max-pool's
+      input and indices) are different solver groups and combine (variants.py NOTE
+      [Combining variants]); families replacing the same argument exclude each other."""
     p = lowered.problem
     nodes = {n.name: n for n in joint.graph.nodes}
     tensor_of = {name: t for t, name in enumerate(lowered.tensor_nodes) if name is not None}
@@ -44,8 +53,8 @@ def attach_variants(lowered: Lowered, joint: fx.GraphModule,
     for b in p.backward_ops:
         node = nodes[lowered.op_nodes[b]]
         args, _ = recompute.effective_args(node)
-        for fam in variants.families_for(node):
-            if (fam.name, node.name) in skip:
+        for fam in variants.families_for(node, allow_lossy):
+            if (fam.name, node.name) in skip or (only is not None and fam.name not in only):
                 continue
             arg = args[fam.arg] if fam.arg < len(args) else None
             t = _storage(arg, lowered, tensor_of, nodes)
@@ -118,7 +127,7 @@ def _storage(arg, lowered: Lowered, tensor_of: dict[str, int], nodes) -> int | N
 
 def _like(arg: fx.Node) -> tuple:
     val = arg.meta["val"]
-    return (tuple(val.shape), val.dtype)
+    return (tuple(val.shape), val.dtype, val.device)
 
 
 def _encoded_bytes(fam: variants.Family, node: fx.Node) -> int:

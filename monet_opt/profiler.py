@@ -9,12 +9,13 @@ median. Values are freed after their last use, so profiling needs no more memory
 Identical calls are measured once: an op whose signature (ATen target, every tensor argument's
 dtype, shape, stride and device, every other argument's value) was timed already reuses that
 time and runs once, for its value. A variant reuses the times of the same variant at an
-identical signature; its bitwise check and workspace are still taken at every site (one run).
+identical signature; its error check and workspace are still taken at every site (one run).
 
 Each operator variant is measured where its backward op runs: encode the argument it replaces,
-run the replacement, and compare its result with the op's own, bitwise (a variant that differs
-is reported and never offered to the solver). Workspace is the peak of what the call allocates
-beyond its result: a live-bytes counter on CPU, the allocator's peak on CUDA.
+run the replacement (`variants.run`), and report its result's `relative_error` against the
+op's own (0.0: bitwise equal; the caller decides what is acceptable). Workspace is the peak of
+what the call allocates beyond its result: a live-bytes counter on CPU, the allocator's peak on
+CUDA.
 
 NOTE [The profiling time limit]
   With `time_limit_s`, each op gets the most repeats (from `repeats` down to one) that the
@@ -28,6 +29,8 @@ NOTE [The profiling time limit]
 """
 from __future__ import annotations
 
+import functools
+import operator
 import statistics
 import sys
 import time
@@ -56,14 +59,15 @@ class ProfileTimeLimitWarning(RuntimeWarning):
 class ProfileResult:
     """op_time_s: per problem op (encode ops 0: their cost is in variant_costs).
     variant_costs[v]: (encode time s, encode workspace bytes, run time minus the op's time s,
-    run workspace bytes). variant_exact[v]: measured and bitwise equal to the op's result.
-    variant_measured[v]: reached before the time limit. estimated_ops: ops given an estimate;
+    run workspace bytes). variant_error[v]: `relative_error` of its result against the op's
+    (0.0: bitwise equal; inf if not measured). variant_measured[v]: reached before the time
+    limit. estimated_ops: ops given an estimate;
     reduced_ops: ops timed with fewer repeats than asked; timed_signatures: distinct op
     signatures timed."""
 
     op_time_s: tuple[float, ...]
     variant_costs: tuple[tuple[float, int, float, int], ...]
-    variant_exact: tuple[bool, ...]
+    variant_error: tuple[float, ...]
     variant_measured: tuple[bool, ...]
     estimated_ops: int = 0
     reduced_ops: int = 0
@@ -134,7 +138,7 @@ class _VariantProbe:
         n = len(self.sites)
         self.times: list[tuple[float, float] | None] = [None] * n  # (encode s, run s)
         self.workspace = [(0, 0)] * n
-        self.exact = [False] * n
+        self.error = [float("inf")] * n  # inf: not measured
         self.seen: dict[tuple, tuple[float, float]] = {}
 
     def measure(self, node: fx.Node, args, result, sig: tuple, cuda: bool,
@@ -142,18 +146,21 @@ class _VariantProbe:
         for v in self.at.get(node.name, ()):
             site = self.sites[v]
             fam = variants.family(site.family)
+            x = args[site.arg]
+            replacement = functools.partial(variants.run, (site.family,), (site.params,))
             enc_fn = None if fam.encode is None else \
-                (lambda x=args[site.arg], p=site.params: fam.encode(x, *p))
-            # one counted run: workspace and the bitwise check (also the warm-up)
+                functools.partial(fam.encode, x, *site.params)
+            # one counted run: workspace and the relative error (also the warm-up)
             enc, enc_ws = _counted(enc_fn, cuda) if enc_fn else (site.like, 0)
             new_args = tuple(enc if k == site.arg else a for k, a in enumerate(args))
-            out, run_ws = _counted(lambda a=new_args: fam.run(*a), cuda)
-            self.workspace[v], self.exact[v] = (enc_ws, run_ws), _same(out, result)
+            out, run_ws = _counted(functools.partial(replacement, *new_args), cuda)
+            self.workspace[v] = (enc_ws, run_ws)
+            self.error[v] = relative_error(out, result, _used_outputs(node))
             key = (site.family, repr(site.params), sig)
             if key not in self.seen:
                 n = max(1, budget.repeats_now())
                 enc_s = [_call(enc_fn, (), {}, cuda)[1] for _ in range(n)] if enc_fn else [0.0]
-                run_s = [_call(fam.run, new_args, {}, cuda)[1] for _ in range(n)]
+                run_s = [_call(replacement, new_args, {}, cuda)[1] for _ in range(n)]
                 self.seen[key] = (statistics.median(enc_s), statistics.median(run_s))
             self.times[v] = self.seen[key]
 
@@ -183,13 +190,47 @@ def _counted(fn, cuda: bool):
 
 
 def _nbytes(out) -> int:
-    return out.untyped_storage().nbytes() if isinstance(out, torch.Tensor) else 0
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return sum(o.untyped_storage().nbytes() for o in outs if isinstance(o, torch.Tensor))
 
 
-def _same(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
-        a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) and \
-        torch.equal(a.isnan(), b.isnan())
+def _used_outputs(node: fx.Node) -> frozenset[int] | None:
+    """Which outputs of a multi-output node the graph reads (None: all). Unread ones may hold
+    anything: convolution_backward returns a tensor for a gradient its output_mask declined."""
+    val = node.meta.get("val")
+    if not isinstance(val, (tuple, list)):
+        return None
+    return frozenset(u.args[1] for u in node.users if u.target is operator.getitem)
+
+
+def relative_error(got, want, only: frozenset[int] | None = None) -> float:
+    """0.0 when `got` is bitwise `want` (tensors or tuples of them, the outputs in `only`
+    if given; NaNs where want has them); else the largest max-abs relative error over the
+    outputs; inf when shapes, dtypes or the NaN/inf pattern differ."""
+    gots = got if isinstance(got, (tuple, list)) else (got,)
+    wants = want if isinstance(want, (tuple, list)) else (want,)
+    if len(gots) != len(wants):
+        return float("inf")
+    worst = 0.0
+    for k, (a, b) in enumerate(zip(gots, wants)):
+        if only is not None and k not in only:
+            continue
+        if a is None and b is None:
+            continue
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \
+                a.shape != b.shape or a.dtype != b.dtype:
+            return float("inf")
+        if torch.equal(a, b) or (torch.equal(a.isnan(), b.isnan())
+                                 and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))):
+            continue
+        finite = b.isfinite()
+        if not bool(finite.any()):
+            return float("inf")
+        if not (torch.equal(a.isfinite(), finite) and torch.equal(a[~finite], b[~finite])):
+            return float("inf")
+        diff = (a[finite].double() - b[finite].double()).abs().max().item()
+        worst = max(worst, diff / max(b[finite].double().abs().max().item(), 1e-30))
+    return worst
 
 
 def profile_op_times(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
@@ -227,7 +268,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
             ProfileTimeLimitWarning, stacklevel=2)
     return ProfileResult(
         op_time_s=tuple(op_time.get(name, 0.0) for name in lowered.op_nodes),
-        variant_costs=probe.costs(op_time), variant_exact=tuple(probe.exact),
+        variant_costs=probe.costs(op_time), variant_error=tuple(probe.error),
         variant_measured=tuple(t is not None for t in probe.times),
         estimated_ops=len(missing), reduced_ops=budget.reduced, timed_signatures=signatures)
 

@@ -55,7 +55,9 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     recomputed = {i for i in schedule.backward if not problem.ops[i].is_backward}
     chosen = [lowered.variant_sites[v] for v in schedule.variants]
     encodes = {site.encode_op: site for site in chosen if site.encode_op is not None}
-    runs = {site.backward_node: site for site in chosen}
+    runs: dict[str, list] = {}  # backward node -> its chosen variants (NOTE [Combining variants])
+    for site in chosen:
+        runs.setdefault(site.backward_node, []).append(site)
     for n in joint.graph.nodes:
         if n.op in ("placeholder", "get_attr"):
             e.bind(n, e.g.node_copy(n))
@@ -137,18 +139,20 @@ class _Emitter:
         self.current[name] = new
 
     def emit(self, old: fx.Node, rerun: bool = False, capture_rng: bool = False,
-             variant=None) -> None:
-        """Run `old` here: its op node and the getitems of its outputs. With a chosen
-        `variant`, the variant's replacement runs on its encoded argument instead."""
+             variant: list | None = None) -> None:
+        """Run `old` here: its op node and the getitems of its outputs. With chosen variants
+        (sites), the library's replacement runs on their encoded arguments instead."""
         n_keep = None
         if capture_rng:
             self._capture_rng(old)
-        if variant is not None:
+        if variant:
             args, kwargs = recompute.effective_args(old)
-            enc = variant.like if variant.encode_op is None else \
-                self.current[self.lowered.op_nodes[variant.encode_op]]
-            args = tuple(enc if k == variant.arg else a for k, a in enumerate(args))
-            new = self._copy(old, (variant.family, *args), kwargs, target=variants.run)
+            enc = {site.arg: site.like if site.encode_op is None else
+                   self.current[self.lowered.op_nodes[site.encode_op]] for site in variant}
+            args = tuple(enc.get(k, a) for k, a in enumerate(args))
+            names = tuple(site.family for site in variant)
+            params = tuple(site.params for site in variant)
+            new = self._copy(old, (names, params, *args), kwargs, target=variants.run)
         elif rerun:
             target, args, kwargs, n_keep = recompute.recompute_form(old)
             if recompute.is_random(old):

@@ -2,16 +2,28 @@
 
 Each family is data: a backward ATen op, the argument of it that the family does without, how
 the forward encodes that argument right after it is made (`encode`, or None when the op needs
-only its shape), and what the backward runs instead of the op (`run`, given the op's arguments
-with the encoded tensor in that place). Lowering turns each match into a `solvers.Variant`; the
-profiler measures its time and workspace; the executor emits `encode`/`run` where the schedule
-chooses it. Every family here is exact: the backward's result is bitwise the eager one.
+only its shape), and how the backward does without it: either `run`, called instead of the op
+with the encoded tensor in the argument's place, or `decode`, which rebuilds a stand-in for the
+argument from the encoded tensor, after which the op itself runs. Lowering turns each match into
+a `solvers.Variant`; the profiler measures its time and workspace and checks its result; the
+executor emits `encode`/`run` where the schedule chooses it.
+
+Families flagged `exact` give the backward's result bitwise; the others (`exact=False`, lossy)
+are offered only under `optimize(..., allow_lossy=True)` and their docstrings state the error.
 
 NOTE [1-bit masks]
   A bool tensor takes a byte per element. `pack_bits` stores 8 per byte (uint8, padded to a
   multiple of 8); `unpack_bits` rebuilds the bool tensor exactly. The backward then holds a
   bool temporary the size of the mask while the op runs: that is the variant's workspace,
   measured by the profiler.
+
+NOTE [Combining variants]
+  The solver lets variants of one op that replace different arguments combine (solvers.Variant
+  groups are (op, replaced tensor)); max-pool's backward may drop its input (shape only) and
+  compact its indices at once. A `run` replaces the whole op, so two of them cannot compose:
+  every family replacing an argument of an op that another family replaces a different argument
+  of must be `decode`-style (checked when the library loads). The executor then decodes each
+  chosen argument and calls the op once (`run` below).
 """
 from __future__ import annotations
 
@@ -21,6 +33,9 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from monet_opt import variants_pool
+from monet_opt.errors import internal_assert
+
 aten = torch.ops.aten
 
 
@@ -28,16 +43,31 @@ aten = torch.ops.aten
 class Family:
     """name: unique, used in plans. op/arg: the backward op and the argument it replaces.
     encode(x, *params) -> the smaller tensor the forward keeps (None: keep nothing, the op
-    needs x's shape only). params(node): constants encode needs from the backward node.
-    run(*args) -> the op's result, args as the op's with the replaced one swapped for the
-    encoded tensor (or, without encode, for a (shape, dtype) pair)."""
+    needs x's (shape, dtype) only). params(node): constants encode/decode take, from the
+    backward node. accepts(node): whether the family applies to this node at all.
+    Exactly one of: run(*args) -> the op's result, args as the op's with the replaced one
+    swapped for the encoded tensor (or, without encode, for a (shape, dtype) pair); or
+    decode(encoded, *params) -> a tensor the op can read in the argument's place.
+    exact: the result is bitwise the op's. max_rel_error (lossy families only): the largest
+    relative error (max-abs, per output) of the op's result the profiler accepts."""
 
     name: str
     op: torch._ops.OpOverload
     arg: int
     encode: Callable[..., torch.Tensor] | None
-    run: Callable[..., torch.Tensor]
+    run: Callable[..., torch.Tensor] | None = None
+    decode: Callable[..., torch.Tensor] | None = None
     params: Callable[[fx.Node], tuple] = lambda node: ()
+    accepts: Callable[[fx.Node], bool] = lambda node: True
+    exact: bool = True
+    max_rel_error: float = 0.0
+
+    def __post_init__(self) -> None:
+        if (self.run is None) == (self.decode is None):
+            raise ValueError(f"variant family {self.name!r}: give exactly one of run, decode")
+        if self.exact != (self.max_rel_error == 0.0):
+            raise ValueError(f"variant family {self.name!r}: an exact family tolerates no "
+                             f"error, a lossy one must state its bound")
 
 
 def pack_bits(b: torch.Tensor) -> torch.Tensor:
@@ -87,29 +117,88 @@ def _dropout_bit_run(grad: torch.Tensor, packed: torch.Tensor, scale: float) -> 
     return aten.native_dropout_backward(grad, unpack_bits(packed, grad.shape), scale)
 
 
-# ---- max-pool: the backward reads its input only for the shape ----
+# ---- reduced precision (lossy): keep a float32 tensor as bfloat16, upcast in the backward ----
 
-def _maxpool_shape_run(grad, like, *rest) -> torch.Tensor:
-    shape, dtype = like
-    stand_in = torch.zeros((), dtype=dtype, device=grad.device).expand(shape)
-    return aten.max_pool2d_with_indices_backward(grad, stand_in, *rest)
+def _to_bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16)
 
 
+def _from_bf16(y: torch.Tensor) -> torch.Tensor:
+    return y.to(torch.float32)
+
+
+def _float32_arg(k: int) -> Callable[[fx.Node], bool]:
+    return lambda node: isinstance(node.args[k], fx.Node) and \
+        node.args[k].meta["val"].dtype == torch.float32
+
+
+def _conv_weight_grad_wanted(node: fx.Node) -> bool:
+    return bool(node.args[10][1]) and _float32_arg(1)(node)
+
+
+# NOTE [Lossy bound]: bfloat16 keeps 8 significand bits, so each stored element is off by at
+# most 2**-9 relative; the backward upcasts it to a float32 temporary (the variant's workspace:
+# it saves memory between the forward and that backward op, never at the op itself). The
+# profiler accepts a lossy result of the op only within LOSSY_OP_BOUND (max-abs relative per
+# output; measured on CPU on the test models: at most 2.8e-3). Training with them chosen
+# (tests/test_variants_lossy.py): the first step's parameter gradients within 1e-2 of eager's
+# (measured at most 1.8e-3 on a small CNN, 3.3e-4 on an MLP), the loss over 3 SGD steps within
+# 5e-3 (measured 8.9e-4).
+LOSSY_OP_BOUND = 2.0 ** -6
+
+pool = variants_pool
 FAMILIES: tuple[Family, ...] = (
     Family("relu.bool_mask", aten.threshold_backward.default, 1, _relu_bool_encode,
-           _relu_bool_run, params=lambda node: (node.args[2],)),
+           run=_relu_bool_run, params=lambda node: (node.args[2],)),
     Family("relu.bit_mask", aten.threshold_backward.default, 1, _relu_bit_encode,
-           _relu_bit_run, params=lambda node: (node.args[2],)),
+           run=_relu_bit_run, params=lambda node: (node.args[2],)),
     Family("dropout.bit_mask", aten.native_dropout_backward.default, 1, pack_bits,
-           _dropout_bit_run),
+           run=_dropout_bit_run),
+    # Pooling (monet_opt/variants_pool.py): the backward reads the input for its shape only;
+    # max-pool's int64 indices are kept as in-window offsets (1 byte each up to 16x16 windows).
     Family("maxpool.shape_only", aten.max_pool2d_with_indices_backward.default, 1, None,
-           _maxpool_shape_run),
+           decode=pool.shape_only),
+    Family("maxpool.compact_indices", aten.max_pool2d_with_indices_backward.default, 7,
+           pool.compact_indices, decode=pool.full_indices, params=pool.maxpool_geometry,
+           accepts=pool.compactable),
+    Family("avgpool.shape_only", aten.avg_pool2d_backward.default, 1, None,
+           decode=pool.shape_only),
+    Family("adaptive_avgpool.shape_only", aten._adaptive_avg_pool2d_backward.default, 1, None,
+           decode=pool.shape_only),
+    # A convolution whose weight gradient is not wanted (frozen weights) reads its input only
+    # for the shape.
+    Family("conv.shape_only", aten.convolution_backward.default, 1, None,
+           decode=pool.shape_only, accepts=lambda node: not node.args[10][1]),
+    # Lossy, opt-in (NOTE [Lossy bound]): the kept input of a convolution whose weight
+    # gradient is wanted, and the operands of the matrix products linear layers lower to.
+    Family("conv.input_bf16", aten.convolution_backward.default, 1, _to_bf16,
+           decode=_from_bf16, accepts=_conv_weight_grad_wanted, exact=False,
+           max_rel_error=LOSSY_OP_BOUND),
+    *(Family(f"{op}.arg{k}_bf16", getattr(aten, op).default, k, _to_bf16, decode=_from_bf16,
+             accepts=_float32_arg(k), exact=False, max_rel_error=LOSSY_OP_BOUND)
+      for op in ("mm", "bmm") for k in (0, 1)),
 )
 _BY_NAME = {f.name: f for f in FAMILIES}
 
 
-def families_for(node: fx.Node) -> list[Family]:
-    return [f for f in FAMILIES if node.target is f.op]
+def _check_library(families: tuple[Family, ...]) -> None:
+    """NOTE [Combining variants]: families of one op replacing different arguments decode."""
+    args: dict[object, set[int]] = {}
+    for f in families:
+        args.setdefault(f.op, set()).add(f.arg)
+    for f in families:
+        internal_assert(len(args[f.op]) == 1 or f.decode is not None,
+                        f"variant family {f.name!r} has a run, but other families replace "
+                        f"other arguments of {f.op}: it must decode instead")
+    internal_assert(len(_BY_NAME) == len(families), "variant family names repeat")
+
+
+_check_library(FAMILIES)
+
+
+def families_for(node: fx.Node, allow_lossy: bool = False) -> list[Family]:
+    return [f for f in FAMILIES if node.target is f.op and (f.exact or allow_lossy)
+            and f.accepts(node)]
 
 
 def family(name: str) -> Family:
@@ -122,5 +211,16 @@ def encode(name: str, x: torch.Tensor, *params) -> torch.Tensor:
     return _BY_NAME[name].encode(x, *params)
 
 
-def run(name: str, *args) -> torch.Tensor:
-    return _BY_NAME[name].run(*args)
+def run(names: tuple[str, ...], params: tuple[tuple, ...], *args, **kwargs):
+    """The backward op, with the chosen variants (`names`, their `params`) doing without the
+    arguments they replace; args are the op's, each replaced one swapped for its encoded form
+    (NOTE [Combining variants])."""
+    fams = [_BY_NAME[n] for n in names]
+    if len(fams) == 1 and fams[0].run is not None:
+        return fams[0].run(*args, **kwargs)
+    args_ = list(args)
+    for fam, p in zip(fams, params):
+        internal_assert(fam.decode is not None and fam.op is fams[0].op,
+                        f"variants {names} cannot combine (NOTE [Combining variants])")
+        args_[fam.arg] = fam.decode(args_[fam.arg], *p)
+    return fams[0].op(*args_, **kwargs)

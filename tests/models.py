@@ -49,8 +49,66 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class PoolCNN(nn.Module):
+    """A ResNet-like stem (conv, BN, ReLU, 3x3/2 max-pool), then wider convolutions at the
+    lower resolution, whose backward holds the step's peak while the stem's indices wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 16, 7, padding=3), nn.BatchNorm2d(16), nn.ReLU(),
+                                 nn.MaxPool2d(3, 2, 1), nn.Conv2d(16, 64, 3, padding=1),
+                                 nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                                 nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class MLP(nn.Module):
+    """Linear layers (3-d input, so they lower to mm on a view), ReLU, dropout, GELU."""
+
+    def __init__(self, depth: int = 4) -> None:
+        super().__init__()
+        hidden = [m for _ in range(depth - 1) for m in (nn.Linear(128, 128), nn.GELU())]
+        self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.2), *hidden,
+                                 nn.Linear(128, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class ShapeOnlyNet(nn.Module):
+    """A convolution, then an op whose backward reads its input for the shape only: a frozen
+    convolution (no weight gradient), average pooling, or adaptive average pooling (to 7x7,
+    which stays _adaptive_avg_pool2d). Without dropping that input, the op's backward holds
+    three maps at once (input, output gradient, input gradient); nothing else holds as many."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.op = {"frozen_conv": lambda: nn.Conv2d(8, 8, 3, padding=1).requires_grad_(False),
+                   "avgpool": lambda: nn.AvgPool2d(2),
+                   "adaptive_avgpool": lambda: nn.AdaptiveAvgPool2d((7, 7))}[kind]()
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(self.op(self.conv(x)).mean((2, 3)))
+
+
 def small_cnn():
     return SmallCNN(), torch.randn(4, 3, 16, 16), lambda out: out.sum()
+
+
+def pool_cnn():
+    return PoolCNN(), torch.randn(4, 3, 32, 32), lambda out: out.sum()
+
+
+def mlp():
+    return MLP(), torch.randn(8, 64, 64), lambda out: out.sum()
+
+
+def shape_only_net(kind: str):
+    return ShapeOnlyNet(kind), torch.randn(4, 3, 16, 16), lambda out: out.sum()
 
 
 def transformer_block():

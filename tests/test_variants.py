@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 import monet_opt
-from monet_opt import variants
+from monet_opt import api, variants, variants_pool
+from solvers import schedule_from_kept, simulate
+from solvers.variants import lightest
 from tests import models
 from tests.test_executor import HUGE, _check_memory, assert_same, run_steps
 
@@ -41,8 +44,151 @@ def test_each_family_reproduces_its_op_bitwise():
     gp = torch.randn_like(out)
     rest = ([3, 3], [2, 2], [1, 1], [1, 1], False, idx)
     want = aten.max_pool2d_with_indices_backward(gp, y, *rest)
-    fam = variants.family("maxpool.shape_only")
-    assert torch.equal(fam.run(gp, (tuple(y.shape), y.dtype), *rest), want)
+    like = (tuple(y.shape), y.dtype, y.device)
+    assert torch.equal(variants.run(("maxpool.shape_only",), ((),), gp, like, *rest), want)
+
+
+GEOMETRIES = [  # kernel, stride, padding, dilation, ceil_mode
+    ((2, 2), (2, 2), (0, 0), (1, 1), False), ((3, 3), (2, 2), (1, 1), (1, 1), False),
+    ((3, 2), (1, 2), (1, 0), (1, 1), True), ((3, 3), (2, 1), (1, 1), (2, 3), True),
+    ((5, 5), (3, 3), (2, 2), (1, 1), True), ((17, 17), (1, 1), (8, 8), (1, 1), False)]
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "unbatched", "nan"])
+def test_compact_maxpool_indices_rebuild_exactly(geometry, layout):
+    """NOTE [Compact max-pool indices]: offsets of 1 byte (2 for 17x17 windows) rebuild the
+    int64 indices element for element, so the backward is bitwise the op's."""
+    kernel, stride, padding, dilation, ceil = geometry
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 23, 19)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "unbatched":
+        x = x[0]
+    elif layout == "nan":
+        x[0, 0, 3:9, 2:7] = float("nan")
+    out, idx = aten.max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil)
+    params = (*kernel, *stride, *padding, *dilation, x.shape[-1])
+    offsets = variants.family("maxpool.compact_indices").encode(idx, *params)
+    assert offsets.dtype == (torch.uint8 if kernel[0] * kernel[1] <= 256 else torch.int16)
+    assert torch.equal(variants_pool.full_indices(offsets, *params), idx)
+    g = torch.randn_like(out)
+    rest = (kernel, stride, padding, dilation, ceil)
+    want = aten.max_pool2d_with_indices_backward(g, x, *rest, idx)
+    like = (tuple(x.shape), x.dtype, x.device)
+    both = variants.run(("maxpool.shape_only", "maxpool.compact_indices"), ((), params),
+                        g, like, *rest, offsets)
+    assert torch.equal(both.isnan(), want.isnan()) and torch.equal(both, want)
+
+
+def test_shape_only_families_reproduce_their_ops_bitwise():
+    """Average pooling, adaptive average pooling and a convolution without weight gradient
+    read the argument these families drop for its shape, dtype and device only."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 11, 9)
+    like = (tuple(x.shape), x.dtype, x.device)
+    for rest in [([2, 2], [2, 2], [0, 0], False, True, None),
+                 ([3, 3], [2, 1], [1, 1], True, False, None), ([3, 2], [2, 2], [1, 0], True,
+                                                                True, 5)]:
+        g = torch.randn_like(aten.avg_pool2d(x, *rest))
+        want = aten.avg_pool2d_backward(g, x, *rest)
+        assert torch.equal(variants.run(("avgpool.shape_only",), ((),), g, like, *rest), want)
+    g = torch.randn_like(aten._adaptive_avg_pool2d(x, [4, 3]))
+    want = aten._adaptive_avg_pool2d_backward(g, x)
+    assert torch.equal(variants.run(("adaptive_avgpool.shape_only",), ((),), g, like), want)
+    w = torch.randn(6, 4, 3, 3)
+    g = torch.randn_like(torch.conv2d(x, w, padding=1))
+    for mask in ([True, False, True], [True, False, False], [False, False, True]):
+        rest = ([6], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask)
+        want = aten.convolution_backward(g, x, w, *rest)
+        got = variants.run(("conv.shape_only",), ((),), g, like, w, *rest)
+        assert all(torch.equal(a, b) for a, b, m in zip(got, want, mask) if m)
+
+
+def test_library_rules():
+    """Families of one op replacing different arguments must decode (so they combine);
+    exact ones state no error, lossy ones a bound; lossy ones are only offered on request."""
+    with pytest.raises(ValueError, match="exactly one of run, decode"):
+        variants.Family("x", aten.relu.default, 0, None)
+    with pytest.raises(ValueError, match="must state its bound"):
+        variants.Family("x", aten.relu.default, 0, None, decode=abs, exact=False)
+    by_op = {}
+    for f in variants.FAMILIES:
+        by_op.setdefault(f.op, set()).add(f.arg)
+    assert by_op[aten.max_pool2d_with_indices_backward.default] == {1, 7}
+    assert all(f.max_rel_error < 0.05 for f in variants.FAMILIES)
+
+
+def _no_recompute_peak(problem, chosen) -> int:
+    kept = problem.with_variants(chosen).saved_for_backward
+    return simulate(problem, schedule_from_kept(problem, kept, chosen)).peak_bytes
+
+
+@pytest.fixture
+def free_variants(monkeypatch):
+    """The profiler reports every variant's time as zero (workspaces as measured), so which
+    variants a plan needs at a limit does not hinge on CPU timing noise: with them free, a plan
+    that fits without recomputation beats any that recomputes."""
+    measured = api.profile
+
+    def profile(*args, **kwargs):
+        result = measured(*args, **kwargs)
+        return dataclasses.replace(result, variant_costs=tuple(
+            (0.0, enc_ws, 0.0, run_ws) for _, enc_ws, _, run_ws in result.variant_costs))
+    monkeypatch.setattr(api, "profile", profile)
+
+
+def test_maxpool_variants_combine_in_a_plan(free_variants):
+    """NOTE [Compact max-pool indices] on a ResNet-like stem (conv, BN, ReLU, 3x3/2 pool):
+    compact indices do not lower the least peak (recomputing the stem late is as small), but
+    they keep the stem's indices small while the wider layers' backward holds the peak. At the
+    peak of keeping everything with every variant in use, where without compact indices
+    something must be recomputed, the plan uses both max-pool variants on the same op and trains
+    bitwise like store-all, within the limit."""
+    torch.manual_seed(0)
+    base, x, loss_fn = models.pool_cnn()
+    pool = {"maxpool.shape_only", "maxpool.compact_indices"}
+    problem = monet_opt.lower_problem(copy.deepcopy(base), x, profile_repeats=1)
+    light = lightest(problem)
+    compact = {v for v in light if problem.variants[v].name.startswith("maxpool.compact")}
+    limit = _no_recompute_peak(problem, light)
+    assert compact and limit < _no_recompute_peak(problem, light - compact)
+    tight = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
+                               time_limit_s=10)
+    assert tight.plan.recomputed_ops == 0, tight.plan.explain()
+    by_node: dict[str, set[str]] = {}
+    for name in tight.plan.variants:
+        fam, node = name.split(":")
+        by_node.setdefault(node, set()).add(fam)
+    assert pool in by_node.values(), tight.plan.explain()
+    ref = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    assert_same(run_steps(tight, tight.model, x, loss_fn), run_steps(ref, ref.model, x, loss_fn),
+                exact=True, what="max-pool variants combined vs store-all")
+    _check_memory(tight, x, loss_fn, limit, "max-pool variants combined")
+
+
+@pytest.mark.parametrize("kind", ["frozen_conv", "avgpool", "adaptive_avgpool"])
+def test_shape_only_families_lower_the_least_peak(kind):
+    """A frozen convolution, average pooling, adaptive average pooling: dropping the input
+    their backward reads for its shape lowers the least reachable peak (no recomputation can:
+    the op needs the input while it runs), the least-peak plan uses the family, and it trains
+    bitwise like store-all, within the limit."""
+    family = "conv.shape_only" if kind == "frozen_conv" else f"{kind}.shape_only"
+    torch.manual_seed(0)
+    base, x, loss_fn = models.shape_only_net(kind)
+    without = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
+                                 variants=False)
+    with_ = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    limit = with_.plan.min_feasible_bytes
+    assert limit < without.plan.min_feasible_bytes
+    tight = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
+                               time_limit_s=10)
+    assert family in {name.split(":")[0] for name in tight.plan.variants}, tight.plan.explain()
+    assert_same(run_steps(tight, tight.model, x, loss_fn),
+                run_steps(with_, with_.model, x, loss_fn), exact=True,
+                what=f"{family} vs store-all")
+    _check_memory(tight, x, loss_fn, limit, family)
 
 
 def test_variants_lower_the_least_peak_and_train_exactly():
