@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from solvers import Op, Problem, schedule_from_kept, simulate, solve
+from solvers import Problem, schedule_from_kept, simulate, solve
 from tests.problems import chain
 
 
