@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 
 from solvers import baselines, evict, variants
+from solvers.bound import boundary_bound
 from solvers.errors import SolverError
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
 from solvers.mip import solve_relaxation
@@ -24,11 +26,19 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
     heuristic = _heuristic(problem, budget_bytes)
     least_bytes, least = least_peak(problem, options)  # cached; a quarter of the limit
+    min_feasible = min(heuristic.min_feasible_bytes, least_bytes)
+    valid = boundary_bound(problem, budget_bytes, min(5.0, options.time_limit_s / 10))
+    if valid == math.inf:  # not even the start of the backward fits
+        return SolveResult(solver="milp", status=Status.INFEASIBLE, schedule=None,
+                           objective_s=None, peak_bytes=None, bound_s=None, gap=None,
+                           solve_time_s=time.perf_counter() - start,
+                           min_feasible_bytes=min_feasible,
+                           note="the budget cannot hold what the backward reads at its start "
+                                "(NOTE [The boundary bound])")
     program = Program(stages, budget_bytes)
     warm = _best_start(problem, budget_bytes, program, heuristic, options.time_limit_s / 4)
     res, sched = solve_program(program, _remaining(options, deadline), warm)
     candidates = [(sched, "milp"), (warm, "warm start"), (least, "memory-centric program")]
-    min_feasible = min(heuristic.min_feasible_bytes, least_bytes)
     best = None
     for s, origin in candidates:
         if s is None:
@@ -44,13 +54,15 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     notes = _notes(stages)
     # NOTE [A valid bound]: a coarsened program (merged stages, a recompute window) searches
     # part of the schedules only, so its bound is no bound on the rest: another solver's
-    # schedule can beat it. The result then reports the no-recompute time, valid for all.
-    bound = max(res.bound or 0.0, problem.no_recompute_time_s)
+    # schedule can beat it. The result then reports the boundary bound (solvers/bound.py) or
+    # the no-recompute time, whichever is higher: both hold for every schedule.
+    whole = max(valid or 0.0, problem.no_recompute_time_s)
+    bound = max(res.bound or 0.0, whole)
     if notes:  # coarsened
         if res.bound is not None:
             notes.append(f"the program's bound within that space is {bound:.6g} s; the bound "
-                         "reported is the no-recomputation time, valid for every schedule")
-        bound = problem.no_recompute_time_s
+                         "reported is NOTE [The boundary bound]'s, valid for every schedule")
+        bound = whole
     if best is None:
         status = Status.INFEASIBLE if res.status == "infeasible" else Status.TIMEOUT
         return SolveResult(solver="milp", status=status, schedule=None, objective_s=None,
