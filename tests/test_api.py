@@ -79,6 +79,27 @@ def test_untraceable_model_names_the_line():
         monet_opt.optimize(DataDependent(), torch.randn(2, 4), HUGE)
 
 
+def test_second_capture_takes_the_route_that_worked(monkeypatch):
+    """NOTE [The capture route]: GPT-2 traces only after torch.export; a second optimize() of
+    it does not try the direct trace again (and a model that failed both routes still says so)."""
+    from monet_opt import capture
+    model, x, _ = models.gpt2_tiny()
+    routes = []
+    compile_step = capture.compile_step
+
+    def counting(model, spec, partition_fn, export_example=None):
+        routes.append("export" if export_example is not None else "direct")
+        return compile_step(model, spec, partition_fn, export_example)
+
+    monkeypatch.setattr(capture, "compile_step", counting)
+    monkeypatch.setattr(capture, "_NEEDS_EXPORT", {})
+    monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    assert routes == ["direct", "export"]
+    routes.clear()
+    monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    assert routes == ["export"]
+
+
 def test_optimize_leaves_model_state_and_rng_alone():
     torch.manual_seed(0)
     model, x, _ = models.small_cnn()
