@@ -43,6 +43,7 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     assert m.command.startswith("monet-opt bench --models tiny_cnn") and m.git_commit
     assert m.floor_bytes == m.param_bytes + m.buffer_bytes + m.input_bytes + m.grad_bytes
     assert any("no_such_solver" in s for s in m.skipped)
+    assert m.timing_noise is not None and m.timing_noise >= 0  # NOTE [Timing noise]
     if "checkmate" not in solvers.available_solvers():
         assert any("checkmate" in s for s in m.skipped)
 
@@ -59,6 +60,7 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
         assert p.grad_rel_diff <= 1e-5
         assert p.step_time_s > 0 and p.eager_step_time_s == eager.step_time_s
         assert p.solve_time_s >= 0 and p.plan_time_s > 0
+        assert p.predicted_overhead is not None and p.predicted_overhead > -1
     assert by_family["ours"][1].peak_bytes < eager.peak_bytes
     assert {p.method for p in by_family["checkpoint"]} == \
         {peer.name for peer in models.SPECS["tiny_cnn"].checkpoint}
@@ -73,7 +75,7 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
 
     md = (tmp_path / "bench.md").read_text()
     assert "## tiny_cnn" in md and "## other" in md
-    for text in (m.device, m.torch_version, m.git_commit, m.command, "| monet_opt auto | min |"):
+    for text in (m.device, m.torch_version, m.git_commit, m.command, "| monet_opt auto | min |", "Timing noise"):
         assert text in md
     for name in ("bench_frontier.png", "bench_frontier_tiny_cnn.png",
                  "bench_timeline_tiny_cnn.png", "bench_frontier_other.png"):

@@ -99,8 +99,11 @@ def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
         gap = "" if plan.gap is None else f", gap {plan.gap:.1%}"
         note = (f"{plan.solver} {plan.status}{gap}; {plan.recomputed_ops} op runs recomputed"
                 + (f"; {plan.solver_note}" if plan.solver_note else ""))
+        predicted_overhead = plan.predicted_step_time_s / plan.store_all_step_time_s - 1 \
+            if plan.store_all_step_time_s else None
         point = replace(base, solve_time_s=plan.solve_time_s, plan_time_s=plan_s,
-                        predicted_peak_bytes=plan.predicted_peak_bytes, note=note)
+                        predicted_peak_bytes=plan.predicted_peak_bytes,
+                        predicted_overhead=predicted_overhead, note=note)
         point = measured_point(ctx, runner, point)
         point = replace(point, prediction_error=(
             (plan.predicted_peak_bytes - point.peak_bytes) / point.peak_bytes))

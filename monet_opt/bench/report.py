@@ -23,7 +23,10 @@ commit, device and torch version it was measured with. Regenerate rather than ed
 - **Floor** = parameters + buffers + input + gradients; **activations** = peak - floor.
 - **Time**: median of interleaved steps after warm-up (eager, ours and checkpointing in one
   block, order rotating; each torch.compile budget in its own block against eager).
-  **Overhead** = step / eager step of the same block - 1.
+  **Overhead** = step / eager step of the same block - 1. **Predicted overhead** (ours): the
+  plan's predicted step over its store-all step - 1, from profiled op times. On this 2-core
+  machine single steps vary by 10-20 %; each model states how far apart eager timed twice in
+  the same block came out (its timing noise).
 - **Limits** are shares of eager's measured peak; "min" is the least peak the solver reports.
 - **Predicted**: the plan's simulated peak; error = (predicted - measured) / measured.
 - **grad diff**: max |g - g_eager| / max |g_eager| over all parameters, same seed. torch.compile
@@ -70,6 +73,9 @@ def section(run: ModelRun) -> str:
         f"({(m.eager_peak_bytes - m.floor_bytes) / m.eager_peak_bytes:.0%} of the peak), step "
         f"{m.eager_step_time_s:.3f} s.\n",
     ]
+    if m.timing_noise is not None:
+        lines.append(f"Timing noise: eager timed twice in the same block came out "
+                     f"{m.timing_noise:.1%} apart; overheads closer than that are ties.\n")
     if m.skipped:
         lines.append("Not run: " + "; ".join(m.skipped) + ".\n")
     lines += summary(run, u) + ["", *table(run.points, m.floor_bytes, m.eager_peak_bytes, u)]
@@ -107,8 +113,9 @@ def table(points: tuple[Point, ...], floor: int, eager_peak: int,
         return size(b, u)
 
     rows = ["| method | setting | status | limit | peak | % of eager | activations "
-            "| profiler | step s | overhead | solve s | predicted | error | grad diff | note |",
-            "|" + "---|" * 15]
+            "| profiler | step s | overhead | predicted overhead | solve s | predicted | error "
+            "| grad diff | note |",
+            "|" + "---|" * 16]
     for p in points:
         share = pct(p.peak_bytes / eager_peak, signed=False) if p.peak_bytes else "-"
         act = fmt(p.peak_bytes - floor) if p.peak_bytes is not None else "-"
@@ -119,6 +126,7 @@ def table(points: tuple[Point, ...], floor: int, eager_peak: int,
         over = "" if p.within_limit is not False else " **over limit**"
         rows.append(f"| {p.method} | {p.setting} | {p.status} | {fmt(p.limit_bytes)} | "
                     f"{fmt(p.peak_bytes)}{over} | {share} | {act} | {fmt(p.profiler_peak_bytes)} "
-                    f"| {step} | {pct(p.overhead)} | {solve} | {fmt(p.predicted_peak_bytes)} | "
+                    f"| {step} | {pct(p.overhead)} | {pct(p.predicted_overhead)} | {solve} | "
+                    f"{fmt(p.predicted_peak_bytes)} | "
                     f"{err} | {grad} | {p.note.replace('|', '/')} |")
     return rows

@@ -33,7 +33,8 @@ class Point:
     time (ours), the first call including compilation (compile), 0 (checkpoint).
     plan_time_s: the whole optimize() call (trace, profile, solve). prediction_error:
     (predicted - measured) / measured. grad_rel_diff: max |g - g_eager| / max |g_eager| over
-    all parameters, same seed.
+    all parameters, same seed. predicted_overhead (ours): the plan's predicted step time over
+    its store-all step time - 1, from the profiled op times.
     """
 
     model: str
@@ -52,6 +53,7 @@ class Point:
     plan_time_s: float | None = None
     predicted_peak_bytes: int | None = None
     prediction_error: float | None = None
+    predicted_overhead: float | None = None
     grad_rel_diff: float | None = None
     note: str = ""
 
@@ -84,6 +86,9 @@ class Meta:
     eager_step_time_s: float
     skipped: tuple[str, ...] = ()   # methods not run, each with the reason
     wall_time_s: float = 0.0
+    # NOTE [Timing noise]: a second eager runner times in the same block as the first; its
+    # median's distance from eager's says how far apart two identical methods come out.
+    timing_noise: float | None = None
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-budgets", help="activation memory budgets, comma-separated "
                                              f"(default {','.join(map(str, BUDGETS))}; "
                                              "'none' to skip torch.compile)")
-    p.add_argument("--rounds", type=int, help="timed interleaved rounds (default 7; quick 3)")
+    p.add_argument("--rounds", type=int, help="timed interleaved rounds (default 11; quick 3)")
     p.add_argument("--time-limit", type=float,
                    help="seconds each MILP may take (default 30, optimize()'s; quick 5)")
     p.add_argument("--device", choices=("cpu", "cuda"),
@@ -83,7 +83,7 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
         solvers=tuple(s for s in args.solvers.split(",") if s),
         compile_backend=args.compile_backend,
         compile_budgets=() if budgets == "none" else tuple(float(b) for b in budgets.split(",")),
-        rounds=args.rounds or (3 if args.quick else 7),
+        rounds=args.rounds or (3 if args.quick else 11),
         time_limit_s=args.time_limit or (5.0 if args.quick else 30.0),
         out=Path(args.out), merge=not args.no_merge,
         command="monet-opt bench " + shlex.join(argv))
@@ -134,21 +134,27 @@ def bench_model(spec: models.BenchModel, s: Settings) -> results.ModelRun:
             continue
         measured += methods.ours(ctx, solver, s.limits, s.time_limit_s)
     measured += [methods.checkpoint(ctx, peer) for peer in spec.checkpoint]
-    points = _timed(ctx, eager_point, measured, s.rounds)
+    points, noise = _timed(ctx, eager_point, measured, s.rounds)
     points += [methods.compiled(ctx, s.compile_backend, b, s.rounds) for b in s.compile_budgets]
     meta = _meta(spec.name, config, s, ctx, points[0], tuple(skipped),
                  time.perf_counter() - started)
+    meta = replace(meta, timing_noise=noise)
     return results.ModelRun(meta=meta, points=tuple(points),
                             timeline=_timeline(ctx, measured, s.device))
 
 
 def _timed(ctx: Context, eager_point: results.Point, measured: list[Measured],
-           rounds: int) -> list[results.Point]:
-    """Eager, ours and the checkpoint peers in one interleaved timing block."""
-    runners = [ctx.eager] + [m.runner for m in measured if m.runner is not None]
+           rounds: int) -> tuple[list[results.Point], float]:
+    """Eager, ours and the checkpoint peers in one interleaved timing block, with eager once
+    more (NOTE [Timing noise]): the points, and |repeat / eager - 1|."""
+    repeat = replace(ctx.eager, name=ctx.eager.name + " (repeat)")
+    runners = [ctx.eager, repeat] + [m.runner for m in measured if m.runner is not None]
     print(f"  timing {len(runners)} methods x {rounds} interleaved rounds", flush=True)
     times = measure.interleaved_times(runners, ctx.x, rounds, ctx.device)
     eager_s = times[ctx.eager.name]
+    noise = abs(times[repeat.name] / eager_s - 1)
+    print(f"  eager {eager_s:.3f} s, eager again {times[repeat.name]:.3f} s: timing noise "
+          f"{noise:.1%}", flush=True)
     out = [replace(eager_point, step_time_s=eager_s, eager_step_time_s=eager_s, overhead=0.0)]
     for m in measured:
         if m.runner is None:
@@ -157,7 +163,7 @@ def _timed(ctx: Context, eager_point: results.Point, measured: list[Measured],
         step = times[m.runner.name]
         out.append(replace(m.point, step_time_s=step, eager_step_time_s=eager_s,
                            overhead=step / eager_s - 1))
-    return out
+    return out, noise
 
 
 def _timeline(ctx: Context, measured: list[Measured], device: torch.device):
