@@ -29,6 +29,9 @@ _REGISTRY: dict[str, tuple[SolverFn, type]] = {
 
 # The lower-set program's share of "auto" (it runs whatever else does; a cap, not a target).
 AUTO_DP_TIME_LIMIT_S = 3.0
+# How many of the fastest schedules "auto" polishes, and for how long at most.
+AUTO_POLISH_SCHEDULES = 3
+AUTO_POLISH_TIME_LIMIT_S = 5.0
 
 
 def available_solvers() -> list[str]:
@@ -91,6 +94,14 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None) -> So
         options = MilpOptions() if time_limit_s is None else MilpOptions(time_limit_s=time_limit_s)
         min_peak = min(min_peak, joint.least_peak(problem, options)[0])
     feasible = [r for r in results if r.feasible]
+    if feasible and not cheap[0].feasible:  # NOTE [Polishing] in solvers/evict.py
+        top = sorted(feasible, key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
+        polished = evict.polish(problem, budget_bytes, [r.schedule for r in top],
+                                AUTO_POLISH_TIME_LIMIT_S)
+        if polished.objective_s < top[0].objective_s:
+            feasible.append(dataclasses.replace(polished, note=(
+                "kept sets of the best schedules (" + ", ".join(r.solver for r in top) +
+                ") recomputed on demand and put back into greedily")))
     elapsed = time.perf_counter() - start
     if not feasible:
         return SolveResult(solver="auto", status=Status.INFEASIBLE, schedule=None,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from solvers import Problem, schedule_from_kept, simulate, solve
+from solvers.evict import polish
 from tests.problems import chain
 
 
@@ -41,3 +44,16 @@ def test_min_feasible_does_not_depend_on_the_budget():
     least = answers.pop()
     assert solve(p, least, "evict").feasible
     assert not solve(p, least - 1, "evict").feasible
+
+
+def test_polish_keeps_more_of_a_schedule_that_keeps_too_little():
+    """NOTE [Polishing]: Chen's schedule for a tight budget, polished under a roomy one, puts
+    tensors back until it is as fast as the best that fits; never slower than it was."""
+    p = chain(9)
+    tight = solve(p, 10**9, "chen_sqrt")
+    budget = solve(p, 10**9, "store_all").peak_bytes - 10
+    given = solve(p, tight.min_feasible_bytes, "chen_sqrt")
+    assert given.feasible and given.objective_s > solve(p, budget, "milp").objective_s
+    r = polish(p, budget, [given.schedule], time_limit_s=10.0)
+    assert r.feasible and r.peak_bytes <= budget
+    assert r.objective_s == pytest.approx(solve(p, budget, "milp").objective_s)

@@ -166,7 +166,8 @@ def test_random_dags_every_solver(n, seed, frac):
     # can be faster than the joint MILP: test_checkmate_never_slower_than_milp).
     best = min(r.objective_s for s, r in results.items()
                if r.feasible and s not in ("auto", "checkmate"))
-    assert results["auto"].objective_s == pytest.approx(best)
+    # ...and polishes the best of them (NOTE [Polishing]), so it can only do better.
+    assert results["auto"].objective_s <= best * (1 + 1e-9)
 
 
 @settings(max_examples=25, deadline=None)
