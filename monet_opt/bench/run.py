@@ -40,6 +40,7 @@ class Settings:
     out: Path
     merge: bool
     command: str
+    git_commit: str  # taken when the run starts: commits made while it runs are not its code
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,7 +87,7 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
         rounds=args.rounds or (3 if args.quick else 11),
         time_limit_s=args.time_limit or (5.0 if args.quick else 30.0),
         out=Path(args.out), merge=not args.no_merge,
-        command="monet-opt bench " + shlex.join(argv))
+        command="monet-opt bench " + shlex.join(argv), git_commit=_git_commit())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +190,7 @@ def _meta(name: str, config: str, s: Settings, ctx: Context, eager: results.Poin
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return results.Meta(
         model=name, config=config, device=_device_name(s.device),
-        torch_version=torch.__version__, command=s.command, git_commit=_git_commit(),
+        torch_version=torch.__version__, command=s.command, git_commit=s.git_commit,
         date=datetime.datetime.now().isoformat(timespec="seconds"),
         threads=torch.get_num_threads(), param_bytes=param_bytes, buffer_bytes=buffer_bytes,
         input_bytes=input_bytes, grad_bytes=grad_bytes,
