@@ -33,6 +33,15 @@ def gpt2(batch: int = 4, seq: int = 256):
     return _LogitsOnly(model), {"input_ids": ids}
 
 
+def gpt2_narrow(batch: int = 4, seq: int = 256):
+    """The demo's GPT-2 (monet_opt.demo.build_gpt2): 12 layers 256 wide, 4 heads, a 2048-token
+    vocabulary, tied embeddings, dropout on. With GPT-2's own 50257-token vocabulary the
+    embedding and its gradient dominate a CPU-sized step's peak; here activations do."""
+    from monet_opt.demo import build_gpt2
+    model, x = build_gpt2(batch, seq)
+    return _LogitsOnly(model), x
+
+
 class _LogitsOnly(nn.Module):
     """Returns the logits tensor alone, so the step's output is one tensor."""
 
@@ -149,4 +158,4 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, Any]]] = {
 # benchmark's list.
 ALL_MODELS: dict[str, Callable[..., tuple[nn.Module, Any]]] = {
     **MODELS, "vgg16": vgg16, "mobilenet_v2": mobilenet_v2, "googlenet": googlenet,
-    "unet": unet, "bert_base": bert_base, "tiny_cnn": tiny_cnn}
+    "unet": unet, "bert_base": bert_base, "tiny_cnn": tiny_cnn, "gpt2_narrow": gpt2_narrow}

@@ -83,6 +83,8 @@ def _specs() -> dict[str, BenchModel]:
                    (peers.per_block(nn.Sequential, label="double 3x3 convolution (9)"),)),
         BenchModel("gpt2", dict(batch=1, seq=256), dict(batch=8, seq=1024), dict(batch=1, seq=32),
                    (peers.hf_blocks(),)),
+        BenchModel("gpt2_narrow", dict(batch=4, seq=256), dict(batch=32, seq=1024),
+                   dict(batch=1, seq=32), (peers.hf_blocks(),)),
         BenchModel("bert_base", dict(batch=2, seq=128), dict(batch=32, seq=512),
                    dict(batch=1, seq=32), (peers.hf_blocks(),)),
         BenchModel("tiny_cnn", dict(batch=4, size=16), dict(batch=64, size=32),
@@ -96,4 +98,4 @@ def _specs() -> dict[str, BenchModel]:
 SPECS = _specs()
 # What `monet-opt bench` runs when no --models is given (tiny_cnn is the harness's smoke test).
 DEFAULT_MODELS = ("resnet50", "vgg16", "mobilenet_v2", "googlenet", "densenet121", "unet", "gpt2",
-                  "bert_base")
+                  "gpt2_narrow", "bert_base")
