@@ -8,6 +8,7 @@ monet_opt version. Parameter values are in no key: they change no shape or time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -20,6 +21,8 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
+
+import solvers
 
 @dataclass(frozen=True)
 class ProfileKey:
@@ -96,11 +99,19 @@ def device_name(primals: Sequence[torch.Tensor]) -> str:
     return f"cpu: {_cpu_model()}, {torch.get_num_threads()} threads"
 
 
+@functools.lru_cache(maxsize=1)
 def library_version() -> str:
+    """The package version plus a digest of the solvers' source code: a schedule that older or
+    edited solvers made is not served after the solvers change, even where the package version
+    did not (it is solved again)."""
     try:
-        return importlib.metadata.version("monet_opt")
+        version = importlib.metadata.version("monet_opt")
     except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+        version = "not installed"
+    h = hashlib.sha256()
+    for path in sorted(Path(solvers.__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"{version}+solvers.{h.hexdigest()[:12]}"
 
 
 def _cpu_model() -> str:

@@ -347,3 +347,17 @@ def test_two_processes_share_one_directory(tmp_path):
         warnings.simplefilter("error")
         profile, = ProfileCache(tmp_path).profiles()
         assert len(ProfileCache(tmp_path).schedules(profile)) == 1
+
+
+def test_a_schedule_from_other_solver_code_is_solved_again(direct, monkeypatch):
+    """The schedule key's library version carries a digest of solvers/'s source: after the
+    solvers change (same package version), cached schedules are not served."""
+    from monet_opt import cache, cache_keys
+    assert "+solvers." in cache_keys.library_version()
+    direct.solve(25)
+    assert direct.take() == (1, 1)
+    direct.solve(25)
+    assert direct.take() == (0, 0)
+    monkeypatch.setattr(cache, "library_version", lambda: "0.1.0+solvers.000000000000")
+    direct.solve(25)
+    assert direct.take() == (0, 1)
