@@ -64,6 +64,17 @@ def _overview(plt, out: Path, runs: dict[str, ModelRun]) -> Path:
     return _save(fig, out / "bench_frontier.png")
 
 
+# One colour per method in every panel (matplotlib's cycle would follow each panel's methods).
+_METHOD_ORDER = ("monet_opt auto", "monet_opt milp", "monet_opt dp", "checkmate (our executor)",
+                 "checkpoint per block", "checkpoint_sequential", "torch.compile inductor")
+
+
+def _color(method: str) -> str:
+    k = _METHOD_ORDER.index(method) if method in _METHOD_ORDER else \
+        len(_METHOD_ORDER) + sum(map(ord, method))
+    return f"C{k % 10}"
+
+
 def frontier(ax, run: ModelRun, legend: bool = True) -> None:
     """Measured peak (% of eager's) against overhead, one series per method."""
     m = run.meta
@@ -77,7 +88,7 @@ def frontier(ax, run: ModelRun, legend: bool = True) -> None:
             pts.sort(key=lambda p: p.peak_bytes)
         xs = [100 * p.peak_bytes / m.eager_peak_bytes for p in pts]
         ys = [100 * p.overhead for p in pts]
-        color = "black" if family == "eager" else None
+        color = "black" if family == "eager" else _color(method)
         ax.plot(xs, ys, marker=marker, linestyle=line or "none", label=method, color=color,
                 markersize=10 if family == "eager" else 5, linewidth=1)
         if family == "compile":
