@@ -120,7 +120,8 @@ def _boxed(gm: torch.fx.GraphModule):
 
 # NOTE [The capture route]: whether a model class last traced only after torch.export. A second
 # optimize() of the same model (same process) then goes straight to the route that worked instead
-# of failing the direct trace first (about 1 s of a GPT-2's second call).
+# of failing the direct trace first. On HF GPT-2 that failure comes early in the trace: the
+# second call's time is still mostly export, the joint trace and one real step (demo.md).
 _NEEDS_EXPORT: dict[type, bool] = {}
 
 
