@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 import solvers
 
+
 @dataclass(frozen=True)
 class ProfileKey:
     """What a profile depends on. options: the profiling options, as (name, value) pairs."""

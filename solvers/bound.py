@@ -43,6 +43,7 @@ def _program(p: Problem, budget_bytes: int) -> Mip:
     fwd_tensors = set(p.forward_tensors)
     live: dict[int, int] = {}
     rerun: dict[int, int] = {}
+    pending: list[int] = []  # rerun ops whose input rows are not written yet
 
     def have(t: int) -> list[tuple[int, float]]:
         """Terms that are >= 1 exactly when forward tensor t is readable in the backward."""
@@ -55,12 +56,10 @@ def _program(p: Problem, budget_bytes: int) -> Mip:
             pending.append(op)
         return terms + [(rerun[op], 1.0)]
 
-    pending: list[int] = []
     groups: dict[tuple[int, int], list[int]] = {}
     for v, var in enumerate(p.variants):
         groups.setdefault(var.group, []).append(v)
     chosen = {v: mip.var(cost=p.variant_time_s(v)) for v in range(len(p.variants))}
-    encode_of = p.encode_ops
     for b in p.backward_ops:
         for t in set(p.ops[b].inputs) & fwd_tensors:
             alts = groups.get((b, t), [])
@@ -68,7 +67,7 @@ def _program(p: Problem, budget_bytes: int) -> Mip:
             for v in alts:
                 for r in set(p.variants[v].reads) & fwd_tensors:
                     mip.row(have(r) + [(chosen[v], -1.0)], lo=0.0)
-    for v, ids in groups.items():
+    for ids in groups.values():
         mip.row([(chosen[k], 1.0) for k in ids], hi=1.0)
     for t in set(p.backward_outputs) & fwd_tensors:
         mip.row(have(t), lo=1.0)
@@ -77,7 +76,7 @@ def _program(p: Problem, budget_bytes: int) -> Mip:
         for u in set(p.ops[o].inputs) & fwd_tensors:
             mip.row(have(u) + [(rerun[o], -1.0)], lo=0.0)
     # An encode op runs (and costs) only for its chosen variant: its rerun costs it again.
-    for o, v in encode_of.items():
+    for o, v in p.encode_ops.items():
         if o in rerun:
             mip.row([(rerun[o], 1.0), (chosen[v], -1.0)], hi=0.0)
     tangents = sum(p.tensors[t].bytes for t in p.tangents)
@@ -86,4 +85,3 @@ def _program(p: Problem, budget_bytes: int) -> Mip:
     if room < 0:
         mip.trivially_infeasible = True
     return mip
-
