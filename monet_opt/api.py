@@ -13,6 +13,7 @@ from monet_opt import capture, rewrite
 from monet_opt import variants as variant_library
 from monet_opt.cache import Profile, ProfileCache
 from monet_opt.cache_keys import ProfileKey, describe_inputs
+from monet_opt.conv_split import SPLIT_WITH, split_conv_backward
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
 from monet_opt.lower_variants import attach_variants, with_costs
@@ -165,6 +166,8 @@ class _Planner:
         self.plan: Plan | None = None
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
+        if SPLIT_WITH in self.families:
+            split_conv_backward(joint)  # NOTE [Conv backward split]
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain

@@ -80,13 +80,16 @@ class MLP(nn.Module):
 class ShapeOnlyNet(nn.Module):
     """A convolution, then an op whose backward reads its input for the shape only: a frozen
     convolution (no weight gradient), average pooling, or adaptive average pooling (to 7x7,
-    which stays _adaptive_avg_pool2d). Without dropping that input, the op's backward holds
-    three maps at once (input, output gradient, input gradient); nothing else holds as many."""
+    which stays _adaptive_avg_pool2d); or a trainable convolution, whose backward reads its
+    input for the shape only in its input step (NOTE [Conv backward split]). Without dropping
+    that input, the op's backward holds three maps at once (input, output gradient, input
+    gradient); nothing else holds as many."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 8, 3, padding=1)
         self.op = {"frozen_conv": lambda: nn.Conv2d(8, 8, 3, padding=1).requires_grad_(False),
+                   "conv": lambda: nn.Conv2d(8, 8, 3, padding=1),
                    "avgpool": lambda: nn.AvgPool2d(2),
                    "adaptive_avgpool": lambda: nn.AdaptiveAvgPool2d((7, 7))}[kind]()
         self.fc = nn.Linear(8, 10)

@@ -168,13 +168,14 @@ def test_maxpool_variants_combine_in_a_plan(free_variants):
     _check_memory(tight, x, loss_fn, limit, "max-pool variants combined")
 
 
-@pytest.mark.parametrize("kind", ["frozen_conv", "avgpool", "adaptive_avgpool"])
+@pytest.mark.parametrize("kind", ["frozen_conv", "conv", "avgpool", "adaptive_avgpool"])
 def test_shape_only_families_lower_the_least_peak(kind):
-    """A frozen convolution, average pooling, adaptive average pooling: dropping the input
-    their backward reads for its shape lowers the least reachable peak (no recomputation can:
-    the op needs the input while it runs), the least-peak plan uses the family, and it trains
-    bitwise like store-all, within the limit."""
-    family = "conv.shape_only" if kind == "frozen_conv" else f"{kind}.shape_only"
+    """A frozen convolution, a trainable one's input step (NOTE [Conv backward split]), average
+    pooling, adaptive average pooling: dropping the input their backward reads for its shape
+    lowers the least reachable peak (no recomputation can: the op needs the input while it
+    runs), the least-peak plan uses the family, and it trains bitwise like store-all, within
+    the limit."""
+    family = "conv.shape_only" if kind.endswith("conv") else f"{kind}.shape_only"
     torch.manual_seed(0)
     base, x, loss_fn = models.shape_only_net(kind)
     without = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,

@@ -1,0 +1,62 @@
+"""Split each convolution's backward into its weight step and its input step.
+
+NOTE [Conv backward split]
+  `convolution_backward(grad, input, weight, ..., output_mask)` makes the input's, the weight's
+  and the bias's gradients in one call, so the input it reads (the forward activation) lives
+  until all three exist, beside the new input gradient of the same size. Split in two, the
+  weight-and-bias step reads the input and runs first; the input step reads the input only
+  for its shape. Once the `conv.shape_only` variant (monet_opt.variants) is chosen for the
+  input step, the activation can be freed between the two: the backward's memory at that
+  convolution drops by the activation's size, which matters wherever the activation has no
+  later reader (a ReLU's output whose own backward reads a bit mask instead).
+
+  Both steps are ATen's own op with a narrower mask, so the gradients are bitwise eager's (on
+  CPU and with cuDNN the combined call makes the same separate calls inside). What the split
+  costs in time is measured: the profiler times each step. It is made only when the solver is
+  offered `conv.shape_only`, the one variant that makes it pay.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from monet_opt.errors import internal_assert
+
+aten = torch.ops.aten
+SPLIT_WITH = "conv.shape_only"  # the variant family that makes the split pay
+
+
+def split_conv_backward(gm: fx.GraphModule) -> int:
+    """Split, in place, every convolution_backward of `gm` that wants both the input's and the
+    weight's gradient; returns how many were split."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.target is not aten.convolution_backward.default:
+            continue
+        mask = list(node.args[10])
+        if not (mask[0] and mask[1]):
+            continue
+        val = node.meta.get("val")
+        with gm.graph.inserting_before(node):
+            weight_step = _narrowed(gm.graph, node, [False, True, mask[2]],
+                                    None if val is None else (None, val[1], val[2]))
+            input_step = _narrowed(gm.graph, node, [True, False, False],
+                                   None if val is None else (val[0], None, None))
+        for user in list(node.users):
+            internal_assert(user.target is operator.getitem,
+                            f"convolution_backward read by {user.format_node()}")
+            user.args = (input_step if user.args[1] == 0 else weight_step, user.args[1])
+        gm.graph.erase_node(node)
+        count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
+def _narrowed(graph: fx.Graph, node: fx.Node, mask: list[bool], val) -> fx.Node:
+    new = graph.call_function(node.target, (*node.args[:10], mask), dict(node.kwargs))
+    new.meta.update(node.meta)
+    new.meta["val"] = val
+    return new
