@@ -9,11 +9,10 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import capture, rewrite
+from monet_opt import capture, conv_split, rewrite
 from monet_opt import variants as variant_library
 from monet_opt.cache import Profile, ProfileCache
 from monet_opt.cache_keys import ProfileKey, describe_inputs
-from monet_opt.conv_split import SPLIT_WITH, split_conv_backward
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
 from monet_opt.lower_variants import attach_variants, with_costs
@@ -166,8 +165,9 @@ class _Planner:
         self.plan: Plan | None = None
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
-        if SPLIT_WITH in self.families:
-            split_conv_backward(joint)  # NOTE [Conv backward split]
+        devices = {t.device.type for t in self.primals}
+        if conv_split.SPLIT_WITH in self.families and devices <= conv_split.SPLIT_DEVICES:
+            conv_split.split_conv_backward(joint)  # NOTE [Conv backward split]
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain

@@ -25,10 +25,11 @@ def mib(b: float) -> str:
     return f"{b / 2**20:,.1f}"
 
 
-def lowered(name: str, out, **options):
-    """Lower and profile a zoo model (`options` for lower_problem); print its sizes. (problem,
-    floor, activations, store-all simulation): floor = parameters, inputs and gradients."""
-    model, x = zoo.ALL_MODELS[name]()
+def lowered(name: str, out, size: dict | None = None, **options):
+    """Lower and profile a zoo model (`size`: its factory's arguments; `options` for
+    lower_problem); print its sizes. (problem, floor, activations, store-all simulation):
+    floor = parameters, inputs and gradients."""
+    model, x = zoo.ALL_MODELS[name](**(size or {}))
     t0 = time.perf_counter()
     problem = monet_opt.lower_problem(model, x, profile_repeats=3, **options)
     lower_s = time.perf_counter() - t0
@@ -37,7 +38,9 @@ def lowered(name: str, out, **options):
     grads = sum(problem.tensors[t].bytes for t in problem.backward_outputs)
     floor = problem.fixed_bytes + grads
     act = store_all.peak_bytes - floor
-    print(f"\n### {name}\n\n{len(problem.forward_ops)} forward ops, "
+    args = ", ".join(f"{k}={v}" for k, v in (size or {}).items())
+    variants = "" if options.get("variants", True) else ", variants off"
+    print(f"\n### {name}({args}){variants}\n\n{len(problem.forward_ops)} forward ops, "
           f"{len(problem.backward_ops)} backward ops, {len(problem.tensors)} tensors (lowered "
           f"and profiled in {lower_s:.0f} s). Store-all peak {mib(store_all.peak_bytes)} MiB = "
           f"{mib(floor)} MiB parameters, inputs and gradients + {mib(act)} MiB activations; "
@@ -68,7 +71,8 @@ def bench_model(name: str, time_limit_s: float, out, names=SOLVERS) -> None:
 def header(title: str, module: str, args) -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     machine = platform.processor() or platform.machine()
-    chosen = f" --solvers {args.solvers}" if getattr(args, "solvers", None) else ""
+    chosen = "".join(f" --{k} {getattr(args, k)}" for k in ("solvers", "solver")
+                     if getattr(args, k, None))
     print(f"# {title}\n\nCommand: `python -m {module} --time-limit "
           f"{args.time_limit:g} --models {args.models}{chosen}`. Machine: {machine}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, "

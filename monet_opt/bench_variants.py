@@ -1,13 +1,19 @@
-"""What operator variants are worth: the joint MILP with variants off vs on, and each family
-alone, at limits leaving 70/50/40 % of the store-all activation memory (MONeT's ablation, on
-this machine). Prints markdown (docs/benchmarks/variants.md).
+"""What operator variants are worth: the "auto" solver with variants off vs on, and with each
+family alone and all but it, at limits leaving 70/50/40 % of the store-all activation memory (MONeT's ablation,
+on this machine), on the side-by-side benchmark's CPU sizes. Prints markdown
+(docs/benchmarks/variants.md).
+
+"Off" is the model lowered with `variants=False`, as `optimize(..., variants=False)` runs it
+(no convolution backward split either: NOTE [Conv backward split]); the other rows share one
+lowering with every family offered, cut to the families named.
 
 Per family, it also prints what its sites read instead of what they replace, and what it is
 worth at the no-recompute peak: that peak with every family in its lightest form, less the same
 without the family (a family can save bytes between forward and backward and still be worth
 nothing there, if the peak is where its tensor is not alive).
 
-    python -m monet_opt.bench_variants [--time-limit 60] [--models resnet50,gpt2] [--lossy]
+    python -m monet_opt.bench_variants [--time-limit 30] [--models resnet50,gpt2_narrow]
+                                       [--solver auto] [--lossy]
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import argparse
 import sys
 
 import solvers
+from monet_opt.bench.models import SPECS
 from monet_opt.bench_solvers import FRACTIONS, header, lowered, mib
 from solvers.variants import lightest
 
@@ -44,9 +51,10 @@ def family_table(problem: solvers.Problem, families: dict[str, set[int]], out) -
     print(file=out)
 
 
-def bench_model(name: str, time_limit_s: float, out, lossy: bool = False) -> None:
-    problem, floor, act, store_all = lowered(name, out, allow_lossy=lossy)
-    off = problem.with_variants(frozenset())
+def bench_model(name: str, solver: str, time_limit_s: float, out, lossy: bool = False) -> None:
+    size = SPECS[name].cpu
+    off, _, _, off_store_all = lowered(name, out, size, variants=False)
+    problem, floor, act, store_all = lowered(name, out, size, allow_lossy=lossy)
     families: dict[str, set[int]] = {}
     for v, var in enumerate(problem.variants):
         families.setdefault(var.name.split(":")[0], set()).add(v)
@@ -54,20 +62,27 @@ def bench_model(name: str, time_limit_s: float, out, lossy: bool = False) -> Non
           + ", ".join(f"{f} x{len(vs)}" for f, vs in sorted(families.items())) + ".\n",
           file=out)
     family_table(problem, families, out)
+    print(f"Solver {solver!r}, time limit {time_limit_s:g} s. Overheads are against the "
+          f"store-all step of the lowering they ran on (variants off: "
+          f"{off_store_all.time_s * 1e3:.0f} ms; on: {store_all.time_s * 1e3:.0f} ms).\n",
+          file=out)
     print("| limit (activations left) | variants | predicted step | overhead | gap "
           "| least peak (MiB) | variants chosen |", file=out)
     print("|---|---|---|---|---|---|---|", file=out)
-    cases = [("off", off), ("all", problem)]
-    cases += [(f"{f} only", problem.only_variants(vs)) for f, vs in sorted(families.items())]
+    cases = [("off", off, off_store_all), ("all", problem, store_all)]
+    every = set(range(len(problem.variants)))
+    for f, vs in sorted(families.items()):
+        cases += [(f"{f} only", problem.only_variants(vs), store_all),
+                  (f"all but {f}", problem.only_variants(every - vs), store_all)]
     for frac in FRACTIONS:
         budget = floor + int(frac * act)
-        for label, p in cases:
+        for label, p, base in cases:
             if frac != 0.5 and label not in ("off", "all"):
                 continue
-            r = solvers.solve(p, budget, "milp", time_limit_s=time_limit_s)
+            r = solvers.solve(p, budget, solver, time_limit_s=time_limit_s)
             ok = r.feasible
             step = f"{r.objective_s * 1e3:.0f} ms" if ok else "-"
-            over = f"{r.objective_s / store_all.time_s - 1:+.1%}" if ok else "infeasible"
+            over = f"{r.objective_s / base.time_s - 1:+.1%}" if ok else "infeasible"
             gap = f"{r.gap:.1%}" if r.gap is not None else "-"
             used = len(r.schedule.variants) if ok else "-"
             print(f"| {mib(budget)} MiB ({frac:.0%}) | {label} | {step} | {over} | {gap} "
@@ -76,8 +91,9 @@ def bench_model(name: str, time_limit_s: float, out, lossy: bool = False) -> Non
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-limit", type=float, default=60.0)
-    ap.add_argument("--models", default="resnet50,gpt2")
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--models", default="resnet50,gpt2_narrow")
+    ap.add_argument("--solver", default="auto")
     ap.add_argument("--lossy", action="store_true",
                     help="offer the lossy families too (optimize(allow_lossy=True))")
     args = ap.parse_args(argv)
@@ -85,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.lossy:
         print("\nLossy families offered (`--lossy`).")
     for name in args.models.split(","):
-        bench_model(name, args.time_limit, sys.stdout, args.lossy)
+        bench_model(name, args.solver, args.time_limit, sys.stdout, args.lossy)
 
 
 if __name__ == "__main__":

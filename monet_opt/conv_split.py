@@ -10,10 +10,14 @@ NOTE [Conv backward split]
   convolution drops by the activation's size, which matters wherever the activation has no
   later reader (a ReLU's output whose own backward reads a bit mask instead).
 
-  Both steps are ATen's own op with a narrower mask, so the gradients are bitwise eager's (on
-  CPU and with cuDNN the combined call makes the same separate calls inside). What the split
-  costs in time is measured: the profiler times each step. It is made only when the solver is
-  offered `conv.shape_only`, the one variant that makes it pay.
+  Both steps are ATen's own op with a narrower mask, so the gradients are bitwise eager's.
+  The split is made only when the solver is offered `conv.shape_only`, the one variant that
+  makes it pay, and only on devices in SPLIT_DEVICES: where the combined call makes the same
+  separate calls inside (cuDNN), the split costs a dispatch; on CPU, oneDNN's combined
+  backward is faster than its two halves (ResNet-50 b16 128x128, profiled: 537 ms combined,
+  589-598 ms split, +10 %), while at the CPU benchmark's sizes the split lowered no least peak
+  (docs/benchmarks/variants.md). What it costs where it is made is measured: the profiler
+  times each step.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from monet_opt.errors import internal_assert
 
 aten = torch.ops.aten
 SPLIT_WITH = "conv.shape_only"  # the variant family that makes the split pay
+SPLIT_DEVICES = frozenset({"cuda"})  # where it costs about nothing (NOTE [Conv backward split])
 
 
 def split_conv_backward(gm: fx.GraphModule) -> int:

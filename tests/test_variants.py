@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import monet_opt
-from monet_opt import api, variants, variants_pool
+from monet_opt import api, conv_split, variants, variants_pool
 from solvers import schedule_from_kept, simulate
 from solvers.variants import lightest
 from tests import models
@@ -169,13 +169,14 @@ def test_maxpool_variants_combine_in_a_plan(free_variants):
 
 
 @pytest.mark.parametrize("kind", ["frozen_conv", "conv", "avgpool", "adaptive_avgpool"])
-def test_shape_only_families_lower_the_least_peak(kind):
+def test_shape_only_families_lower_the_least_peak(kind, monkeypatch):
     """A frozen convolution, a trainable one's input step (NOTE [Conv backward split]), average
     pooling, adaptive average pooling: dropping the input their backward reads for its shape
     lowers the least reachable peak (no recomputation can: the op needs the input while it
     runs), the least-peak plan uses the family, and it trains bitwise like store-all, within
-    the limit."""
+    the limit. The split is made here on CPU too, where it is off by default."""
     family = "conv.shape_only" if kind.endswith("conv") else f"{kind}.shape_only"
+    monkeypatch.setattr(conv_split, "SPLIT_DEVICES", frozenset({"cpu", "cuda"}))
     torch.manual_seed(0)
     base, x, loss_fn = models.shape_only_net(kind)
     without = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
