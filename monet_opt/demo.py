@@ -14,6 +14,7 @@ import warnings
 import torch
 
 import monet_opt
+from monet_opt.bench.allocator import keep_freed_memory
 from monet_opt.profiler import ProfileTimeLimitWarning
 from monet_opt.units import format_bytes
 
@@ -38,6 +39,7 @@ def _step(module, x):
 
 def main(rounds: int = 5) -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    allocator = keep_freed_memory()  # NOTE [CPU allocator]: timings as a GPU's allocator gives
     model, x = build_gpt2()
     eager = copy.deepcopy(model)
     plan = _store_all_plan(model, x)
@@ -69,7 +71,7 @@ def main(rounds: int = 5) -> None:
     floor = plan.fixed_bytes + plan.gradient_bytes
     pred, meas = opt.plan.predicted_peak_bytes, peaks["monet_opt"]
     print(f"\nGPT-2 12x256, 4 heads, batch 4 x 256 tokens, vocab 2048, dropout 0.1, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; {allocator}")
     print(f"first optimize() (trace, profile, solve): {first_s:.1f} s; second, from the profile "
           f"directory (trace only): {second_s:.1f} s = {second_s / first_s:.1%} of the first; "
           f"same plan: {again.plan == opt.plan}")

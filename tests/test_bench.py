@@ -10,7 +10,7 @@ from torch import nn
 
 import solvers
 from monet_opt import zoo
-from monet_opt.bench import measure, models, peers, results, run
+from monet_opt.bench import allocator, measure, models, peers, results, run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -44,6 +44,8 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     assert m.floor_bytes == m.param_bytes + m.buffer_bytes + m.input_bytes + m.grad_bytes
     assert any("no_such_solver" in s for s in m.skipped)
     assert m.timing_noise is not None and m.timing_noise >= 0  # NOTE [Timing noise]
+    assert m.allocator == allocator.KEPT  # NOTE [CPU allocator] (this machine's glibc)
+    assert runs["other"].meta.allocator.startswith("the C library's default")
     if "checkmate" not in solvers.available_solvers():
         assert any("checkmate" in s for s in m.skipped)
 

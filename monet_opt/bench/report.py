@@ -71,7 +71,8 @@ def section(run: ModelRun) -> str:
         f"Eager: peak {fmt(m.eager_peak_bytes)}, activations "
         f"{fmt(m.eager_peak_bytes - m.floor_bytes)} "
         f"({(m.eager_peak_bytes - m.floor_bytes) / m.eager_peak_bytes:.0%} of the peak), step "
-        f"{m.eager_step_time_s:.3f} s.\n",
+        f"{m.eager_step_time_s:.3f} s. Allocator: {m.allocator} (NOTE [CPU allocator] in "
+        f"monet_opt/bench/allocator.py).\n",
     ]
     if m.timing_noise is not None:
         lines.append(f"Timing noise: eager timed twice in the same block came out "

@@ -89,6 +89,8 @@ class Meta:
     # NOTE [Timing noise]: a second eager runner times in the same block as the first; its
     # median's distance from eager's says how far apart two identical methods come out.
     timing_noise: float | None = None
+    # NOTE [CPU allocator]; runs recorded before it was named used glibc's defaults
+    allocator: str = "the C library's default malloc"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch.utils import _pytree as pytree
 
-from monet_opt.bench import measure, methods, models, results
+from monet_opt.bench import allocator, measure, methods, models, results
 from monet_opt.bench import timeline as timeline_mod
 from monet_opt.bench.methods import Context, Measured
 from monet_opt.units import format_bytes
@@ -41,6 +41,7 @@ class Settings:
     merge: bool
     command: str
     git_commit: str  # taken when the run starts: commits made while it runs are not its code
+    allocator: str = ""  # set when the run starts (NOTE [CPU allocator])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,6 +103,9 @@ def run(s: Settings) -> int:
     from monet_opt.bench import plots, report
     if s.device.type == "cuda":
         torch.backends.cudnn.benchmark = True
+    s = replace(s, allocator=allocator.keep_freed_memory() if s.device.type == "cpu"
+                else "CUDA's caching allocator")
+    print(f"allocator: {s.allocator}", flush=True)
     path = s.out / results.JSON_NAME
     runs = results.load(path) if s.merge else {}
     for name in s.models:
@@ -196,7 +200,7 @@ def _meta(name: str, config: str, s: Settings, ctx: Context, eager: results.Poin
         input_bytes=input_bytes, grad_bytes=grad_bytes,
         floor_bytes=param_bytes + buffer_bytes + input_bytes + grad_bytes,
         eager_peak_bytes=ctx.eager_peak_bytes, eager_step_time_s=eager.step_time_s or 0.0,
-        skipped=skipped, wall_time_s=wall_s)
+        skipped=skipped, wall_time_s=wall_s, allocator=s.allocator)
 
 
 def _to(x, device: torch.device):
