@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 from torch._functorch.aot_autograd import aot_function
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from monet_opt.errors import CaptureError, MonetError, PlanMismatchError
@@ -139,7 +140,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         export_example = (args, kwargs) if export else None
         try:
             fn = compile_step(model, spec, partition_fn, export_example)
-            fn(*primals)
+            _compile_on_fakes(fn, primals, planned)
             _NEEDS_EXPORT[type(model)] = export
             return fn
         except MonetError:
@@ -155,6 +156,26 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         "graph.\n  " + "\n  ".join(errors) + "\nWhat to try: avoid data-dependent Python on "
         "tensor values at that line (.item(), if on a tensor, .tolist()), pass use_cache=False to "
         "HF models, or check that the model runs eagerly on sample_input.")
+
+
+def _compile_on_fakes(fn: Callable, primals: list[torch.Tensor],
+                      planned: Callable[[], bool]) -> None:
+    """NOTE [The first call on fakes]
+      aot_function traces, plans and compiles on its first call, then runs the compiled
+      forward on that call's arguments. That forward's result is thrown away, so the first
+      call gets fake tensors of the same shapes, dtypes, devices and requires_grad: the
+      compiled forward then costs no arithmetic (the plan's profiler still measures on the real
+      tensors it was given). Should a kernel have no fake implementation once the plan exists,
+      the compiled step runs once on the real tensors instead, as it did before."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(t) for t in primals]
+    try:
+        with mode:
+            fn(*fakes)
+    except Exception:
+        if not planned():
+            raise
+        fn(*primals)
 
 
 def _where(exc: BaseException) -> str:
