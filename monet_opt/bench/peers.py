@@ -49,9 +49,15 @@ class _SequentialCheckpoint(nn.Module):
 
 
 def sequential(layers_of: Callable[[nn.Module], list[nn.Module]]) -> CheckpointPeer:
-    """checkpoint_sequential over the model's modules in execution order, round(√n) segments."""
+    """checkpoint_sequential over the model's modules in execution order, round(√n) segments.
+    In-place activations (VGG's ReLUs) run out of place, as a user must make them: one at a
+    segment's start overwrites the input that the segment's recomputation reads, and autograd
+    stops the backward with "modified by an inplace operation"."""
     def build(model: nn.Module) -> Wrapped:
         clone, aligned = _copy(model)
+        for m in clone.modules():
+            if getattr(m, "inplace", False) is True:
+                m.inplace = False
         layers = layers_of(clone)
         segments = max(1, round(math.sqrt(len(layers))))
         return Wrapped(_SequentialCheckpoint(layers, segments), aligned())
