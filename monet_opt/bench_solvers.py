@@ -16,6 +16,7 @@ import torch
 import monet_opt
 import solvers
 from monet_opt import zoo
+from monet_opt.bench.allocator import keep_freed_memory
 
 FRACTIONS = (0.7, 0.5, 0.4)
 SOLVERS = ("store_all", "chen_sqrt", "chen_greedy", "evict", "dp", "milp", "checkmate")
@@ -70,13 +71,14 @@ def bench_model(name: str, time_limit_s: float, out, names=SOLVERS) -> None:
 
 def header(title: str, module: str, args) -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    allocator = keep_freed_memory()  # NOTE [CPU allocator]: steady profiled times
     machine = platform.processor() or platform.machine()
     chosen = "".join(f" --{k} {getattr(args, k)}" for k in ("solvers", "solver")
                      if getattr(args, k, None))
     print(f"# {title}\n\nCommand: `python -m {module} --time-limit "
           f"{args.time_limit:g} --models {args.models}{chosen}`. Machine: {machine}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"CPU profile. Limits include parameters, inputs and gradients; the percentage is "
+          f"CPU profile, {allocator}. Limits include parameters, inputs and gradients; the percentage is "
           f"the share of store-all activation memory left. Overhead is predicted step time vs "
           f"store-all (profiled op times; the simulator's peak equals the executor's measured "
           f"peak to the byte in tests/test_executor.py).", flush=True)
