@@ -4,7 +4,8 @@ The joint graph is functional: running it changes no parameter or buffer. It run
 on the real parameters, buffers and sample input, with random output gradients, inside
 `fork_rng` so the user's random stream is untouched. Each op that the problem schedules is run
 once for its value (the warm-up), then timed `repeats` more times back to back; its time is the
-median. Before that pass, the whole graph runs once untimed (NOTE [Warm allocator]). Values are freed after their last use, so profiling needs no more memory than eager.
+median. Before that pass, the whole graph runs once untimed (NOTE [Warm allocator]). Values
+are freed after their last use, so profiling needs no more memory than eager.
 
 Identical calls are measured once: an op whose signature (ATen target, every tensor argument's
 dtype, shape, stride and device, every other argument's value) was timed already reuses that
@@ -17,22 +18,13 @@ op's own (0.0: bitwise equal; the caller decides what is acceptable). Workspace 
 what the call allocates beyond its result: a live-bytes counter on CPU, the allocator's peak on
 CUDA.
 
-NOTE [The profiling time limit]
-  With `time_limit_s`, each op gets the most repeats (from `repeats` down to one) that the
-  projected rest of the pass (ops left x (1 + repeats) x the mean measured call) still fits in
-  the time left; when not even one does, the op's value-making call is its only, cold,
-  measurement. When the time is up the pass stops: every op not reached gets an estimate
-  proportional to its output bytes, at the time-per-byte of the ops of the same ATen target
-  measured already, else of all ops measured (an op without output bytes: the median time of
-  those ops). Variants not reached are not measured and not offered to the solver. A
-  `ProfileTimeLimitWarning` says how many ops were estimated.
+The time limit: NOTE [The profiling time limit] in monet_opt/profile_budget.py.
 """
 from __future__ import annotations
 
 import functools
 import operator
 import statistics
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -46,9 +38,8 @@ from torch.utils import _pytree as pytree
 from monet_opt import variants
 from monet_opt.lower import Lowered
 from monet_opt.memory import LiveBytes
+from monet_opt.profile_budget import Budget, estimates
 
-PROGRESS_AFTER_S = 2.0   # print progress lines on stderr once profiling has taken this long
-PROGRESS_EVERY_S = 5.0
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -74,59 +65,6 @@ class ProfileResult:
     timed_signatures: int = 0
 
 
-class _Budget:
-    """How many repeats the next op gets under the time limit; progress lines on stderr."""
-
-    def __init__(self, repeats: int, time_limit_s: float | None, total: int, name: str) -> None:
-        self.repeats, self.limit_s, self.total, self.name = repeats, time_limit_s, total, name
-        self.start = time.perf_counter()
-        self.done = 0
-        self.call_s = 0.0
-        self.calls = 0
-        self.reduced = 0
-        self.last_report = self.start + PROGRESS_AFTER_S - PROGRESS_EVERY_S
-        self.reported = False
-
-    def elapsed_s(self) -> float:
-        return time.perf_counter() - self.start
-
-    def over(self) -> bool:
-        """The time limit is up (never before the first op is measured)."""
-        return self.limit_s is not None and self.done > 0 and self.elapsed_s() >= self.limit_s
-
-    def repeats_now(self) -> int:
-        """Timed runs for the next op after its warm-up; 0: one timed run, no warm-up."""
-        if self.limit_s is None or self.calls == 0:
-            return self.repeats
-        mean = self.call_s / self.calls
-        left_s = self.limit_s - self.elapsed_s()
-        ops_left = max(1, self.total - self.done)
-        for r in range(self.repeats, 0, -1):
-            if ops_left * (1 + r) * mean <= left_s:
-                return r
-        return 0
-
-    def timed(self, seconds: float) -> None:
-        self.call_s += seconds
-        self.calls += 1
-
-    def op_done(self, repeats: int) -> None:
-        self.done += 1
-        self.reduced += repeats < self.repeats
-        now = time.perf_counter()
-        if now - self.last_report >= PROGRESS_EVERY_S:
-            self.last_report = now
-            self.reported = True
-            print(f"monet_opt: profiling {self.name}: {self.done}/{self.total} ops, "
-                  f"{now - self.start:.0f} s", file=sys.stderr, flush=True)
-
-    def finish(self, estimated: int) -> None:
-        if self.reported:
-            more = f", {estimated} estimated" if estimated else ""
-            print(f"monet_opt: profiled {self.name}: {self.done} ops in "
-                  f"{self.elapsed_s():.0f} s{more}", file=sys.stderr, flush=True)
-
-
 class _VariantProbe:
     """Samples for the variants at the backward nodes they replace."""
 
@@ -142,7 +80,7 @@ class _VariantProbe:
         self.seen: dict[tuple, tuple[float, float]] = {}
 
     def measure(self, node: fx.Node, args, result, sig: tuple, cuda: bool,
-                budget: _Budget) -> None:
+                budget: Budget) -> None:
         for v in self.at.get(node.name, ()):
             site = self.sites[v]
             fam = variants.family(site.family)
@@ -233,12 +171,6 @@ def relative_error(got, want, only: frozenset[int] | None = None) -> float:
     return worst
 
 
-def profile_op_times(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
-                     repeats: int = 3) -> tuple[float, ...]:
-    """Median time in seconds of each Problem op (in `lowered.problem.ops` order)."""
-    return profile(joint, lowered, primals, repeats).op_time_s
-
-
 def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
             repeats: int = 3, time_limit_s: float | None = None) -> ProfileResult:
     """Time every op and variant of `lowered` (see the module docstring and NOTE [The profiling
@@ -246,7 +178,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
     nodes = {n.name: n for n in joint.graph.nodes if n.op == "call_function"}
     wanted = [name for name in lowered.op_nodes if name in nodes]
     probe = _VariantProbe(lowered)
-    budget = _Budget(repeats, time_limit_s, len(wanted), lowered.problem.name or "model")
+    budget = Budget(repeats, time_limit_s, len(wanted), lowered.problem.name or "model")
     devices = sorted({t.device for t in primals if t.device.type == "cuda"}, key=str)
     with unset_fake_temporarily(), torch.no_grad(), \
             torch.random.fork_rng(devices=devices, enabled=True):
@@ -257,7 +189,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         _warm_up(joint, inputs)  # NOTE [Warm allocator]
         measured, signatures = _run(joint, inputs, set(wanted), probe, budget)
     missing = [name for name in wanted if name not in measured]
-    op_time = {**measured, **_estimates([nodes[n] for n in missing],
+    op_time = {**measured, **estimates([nodes[n] for n in missing],
                                         [nodes[n] for n in measured], measured)}
     budget.finish(len(missing))
     if missing:
@@ -293,7 +225,7 @@ def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
 
 
 def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
-         probe: _VariantProbe, budget: _Budget) -> tuple[dict[str, float], int]:
+         probe: _VariantProbe, budget: Budget) -> tuple[dict[str, float], int]:
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
     and how many distinct signatures were timed."""
     measured: dict[str, float] = {}
@@ -347,7 +279,7 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
 
 def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, float],
                   seen: dict[tuple, float], wanted: set[str], probe: _VariantProbe,
-                  budget: _Budget, cuda: bool) -> None:
+                  budget: Budget, cuda: bool) -> None:
     """Run `node` for its value; if the problem schedules it, time it (or reuse the time of an
     identical call), then its variants."""
     target = node.target
@@ -370,31 +302,6 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, fl
         measured[node.name] = seen[sig]
         budget.op_done(repeats)
     probe.measure(node, args, env[node.name], sig, cuda, budget)
-
-
-def _estimates(missing: list[fx.Node], done: list[fx.Node],
-               measured: dict[str, float]) -> dict[str, float]:
-    """NOTE [The profiling time limit]: times for the ops not reached, from output bytes."""
-    if not missing:
-        return {}
-    by_target: dict[str, list[fx.Node]] = {}
-    for node in done:
-        by_target.setdefault(str(node.target), []).append(node)
-    out = {}
-    for node in missing:
-        peers = by_target.get(str(node.target)) or done
-        size = _output_bytes(node)
-        peer_bytes = sum(_output_bytes(p) for p in peers)
-        if size and peer_bytes:
-            out[node.name] = sum(measured[p.name] for p in peers) / peer_bytes * size
-        else:
-            out[node.name] = statistics.median(measured[p.name] for p in peers) if peers else 0.0
-    return out
-
-
-def _output_bytes(node: fx.Node) -> int:
-    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(node.meta.get("val"))
-               if isinstance(t, torch.Tensor))
 
 
 def _call(target, args, kwargs, cuda: bool):

@@ -13,7 +13,7 @@ import torch
 
 import monet_opt
 import solvers
-from monet_opt import api, cli, profiler
+from monet_opt import api, cli, profile_budget, profiler
 from monet_opt.profiler import ProfileTimeLimitWarning
 from tests import models
 
@@ -131,7 +131,7 @@ def test_list_missing_empty_and_damaged_directories(tmp_path):
 # ---- the profiler ----------------------------------------------------------------------------
 
 def test_budget_lowers_repeats_to_fit_the_time_left():
-    budget = profiler._Budget(3, 1.0, total=10, name="m")
+    budget = profile_budget.Budget(3, 1.0, total=10, name="m")
     assert budget.repeats_now() == 3  # nothing measured yet
     budget.timed(0.01)  # 10 ops x (1 + 3) x 10 ms fits in 1 s
     assert budget.repeats_now() == 3
