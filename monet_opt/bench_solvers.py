@@ -69,19 +69,21 @@ def bench_model(name: str, time_limit_s: float, out, names=SOLVERS) -> None:
                   f"| {r.note} |", file=out, flush=True)
 
 
-def header(title: str, module: str, args) -> None:
+def begin(title: str, module: str, args) -> None:
+    """Set the process up for measuring (every thread; freed memory kept, NOTE [CPU
+    allocator], so profiled times are steady) and print the report's header."""
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    allocator = keep_freed_memory()  # NOTE [CPU allocator]: steady profiled times
+    allocator = keep_freed_memory()
     machine = platform.processor() or platform.machine()
     chosen = "".join(f" --{k} {getattr(args, k)}" for k in ("solvers", "solver")
                      if getattr(args, k, None))
     print(f"# {title}\n\nCommand: `python -m {module} --time-limit "
           f"{args.time_limit:g} --models {args.models}{chosen}`. Machine: {machine}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"CPU profile, {allocator}. Limits include parameters, inputs and gradients; the percentage is "
-          f"the share of store-all activation memory left. Overhead is predicted step time vs "
-          f"store-all (profiled op times; the simulator's peak equals the executor's measured "
-          f"peak to the byte in tests/test_executor.py).", flush=True)
+          f"CPU profile, {allocator}. Limits include parameters, inputs and gradients; the "
+          f"percentage is the share of store-all activation memory left. Overhead is "
+          f"predicted step time vs store-all (profiled op times; the simulator's peak equals "
+          f"the executor's measured peak to the byte in tests/test_executor.py).", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default=",".join(zoo.MODELS))
     ap.add_argument("--solvers", default=",".join(SOLVERS))
     args = ap.parse_args(argv)
-    header("Solver benchmark", "monet_opt.bench_solvers", args)
+    begin("Solver benchmark", "monet_opt.bench_solvers", args)
     for name in args.models.split(","):
         bench_model(name, args.time_limit, sys.stdout, args.solvers.split(","))
 

@@ -1,6 +1,6 @@
 """What operator variants are worth: the "auto" solver with variants off vs on, and with each
-family alone and all but it, at limits leaving 70/50/40 % of the store-all activation memory (MONeT's ablation,
-on this machine), on the side-by-side benchmark's CPU sizes. Prints markdown
+family alone and all but it, at limits leaving 70/50/40 % of the store-all activation memory
+(MONeT's ablation, on this machine), on the side-by-side benchmark's CPU sizes. Prints markdown
 (docs/benchmarks/variants.md).
 
 "Off" is the model lowered with `variants=False`, as `optimize(..., variants=False)` runs it
@@ -22,7 +22,7 @@ import sys
 
 import solvers
 from monet_opt.bench.models import SPECS
-from monet_opt.bench_solvers import FRACTIONS, header, lowered, mib
+from monet_opt.bench_solvers import FRACTIONS, begin, lowered, mib
 from solvers.variants import lightest
 
 
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lossy", action="store_true",
                     help="offer the lossy families too (optimize(allow_lossy=True))")
     args = ap.parse_args(argv)
-    header("Operator-variant benchmark", "monet_opt.bench_variants", args)
+    begin("Operator-variant benchmark", "monet_opt.bench_variants", args)
     if args.lossy:
         print("\nLossy families offered (`--lossy`).")
     for name in args.models.split(","):
