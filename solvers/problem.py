@@ -14,6 +14,7 @@ from functools import cached_property
 from solvers.errors import InvalidProblemError, InvalidScheduleError
 
 NO_PRODUCER = -1  # a tensor that exists from the start of the backward (an output gradient)
+PLAIN_PROBLEMS_CACHED = 16  # with_variants results held per problem (NOTE [Plain problems cached])
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,20 @@ class Problem:
                 raise InvalidProblemError(f"Problem {self.name!r} has no variants; "
                                           f"cannot choose {sorted(chosen)[:5]}")
             return self
-        return _apply_variants(self, frozenset(chosen))
+        key = frozenset(chosen)
+        plain = self._plain_problems.get(key)
+        if plain is None:
+            if len(self._plain_problems) >= PLAIN_PROBLEMS_CACHED:
+                self._plain_problems.pop(next(iter(self._plain_problems)))
+            plain = self._plain_problems[key] = _apply_variants(self, key)
+        return plain
+
+    @cached_property
+    def _plain_problems(self) -> dict[frozenset[int], Problem]:
+        """with_variants' results, oldest first. NOTE [Plain problems cached]: every
+        simulation and every on-demand schedule starts from the plain problem of its variants;
+        building and validating it anew took most of a heuristic's time on ResNet-50."""
+        return {}
 
     # ---- JSON round trip (for the cache and for reproducing failures) ----
     def to_json(self) -> str:

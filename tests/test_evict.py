@@ -3,12 +3,13 @@ and keeps the expensive ones, where Chen's segments recompute everything in a se
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
 from solvers import Problem, schedule_from_kept, simulate, solve
-from solvers.evict import polish
-from tests.problems import chain
+from solvers.evict import _drop_and_refill, _judge_into, _put_back, polish
+from tests.problems import autodiff_problem, chain
 
 
 def matmul_softmax_chain(n_pairs: int) -> Problem:
@@ -57,3 +58,22 @@ def test_polish_keeps_more_of_a_schedule_that_keeps_too_little():
     r = polish(p, budget, [given.schedule], time_limit_s=10.0)
     assert r.feasible and r.peak_bytes <= budget
     assert r.objective_s == pytest.approx(solve(p, budget, "milp").objective_s)
+
+
+def test_drop_and_refill_beats_putting_back_greedily():
+    """NOTE [Drop and refill]: greedy putting back stops at the first tensor that does not fit;
+    dropping a cheap kept tensor can make room for dearer ones."""
+    p = autodiff_problem(12, random.Random(0))
+    store = simulate(p, schedule_from_kept(p, p.saved_for_backward)).peak_bytes
+    least = solve(p, 10**12, "evict").min_feasible_bytes
+    budget = least + (store - least) // 2
+    judge = _judge_into(p, frozenset(), [])
+    greedy = frozenset()
+    while (more := _put_back(p, greedy, budget, judge, float("inf"))) != greedy:
+        greedy = more  # put back until nothing more fits
+    assert judge(greedy).peak_bytes <= budget
+    better = judge(_drop_and_refill(p, greedy, budget, judge, float("inf")))
+    assert better.peak_bytes <= budget and better.time_s < judge(greedy).time_s - 1e-9
+    assert solve(p, budget, "milp").objective_s <= better.time_s + 1e-9
+    r = polish(p, budget, [schedule_from_kept(p, greedy)], time_limit_s=30.0)
+    assert r.feasible and r.objective_s <= better.time_s + 1e-9

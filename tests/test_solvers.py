@@ -318,3 +318,31 @@ def test_checkmate_honours_the_time_limit():
     assert r.status in (Status.FEASIBLE, Status.TIMEOUT)
     assert not r.feasible or r.bound_s <= r.objective_s
     assert r.solve_time_s < 8.0
+
+
+def test_highs_stops_at_the_deadline_not_only_its_time_limit():
+    """NOTE [HiGHS overruns its time limit]: the interrupt callback stops a solve that HiGHS's
+    own time limit (here 1000 s) would let run: this knapsack takes HiGHS about 2 s here, and
+    a deadline already past stops it at its first check."""
+    import time
+
+    import highspy
+
+    from solvers.mip import _interrupt_at
+    rng = random.Random(0)
+    n = 60
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", 1000.0)
+    for _ in range(n):
+        h.addVar(0.0, 100.0)
+    h.changeColsCost(n, list(range(n)), [-rng.randint(1, 1000) for _ in range(n)])
+    h.changeColsIntegrality(n, list(range(n)), [highspy.HighsVarType.kInteger] * n)
+    for _ in range(30):
+        h.addRow(-highspy.kHighsInf, 12345.5, n, list(range(n)),
+                 [float(rng.randint(1, 1000)) for _ in range(n)])
+    _interrupt_at(h, time.monotonic() - 1.0)
+    start = time.monotonic()
+    h.run()
+    assert h.getModelStatus() == highspy.HighsModelStatus.kInterrupt
+    assert time.monotonic() - start < 1.0

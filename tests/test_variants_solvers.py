@@ -44,6 +44,17 @@ def test_simulator_runs_the_chosen_variants():
         simulate(p, Schedule(frozenset(masks), schedule_from_kept(p, masks, everything).backward))
 
 
+def test_plain_problems_are_cached_and_bounded():
+    from solvers import problem as problem_module
+    p = masked_chain(5)
+    subsets = [frozenset(c) for r in range(4) for c in itertools.combinations(range(5), r)]
+    assert len(subsets) > problem_module.PLAIN_PROBLEMS_CACHED
+    for chosen in subsets:
+        assert p.with_variants(chosen) == problem_module._apply_variants(p, chosen)
+    assert p.with_variants(set(subsets[-1])) is p.with_variants(subsets[-1])
+    assert len(p._plain_problems) == problem_module.PLAIN_PROBLEMS_CACHED
+
+
 def test_exclusive_variants_cannot_both_run():
     p = masked_chain(2)
     v = p.variants[0]
