@@ -27,7 +27,7 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     heuristic = _heuristic(problem, budget_bytes)
     least_bytes, least = least_peak(problem, options)  # cached; a quarter of the limit
     min_feasible = min(heuristic.min_feasible_bytes, least_bytes)
-    valid = boundary_bound(problem, budget_bytes, min(5.0, options.time_limit_s / 10))
+    valid = boundary_bound(problem, budget_bytes, min(10.0, options.time_limit_s / 5))
     if valid == math.inf:  # not even the start of the backward fits
         return SolveResult(solver="milp", status=Status.INFEASIBLE, schedule=None,
                            objective_s=None, peak_bytes=None, bound_s=None, gap=None,

@@ -7,20 +7,21 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from solvers import solve
+from solvers import Status, solve
 from solvers.bound import boundary_bound
 from tests.problems import autodiff_problem, chain, with_masks
 
 
 def test_chain_bound_counts_the_forced_recomputation():
     # chain(6): six 10-byte activations, fixed 100, a 10-byte tangent. Backward reads a0..a4.
-    # With room for three of those five at the backward's start, two must be recomputed.
+    # While the first backward op runs, its 10-byte output is alive too: room for two of those
+    # five (a4, which it reads, and one more), so three must be recomputed. That is the optimum.
     p = chain(6)
     budget = 100 + 10 + 3 * 10
-    bound = boundary_bound(p, budget)
-    assert math.isclose(bound, p.no_recompute_time_s + 2.0, rel_tol=1e-9)
+    bound = boundary_bound(p, budget, cuts=1)
+    assert math.isclose(bound, p.no_recompute_time_s + 3.0, rel_tol=1e-9)
     r = solve(p, budget, "milp")
-    assert r.feasible and r.objective_s >= bound - 1e-9
+    assert r.status == Status.OPTIMAL and math.isclose(r.objective_s, bound, rel_tol=1e-9)
 
 
 def test_no_room_at_all_is_infeasible():
@@ -46,3 +47,20 @@ def test_bound_is_below_every_schedule(n, seed, frac, masks):
         if r.feasible:
             assert bound <= r.objective_s + 1e-9, (solver, bound, r.objective_s)
     assert boundary_bound(p, budget - 1) >= bound - 1e-9  # a smaller budget never helps
+    # one cut is the same program with fewer rows (NOTE [Cuts through the backward])
+    assert boundary_bound(p, budget, cuts=1) <= bound * (1 + 2e-4) + 1e-9
+
+
+def test_cuts_see_the_pressure_later_in_the_backward():
+    """NOTE [Cuts through the backward]: on this DAG nothing must be recomputed for the first
+    backward op's sake, but later, with gradients alive, something must; the bound with cuts
+    sees it and stays below Checkmate's proven optimum."""
+    p = autodiff_problem(10, random.Random(1))
+    store_peak = solve(p, 10**12, "store_all").peak_bytes
+    least = solve(p, 10**12, "milp").min_feasible_bytes
+    budget = least + int(0.2 * (store_peak - least))
+    one, many = boundary_bound(p, budget, cuts=1), boundary_bound(p, budget)
+    exact = solve(p, budget, "checkmate")
+    assert exact.status == Status.OPTIMAL
+    assert math.isclose(one, p.no_recompute_time_s, rel_tol=1e-6)
+    assert one + 1e-6 < many <= exact.objective_s + 1e-9
