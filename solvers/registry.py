@@ -29,7 +29,8 @@ _REGISTRY: dict[str, tuple[SolverFn, type]] = {
 
 # The lower-set program's share of "auto" (it runs whatever else does; a cap, not a target).
 AUTO_DP_TIME_LIMIT_S = 3.0
-# How many of the fastest schedules "auto" polishes, and for how long at most.
+# How many of the fastest schedules "auto" polishes, and the time kept for it at least (it
+# has whatever the MILP leaves of the limit).
 AUTO_POLISH_SCHEDULES = 3
 AUTO_POLISH_TIME_LIMIT_S = 5.0
 
@@ -44,11 +45,13 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
 
     "auto": store-all when it fits (nothing is faster); otherwise store-all, Chen's heuristics,
     the lower-set DP (capped at AUTO_DP_TIME_LIMIT_S) and the joint MILP, and the fastest
-    feasible schedule. Its `min_feasible_bytes` is the least of theirs (the heuristics, the
+    feasible schedule, polished (NOTE [Polishing]) in the time left. Its `min_feasible_bytes` is the least of theirs (the heuristics, the
     DP's memory-centric pass and the MILP's least-peak program always run, so it is known even
     when store-all fits). An
     infeasible budget is not an exception here: the result has status INFEASIBLE and says the
-    least budget that would do. `time_limit_s` caps the MILP (overrides its options' limit).
+    least budget that would do. `time_limit_s` caps the MILP (overrides its options' limit);
+    for "auto" it is the whole solve's (default: MilpOptions' limit), shared out between the
+    DP, the MILP and polishing; the heuristics before them take a second or two more.
     """
     if time_limit_s is not None and time_limit_s <= 0:
         raise SolverError(f"solvers.solve: time_limit_s must be positive, got {time_limit_s}")
@@ -81,23 +84,27 @@ def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
 
 def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None) -> SolveResult:
     start = time.perf_counter()
+    limit = time_limit_s if time_limit_s is not None else MilpOptions().time_limit_s
+    deadline = start + limit
+    polish_s = min(AUTO_POLISH_TIME_LIMIT_S, limit / 6)
     cheap = _cheap(problem, budget_bytes)
     dp_options = dp.DpOptions(mode="memory" if cheap[0].feasible else "time",
-                              time_limit_s=min(AUTO_DP_TIME_LIMIT_S,
-                                               time_limit_s or AUTO_DP_TIME_LIMIT_S))
+                              time_limit_s=min(AUTO_DP_TIME_LIMIT_S, limit / 6))
     lower_sets = solve(problem, budget_bytes, "dp", dp_options)  # memory: only its least peak
+    # fixed, not what is left: the least-peak program is cached per (problem, options)
+    milp_s = max(1.0, limit - polish_s - dp_options.time_limit_s)
     results = cheap if cheap[0].feasible else \
-        cheap + [lower_sets, solve(problem, budget_bytes, "milp", time_limit_s=time_limit_s)]
+        cheap + [lower_sets, solve(problem, budget_bytes, "milp", time_limit_s=milp_s)]
     min_peak = min(r.min_feasible_bytes for r in results + [lower_sets]
                    if r.min_feasible_bytes is not None)
     if cheap[0].feasible:  # the MILP's least peak, as if it had run
-        options = MilpOptions() if time_limit_s is None else MilpOptions(time_limit_s=time_limit_s)
+        options = MilpOptions(time_limit_s=milp_s)
         min_peak = min(min_peak, joint.least_peak(problem, options)[0])
     feasible = [r for r in results if r.feasible]
     if feasible and not cheap[0].feasible:  # NOTE [Polishing] in solvers/evict.py
         top = sorted(feasible, key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
         polished = evict.polish(problem, budget_bytes, [r.schedule for r in top],
-                                AUTO_POLISH_TIME_LIMIT_S)
+                                max(1.0, deadline - time.perf_counter()))
         if polished.objective_s < top[0].objective_s:
             feasible.append(dataclasses.replace(polished, note=(
                 "kept sets of the best schedules (" + ", ".join(r.solver for r in top) +
