@@ -19,7 +19,7 @@ from monet_opt import zoo
 from monet_opt.bench.allocator import keep_freed_memory
 
 FRACTIONS = (0.7, 0.5, 0.4)
-SOLVERS = ("store_all", "chen_sqrt", "chen_greedy", "evict", "dp", "milp", "checkmate")
+SOLVERS = ("store_all", "chen_sqrt", "chen_greedy", "evict", "dp", "milp", "checkmate", "auto")
 
 
 def mib(b: float) -> str:
