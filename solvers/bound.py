@@ -89,8 +89,11 @@ def cut_positions(p: Problem, cuts: int) -> list[int]:
 
 
 class _Program:
-    def __init__(self, p: Problem, budget_bytes: int, cuts: list[int]) -> None:
-        self.p, self.cuts = p, cuts
+    """The program's variables, made as rows first need them (NOTE [Cuts through the
+    backward])."""
+
+    def __init__(self, p: Problem, cuts: list[int]) -> None:
+        self.p = p
         self.mip = Mip(offset=p.base_time_s)
         self.fwd = set(p.forward_tensors)
         self.live: list[dict[int, int]] = [{} for _ in cuts]
@@ -145,7 +148,7 @@ class _Program:
 
 
 def _program(p: Problem, budget_bytes: int, cuts: list[int]) -> Mip:
-    prog = _Program(p, budget_bytes, cuts)
+    prog = _Program(p, cuts)
     mip = prog.mip
     bwd = p.backward_ops
     for ids in prog.groups.values():
