@@ -207,8 +207,8 @@ def _drop_and_refill(problem: Problem, kept: frozenset[int], budget_bytes: int, 
 def _put_back(problem: Problem, kept: frozenset[int], budget_bytes: int, judge,
               deadline: float) -> frozenset[int]:
     """Re-keep evicted tensors, most expensive per byte first, while the budget holds."""
-    out = sorted(set(problem.saved_for_backward) - kept, key=lambda x: _recompute_s(problem, x, kept)
-                 / max(1, problem.tensors[x].bytes), reverse=True)
+    out = sorted(set(problem.saved_for_backward) - kept, reverse=True,
+                 key=lambda x: _recompute_s(problem, x, kept) / max(1, problem.tensors[x].bytes))
     for x in out:
         if time.perf_counter() > deadline:
             break

@@ -29,8 +29,8 @@ _REGISTRY: dict[str, tuple[SolverFn, type]] = {
 
 # The lower-set program's share of "auto" (it runs whatever else does; a cap, not a target).
 AUTO_DP_TIME_LIMIT_S = 3.0
-# How many of the fastest schedules "auto" polishes, and the time kept for it at least (it
-# has whatever the MILP leaves of the limit).
+# How many of the fastest schedules "auto" polishes, and the most of its limit set aside for
+# that (polishing also gets whatever the MILP leaves).
 AUTO_POLISH_SCHEDULES = 3
 AUTO_POLISH_TIME_LIMIT_S = 5.0
 
@@ -45,11 +45,11 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
 
     "auto": store-all when it fits (nothing is faster); otherwise store-all, Chen's heuristics,
     the lower-set DP (capped at AUTO_DP_TIME_LIMIT_S) and the joint MILP, and the fastest
-    feasible schedule, polished (NOTE [Polishing]) in the time left. Its `min_feasible_bytes` is the least of theirs (the heuristics, the
-    DP's memory-centric pass and the MILP's least-peak program always run, so it is known even
-    when store-all fits). An
-    infeasible budget is not an exception here: the result has status INFEASIBLE and says the
-    least budget that would do. `time_limit_s` caps the MILP (overrides its options' limit);
+    feasible schedule, polished (NOTE [Polishing]) in the time left. Its `min_feasible_bytes`
+    is the least of theirs (the heuristics, the DP's memory-centric pass and the MILP's
+    least-peak program always run, so it is known even when store-all fits). An infeasible
+    budget is not an exception here: the result has status INFEASIBLE and says the least
+    budget that would do. `time_limit_s` caps the MILP (overrides its options' limit);
     for "auto" it is the whole solve's (default: MilpOptions' limit), shared out between the
     DP, the MILP and polishing; the heuristics before them take a second or two more.
     """
