@@ -28,13 +28,13 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     least_bytes, least = least_peak(problem, options)  # cached; a quarter of the limit
     min_feasible = min(heuristic.min_feasible_bytes, least_bytes)
     valid = boundary_bound(problem, budget_bytes, min(10.0, options.time_limit_s / 5))
-    if valid == math.inf:  # not even the start of the backward fits
+    if valid == math.inf:  # some moment of the backward cannot fit
         return SolveResult(solver="milp", status=Status.INFEASIBLE, schedule=None,
                            objective_s=None, peak_bytes=None, bound_s=None, gap=None,
                            solve_time_s=time.perf_counter() - start,
                            min_feasible_bytes=min_feasible,
-                           note="the budget cannot hold what the backward reads at its start "
-                                "(NOTE [The boundary bound])")
+                           note="the budget cannot hold what the backward must have at one "
+                                "of its moments (NOTE [Cuts through the backward])")
     program = Program(stages, budget_bytes)
     warm = _best_start(problem, budget_bytes, program, heuristic, options.time_limit_s / 4)
     res, sched = solve_program(program, _remaining(options, deadline), warm)
