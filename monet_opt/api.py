@@ -175,18 +175,20 @@ class _Planner:
                                   only=self.families) if self.variants else plain
         measure = lambda: _measured(joint, lowered, self.primals, self.repeats,  # noqa: E731
                                     self.allow_lossy, self.profile_time_limit_s)
-        if self.cache is None:
-            problem = measure()
-        else:
-            self.profile = self._cached_profile(joint, lowered, measure)
-            problem = self.profile.problem
+        with capture.planning():  # NOTE [Tracing without the collector]
+            if self.cache is None:
+                problem = measure()
+            else:
+                self.profile = self._cached_profile(joint, lowered, measure)
+                problem = self.profile.problem
+            self.problem = problem
+            limit = self.limit if self.limit is not None else 2 ** 62
+            if self.cache is None or self.limit is None:
+                result = solvers.solve(problem, limit, self.solver,
+                                       time_limit_s=self.time_limit_s)
+            else:
+                result = self.cache.solve(self.profile, limit, self.solver, self.time_limit_s)
         lowered = _matching(lowered, problem)
-        self.problem = problem
-        limit = self.limit if self.limit is not None else 2 ** 62
-        if self.cache is None or self.limit is None:
-            result = solvers.solve(problem, limit, self.solver, time_limit_s=self.time_limit_s)
-        else:
-            result = self.cache.solve(self.profile, limit, self.solver, self.time_limit_s)
         if not result.feasible:
             raise InfeasibleBudgetError(self.limit, result.min_feasible_bytes, self.solver)
         self.plan = make_plan(problem, lowered.op_labels, result, limit)

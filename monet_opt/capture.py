@@ -5,10 +5,13 @@ The model becomes a pure function of flat tensors (parameters, buffers, inputs) 
 frozen parameters simply get no gradient. AOTAutograd traces it on first call and hands the
 joint graph to our partition function; its runtime then handles buffer updates, output pytrees
 (HF ModelOutput included) and gradient accumulation. Models whose Python does not trace directly
-(HF GPT-2's masking calls `.item()`) are exported first with `torch.export(strict=False)`.
+(HF GPT-2's masking reads a mask's values) are traced as torch.compile would be, or exported first
+with `torch.export(strict=False)` (NOTE [The capture route]).
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -16,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch._functorch.aot_autograd import aot_function
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.utils import _pytree as pytree
 
 from monet_opt.errors import CaptureError, MonetError, PlanMismatchError
@@ -119,43 +123,95 @@ def _boxed(gm: torch.fx.GraphModule):
     return run
 
 
-# NOTE [The capture route]: whether a model class last traced only after torch.export. A second
-# optimize() of the same model (same process) then goes straight to the route that worked instead
-# of failing the direct trace first. On HF GPT-2 that failure comes early in the trace: the
-# second call's time is still mostly export, the joint trace and one real step (demo.md).
-_NEEDS_EXPORT: dict[type, bool] = {}
+# NOTE [The capture route]
+#   Three ways to the joint graph, tried in this order until one traces:
+#   - "direct": AOTAutograd traces the model's Python as it is;
+#   - "as compiling": the same, with torch.compiler.is_compiling() true while it traces. Its
+#     documented meaning is "a graph is being traced", and libraries use it to skip checks that
+#     read tensor values: HF transformers' masking does (`.all()` on a mask, masking_utils.py),
+#     which the direct trace cannot get past. torch.export sets the same flag;
+#   - "export": torch.export(strict=False) first, then AOTAutograd on the exported module (two
+#     traces, so the slowest).
+#   The route that worked is remembered per model class, so a second optimize() of the same model
+#   (same process) goes straight to it instead of failing the others first.
+ROUTES = ("direct", "as compiling", "export")
+_ROUTE: dict[type, str] = {}
+_HOW = {"direct": "AOTAutograd",
+        "as compiling": "AOTAutograd with torch.compiler.is_compiling() true",
+        "export": "torch.export(strict=False) then AOTAutograd"}
 
 
 def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dict,
                primals: list[torch.Tensor], partition_fn: Callable,
                planned: Callable[[], bool]) -> Callable:
-    """Compile and run once (this traces, plans and builds). Direct tracing first; if the model
-    does not trace, export it first. Raises CaptureError naming what failed. Errors after the
-    plan was made (`planned()` is true) are not tracing problems and propagate unchanged."""
+    """Compile and run once (this traces, plans and builds), by the first route of ROUTES that
+    traces (NOTE [The capture route]). Raises CaptureError naming what failed on each. Errors
+    after the plan was made (`planned()` is true) are not tracing problems and propagate
+    unchanged."""
     errors: list[str] = []
-    routes = (False, True)
-    if _NEEDS_EXPORT.get(type(model)):
-        routes = (True, False)
-    for export in routes:
-        export_example = (args, kwargs) if export else None
+    known = _ROUTE.get(type(model))
+    routes = ROUTES if known is None else (known, *(r for r in ROUTES if r != known))
+    for route in routes:
+        export_example = (args, kwargs) if route == "export" else None
         try:
-            fn = compile_step(model, spec, partition_fn, export_example)
-            _compile_on_fakes(fn, primals, planned)
-            _NEEDS_EXPORT[type(model)] = export
+            with _tracing(as_compiling=route == "as compiling"):
+                fn = compile_step(model, spec, partition_fn, export_example)
+                _compile_on_fakes(fn, primals, planned)
+            _ROUTE[type(model)] = route
             return fn
         except MonetError:
             raise
         except Exception as exc:
             if planned():
                 raise  # noqa: BLE001 - reported below with where it failed
-            how = "AOTAutograd" if export_example is None else \
-                "torch.export(strict=False) then AOTAutograd"
-            errors.append(f"{how}: {_where(exc)}")
+            errors.append(f"{_HOW[route]}: {_where(exc)}")
     raise CaptureError(
         f"monet_opt.optimize could not trace {type(model).__name__} into a joint forward+backward "
         "graph.\n  " + "\n  ".join(errors) + "\nWhat to try: avoid data-dependent Python on "
         "tensor values at that line (.item(), if on a tensor, .tolist()), pass use_cache=False to "
         "HF models, or check that the model runs eagerly on sample_input.")
+
+
+# NOTE [Tracing without the collector]
+#   torch.export, the joint trace and the partition make hundreds of thousands of short-lived
+#   objects, and Python's cyclic collector walks the whole heap again and again while they are
+#   made; FX also generates and compiles Python code for every GraphModule it makes on the way
+#   (22 of them for GPT-2), though only the final forward and backward ever run. Tracing with the
+#   collector paused and lazy GraphModules (code made on first call) cut a cached optimize() of the
+#   demo's GPT-2 from 4.7-5.7 s to 3.5-4.0 s. Profiling and solving, which run inside the trace
+#   (AOTAutograd calls our partition), run as outside it (`planning`): they are long and make
+#   garbage of their own.
+_outside = {"collector": True, "compiling": False}
+
+
+@contextlib.contextmanager
+def _tracing(as_compiling: bool = False):
+    _outside.update(collector=gc.isenabled(), compiling=torch.compiler._is_compiling_flag)
+    gc.disable()
+    torch.compiler._is_compiling_flag = as_compiling or _outside["compiling"]
+    try:
+        with _use_lazy_graph_module(True):
+            yield
+    finally:
+        torch.compiler._is_compiling_flag = _outside["compiling"]
+        if _outside["collector"]:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def planning():
+    """Inside a trace, the world as outside it: the cyclic collector as it was and
+    torch.compiler.is_compiling() false (NOTE [Tracing without the collector])."""
+    collector, compiling = gc.isenabled(), torch.compiler._is_compiling_flag
+    if _outside["collector"]:
+        gc.enable()
+    torch.compiler._is_compiling_flag = _outside["compiling"]
+    try:
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = compiling
+        if not collector:
+            gc.disable()
 
 
 def _compile_on_fakes(fn: Callable, primals: list[torch.Tensor],

@@ -16,6 +16,7 @@ import operator
 import torch
 import torch.fx as fx
 from functorch.compile import default_partition
+from torch.fx._lazy_graph_module import _make_graph_module
 
 from monet_opt import recompute, variants
 from monet_opt.errors import internal_assert
@@ -83,7 +84,7 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     new_out = e.g.output(tuple(fwd_values + bwd_values))
     new_out.meta = copy.copy(output.meta)
     e.g.lint()
-    return fx.GraphModule(joint, e.g)
+    return _make_graph_module(joint, e.g)  # NOTE [Tracing without the collector]
 
 
 class _Emitter:

@@ -80,24 +80,43 @@ def test_untraceable_model_names_the_line():
 
 
 def test_second_capture_takes_the_route_that_worked(monkeypatch):
-    """NOTE [The capture route]: GPT-2 traces only after torch.export; a second optimize() of
-    it does not try the direct trace again (and a model that failed both routes still says so)."""
+    """NOTE [The capture route]: GPT-2's masking reads a mask's values, so the direct trace
+    fails and the trace with torch.compiler.is_compiling() true succeeds; a second optimize()
+    of it goes straight there. The flag is down again once optimize() returns."""
     from monet_opt import capture
     model, x, _ = models.gpt2_tiny()
     routes = []
     compile_step = capture.compile_step
 
     def counting(model, spec, partition_fn, export_example=None):
-        routes.append("export" if export_example is not None else "direct")
+        routes.append("export" if export_example is not None else
+                      "as compiling" if torch.compiler.is_compiling() else "direct")
         return compile_step(model, spec, partition_fn, export_example)
 
     monkeypatch.setattr(capture, "compile_step", counting)
-    monkeypatch.setattr(capture, "_NEEDS_EXPORT", {})
+    monkeypatch.setattr(capture, "_ROUTE", {})
     monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
-    assert routes == ["direct", "export"]
+    assert routes == ["direct", "as compiling"]
+    assert not torch.compiler.is_compiling()
     routes.clear()
     monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
-    assert routes == ["export"]
+    assert routes == ["as compiling"]
+
+
+@pytest.mark.parametrize("route", ["as compiling", "export"])
+def test_every_capture_route_trains_like_eager(monkeypatch, route):
+    """Each route that traces GPT-2 gives a module whose steps match eager's (the direct trace
+    cannot: its masking reads a mask's values)."""
+    from monet_opt import capture
+    from tests.test_executor import assert_same, run_steps
+    monkeypatch.setattr(capture, "ROUTES", (route,))
+    monkeypatch.setattr(capture, "_ROUTE", {})
+    base, x, loss_fn = models.gpt2_tiny()
+    base.train()
+    opt = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
+    eager = copy.deepcopy(base)
+    assert_same(run_steps(opt, opt.model, x, loss_fn), run_steps(eager, eager, x, loss_fn),
+                exact=False, what=f"{route} route vs eager")
 
 
 def test_optimize_leaves_model_state_and_rng_alone():

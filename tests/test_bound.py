@@ -46,7 +46,8 @@ def test_bound_is_below_every_schedule(n, seed, frac, masks):
         r = solve(p, budget, solver)
         if r.feasible:
             assert bound <= r.objective_s + 1e-9, (solver, bound, r.objective_s)
-    assert boundary_bound(p, budget - 1) >= bound - 1e-9  # a smaller budget never helps
+    # A smaller budget never helps, up to the bound program's own relative gap (1e-4 each).
+    assert boundary_bound(p, budget - 1) >= bound * (1 - 2e-4) - 1e-9
     # one cut is the same program with fewer rows (NOTE [Cuts through the backward])
     assert boundary_bound(p, budget, cuts=1) <= bound * (1 + 2e-4) + 1e-9
 
