@@ -8,6 +8,7 @@ buffers and inputs (the `primals_*` placeholders) are fixed memory; output gradi
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ class Lowered:
     fixed_nodes: frozenset[str]
     op_labels: tuple[str, ...] = field(default=())
     variant_sites: tuple = ()  # lower_variants.VariantSite per problem variant
+    inplace: tuple[tuple[str, int], ...] = ()  # (add node, the argument it writes into)
 
 
 def is_view_node(node: fx.Node) -> bool:
@@ -67,12 +69,13 @@ def lower(joint: fx.GraphModule, num_fwd_outputs: int, name: str = "model") -> L
         else:
             raise UnsupportedGraphError(f"monet_opt: unexpected FX node kind {node.op!r} "
                                         f"({node.format_node()})")
+    inplace = b.accumulate_in_place(joint)
     problem = Problem(ops=tuple(b.ops), tensors=tuple(b.tensors), fixed_bytes=b.fixed_bytes,
                       forward_outputs=tuple(b.forward_outputs),
                       backward_outputs=tuple(b.backward_outputs), name=name)
     return Lowered(problem=problem, op_nodes=tuple(b.op_nodes), tensor_nodes=tuple(b.tensor_nodes),
                    view_nodes=frozenset(b.views), fixed_nodes=frozenset(b.fixed_names),
-                   op_labels=tuple(b.labels))
+                   op_labels=tuple(b.labels), inplace=inplace)
 
 
 def storage_bytes(val: object) -> int:
@@ -163,6 +166,44 @@ class _Builder:
                 reads[t] = None
         return tuple(reads)
 
+    def accumulate_in_place(self, joint: fx.GraphModule) -> tuple[tuple[str, int], ...]:
+        """NOTE [In-place accumulation] (solvers/problem.py): each backward `add` of two
+        same-dtype tensors (alpha 1) that can write into one of its arguments: a tensor a
+        backward op made, read by nothing else and not returned, laid out exactly as the sum
+        (so the result is the sum bitwise, where it would be, with the sum's strides). Marks the
+        op's `inplace_bytes`; returns (node, argument) pairs for the executor."""
+        readers: dict[int, int] = {}
+        for op in self.ops:
+            for t in op.inputs:
+                readers[t] = readers.get(t, 0) + 1
+        returned = set(self.forward_outputs) | set(self.backward_outputs)
+        index = {name: i for i, name in enumerate(self.op_nodes)}
+        found = []
+        for node in joint.graph.find_nodes(op="call_function", target=_ADD):
+            i = index[node.name]
+            op = self.ops[i]
+            out = node.meta.get("val")
+            args = node.args
+            if not op.is_backward or node.kwargs.get("alpha", 1) != 1 or len(args) != 2 or \
+                    not all(isinstance(a, fx.Node) for a in args) or \
+                    not isinstance(out, torch.Tensor) or len(op.outputs) != 1:
+                continue
+            for k, arg in enumerate(args):
+                reads = self.storage[arg.name]
+                t = reads[0] if len(reads) == 1 else None
+                if t is None or readers.get(t) != 1 or t in returned or \
+                        t in self.storage[args[1 - k].name] or \
+                        not _same_layout(arg.meta.get("val"), out):
+                    continue
+                producer = self.tensors[t].producer
+                if producer == NO_PRODUCER or not self.ops[producer].is_backward or \
+                        self.tensors[t].bytes != self.tensors[op.outputs[0]].bytes:
+                    continue
+                self.ops[i] = dataclasses.replace(op, inplace_bytes=self.tensors[t].bytes)
+                found.append((node.name, k))
+                break
+        return tuple(found)
+
     def output(self, node: fx.Node, num_fwd_outputs: int) -> None:
         outs = list(node.args[0])
         for k, arg in enumerate(outs):
@@ -170,6 +211,16 @@ class _Builder:
                 continue
             target = self.forward_outputs if k < num_fwd_outputs else self.backward_outputs
             target.extend(t for t in self.storage[arg.name] if t not in target)
+
+
+_ADD = torch.ops.aten.add.Tensor
+
+
+def _same_layout(a: object, b: torch.Tensor) -> bool:
+    """a is a tensor of b's dtype, shape and strides at offset 0, filling its storage."""
+    return isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and \
+        a.stride() == b.stride() and a.storage_offset() == 0 == b.storage_offset() and \
+        storage_bytes(a) == storage_bytes(b)
 
 
 def _label(node: fx.Node) -> str:

@@ -24,6 +24,7 @@ from monet_opt.lower import Lowered
 from solvers import Schedule
 
 FORWARD, BACKWARD = "is_forward", "is_backward"
+_ADD_INPLACE = torch.ops.aten.add_.Tensor
 
 
 def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: Schedule,
@@ -98,6 +99,7 @@ class _Emitter:
         self.views: dict[str, fx.Node] = {}     # old view name -> copy made in this phase
         self.rng: dict[str, fx.Node] = {}       # old random op -> its captured generator state
         self.tag = FORWARD
+        self.inplace = dict(lowered.inplace)
         self.getitems: dict[str, list[fx.Node]] = {}
         for n in nodes.values():
             if n.op == "call_function" and n.target is operator.getitem \
@@ -164,6 +166,10 @@ class _Emitter:
             if n_keep is not None:
                 new.meta["val"] = tuple(old.meta["val"][:n_keep])
             self.views.clear()  # views of the old copies must be re-made from the new ones
+        elif old.name in self.inplace:
+            # NOTE [In-place accumulation]: a + b as b += a (IEEE addition commutes bitwise)
+            k = self.inplace[old.name]
+            new = self._copy(old, (old.args[k], old.args[1 - k]), {}, target=_ADD_INPLACE)
         else:
             args, kwargs = recompute.effective_args(old)
             new = self._copy(old, args, kwargs)

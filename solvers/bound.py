@@ -183,4 +183,4 @@ def _resident_at(p: Problem, q: int) -> int:
     needed = {t for i in bwd[q:] for t in p.ops[i].inputs if (i, t) not in replaceable}
     needed |= set(p.backward_outputs)
     alive = (made_before & needed) | set(p.ops[b].outputs)
-    return p.fixed_bytes + p.ops[b].workspace_bytes + sum(p.tensors[t].bytes for t in alive)
+    return p.fixed_bytes + p.ops[b].extra_bytes + sum(p.tensors[t].bytes for t in alive)

@@ -144,7 +144,7 @@ class CheckmateProgram:
             mip.row([(P, 1.0)] + ([(prev, -1.0)] if prev is not None else []) + newly,
                     lo=0.0, hi=0.0)
             self._mem_row([(P, 1.0)], float(p.fixed_bytes + alive + out
-                                            + p.ops[i].workspace_bytes))
+                                            + p.ops[i].extra_bytes))
             prev = P
             alive += out - sum(p.tensors[x].bytes for x in dies_after.get(k, []))
 
@@ -176,7 +176,7 @@ class CheckmateProgram:
             else:          # U[q,k] = U[q,prev] + k's outputs - what died after prev
                 base = [(U, -1.0)] + freed_before
             mip.row([(u, 1.0), (r, -out)] + base, lo=0.0, hi=0.0)
-            self._mem_row([(u, 1.0), (r, float(p.ops[k].workspace_bytes))], enter_bytes)
+            self._mem_row([(u, 1.0), (r, float(p.ops[k].extra_bytes))], enter_bytes)
             U = u
             freed_before = [(f, float(p.tensors[x].bytes)) for x, f in frees.get(k, [])]
         if U is None:

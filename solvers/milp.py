@@ -120,7 +120,7 @@ class Program:
         kept = self.S[0]
         for k, i in enumerate(p.forward_ops):
             out = sum(p.tensors[x].bytes for x in p.ops[i].outputs)
-            own = out + p.ops[i].workspace_bytes
+            own = out + p.ops[i].extra_bytes
             const = p.fixed_bytes + alive + (own if i not in p.encode_ops else 0)
             var = mip.var(0.0, math.inf, integer=False)
             terms = [(var, 1.0)]
@@ -192,7 +192,7 @@ class Program:
             terms = [(m, 1.0), (R[i], -out)]
             terms += [(j, -c) for j, c in start] if prev_var is None else [(prev_var, -1.0)]
             mip.row(terms, lo=0.0, hi=0.0)
-            self._mem_row([(m, 1.0), (R[i], float(p.ops[i].workspace_bytes))], gpre)
+            self._mem_row([(m, 1.0), (R[i], float(p.ops[i].extra_bytes))], gpre)
             Ma[i] = m
             prev_var = m
             if dying.get(i):
@@ -368,7 +368,7 @@ def _backward_constants(p: Problem) -> list[tuple[float, float]]:
             if q > b0:
                 enter[q] += p.tensors[t].bytes
     return [(float(p.fixed_bytes + enter[q]),
-             float(p.fixed_bytes + during[q] + p.ops[b].workspace_bytes))
+             float(p.fixed_bytes + during[q] + p.ops[b].extra_bytes))
             for q, b in enumerate(bwd)]
 
 

@@ -42,6 +42,13 @@ class Op:
     outputs: tuple[int, ...]
     workspace_bytes: int = 0
     is_random: bool = False
+    inplace_bytes: int = 0
+
+    @property
+    def extra_bytes(self) -> int:
+        """What the op holds while it runs beyond its inputs and outputs: its workspace, less
+        the storage of an input it writes its output into (NOTE [In-place accumulation])."""
+        return self.workspace_bytes - self.inplace_bytes
 
 
 @dataclass(frozen=True)
@@ -235,7 +242,35 @@ def _validate(p: Problem) -> None:
     for t in p.backward_outputs:
         if not 0 <= t < len(p.tensors):
             fail(f"backward output {t} is unknown")
+    inplace = [i for i, op in enumerate(p.ops) if op.inplace_bytes]
+    if inplace:
+        _validate_inplace(p, inplace, fail)
     _validate_variants(p, fail)
+
+
+def _validate_inplace(p: Problem, inplace: list[int], fail) -> None:
+    """NOTE [In-place accumulation]
+      A backward op may write its output into the storage of an input that dies there whatever
+      the schedule: a tensor another backward op made, which no other op reads and the step does
+      not return (so it is never kept, recomputed or read again). Gradient accumulation is the
+      case: `add(g1, g2)` run as `g2 += g1` where g2 was made for that sum alone. While the op
+      runs, that input's storage holds its output: the op allocates `inplace_bytes` less than its
+      outputs (`Op.extra_bytes`). The decision is static, so every solver sees it as a constant."""
+    readers: dict[int, int] = {}
+    for op in p.ops:
+        for t in op.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    for i in inplace:
+        op = p.ops[i]
+        ok = any(p.tensors[t].bytes == op.inplace_bytes and 0 <= p.tensors[t].producer < i
+                 and p.ops[p.tensors[t].producer].is_backward and readers[t] == 1
+                 and t not in p.backward_outputs for t in op.inputs)
+        if op.inplace_bytes < 0 or not op.is_backward or not ok or \
+                op.inplace_bytes > sum(p.tensors[t].bytes for t in op.outputs):
+            fail(f"op {op.name!r} writes in place into {op.inplace_bytes} B, but it is not a "
+                 "backward op reading a tensor of that size that only it reads, made by a "
+                 "backward op and not returned, or its outputs are smaller (NOTE [In-place "
+                 "accumulation])")
 
 
 def _validate_variants(p: Problem, fail) -> None:

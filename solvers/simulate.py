@@ -137,7 +137,7 @@ def _memory_timeline(problem: Problem, steps, born, last, sizes):
     peak, peak_step = live, 0
     timeline = []
     for k, i in enumerate(steps):
-        during = live + alloc[k] + problem.ops[i].workspace_bytes
+        during = live + alloc[k] + problem.ops[i].extra_bytes
         timeline.append(during)
         if during > peak:
             peak, peak_step = during, k
