@@ -18,6 +18,7 @@ import torch.fx as fx
 from monet_opt import recompute
 from monet_opt.errors import UnsupportedGraphError
 from solvers import NO_PRODUCER, Op, Problem, Tensor
+from solvers.problem import reader_counts
 
 _EXTRA_VIEWS = {torch.ops.aten._unsafe_view.default, torch.ops.aten._reshape_alias.default}
 
@@ -172,10 +173,7 @@ class _Builder:
         backward op made, read by nothing else and not returned, laid out exactly as the sum
         (so the result is the sum bitwise, where it would be, with the sum's strides). Marks the
         op's `inplace_bytes`; returns (node, argument) pairs for the executor."""
-        readers: dict[int, int] = {}
-        for op in self.ops:
-            for t in op.inputs:
-                readers[t] = readers.get(t, 0) + 1
+        readers = reader_counts(self.ops)
         returned = set(self.forward_outputs) | set(self.backward_outputs)
         index = {name: i for i, name in enumerate(self.op_nodes)}
         found = []

@@ -248,6 +248,15 @@ def _validate(p: Problem) -> None:
     _validate_variants(p, fail)
 
 
+def reader_counts(ops) -> dict[int, int]:
+    """tensor id -> how many of `ops` read it."""
+    readers: dict[int, int] = {}
+    for op in ops:
+        for t in op.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    return readers
+
+
 def _validate_inplace(p: Problem, inplace: list[int], fail) -> None:
     """NOTE [In-place accumulation]
       A backward op may write its output into the storage of an input that dies there whatever
@@ -256,10 +265,7 @@ def _validate_inplace(p: Problem, inplace: list[int], fail) -> None:
       case: `add(g1, g2)` run as `g2 += g1` where g2 was made for that sum alone. While the op
       runs, that input's storage holds its output: the op allocates `inplace_bytes` less than its
       outputs (`Op.extra_bytes`). The decision is static, so every solver sees it as a constant."""
-    readers: dict[int, int] = {}
-    for op in p.ops:
-        for t in op.inputs:
-            readers[t] = readers.get(t, 0) + 1
+    readers = reader_counts(p.ops)
     for i in inplace:
         op = p.ops[i]
         ok = any(p.tensors[t].bytes == op.inplace_bytes and 0 <= p.tensors[t].producer < i
