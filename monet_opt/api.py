@@ -46,8 +46,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             (Kusumoto et al.'s lower-set DP), "checkmate" (Checkmate's MILP, a baseline:
             recomputation only), "chen" (the better of "chen_greedy" and "chen_sqrt"),
             "store_all".
-        time_limit_s: wall time the solve may spend ("auto": the DP, the MILP and polishing
-            together, after a second or two of heuristics; "milp": the MILP; the plan
+        time_limit_s: wall time the solve may spend ("auto": the DP, the MILP, polishing and
+            pruning together, after a second or two of heuristics; "milp": the MILP; the plan
             reports its status and gap).
         profile_repeats: timed runs per operator when profiling (after one warm-up).
         variants: offer the solver the exact operator variants of `monet_opt.variants` (ReLU
