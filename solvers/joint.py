@@ -78,7 +78,8 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     return SolveResult(solver="milp", status=status, schedule=s, objective_s=sim.time_s,
                        peak_bytes=sim.peak_bytes, bound_s=bound, gap=gap,
                        solve_time_s=time.perf_counter() - start,
-                       min_feasible_bytes=min_feasible, note="; ".join(notes))
+                       min_feasible_bytes=min(min_feasible, sim.peak_bytes),
+                       note="; ".join(notes))
 
 
 def _remaining(options: MilpOptions, deadline: float) -> MilpOptions:
@@ -156,9 +157,8 @@ def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
             if best is None or floor < best[0]:
                 best = (floor, sched)
     # NOTE [Least peak with variants]
-    #   Variant reads move stage boundaries, and the program over-counts some held copies
-    #   (docs/formulation.md, row 5), so the program with variants can end a byte above the
-    #   same program without them. The plain problem is solved too; its schedules run on
+    #   Variant reads move stage boundaries (where recomputation may run), so the program
+    #   with variants can end a byte above the same program without them. The plain problem is solved too; its schedules run on
     #   `problem` unchanged, so offering variants never raises the least peak.
     plains = [problem] + ([problem.with_variants(frozenset())] if problem.variants else [])
     share = max(1.0, options.time_limit_s / 4 / len(plains))
