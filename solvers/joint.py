@@ -6,7 +6,7 @@ import functools
 import math
 import time
 
-from solvers import baselines, evict, variants
+from solvers import baselines, evict, variants, windows
 from solvers.bound import boundary_bound
 from solvers.errors import SolverError
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
@@ -15,6 +15,10 @@ from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
 from solvers.schedule import Schedule, SolveResult, Status
 from solvers.simulate import simulate
+
+# Of the time left after the warm start, the share the whole program gets before windows of it
+# are solved one at a time (NOTE [Windows of stages] in solvers/windows.py).
+WHOLE_PROGRAM_SHARE = 0.5
 
 
 def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResult:
@@ -37,8 +41,51 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
                                 "of its moments (NOTE [Cuts through the backward])")
     program = Program(stages, budget_bytes)
     warm = _best_start(problem, budget_bytes, program, heuristic, options.time_limit_s / 4)
-    res, sched = solve_program(program, _remaining(options, deadline), warm)
-    candidates = [(sched, "milp"), (warm, "warm start"), (least, "memory-centric program")]
+    # the whole program gets a share of what is left; windows the rest (NOTE [Windows of stages])
+    share = (deadline - time.perf_counter()) * WHOLE_PROGRAM_SHARE
+    res, sched = solve_program(program, _remaining(options, time.perf_counter() + share), warm)
+    best = _fastest(problem, budget_bytes, [(sched, "milp"), (warm, "warm start"),
+                                            (least, "memory-centric program")])
+    coarsened = _notes(stages)
+    notes = list(coarsened)
+    if best is not None and res.status != "optimal" and program.start_values(best[0]):
+        refined = windows.refine(program, best[0], options, deadline)
+        notes.append(f"then refined in {refined.windows} windows of stages with the rest fixed "
+                     f"(NOTE [Windows of stages]), {refined.improved} of them faster")
+        if refined.improved:
+            best = (refined.schedule, simulate(problem, refined.schedule), "windows")
+    # NOTE [A valid bound]: a coarsened program (merged stages, a recompute window) searches
+    # part of the schedules only, so its bound is no bound on the rest: another solver's
+    # schedule can beat it. The result then reports the boundary bound (solvers/bound.py) or
+    # the no-recompute time, whichever is higher: both hold for every schedule.
+    whole = max(valid or 0.0, problem.no_recompute_time_s)
+    bound = max(res.bound or 0.0, whole)
+    if coarsened:
+        if res.bound is not None:
+            notes.append(f"the program's bound within that space is {bound:.6g} s; the bound "
+                         "reported is NOTE [The boundary bound]'s, valid for every schedule")
+        bound = whole
+    if best is None:
+        status = Status.INFEASIBLE if res.status == "infeasible" else Status.TIMEOUT
+        return SolveResult(solver="milp", status=status, schedule=None, objective_s=None,
+                           peak_bytes=None, bound_s=None, gap=None,
+                           solve_time_s=time.perf_counter() - start,
+                           min_feasible_bytes=min_feasible, note="; ".join(notes))
+    s, sim, origin = best
+    if origin not in ("milp", "windows"):
+        notes.append(f"the schedule is the {origin}'s; the backend ended {res.status}")
+    gap = max(0.0, (sim.time_s - bound) / sim.time_s) if sim.time_s > 0 else 0.0
+    status = Status.OPTIMAL if res.status == "optimal" and \
+        gap <= options.rel_gap + 1e-9 else Status.FEASIBLE
+    return SolveResult(solver="milp", status=status, schedule=s, objective_s=sim.time_s,
+                       peak_bytes=sim.peak_bytes, bound_s=bound, gap=gap,
+                       solve_time_s=time.perf_counter() - start,
+                       min_feasible_bytes=min(min_feasible, sim.peak_bytes),
+                       note="; ".join(notes))
+
+
+def _fastest(problem: Problem, budget_bytes: int, candidates):
+    """(schedule, simulation, origin) of the fastest candidate within the budget, or None."""
     best = None
     for s, origin in candidates:
         if s is None:
@@ -51,35 +98,7 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
             continue
         if best is None or (sim.time_s, sim.peak_bytes) < (best[1].time_s, best[1].peak_bytes):
             best = (s, sim, origin)
-    notes = _notes(stages)
-    # NOTE [A valid bound]: a coarsened program (merged stages, a recompute window) searches
-    # part of the schedules only, so its bound is no bound on the rest: another solver's
-    # schedule can beat it. The result then reports the boundary bound (solvers/bound.py) or
-    # the no-recompute time, whichever is higher: both hold for every schedule.
-    whole = max(valid or 0.0, problem.no_recompute_time_s)
-    bound = max(res.bound or 0.0, whole)
-    if notes:  # coarsened
-        if res.bound is not None:
-            notes.append(f"the program's bound within that space is {bound:.6g} s; the bound "
-                         "reported is NOTE [The boundary bound]'s, valid for every schedule")
-        bound = whole
-    if best is None:
-        status = Status.INFEASIBLE if res.status == "infeasible" else Status.TIMEOUT
-        return SolveResult(solver="milp", status=status, schedule=None, objective_s=None,
-                           peak_bytes=None, bound_s=None, gap=None,
-                           solve_time_s=time.perf_counter() - start,
-                           min_feasible_bytes=min_feasible, note="; ".join(notes))
-    s, sim, origin = best
-    if origin != "milp":
-        notes.append(f"the schedule is the {origin}'s; the backend ended {res.status}")
-    gap = max(0.0, (sim.time_s - bound) / sim.time_s) if sim.time_s > 0 else 0.0
-    status = Status.OPTIMAL if res.status == "optimal" and \
-        gap <= options.rel_gap + 1e-9 else Status.FEASIBLE
-    return SolveResult(solver="milp", status=status, schedule=s, objective_s=sim.time_s,
-                       peak_bytes=sim.peak_bytes, bound_s=bound, gap=gap,
-                       solve_time_s=time.perf_counter() - start,
-                       min_feasible_bytes=min(min_feasible, sim.peak_bytes),
-                       note="; ".join(notes))
+    return best
 
 
 def _remaining(options: MilpOptions, deadline: float) -> MilpOptions:
