@@ -54,6 +54,12 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
                      f"(NOTE [Windows of stages]), {refined.improved} of them faster")
         if refined.improved:
             best = (refined.schedule, simulate(problem, refined.schedule), "windows")
+        if deadline - time.perf_counter() > 2.0:  # the windows settled early: back to the whole
+            again, sched = solve_program(program, _remaining(options, deadline), best[0])
+            res = dataclasses.replace(again, bound=max(again.bound or 0.0, res.bound or 0.0)
+                                      or None)
+            notes.append("then the whole program again from there")
+            best = _fastest(problem, budget_bytes, [(sched, "milp"), (best[0], best[2])])
     # NOTE [A valid bound]: a coarsened program (merged stages, a recompute window) searches
     # part of the schedules only, so its bound is no bound on the rest: another solver's
     # schedule can beat it. The result then reports the boundary bound (solvers/bound.py) or

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -135,6 +136,9 @@ def _highs_child(send, mip: Mip, time_limit_s: float, start, rel_gap: float,
                  relax: bool) -> None:
     def improved(values, objective, bound) -> None:
         send.send(("improved", MipResult("feasible", values, objective, bound)))
+    # HiGHS prints some messages itself whatever output_flag says; the parent's stdout may be
+    # a report being written (make bench-solvers), so the child's goes nowhere.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     try:
         send.send(("done", _highs_here(mip, time_limit_s, start, rel_gap, relax, improved)))
     except Exception as e:  # reported to the parent, which raises it
