@@ -23,8 +23,10 @@ WHOLE_PROGRAM_SHARE = 0.5
 
 def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResult:
     """Least step time within the budget. Warm-started from the best heuristic schedule that
-    fits; if the backend stops without beating it, that schedule is returned (FEASIBLE).
-    min_feasible_bytes comes from the memory-centric program (least_peak)."""
+    fits; the whole program gets half the time left, windows of it the rest (NOTE [Windows of
+    stages]); the fastest schedule any of them found is returned (FEASIBLE unless the whole
+    program was proved optimal). min_feasible_bytes comes from the memory-centric program
+    (least_peak) and the schedule found."""
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
@@ -49,17 +51,7 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     coarsened = _notes(stages)
     notes = list(coarsened)
     if best is not None and res.status != "optimal" and program.start_values(best[0]):
-        refined = windows.refine(program, best[0], options, deadline)
-        notes.append(f"then refined in {refined.windows} windows of stages with the rest fixed "
-                     f"(NOTE [Windows of stages]), {refined.improved} of them faster")
-        if refined.improved:
-            best = (refined.schedule, simulate(problem, refined.schedule), "windows")
-        if deadline - time.perf_counter() > 2.0:  # the windows settled early: back to the whole
-            again, sched = solve_program(program, _remaining(options, deadline), best[0])
-            res = dataclasses.replace(again, bound=max(again.bound or 0.0, res.bound or 0.0)
-                                      or None)
-            notes.append("then the whole program again from there")
-            best = _fastest(problem, budget_bytes, [(sched, "milp"), (best[0], best[2])])
+        best, res = _by_windows(program, best, res, options, deadline, notes)
     # NOTE [A valid bound]: a coarsened program (merged stages, a recompute window) searches
     # part of the schedules only, so its bound is no bound on the rest: another solver's
     # schedule can beat it. The result then reports the boundary bound (solvers/bound.py) or
@@ -88,6 +80,25 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
                        solve_time_s=time.perf_counter() - start,
                        min_feasible_bytes=min(min_feasible, sim.peak_bytes),
                        note="; ".join(notes))
+
+
+def _by_windows(program: Program, best, res, options: MilpOptions, deadline: float,
+                notes: list[str]):
+    """`best` refined window by window (NOTE [Windows of stages]); if the windows settle before
+    the deadline, the whole program again from their schedule. (best, the whole program's
+    last result, with the highest bound either proved)."""
+    problem = program.st.problem
+    refined = windows.refine(program, best[0], options, deadline)
+    notes.append(f"then refined in {refined.windows} windows of stages with the rest fixed "
+                 f"(NOTE [Windows of stages]), {refined.improved} of them faster")
+    if refined.improved:
+        best = (refined.schedule, simulate(problem, refined.schedule), "windows")
+    if deadline - time.perf_counter() > 2.0:
+        again, sched = solve_program(program, _remaining(options, deadline), best[0])
+        res = dataclasses.replace(again, bound=max(again.bound or 0.0, res.bound or 0.0) or None)
+        notes.append("then the whole program again from there")
+        best = _fastest(problem, program.budget, [(sched, "milp"), (best[0], best[2])])
+    return best, res
 
 
 def _fastest(problem: Problem, budget_bytes: int, candidates):
