@@ -181,8 +181,9 @@ def _best_start(problem: Problem, budget_bytes: int, program: Program, heuristic
 @functools.lru_cache(maxsize=8)
 def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     """The memory-centric program (the budget is the objective), given a quarter of the time
-    limit; or Chen's least-peak schedule (greedy or sqrt) where that is lower. Cached per
-    problem, so the budget it reports is met again by the same call."""
+    limit, half of it as one program and half window by window; or Chen's least-peak schedule
+    (greedy or sqrt) where that is lower. Cached per problem, so the budget it reports is met
+    again by the same call."""
     best = None
     opts = baselines.BaselineOptions()
     for heuristic in (baselines.chen_greedy, baselines.chen_sqrt):
@@ -200,9 +201,13 @@ def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     share = max(1.0, options.time_limit_s / 4 / len(plains))
     for plain in plains:
         stages = build_stages(plain, options.max_recompute_vars, options.max_held_vars)
-        quick = dataclasses.replace(options, time_limit_s=share)
+        quick = dataclasses.replace(options, time_limit_s=share * WHOLE_PROGRAM_SHARE)
         warm = best[1] if plain is problem or not best[1].variants else None
-        res, sched = solve_program(Program(stages, None), quick, warm)
+        program = Program(stages, None)
+        deadline = time.perf_counter() + share
+        res, sched = solve_program(program, quick, warm)
+        if sched is not None and res.status != "optimal":  # NOTE [Windows of stages]
+            sched = windows.refine(program, sched, options, deadline).schedule
         if sched is not None:
             sched = sched if plain is problem else \
                 dataclasses.replace(sched, variants=frozenset())
