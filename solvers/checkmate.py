@@ -42,13 +42,12 @@ import math
 import time
 from dataclasses import dataclass
 
-from solvers.errors import SolverError
 from solvers.milp import _backward_constants
 from solvers.mip import Mip, MipResult, solve_mip, solve_relaxation
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
 from solvers.schedule import Schedule, SolveResult, Status
-from solvers.simulate import simulate
+from solvers.simulate import fastest_within, simulate
 
 ROUNDING_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Checkmate's sweep
 
@@ -296,16 +295,7 @@ def checkmate_milp(problem: Problem, budget_bytes: int, options: CheckmateOption
     else:
         res, scheds, how = _run(program, options, max(1.0, deadline - time.perf_counter()))
     candidates = [(s, how) for s in scheds] + [(least.schedule, "least-peak program")]
-    best = None
-    for sched, origin in candidates:
-        sim = simulate(problem, sched)
-        if sim.peak_bytes > budget_bytes:
-            if origin == "milp":
-                raise SolverError(f"internal: Checkmate's schedule peaks at {sim.peak_bytes} B "
-                                  f"over its budget {budget_bytes} B; its memory rows are wrong")
-            continue
-        if best is None or (sim.time_s, sim.peak_bytes) < (best[1].time_s, best[1].peak_bytes):
-            best = (sched, sim, origin)
+    best = fastest_within(problem, budget_bytes, candidates, "Checkmate")
     notes = [] if how == "milp" else [
         f"{program.num_integer_vars} integer variables (over {options.max_exact_vars}): "
         f"Checkmate's LP relaxation (at 90 % and 100 % of the budget) rounded: kept set "

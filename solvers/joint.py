@@ -8,13 +8,12 @@ import time
 
 from solvers import baselines, evict, variants, windows
 from solvers.bound import boundary_bound
-from solvers.errors import SolverError
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
 from solvers.mip import solve_relaxation
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
 from solvers.schedule import Schedule, SolveResult, Status
-from solvers.simulate import simulate
+from solvers.simulate import fastest_within, simulate
 
 # Of the time left after the warm start, the share the whole program gets before windows of it
 # are solved one at a time (NOTE [Windows of stages] in solvers/windows.py).
@@ -46,8 +45,8 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     # the whole program gets a share of what is left; windows the rest (NOTE [Windows of stages])
     share = (deadline - time.perf_counter()) * WHOLE_PROGRAM_SHARE
     res, sched = solve_program(program, _remaining(options, time.perf_counter() + share), warm)
-    best = _fastest(problem, budget_bytes, [(sched, "milp"), (warm, "warm start"),
-                                            (least, "memory-centric program")])
+    best = fastest_within(problem, budget_bytes, [(sched, "milp"), (warm, "warm start"),
+                                                 (least, "memory-centric program")], "the MILP")
     coarsened = _notes(stages)
     notes = list(coarsened)
     if best is not None and res.status != "optimal" and program.start_values(best[0]):
@@ -97,25 +96,9 @@ def _by_windows(program: Program, best, res, options: MilpOptions, deadline: flo
         again, sched = solve_program(program, _remaining(options, deadline), best[0])
         res = dataclasses.replace(again, bound=max(again.bound or 0.0, res.bound or 0.0) or None)
         notes.append("then the whole program again from there")
-        best = _fastest(problem, program.budget, [(sched, "milp"), (best[0], best[2])])
+        best = fastest_within(problem, program.budget, [(sched, "milp"), (best[0], best[2])],
+                              "the MILP")
     return best, res
-
-
-def _fastest(problem: Problem, budget_bytes: int, candidates):
-    """(schedule, simulation, origin) of the fastest candidate within the budget, or None."""
-    best = None
-    for s, origin in candidates:
-        if s is None:
-            continue
-        sim = simulate(problem, s)
-        if sim.peak_bytes > budget_bytes:
-            if origin == "milp":
-                raise SolverError(f"internal: the MILP's schedule peaks at {sim.peak_bytes} B "
-                                  f"over its budget {budget_bytes} B; its memory rows are wrong")
-            continue
-        if best is None or (sim.time_s, sim.peak_bytes) < (best[1].time_s, best[1].peak_bytes):
-            best = (s, sim, origin)
-    return best
 
 
 def _remaining(options: MilpOptions, deadline: float) -> MilpOptions:

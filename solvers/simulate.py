@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solvers.errors import InvalidScheduleError
+from solvers.errors import InvalidScheduleError, SolverError
 from solvers.problem import Problem
 from solvers.schedule import Schedule
 
@@ -143,3 +143,23 @@ def _memory_timeline(problem: Problem, steps, born, last, sizes):
             peak, peak_step = during, k
         live = live + alloc[k] - free_after[k]
     return timeline, peak, peak_step
+
+
+def fastest_within(problem: Problem, budget_bytes: int, candidates, program: str):
+    """(schedule, simulation, origin) of the fastest (then lowest) of `candidates`, pairs of
+    (schedule or None, origin), that runs within the budget; None if none does. A candidate of
+    origin "milp" comes from a program whose memory rows promise the budget: over it, that
+    program (`program`, for the message) is wrong, and this raises SolverError."""
+    best = None
+    for schedule, origin in candidates:
+        if schedule is None:
+            continue
+        sim = simulate(problem, schedule)
+        if sim.peak_bytes > budget_bytes:
+            if origin == "milp":
+                raise SolverError(f"internal: {program}'s schedule peaks at {sim.peak_bytes} B "
+                                  f"over its budget {budget_bytes} B; its memory rows are wrong")
+            continue
+        if best is None or (sim.time_s, sim.peak_bytes) < (best[1].time_s, best[1].peak_bytes):
+            best = (schedule, sim, origin)
+    return best
