@@ -25,7 +25,9 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     fits; the whole program gets half the time left, windows of it the rest (NOTE [Windows of
     stages]); the fastest schedule any of them found is returned (FEASIBLE unless the whole
     program was proved optimal). min_feasible_bytes comes from the memory-centric program
-    (least_peak) and the schedule found."""
+    (least_peak) and the heuristics: a budget the same call meets again (a schedule found at a
+    looser budget may peak lower; its peak is not reported, since a search at that budget need
+    not find it again)."""
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
@@ -77,8 +79,7 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     return SolveResult(solver="milp", status=status, schedule=s, objective_s=sim.time_s,
                        peak_bytes=sim.peak_bytes, bound_s=bound, gap=gap,
                        solve_time_s=time.perf_counter() - start,
-                       min_feasible_bytes=min(min_feasible, sim.peak_bytes),
-                       note="; ".join(notes))
+                       min_feasible_bytes=min_feasible, note="; ".join(notes))
 
 
 def _by_windows(program: Program, best, res, options: MilpOptions, deadline: float,
@@ -164,7 +165,7 @@ def _best_start(problem: Problem, budget_bytes: int, program: Program, heuristic
 @functools.lru_cache(maxsize=8)
 def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     """The memory-centric program (the budget is the objective), given a quarter of the time
-    limit, half of it as one program and half window by window; or Chen's least-peak schedule
+    limit; or Chen's least-peak schedule
     (greedy or sqrt) where that is lower. Cached per problem, so the budget it reports is met
     again by the same call."""
     best = None
@@ -184,13 +185,9 @@ def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     share = max(1.0, options.time_limit_s / 4 / len(plains))
     for plain in plains:
         stages = build_stages(plain, options.max_recompute_vars, options.max_held_vars)
-        quick = dataclasses.replace(options, time_limit_s=share * WHOLE_PROGRAM_SHARE)
+        quick = dataclasses.replace(options, time_limit_s=share)
         warm = best[1] if plain is problem or not best[1].variants else None
-        program = Program(stages, None)
-        deadline = time.perf_counter() + share
-        res, sched = solve_program(program, quick, warm)
-        if sched is not None and res.status != "optimal":  # NOTE [Windows of stages]
-            sched = windows.refine(program, sched, options, deadline).schedule
+        res, sched = solve_program(Program(stages, None), quick, warm)
         if sched is not None:
             sched = sched if plain is problem else \
                 dataclasses.replace(sched, variants=frozenset())

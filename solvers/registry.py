@@ -136,8 +136,6 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None) -> So
                            objective_s=None, peak_bytes=None, bound_s=results[0].bound_s,
                            gap=None, solve_time_s=elapsed, min_feasible_bytes=min_peak)
     best = min(feasible, key=lambda r: (r.objective_s, r.peak_bytes))
-    # a schedule found at a tight budget can peak below every least-peak search's answer
-    min_peak = min([min_peak] + [r.peak_bytes for r in feasible])
     bound = max(r.bound_s for r in results if r.bound_s is not None)
     if best.objective_s < bound:
         # A bound the joint MILP proved holds within its own program's space (recomputation
