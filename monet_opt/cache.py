@@ -2,12 +2,15 @@
 
     <profile_dir>/<Model>-<profile digest[:16]>/profile.json
     <profile_dir>/<Model>-<profile digest[:16]>/schedule-<limit B>-<solver>-<digest[:12]>.json
+    <profile_dir>/<Model>-<profile digest[:16]>/least-peak-<solver>.json
 
 A profile is the profiled `solvers.Problem` of one training step (plus each op's source label),
 keyed by a `ProfileKey`; a schedule file is one solver's answer for one memory limit (the Schedule
 and the facts of its SolveResult), keyed by a `ScheduleKey` (both in cache_keys.py). A profile
 that is measured again (its file was unusable) thus never meets the schedules of the old
-measurement; they are deleted.
+measurement; they are deleted. A least-peak file holds the lowest-peak schedule a solver has
+returned on the profile, handed back to it on every solve there (NOTE [Least peaks remembered]
+in solvers/remembered.py), so a least budget once reported is met on any later call.
 
 NOTE [Cache files are untrusted]
   Every file is checked before use: that it is JSON, of our kind and schema version; that its
@@ -37,9 +40,11 @@ import solvers
 from monet_opt.cache_keys import ProfileKey, ScheduleKey, library_version
 from monet_opt.lower import Lowered
 from solvers import Problem, Schedule, SolveResult, Status
+from solvers.remembered import with_known
 
 SCHEMA_VERSION = 1
 PROFILE_KIND, SCHEDULE_KIND = "monet_opt.profile", "monet_opt.schedule"
+FLOOR_KIND = "monet_opt.least_peak"
 
 
 class ProfileCacheWarning(UserWarning):
@@ -96,7 +101,8 @@ class ProfileCache:
         _write(path, {"kind": PROFILE_KIND, "schema_version": SCHEMA_VERSION,
                       "key": key.to_dict(), "name": name, "op_labels": list(profile.op_labels),
                       "problem": json.loads(profile.problem.to_json())})
-        for stale in folder.glob("schedule-*.json"):  # made on an older measurement
+        for stale in [*folder.glob("schedule-*.json"), *folder.glob("least-peak-*.json")]:
+            # made on an older measurement
             if _schedule_profile(stale) != profile.content_sha256:
                 with contextlib.suppress(OSError):
                     stale.unlink()
@@ -121,10 +127,25 @@ class ProfileCache:
         key = ScheduleKey(profile.content_sha256, limit_bytes, solver,
                           (("time_limit_s", float(time_limit_s)),), library_version())
         path = profile.folder / f"schedule-{limit_bytes}-{_safe(solver)}-{key.digest[:12]}.json"
+        floor_path = profile.folder / f"least-peak-{_safe(solver)}.json"
+        floor = None
+        with _reported(floor_path):
+            if floor_path.exists():
+                floor = _read_floor(floor_path, profile)
+        known = [floor[1]] if floor else []
         with _reported(path):
             if path.exists():
-                return _read_schedule(path, profile, key).result
-        result = solvers.solve(profile.problem, limit_bytes, solver, time_limit_s=time_limit_s)
+                return with_known(profile.problem, limit_bytes,
+                                  _read_schedule(path, profile, key).result, known)
+        result = solvers.solve(profile.problem, limit_bytes, solver, time_limit_s=time_limit_s,
+                               known=known)
+        if result.floor_schedule is not None and (floor is None or
+                                                  result.min_feasible_bytes < floor[0]):
+            _write(floor_path, {"kind": FLOOR_KIND, "schema_version": SCHEMA_VERSION,
+                                "key": {"profile_sha256": profile.content_sha256,
+                                        "solver": solver},
+                                "peak_bytes": result.min_feasible_bytes,
+                                "schedule": json.loads(result.floor_schedule.to_json())})
         if result.status != Status.TIMEOUT:
             facts = {f: getattr(result, f) for f in _RESULT_FIELDS}
             _write(path, {"kind": SCHEDULE_KIND, "schema_version": SCHEMA_VERSION,
@@ -280,6 +301,28 @@ def _read_schedule(path: Path, profile: Profile, key: ScheduleKey | None) -> Cac
         raise _Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
     _check_result(result, profile.problem, stored.memory_limit_bytes)
     return CachedSchedule(stored, result, path)
+
+
+def _read_floor(path: Path, profile: Profile) -> tuple[int, Schedule]:
+    """The least-peak schedule stored in `path` and its peak, checked by the simulator."""
+    data = _load(path, FLOOR_KIND)
+    try:
+        if data["key"]["profile_sha256"] != profile.content_sha256:
+            raise _Unusable("mismatched: it was made on another profile")
+        peak = int(data["peak_bytes"])
+        schedule = Schedule.from_json(json.dumps(data["schedule"]))
+    except _Unusable:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
+    try:
+        sim = solvers.simulate(profile.problem, schedule)
+    except (solvers.InvalidScheduleError, IndexError, TypeError) as exc:
+        raise _Unusable(f"its schedule fails the simulator ({exc})") from exc
+    if sim.peak_bytes != peak:
+        raise _Unusable(f"mismatched: it claims peak {peak} B; the simulator says "
+                        f"{sim.peak_bytes} B")
+    return peak, schedule
 
 
 def _check_result(result: SolveResult, problem: Problem, limit_bytes: int) -> None:

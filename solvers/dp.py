@@ -307,7 +307,7 @@ class _Search:
 def dp(problem: Problem, budget_bytes: int, options: DpOptions) -> SolveResult:
     """Kusumoto's lower-set program: the fastest (mode "time") or least-peak (mode "memory")
     canonical strategy whose simulated peak fits the budget. min_feasible_bytes: the least
-    simulated peak of the memory-centric pass. Optimal only within canonical strategies, so
+    simulated peak of the memory-centric pass (its schedule: floor_schedule). Optimal only within canonical strategies, so
     OPTIMAL only when nothing is recomputed."""
     if options.mode not in ("time", "memory"):
         raise SolverError(f"dp: mode must be 'time' or 'memory', got {options.mode!r}")
@@ -349,10 +349,12 @@ def _result(problem: Problem, budget_bytes: int, search: _Search | None, least: 
     if best is None:
         return SolveResult(solver="dp", status=Status.INFEASIBLE, schedule=None,
                            objective_s=None, peak_bytes=None, bound_s=bound, gap=None,
-                           solve_time_s=elapsed, min_feasible_bytes=min_feasible, note=note)
+                           solve_time_s=elapsed, min_feasible_bytes=min_feasible, note=note,
+                           floor_schedule=least.schedule)
     t = best.sim.time_s
     gap = 0.0 if t <= bound else (t - bound) / t
     return SolveResult(solver="dp", status=Status.OPTIMAL if gap == 0.0 else Status.FEASIBLE,
                        schedule=best.schedule, objective_s=t, peak_bytes=best.sim.peak_bytes,
                        bound_s=bound, gap=gap, solve_time_s=elapsed,
-                       min_feasible_bytes=min_feasible, note=note)
+                       min_feasible_bytes=min_feasible, note=note,
+                       floor_schedule=least.schedule)

@@ -12,6 +12,7 @@ from solvers.milp import MilpOptions, Program, build_stages, solve_program
 from solvers.mip import solve_relaxation
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
+from solvers.remembered import floor_of
 from solvers.schedule import Schedule, SolveResult, Status
 from solvers.simulate import fastest_within, simulate
 
@@ -25,21 +26,21 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     fits; the whole program gets half the time left, windows of it the rest (NOTE [Windows of
     stages]); the fastest schedule any of them found is returned (FEASIBLE unless the whole
     program was proved optimal). min_feasible_bytes comes from the memory-centric program
-    (least_peak) and the heuristics: a budget the same call meets again (a schedule found at a
-    looser budget may peak lower; its peak is not reported, since a search at that budget need
-    not find it again)."""
+    (least_peak, whose schedule is the floor_schedule when it is the lower) and the heuristics:
+    a budget the same call meets again (a schedule found at a looser budget may peak lower; its
+    peak is not reported, since a search at that budget need not find it again)."""
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
     heuristic = _heuristic(problem, budget_bytes)
     least_bytes, least = least_peak(problem, options)  # cached; a quarter of the limit
-    min_feasible = min(heuristic.min_feasible_bytes, least_bytes)
+    min_feasible, floor = floor_of([(least_bytes, least), (heuristic.min_feasible_bytes, None)])
     valid = boundary_bound(problem, budget_bytes, min(10.0, options.time_limit_s / 5))
     if valid == math.inf:  # some moment of the backward cannot fit
         return SolveResult(solver="milp", status=Status.INFEASIBLE, schedule=None,
                            objective_s=None, peak_bytes=None, bound_s=None, gap=None,
                            solve_time_s=time.perf_counter() - start,
-                           min_feasible_bytes=min_feasible,
+                           min_feasible_bytes=min_feasible, floor_schedule=floor,
                            note="the budget cannot hold what the backward must have at one "
                                 "of its moments (NOTE [Cuts through the backward])")
     program = Program(stages, budget_bytes)
@@ -69,7 +70,8 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
         return SolveResult(solver="milp", status=status, schedule=None, objective_s=None,
                            peak_bytes=None, bound_s=None, gap=None,
                            solve_time_s=time.perf_counter() - start,
-                           min_feasible_bytes=min_feasible, note="; ".join(notes))
+                           min_feasible_bytes=min_feasible, floor_schedule=floor,
+                           note="; ".join(notes))
     s, sim, origin = best
     if origin not in ("milp", "windows"):
         notes.append(f"the schedule is the {origin}'s; the backend ended {res.status}")
@@ -79,7 +81,8 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     return SolveResult(solver="milp", status=status, schedule=s, objective_s=sim.time_s,
                        peak_bytes=sim.peak_bytes, bound_s=bound, gap=gap,
                        solve_time_s=time.perf_counter() - start,
-                       min_feasible_bytes=min_feasible, note="; ".join(notes))
+                       min_feasible_bytes=min_feasible, floor_schedule=floor,
+                       note="; ".join(notes))
 
 
 def _by_windows(program: Program, best, res, options: MilpOptions, deadline: float,

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from solvers import baselines, checkmate, dp, evict, joint, prune, variants
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
-from solvers.schedule import SolveResult, Status
+from solvers.remembered import floor_of, with_known
+from solvers.schedule import Schedule, SolveResult, Status
 from solvers.simulate import simulate
 
 SolverFn = Callable[[Problem, int, Any], SolveResult]
@@ -57,7 +58,7 @@ def available_solvers() -> list[str]:
 
 
 def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: Any = None,
-          time_limit_s: float | None = None) -> SolveResult:
+          time_limit_s: float | None = None, known: Sequence[Schedule] = ()) -> SolveResult:
     """Find a schedule whose simulated peak is at most `budget_bytes` (fixed memory included).
 
     "auto": store-all when it fits (nothing is faster); otherwise store-all, Chen's heuristics,
@@ -70,11 +71,15 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     budget that would do. `time_limit_s` caps the MILP (overrides its options' limit);
     for "auto" it is the whole solve's (default: MilpOptions' limit), shared out between the
     DP, the MILP, polishing and pruning; the heuristics before them take a second or two more.
+    `known`: floor_schedules the same solver returned on this problem before; the least peak
+    reported is no higher than theirs, and a budget they fit is met (NOTE [Least peaks
+    remembered] in solvers/remembered.py).
     """
     if time_limit_s is not None and time_limit_s <= 0:
         raise SolverError(f"solvers.solve: time_limit_s must be positive, got {time_limit_s}")
     if solver == "auto":
-        return _auto(problem, budget_bytes, time_limit_s)
+        return with_known(problem, budget_bytes, _auto(problem, budget_bytes, time_limit_s),
+                          known)
     if solver not in _REGISTRY:
         raise UnknownSolverError(
             f"solvers.solve: no solver named {solver!r}; available: {available_solvers()}")
@@ -83,8 +88,10 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     if time_limit_s is not None and hasattr(options, "time_limit_s"):
         options = dataclasses.replace(options, time_limit_s=time_limit_s)
     if solver in _VARIANT_AWARE:
-        return fn(problem, budget_bytes, options)
-    return variants.run_with(fn, problem, budget_bytes, options)
+        result = fn(problem, budget_bytes, options)
+    else:
+        result = variants.run_with(fn, problem, budget_bytes, options)
+    return with_known(problem, budget_bytes, result, known)
 
 
 _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")
@@ -114,11 +121,10 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None) -> So
     milp_s = max(1.0, limit - polish_s - dp_options.time_limit_s)
     results = cheap if cheap[0].feasible else \
         cheap + [lower_sets, solve(problem, budget_bytes, "milp", time_limit_s=milp_s)]
-    min_peak = min(r.min_feasible_bytes for r in results + [lower_sets]
-                   if r.min_feasible_bytes is not None)
+    floors = [(r.min_feasible_bytes, r.floor_schedule) for r in results + [lower_sets]]
     if cheap[0].feasible:  # the MILP's least peak, as if it had run
-        options = MilpOptions(time_limit_s=milp_s)
-        min_peak = min(min_peak, joint.least_peak(problem, options)[0])
+        floors.append(joint.least_peak(problem, MilpOptions(time_limit_s=milp_s)))
+    min_peak, floor = floor_of(floors)
     feasible = [r for r in results if r.feasible]
     if feasible and not cheap[0].feasible:  # NOTE [Polishing] in solvers/evict.py
         top = sorted(feasible, key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
@@ -134,7 +140,8 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None) -> So
     if not feasible:
         return SolveResult(solver="auto", status=Status.INFEASIBLE, schedule=None,
                            objective_s=None, peak_bytes=None, bound_s=results[0].bound_s,
-                           gap=None, solve_time_s=elapsed, min_feasible_bytes=min_peak)
+                           gap=None, solve_time_s=elapsed, min_feasible_bytes=min_peak,
+                           floor_schedule=floor)
     best = min(feasible, key=lambda r: (r.objective_s, r.peak_bytes))
     bound = max(r.bound_s for r in results if r.bound_s is not None)
     if best.objective_s < bound:
@@ -146,4 +153,4 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None) -> So
     return SolveResult(solver=f"auto:{best.solver}", status=best.status, schedule=best.schedule,
                        objective_s=best.objective_s, peak_bytes=best.peak_bytes,
                        bound_s=bound, gap=gap, solve_time_s=elapsed,
-                       min_feasible_bytes=min_peak, note=best.note)
+                       min_feasible_bytes=min_peak, note=best.note, floor_schedule=floor)

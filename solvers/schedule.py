@@ -45,7 +45,10 @@ class SolveResult:
     """solver: registry name. objective_s: predicted step time of `schedule`. peak_bytes: its
     simulated peak. bound_s: a proven lower bound on the step time of any schedule within the
     budget. gap: (objective - bound) / objective. min_feasible_bytes: the least peak this solver
-    can reach at any budget (what an infeasible caller should raise the budget to)."""
+    can reach at any budget (what an infeasible caller should raise the budget to).
+    floor_schedule: a schedule whose simulated peak is min_feasible_bytes, where the solver
+    found that least peak by a search a clock can cut short (NOTE [Least peaks remembered] in
+    solvers/remembered.py); None where the same search always finds it again."""
 
     solver: str
     status: Status
@@ -57,6 +60,7 @@ class SolveResult:
     solve_time_s: float
     min_feasible_bytes: int | None
     note: str = ""
+    floor_schedule: Schedule | None = None
 
     @property
     def feasible(self) -> bool:

@@ -39,7 +39,7 @@ def run_with(fn: Callable[[Problem, int, Any], SolveResult], problem: Problem, b
     status = result.status
     if status is Status.OPTIMAL and gap > 0:
         status = Status.FEASIBLE
-    schedule = result.schedule
-    if schedule is not None:
-        schedule = dataclasses.replace(schedule, variants=chosen)
-    return dataclasses.replace(result, schedule=schedule, bound_s=bound, gap=gap, status=status)
+    schedule, floor = (s if s is None else dataclasses.replace(s, variants=chosen)
+                       for s in (result.schedule, result.floor_schedule))
+    return dataclasses.replace(result, schedule=schedule, bound_s=bound, gap=gap, status=status,
+                               floor_schedule=floor)

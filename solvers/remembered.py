@@ -1,0 +1,64 @@
+"""Least-peak schedules found before, so that a least budget once reported is met again.
+
+NOTE [Least peaks remembered]
+  `min_feasible_bytes` promises a budget the caller can ask for next. Where that least peak
+  comes from a search a clock cuts short (the MILP's memory-centric program, the lower-set DP),
+  a second call can stop elsewhere and end above the first: a budget the first call named is
+  then refused (gpt2_tiny did this in CI: 1329416 B reached, 1299976 B named the call before).
+  So such solvers return the schedule that reached their least peak (`floor_schedule`), the
+  caller keeps it (the profile directory does: monet_opt/cache.py), and hands it back as
+  `known` on the next solve of the same problem. `with_known` makes the answer no worse for
+  it: the least peak reported is at most a known schedule's, and a budget no solver met this
+  time but a known schedule fits is answered with that schedule. Schedules that do not run on
+  the problem (made for another graph) are ignored: the simulator decides.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+from solvers.errors import InvalidScheduleError
+from solvers.problem import Problem
+from solvers.schedule import Schedule, SolveResult, Status
+from solvers.simulate import Simulation, simulate
+
+
+def floor_of(candidates: Iterable[tuple[int | None, Schedule | None]]
+             ) -> tuple[int | None, Schedule | None]:
+    """The least (peak, schedule) of `candidates`; on a tie in peak, one with a schedule."""
+    best: tuple[int | None, Schedule | None] = (None, None)
+    for peak, schedule in candidates:
+        if peak is None:
+            continue
+        if best[0] is None or peak < best[0] or (peak == best[0] and best[1] is None):
+            best = (peak, schedule)
+    return best
+
+
+def with_known(problem: Problem, budget_bytes: int, result: SolveResult,
+               known: Iterable[Schedule]) -> SolveResult:
+    """`result` with the schedules in `known` taken into account (NOTE [Least peaks
+    remembered])."""
+    runs: list[tuple[Schedule, Simulation]] = []
+    for schedule in known:
+        try:
+            runs.append((schedule, simulate(problem, schedule)))
+        except (InvalidScheduleError, IndexError):
+            continue
+    if not runs:
+        return result
+    peak, floor = floor_of([(result.min_feasible_bytes, result.floor_schedule)] +
+                           [(sim.peak_bytes, s) for s, sim in runs])
+    result = dataclasses.replace(result, min_feasible_bytes=peak, floor_schedule=floor)
+    fits = [(s, sim) for s, sim in runs if sim.peak_bytes <= budget_bytes]
+    if result.feasible or not fits:
+        return result
+    schedule, sim = min(fits, key=lambda r: (r[1].time_s, r[1].peak_bytes))
+    bound = result.bound_s
+    gap = None if bound is None else max(0.0, (sim.time_s - bound) / sim.time_s) \
+        if sim.time_s > 0 else 0.0
+    note = "a least-peak schedule remembered from an earlier solve of this problem " \
+           "(NOTE [Least peaks remembered])"
+    return dataclasses.replace(result, status=Status.FEASIBLE, schedule=schedule,
+                               objective_s=sim.time_s, peak_bytes=sim.peak_bytes, gap=gap,
+                               note=f"{result.note}; {note}" if result.note else note)

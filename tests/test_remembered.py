@@ -1,0 +1,115 @@
+"""NOTE [Least peaks remembered]: a least budget once reported is met on any later solve of the
+same profile, even when the search that found it is cut short by the clock next time."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+import solvers
+from monet_opt.cache import ProfileCacheWarning
+from solvers import Schedule, SolveResult, Status, registry, simulate
+from tests.problems import chain, diamonds
+from tests.test_cache import HUGE, Calls, Direct
+
+
+@pytest.fixture
+def direct(monkeypatch):
+    return Direct(Calls(monkeypatch))
+
+
+def test_auto_returns_the_schedule_of_its_least_peak():
+    problem = chain(8, size=10, fixed=100)
+    result = solvers.solve(problem, HUGE)
+    assert result.floor_schedule is not None
+    assert simulate(problem, result.floor_schedule).peak_bytes == result.min_feasible_bytes
+    assert result.min_feasible_bytes < result.peak_bytes  # store-all is not the least peak
+
+
+def test_a_known_schedule_meets_its_own_peak_and_lowers_the_least_peak():
+    problem = chain(8, size=10, fixed=100)
+    floor = solvers.solve(problem, HUGE).floor_schedule
+    least = simulate(problem, floor).peak_bytes
+    assert not solvers.solve(problem, least, "store_all").feasible
+    met = solvers.solve(problem, least, "store_all", known=[floor])
+    assert met.feasible and met.schedule == floor and met.peak_bytes == least
+    assert met.min_feasible_bytes == least and "remembered" in met.note
+    below = solvers.solve(problem, least - 1, "store_all", known=[floor])
+    assert not below.feasible and below.min_feasible_bytes == least
+
+
+def test_a_schedule_of_another_graph_is_ignored():
+    problem = chain(8, size=10, fixed=100)
+    foreign = solvers.solve(diamonds(3), HUGE).floor_schedule
+    with pytest.raises(solvers.InvalidScheduleError):
+        simulate(problem, foreign)
+
+    def chen(known):
+        r = solvers.solve(problem, HUGE, "chen", known=known)
+        return dataclasses.replace(r, solve_time_s=0.0)
+    assert chen([foreign]) == chen([Schedule(frozenset({999}), ())]) == chen([])
+
+
+def _cut_short(real_auto):
+    """'auto' as if its clock had stopped every search early: no schedule within the budget,
+    a least peak 1000 B higher than the real one."""
+    def auto(problem, budget_bytes, time_limit_s):
+        real = real_auto(problem, budget_bytes, time_limit_s)
+        return SolveResult(solver="auto", status=Status.INFEASIBLE, schedule=None,
+                           objective_s=None, peak_bytes=None, bound_s=real.bound_s, gap=None,
+                           solve_time_s=0.0, min_feasible_bytes=real.min_feasible_bytes + 1000)
+    return auto
+
+
+def test_the_profile_directory_remembers_the_least_peak(direct, monkeypatch):
+    first = direct.solve(HUGE)
+    path, = Path("profiles").glob("*/least-peak-auto.json")
+    stored = json.loads(path.read_text())
+    assert stored["peak_bytes"] == first.min_feasible_bytes
+    least = first.min_feasible_bytes
+    monkeypatch.setattr(registry, "_auto", _cut_short(registry._auto))
+    again = direct.solve(least)
+    assert again.feasible and again.peak_bytes <= least
+    assert again.min_feasible_bytes == least and "remembered" in again.note
+    # a cached answer reports the remembered least peak too
+    assert direct.solve(HUGE).min_feasible_bytes == least
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda d: d.update(peak_bytes=d["peak_bytes"] - 1), "mismatched: it claims peak"),
+    (lambda d: d["schedule"].update(backward=d["schedule"]["backward"][1:]),
+     "fails the simulator"),
+    (lambda d: d["key"].update(profile_sha256="0" * 64), "made on another profile"),
+    (lambda d: d.pop("schedule"), "malformed"),
+])
+def test_a_damaged_least_peak_file_is_reported_and_not_used(direct, monkeypatch, damage,
+                                                            reason):
+    least = direct.solve(HUGE).min_feasible_bytes
+    path, = Path("profiles").glob("*/least-peak-auto.json")
+    data = json.loads(path.read_text())
+    damage(data)
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(registry, "_auto", _cut_short(registry._auto))
+    with pytest.warns(ProfileCacheWarning, match=re.escape(str(path)) + ".*" + reason):
+        refused = direct.solve(least)
+    assert not refused.feasible and refused.min_feasible_bytes == least + 1000
+
+
+def test_a_lower_least_peak_replaces_the_stored_one(direct, monkeypatch):
+    least = direct.solve(HUGE).min_feasible_bytes
+    path, = Path("profiles").glob("*/least-peak-auto.json")
+    real = registry._auto
+
+    def higher(problem, budget_bytes, time_limit_s):
+        r = real(problem, budget_bytes, time_limit_s)
+        return dataclasses.replace(r, min_feasible_bytes=r.min_feasible_bytes + 1000,
+                                   floor_schedule=None)
+    monkeypatch.setattr(registry, "_auto", higher)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert direct.solve(HUGE - 1).min_feasible_bytes == least
+    assert json.loads(path.read_text())["peak_bytes"] == least
