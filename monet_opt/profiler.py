@@ -90,10 +90,14 @@ class _VariantProbe:
                 functools.partial(fam.encode, x, *site.params)
             # one counted run: workspace and the relative error (also the warm-up)
             enc, enc_ws = _counted(enc_fn, cuda) if enc_fn else (site.like, 0)
+            want = result
+            if fam.draw is not None:  # NOTE [Generator-state replay]: the state's own draw
+                drawn = fam.draw(*site.params)
+                want = node.target(*(drawn if k == site.arg else a for k, a in enumerate(args)))
             new_args = tuple(enc if k == site.arg else a for k, a in enumerate(args))
             out, run_ws = _counted(functools.partial(replacement, *new_args), cuda)
             self.workspace[v] = (enc_ws, run_ws)
-            self.error[v] = relative_error(out, result, _used_outputs(node))
+            self.error[v] = relative_error(out, want, _used_outputs(node))
             key = (site.family, repr(site.params), sig)
             if key not in self.seen:
                 n = max(1, budget.repeats_now())

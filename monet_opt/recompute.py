@@ -94,12 +94,16 @@ def _resolve(qualname: str) -> torch._ops.OpOverload:
 
 def rng_replay(state: torch.Tensor, device: str, op_qualname: str, *args, **kwargs):
     """Run the op with the generator at `state`, then put the generator back as it was."""
-    op = _resolve(op_qualname)
+    return with_generator_state(state, device, _resolve(op_qualname), *args, **kwargs)
+
+
+def with_generator_state(state: torch.Tensor, device: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) with `device`'s generator at `state`, then put back as it was."""
     gen = _generator(device)
     saved = gen.get_state()
     gen.set_state(state)
     try:
-        return op(*args, **kwargs)
+        return fn(*args, **kwargs)
     finally:
         gen.set_state(saved)
 

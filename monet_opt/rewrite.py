@@ -60,6 +60,9 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     runs: dict[str, list] = {}  # backward node -> its chosen variants (NOTE [Combining variants])
     for site in chosen:
         runs.setdefault(site.backward_node, []).append(site)
+    # producers whose generator state a chosen variant keeps (NOTE [Generator-state replay])
+    replayed = {_producer(nodes[site.backward_node].args[site.arg]) for site in chosen
+                if variants.family(site.family).draw is not None}
     for n in joint.graph.nodes:
         if n.op in ("placeholder", "get_attr"):
             e.bind(n, e.g.node_copy(n))
@@ -67,8 +70,9 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
         if i in encodes:
             e.emit_encode(encodes[i], lowered.op_nodes[i])
         elif lowered.op_nodes[i] in nodes:  # not an unchosen variant's encode op
-            e.emit(nodes[lowered.op_nodes[i]],
-                   capture_rng=i in recomputed and problem.ops[i].is_random)
+            node = nodes[lowered.op_nodes[i]]
+            e.emit(node, capture_rng=(i in recomputed and problem.ops[i].is_random)
+                   or node.name in replayed)
     output = next(iter(joint.graph.find_nodes(op="output")))
     outs = list(output.args[0])
     fwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[:num_fwd_outputs]]
@@ -132,8 +136,12 @@ class _Emitter:
         return new
 
     def emit_encode(self, site, name: str) -> None:
-        """A chosen variant's encode op: the smaller form of the argument it replaces."""
+        """A chosen variant's encode op: the smaller form of the argument it replaces (for a
+        replaying family, the generator state captured before its producer ran)."""
         arg = self.nodes[site.backward_node].args[site.arg]
+        if variants.family(site.family).draw is not None:
+            self.current[name] = self.rng[_producer(arg)]
+            return
         new = self.g.call_function(variants.encode, (site.family, self._read(arg), *site.params))
         val = arg.meta["val"]
         with val.fake_mode:
@@ -202,6 +210,12 @@ class _Emitter:
                 del self.current[name]
         self.views.clear()
         self.tag = BACKWARD
+
+
+def _producer(arg: fx.Node) -> str:
+    """The op node whose output `arg` (a getitem of it) is."""
+    internal_assert(arg.target is operator.getitem, f"{arg.name} is not an op's output")
+    return arg.args[0].name
 
 
 def _first_tensor(node: fx.Node) -> torch._subclasses.FakeTensor:

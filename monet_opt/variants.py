@@ -27,13 +27,15 @@ NOTE [Combining variants]
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from monet_opt import variants_pool
+from monet_opt import recompute, variants_pool
 from monet_opt.errors import internal_assert
 
 aten = torch.ops.aten
@@ -49,7 +51,11 @@ class Family:
     swapped for the encoded tensor (or, without encode, for a (shape, dtype) pair); or
     decode(encoded, *params) -> a tensor the op can read in the argument's place.
     exact: the result is bitwise the op's. max_rel_error (lossy families only): the largest
-    relative error (max-abs, per output) of the op's result the profiler accepts."""
+    relative error (max-abs, per output) of the op's result the profiler accepts.
+    draw(*params) (replaying families only, NOTE [Generator-state replay]): draws the argument
+    afresh from the generator, as its producer does; such a family's encoded form is the
+    generator state from just before the producer ran, and `decode` draws the argument again
+    from it."""
 
     name: str
     op: torch._ops.OpOverload
@@ -61,6 +67,7 @@ class Family:
     accepts: Callable[[fx.Node], bool] = lambda node: True
     exact: bool = True
     max_rel_error: float = 0.0
+    draw: Callable[..., torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.decode is None):
@@ -117,6 +124,56 @@ def _dropout_bit_run(grad: torch.Tensor, packed: torch.Tensor, scale: float) -> 
     return aten.native_dropout_backward(grad, unpack_bits(packed, grad.shape), scale)
 
 
+# NOTE [Generator-state replay]
+#   Dropout's mask is a function of the generator state before `native_dropout` ran and of the
+#   layout of its input, never of the input's values. The replay family keeps that state
+#   (rewrite.py captures it just before the forward op: on CPU the 5056-byte Mersenne-Twister
+#   state, on CUDA 16 bytes of Philox seed and offset), and the backward draws the mask again
+#   with the generator set to the state and put back afterwards (recompute.rng_replay). On CPU
+#   `native_dropout` draws its mask as `bernoulli_(1 - p)` into a tensor laid out like its
+#   input, whatever that tensor's dtype (measured: float16/32/64, bfloat16 and bool draw alike,
+#   transposed and channels-last included), so the replay draws straight into a bool tensor
+#   laid out like the mask: its only workspace is the mask. Elsewhere (CUDA's fused kernel) it
+#   runs `native_dropout` itself on an uninitialised input of the same layout: the same kernel
+#   on the same draws, at the cost of that input and output for a moment. Either way the
+#   profiler checks it: it captures a state, draws a mask as the forward does, and withdraws the
+#   variant unless the backward from the replayed mask is bitwise the backward from that one.
+
+def _is_dropout_mask(node: fx.Node) -> bool:
+    mask = node.args[1]
+    return isinstance(mask, fx.Node) and mask.target is operator.getitem and \
+        isinstance(mask.args[0], fx.Node) and mask.args[0].target is aten.native_dropout.default
+
+
+def _dropout_layout(node: fx.Node) -> tuple:
+    """(p, shape, the mask's stride, the input's stride, the input's dtype, device) of the
+    native_dropout whose mask `node` reads."""
+    mask = node.args[1]
+    drop = mask.args[0]
+    x = drop.args[0].meta["val"]
+    return (float(drop.args[1]), tuple(x.shape), tuple(mask.meta["val"].stride()),
+            tuple(x.stride()), x.dtype, str(x.device))
+
+
+def _generator_state(mask: torch.Tensor, *layout) -> torch.Tensor:
+    """What the replay family keeps, as the profiler and the memory model see it (the executor
+    captures it before the producer instead)."""
+    with unset_fake_temporarily():
+        return recompute.rng_state(layout[-1])
+
+
+def _dropout_draw(p, shape, mask_stride, stride, dtype, device) -> torch.Tensor:
+    """A dropout mask drawn from the generator as native_dropout draws it."""
+    if torch.device(device).type == "cpu":
+        return torch.empty_strided(shape, mask_stride, dtype=torch.bool).bernoulli_(1 - p)
+    x = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    return aten.native_dropout(x, p, True)[1]
+
+
+def _dropout_replay(state: torch.Tensor, *layout) -> torch.Tensor:
+    return recompute.with_generator_state(state, layout[-1], _dropout_draw, *layout)
+
+
 # ---- reduced precision (lossy): keep a float32 tensor as bfloat16, upcast in the backward ----
 
 def _to_bf16(x: torch.Tensor) -> torch.Tensor:
@@ -154,6 +211,9 @@ FAMILIES: tuple[Family, ...] = (
            run=_relu_bit_run, params=lambda node: (node.args[2],)),
     Family("dropout.bit_mask", aten.native_dropout_backward.default, 1, pack_bits,
            run=_dropout_bit_run),
+    Family("dropout.replay", aten.native_dropout_backward.default, 1, _generator_state,
+           decode=_dropout_replay, draw=_dropout_draw, params=_dropout_layout,
+           accepts=_is_dropout_mask),
     # Pooling (monet_opt/variants_pool.py): the backward reads the input for its shape only;
     # max-pool's int64 indices are kept as in-window offsets (1 byte each up to 16x16 windows).
     Family("maxpool.shape_only", aten.max_pool2d_with_indices_backward.default, 1, None,
