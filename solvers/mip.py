@@ -6,9 +6,12 @@ what the backend proved: a time-limit stop with an incumbent is FEASIBLE, never 
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import multiprocessing
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -136,15 +139,40 @@ def _highs_child(send, mip: Mip, time_limit_s: float, start, rel_gap: float,
                  relax: bool) -> None:
     def improved(values, objective, bound) -> None:
         send.send(("improved", MipResult("feasible", values, objective, bound)))
-    # HiGHS prints some messages itself whatever output_flag says; the parent's stdout may be
-    # a report being written (make bench-solvers), so the child's goes nowhere.
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     try:
         send.send(("done", _highs_here(mip, time_limit_s, start, rel_gap, relax, improved)))
     except Exception as e:  # reported to the parent, which raises it
         send.send(("error", f"{type(e).__name__}: {e}"))
     finally:
         send.close()
+
+
+@contextlib.contextmanager
+def _stdout_silenced():
+    """NOTE [HiGHS prints regardless]
+      HiGHS 1.12 prints a debugging line ("HighsMipSolverData::transformNewIntegerFeasible
+      Solution tmpSolver.run();") with C's printf whenever it repairs a start solution,
+      whatever output_flag says: into a user's terminal, or into a report being written
+      (make bench, make bench-solvers). While it runs, file descriptor 1 points at /dev/null;
+      Python's and C's buffers are flushed before and after, so nothing printed meanwhile leaks
+      out later (output of other threads in that moment is lost too)."""
+    try:
+        sys.stdout.flush()
+        flush = ctypes.CDLL(None).fflush
+        saved, quiet = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    except (OSError, AttributeError, ValueError):  # no fd 1, no C library to flush: as is
+        yield
+        return
+    os.dup2(quiet, 1)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        flush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(quiet)
 
 
 def _interrupt_at(h, deadline: float, improved=None, offset: float = 0.0) -> None:
@@ -210,7 +238,8 @@ def _highs_here(mip: Mip, time_limit_s: float, start, rel_gap: float, relax: boo
         sol.col_value = list(start)
         sol.value_valid = True
         h.setSolution(sol)
-    h.run()
+    with _stdout_silenced():  # NOTE [HiGHS prints regardless]
+        h.run()
     status = h.getModelStatus()
     info = h.getInfo()
     has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible

@@ -2,8 +2,12 @@
 (solvers/mip.py). No torch."""
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +58,30 @@ def test_a_failing_child_is_reported(monkeypatch):
     monkeypatch.setattr(mip_module, "_highs_here", failing)
     with pytest.raises(SolverError, match="ValueError: no licence for this"):
         mip_module.solve_mip(_program(chain(4), 10**9).mip, "highs", 5.0)
+
+
+QUIET_SCRIPT = """
+import ctypes
+from solvers.mip import _stdout_silenced
+print("before", flush=True)
+with _stdout_silenced():
+    ctypes.CDLL(None).printf(b"HighsMipSolverData::transformNewIntegerFeasibleSolution\\n")
+    print("from python")
+print("after")
+"""
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_what_highs_prints_itself_reaches_no_one(unbuffered):
+    """NOTE [HiGHS prints regardless]: a C printf into a piped (fully buffered) stdout while
+    HiGHS runs never comes out, not even when the buffer is flushed later; what Python printed
+    before and after does."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    out = subprocess.run([sys.executable, "-c", QUIET_SCRIPT], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parent.parent, env=env).stdout
+    assert out == "before\nafter\n"
 
 
 @pytest.mark.parametrize("seed", range(3))
