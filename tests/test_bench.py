@@ -29,7 +29,7 @@ def _other_run() -> results.ModelRun:
 def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     results.save(tmp_path / results.JSON_NAME, {"other": _other_run()})
     argv = ["--models", "tiny_cnn", "--quick", "--out", str(tmp_path), "--solvers",
-            "auto,no_such_solver", "--limits", "100,min", "--compile-backend",
+            "auto,no_such_solver", "--limits", "100,a90,min", "--compile-backend",
             "aot_eager_decomp_partition", "--compile-budgets", "0.5", "--rounds", "1"]
     assert run.main(argv) == 0
 
@@ -54,7 +54,9 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     assert eager.peak_bytes == m.eager_peak_bytes and eager.overhead == 0.0
     # The profiler sees what the counter sees, plus scratch memory inside kernels.
     assert m.eager_peak_bytes <= eager.profiler_peak_bytes <= 1.1 * m.eager_peak_bytes
-    assert [p.setting for p in by_family["ours"]] == ["100%", "min"]
+    assert [p.setting for p in by_family["ours"]] == ["100%", "90% act", "min"]
+    most = by_family["ours"][1]  # the floor and 90 % of eager's activations
+    assert most.limit_bytes == m.floor_bytes + int((m.eager_peak_bytes - m.floor_bytes) * 90.0 / 100)
     for p in by_family["ours"]:
         assert p.status == "ok", p.note
         assert p.peak_bytes <= p.limit_bytes
@@ -63,7 +65,7 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
         assert p.step_time_s > 0 and p.eager_step_time_s == eager.step_time_s
         assert p.solve_time_s >= 0 and p.plan_time_s > 0
         assert p.predicted_overhead is not None and p.predicted_overhead > -1
-    assert by_family["ours"][1].peak_bytes < eager.peak_bytes
+    assert by_family["ours"][-1].peak_bytes < eager.peak_bytes
     assert {p.method for p in by_family["checkpoint"]} == \
         {peer.name for peer in models.SPECS["tiny_cnn"].checkpoint}
     (compiled,) = by_family["compile"]

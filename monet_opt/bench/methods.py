@@ -31,6 +31,7 @@ class Context:
     eager: Runner
     eager_peak_bytes: int
     ref_grads: list[torch.Tensor | None]
+    floor_bytes: int = 0  # parameters, buffers, input, gradients
 
 
 @dataclass(frozen=True)
@@ -56,24 +57,34 @@ def measured_point(ctx: Context, runner: Runner, base: Point) -> Point:
                    grad_rel_diff=measure.grad_rel_diff(grads, ctx.ref_grads))
 
 
-def limit_of(setting: str, eager_peak: int, least: int | None) -> int | None:
+def limit_of(setting: str, ctx: Context, least: int | None) -> int | None:
+    """"50": half of eager's measured peak; "a33": the floor and a third of eager's activations
+    (3x less activation memory); "min": the least peak the solver reported."""
     if setting == "min":
         return least
-    return int(eager_peak * float(setting) / 100)
+    if setting.startswith("a"):
+        activations = ctx.eager_peak_bytes - ctx.floor_bytes
+        return ctx.floor_bytes + int(activations * float(setting[1:]) / 100)
+    return int(ctx.eager_peak_bytes * float(setting) / 100)
+
+
+def label_of(setting: str) -> str:
+    return "min" if setting == "min" else f"{setting[1:]}% act" if setting.startswith("a") \
+        else f"{setting}%"
 
 
 def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
          ) -> list[Measured]:
-    """optimize() with `solver` at every limit (a share of eager's measured peak, or "min":
-    the least peak the solver reported). Limits below that least peak are not solved again."""
+    """optimize() with `solver` at every limit (`limit_of`). Limits below the least peak the
+    solver reported are not solved again."""
     family = "checkmate" if solver == "checkmate" else "ours"
     method = "checkmate (our executor)" if family == "checkmate" else f"monet_opt {solver}"
     out: list[Measured] = []
     least: int | None = None
     for setting in limits:
-        label = "min" if setting == "min" else f"{setting}%"
+        label = label_of(setting)
         base = Point(model=ctx.name, method=method, family=family, setting=label, status="ok")
-        limit = limit_of(setting, ctx.eager_peak_bytes, least)
+        limit = limit_of(setting, ctx, least)
         if limit is None or (least is not None and limit < least):
             why = "least peak unknown" if limit is None else \
                 f"below the least peak {solver} reaches, {format_bytes(least)}"

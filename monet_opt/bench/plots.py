@@ -124,7 +124,9 @@ def timeline(ax, run: ModelRun) -> None:
     ax.set_xlabel("fraction of the step (predicted: profiled op times; measured: wall clock); "
                   "vertical lines: backward starts", fontsize=8)
     ax.set_ylabel("memory, MiB")
-    limit = "the least feasible" if tl.setting == "min" else f"{tl.setting} of eager's peak"
+    limit = "the least feasible" if tl.setting == "min" else \
+        f"the floor and {tl.setting.split()[0]} of eager's activations" \
+        if tl.setting.endswith(" act") else f"{tl.setting} of eager's peak"
     ax.set_title(f"{run.meta.model}: {tl.method}, limit {limit}", fontsize=9)
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)

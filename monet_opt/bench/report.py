@@ -27,7 +27,8 @@ commit, device and torch version it was measured with. Regenerate rather than ed
   plan's predicted step over its store-all step - 1, from profiled op times. On this 2-core
   machine single steps vary by 10-20 %; each model states how far apart eager timed twice in
   the same block came out (its timing noise).
-- **Limits** are shares of eager's measured peak; "min" is the least peak the solver reports.
+- **Limits** are shares of eager's measured peak, or ("33% act") the floor and that share of
+  eager's activations; "min" is the least peak the solver reports.
 - **Predicted**: the plan's simulated peak; error = (predicted - measured) / measured.
 - **grad diff**: max |g - g_eager| / max |g_eager| over all parameters, same seed. torch.compile
   draws dropout masks differently from eager, so on models with dropout its gradients differ

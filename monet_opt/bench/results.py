@@ -23,7 +23,8 @@ class Point:
 
     family: "eager", "ours" (optimize() with one solver), "checkmate" (Checkmate's MILP through our
     executor), "checkpoint" (torch.utils.checkpoint), "compile" (torch.compile with an activation
-    memory budget). setting: the limit as a share of eager's measured peak ("50%", "min"), or the
+    memory budget). setting: the limit as a share of eager's measured peak ("50%", "min") or of its
+    activations above the floor ("33% act"), or the
     compile budget ("budget 0.5"). status: "ok", "infeasible" (the solver cannot reach the
     limit; the note says its least peak) or "failed" (the note says why).
     peak_bytes: measured with `peak_instrument`; profiler_peak_bytes: the profiler's allocation

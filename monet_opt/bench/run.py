@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from torch import nn
 from torch.utils import _pytree as pytree
 
 from monet_opt.bench import allocator, measure, methods, models, results
@@ -19,7 +20,7 @@ from monet_opt.bench import timeline as timeline_mod
 from monet_opt.bench.methods import Context, Measured
 from monet_opt.units import format_bytes
 
-LIMITS = ("100", "80", "60", "50", "40", "33", "min")
+LIMITS = ("100", "80", "60", "50", "40", "33", "a50", "a33", "min")
 QUICK_LIMITS = ("100", "50", "min")
 SOLVERS = ("auto", "milp", "dp")
 BUDGETS = (1.0, 0.7, 0.5, 0.3, 0.1, 0.0)
@@ -51,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tiny inputs, limits 100%%,50%%,min, budgets 1,0.5,0, 3 rounds, 5 s solver "
                         "limit: checks that everything runs, measures nothing worth reporting")
     p.add_argument("--out", default="docs/benchmarks", help="folder for bench.json/.md/.png")
-    p.add_argument("--limits", help=f"shares of eager's peak in %% and/or 'min' "
+    p.add_argument("--limits", help=f"shares of eager's peak in %%, of its activations "
+                                    f"('a33': the floor and 33%% of them) and/or 'min' "
                                     f"(default {','.join(LIMITS)})")
     p.add_argument("--solvers", default=",".join(SOLVERS),
                    help="our solvers to run (a name not in solvers.available_solvers() is "
@@ -125,7 +127,7 @@ def bench_model(spec: models.BenchModel, s: Settings) -> results.ModelRun:
     eager = measure.runner_for("eager", model, model, x)
     ref, _ = measure.first_step(eager, x, s.device)
     peak, instrument = measure.peak_bytes(eager, x, s.device, compiled=False)
-    ctx = Context(spec.name, model, x, s.device, eager, peak, ref)
+    ctx = Context(spec.name, model, x, s.device, eager, peak, ref, _floor(model, x)[-1])
     eager_point = methods.measured_point(ctx, eager, results.Point(
         model=spec.name, method="eager", family="eager", setting="", status="ok",
         grad_rel_diff=0.0, solve_time_s=0.0))
@@ -187,20 +189,26 @@ def _timeline(ctx: Context, measured: list[Measured], device: torch.device):
 
 def _meta(name: str, config: str, s: Settings, ctx: Context, eager: results.Point,
           skipped: tuple[str, ...], wall_s: float) -> results.Meta:
-    model = ctx.model
-    param_bytes = measure.resident_bytes(list(model.parameters()))
-    buffer_bytes = measure.resident_bytes(list(model.buffers()))
-    input_bytes = measure.resident_bytes(pytree.tree_leaves(ctx.x))
-    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    param_bytes, buffer_bytes, input_bytes, grad_bytes, floor = _floor(ctx.model, ctx.x)
     return results.Meta(
         model=name, config=config, device=_device_name(s.device),
         torch_version=torch.__version__, command=s.command, git_commit=s.git_commit,
         date=datetime.datetime.now().isoformat(timespec="seconds"),
         threads=torch.get_num_threads(), param_bytes=param_bytes, buffer_bytes=buffer_bytes,
         input_bytes=input_bytes, grad_bytes=grad_bytes,
-        floor_bytes=param_bytes + buffer_bytes + input_bytes + grad_bytes,
+        floor_bytes=floor,
         eager_peak_bytes=ctx.eager_peak_bytes, eager_step_time_s=eager.step_time_s or 0.0,
         skipped=skipped, wall_time_s=wall_s, allocator=s.allocator)
+
+
+def _floor(model: nn.Module, x) -> tuple[int, int, int, int, int]:
+    """Bytes of (parameters, buffers, input, gradients, all four)."""
+    param_bytes = measure.resident_bytes(list(model.parameters()))
+    buffer_bytes = measure.resident_bytes(list(model.buffers()))
+    input_bytes = measure.resident_bytes(pytree.tree_leaves(x))
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return (param_bytes, buffer_bytes, input_bytes, grad_bytes,
+            param_bytes + buffer_bytes + input_bytes + grad_bytes)
 
 
 def _to(x, device: torch.device):
