@@ -9,4 +9,5 @@ from solvers.simulate import Simulation, simulate
 
 __all__ = ["NO_PRODUCER", "InvalidProblemError", "InvalidScheduleError", "Op", "Problem",
            "Schedule", "Simulation", "SolveResult", "SolverError", "Status", "Tensor",
-           "UnknownSolverError", "Variant", "available_solvers", "schedule_from_kept", "simulate", "solve"]
+           "UnknownSolverError", "Variant", "available_solvers", "schedule_from_kept", "simulate",
+           "solve"]

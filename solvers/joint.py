@@ -182,8 +182,9 @@ def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
                 best = (floor, sched)
     # NOTE [Least peak with variants]
     #   Variant reads move stage boundaries (where recomputation may run), so the program
-    #   with variants can end a byte above the same program without them. The plain problem is solved too; its schedules run on
-    #   `problem` unchanged, so offering variants never raises the least peak.
+    #   with variants can end a byte above the same program without them. The plain problem
+    #   is solved too; its schedules run on `problem` unchanged, so offering variants never
+    #   raises the least peak.
     plains = [problem] + ([problem.with_variants(frozenset())] if problem.variants else [])
     share = max(1.0, options.time_limit_s / 4 / len(plains))
     for plain in plains:
