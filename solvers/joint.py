@@ -1,6 +1,7 @@
 """The MILP as a solver: warm start, solve, check with the simulator, report honestly."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -8,6 +9,7 @@ import time
 
 from solvers import baselines, evict, variants, windows
 from solvers.bound import boundary_bound
+from solvers.errors import InvalidScheduleError
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
 from solvers.mip import solve_relaxation
 from solvers.ondemand import schedule_from_kept
@@ -168,9 +170,9 @@ def _best_start(problem: Problem, budget_bytes: int, program: Program, heuristic
 @functools.lru_cache(maxsize=8)
 def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     """The memory-centric program (the budget is the objective), given a quarter of the time
-    limit; or Chen's least-peak schedule
-    (greedy or sqrt) where that is lower. Cached per problem, so the budget it reports is met
-    again by the same call."""
+    limit, warm-started from the lowest of Chen's least-peak schedules (greedy or sqrt) and
+    options.least_start; or that schedule, where it is lower. Cached per (problem, options), so
+    the budget it reports is met again by the same call."""
     best = None
     opts = baselines.BaselineOptions()
     for heuristic in (baselines.chen_greedy, baselines.chen_sqrt):
@@ -180,6 +182,10 @@ def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
             sched = variants.run_with(heuristic, problem, floor, opts, chosen).schedule
             if best is None or floor < best[0]:
                 best = (floor, sched)
+    if options.least_start is not None:  # NOTE [Least peaks remembered]
+        with contextlib.suppress(InvalidScheduleError, IndexError):
+            best = min(best, (simulate(problem, options.least_start).peak_bytes,
+                              options.least_start), key=lambda b: b[0])
     # NOTE [Least peak with variants]
     #   Variant reads move stage boundaries (where recomputation may run), so the program
     #   with variants can end a byte above the same program without them. The plain problem

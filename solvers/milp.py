@@ -32,13 +32,15 @@ class MilpOptions:
     rounding, least-peak program and MILP). max_held_vars: stages are merged until the S
     variables fit; max_recompute_vars: then recomputation is limited to a window of nearby
     ancestors until the R variables fit (the result's note says which). rel_gap: stop once the
-    proven gap is below this."""
+    proven gap is below this. least_start: a low-peak schedule found before (NOTE [Least peaks
+    remembered]); the least-peak program starts from it where it is lower than Chen's."""
 
     backend: str = "highs"
     time_limit_s: float = 60.0
     max_recompute_vars: int = 4000
     max_held_vars: int = 6000
     rel_gap: float = 1e-3
+    least_start: Schedule | None = None
 
 
 class Program:

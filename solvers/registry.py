@@ -9,7 +9,7 @@ from solvers import baselines, checkmate, dp, evict, joint, prune, variants
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
-from solvers.remembered import floor_of, with_known
+from solvers.remembered import floor_of, runnable, with_known
 from solvers.schedule import Schedule, SolveResult, Status
 from solvers.simulate import simulate
 
@@ -77,9 +77,10 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     """
     if time_limit_s is not None and time_limit_s <= 0:
         raise SolverError(f"solvers.solve: time_limit_s must be positive, got {time_limit_s}")
+    start = _lowest(problem, known)
     if solver == "auto":
-        return with_known(problem, budget_bytes, _auto(problem, budget_bytes, time_limit_s),
-                          known)
+        return with_known(problem, budget_bytes,
+                          _auto(problem, budget_bytes, time_limit_s, start), known)
     if solver not in _REGISTRY:
         raise UnknownSolverError(
             f"solvers.solve: no solver named {solver!r}; available: {available_solvers()}")
@@ -87,6 +88,8 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     options = options if options is not None else options_type()
     if time_limit_s is not None and hasattr(options, "time_limit_s"):
         options = dataclasses.replace(options, time_limit_s=time_limit_s)
+    if isinstance(options, MilpOptions) and options.least_start is None:
+        options = dataclasses.replace(options, least_start=start)
     if solver in _VARIANT_AWARE:
         result = fn(problem, budget_bytes, options)
     else:
@@ -107,7 +110,13 @@ def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
     return out
 
 
-def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None) -> SolveResult:
+def _lowest(problem: Problem, known: Sequence[Schedule]) -> Schedule | None:
+    """The known schedule of least peak (those that do not run on `problem` left out)."""
+    return floor_of((simulate(problem, s).peak_bytes, s) for s in runnable(problem, known))[1]
+
+
+def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
+          least_start: Schedule | None = None) -> SolveResult:
     start = time.perf_counter()
     limit = time_limit_s if time_limit_s is not None else MilpOptions().time_limit_s
     deadline = start + limit
@@ -118,12 +127,13 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None) -> So
                               time_limit_s=min(AUTO_DP_TIME_LIMIT_S, limit / 6))
     lower_sets = solve(problem, budget_bytes, "dp", dp_options)  # memory: only its least peak
     # fixed, not what is left: the least-peak program is cached per (problem, options)
-    milp_s = max(1.0, limit - polish_s - dp_options.time_limit_s)
+    milp = MilpOptions(time_limit_s=max(1.0, limit - polish_s - dp_options.time_limit_s),
+                       least_start=least_start)
     results = cheap if cheap[0].feasible else \
-        cheap + [lower_sets, solve(problem, budget_bytes, "milp", time_limit_s=milp_s)]
+        cheap + [lower_sets, solve(problem, budget_bytes, "milp", milp)]
     floors = [(r.min_feasible_bytes, r.floor_schedule) for r in results + [lower_sets]]
     if cheap[0].feasible:  # the MILP's least peak, as if it had run
-        floors.append(joint.least_peak(problem, MilpOptions(time_limit_s=milp_s)))
+        floors.append(joint.least_peak(problem, milp))
     min_peak, floor = floor_of(floors)
     feasible = [r for r in results if r.feasible]
     if feasible and not cheap[0].feasible:  # NOTE [Polishing] in solvers/evict.py

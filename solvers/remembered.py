@@ -9,8 +9,10 @@ NOTE [Least peaks remembered]
   caller keeps it (the profile directory does: monet_opt/cache.py), and hands it back as
   `known` on the next solve of the same problem. `with_known` makes the answer no worse for
   it: the least peak reported is at most a known schedule's, and a budget no solver met this
-  time but a known schedule fits is answered with that schedule. Schedules that do not run on
-  the problem (made for another graph) are ignored: the simulator decides.
+  time but a known schedule fits is answered with that schedule. The MILP's memory-centric
+  program also starts from the lowest known schedule (MilpOptions.least_start), so what it
+  reaches only goes down from call to call. Schedules that do not run on the problem (made for
+  another graph) are ignored: the simulator decides.
 """
 from __future__ import annotations
 
@@ -35,16 +37,27 @@ def floor_of(candidates: Iterable[tuple[int | None, Schedule | None]]
     return best
 
 
-def with_known(problem: Problem, budget_bytes: int, result: SolveResult,
-               known: Iterable[Schedule]) -> SolveResult:
-    """`result` with the schedules in `known` taken into account (NOTE [Least peaks
-    remembered])."""
-    runs: list[tuple[Schedule, Simulation]] = []
+def runnable(problem: Problem, known: Iterable[Schedule]) -> list[Schedule]:
+    """The schedules of `known` that run on `problem` (the simulator decides)."""
+    return [s for s, _ in _simulated(problem, known)]
+
+
+def _simulated(problem: Problem, known: Iterable[Schedule]
+               ) -> list[tuple[Schedule, Simulation]]:
+    runs = []
     for schedule in known:
         try:
             runs.append((schedule, simulate(problem, schedule)))
         except (InvalidScheduleError, IndexError):
             continue
+    return runs
+
+
+def with_known(problem: Problem, budget_bytes: int, result: SolveResult,
+               known: Iterable[Schedule]) -> SolveResult:
+    """`result` with the schedules in `known` taken into account (NOTE [Least peaks
+    remembered])."""
+    runs = _simulated(problem, known)
     if not runs:
         return result
     peak, floor = floor_of([(result.min_feasible_bytes, result.floor_schedule)] +

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import re
 import warnings
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 
 import solvers
 from monet_opt.cache import ProfileCacheWarning
-from solvers import Schedule, SolveResult, Status, registry, simulate
-from tests.problems import chain, diamonds
+from solvers import Schedule, SolveResult, Status, joint, registry, simulate
+from solvers.milp import MilpOptions
+from tests.problems import autodiff_problem, chain, diamonds
 from tests.test_cache import HUGE, Calls, Direct
 
 
@@ -57,8 +59,8 @@ def test_a_schedule_of_another_graph_is_ignored():
 def _cut_short(real_auto):
     """'auto' as if its clock had stopped every search early: no schedule within the budget,
     a least peak 1000 B higher than the real one."""
-    def auto(problem, budget_bytes, time_limit_s):
-        real = real_auto(problem, budget_bytes, time_limit_s)
+    def auto(problem, budget_bytes, time_limit_s, least_start=None):
+        real = real_auto(problem, budget_bytes, time_limit_s, least_start)
         return SolveResult(solver="auto", status=Status.INFEASIBLE, schedule=None,
                            objective_s=None, peak_bytes=None, bound_s=real.bound_s, gap=None,
                            solve_time_s=0.0, min_feasible_bytes=real.min_feasible_bytes + 1000)
@@ -104,8 +106,8 @@ def test_a_lower_least_peak_replaces_the_stored_one(direct, monkeypatch):
     path, = Path("profiles").glob("*/least-peak-auto.json")
     real = registry._auto
 
-    def higher(problem, budget_bytes, time_limit_s):
-        r = real(problem, budget_bytes, time_limit_s)
+    def higher(problem, budget_bytes, time_limit_s, least_start=None):
+        r = real(problem, budget_bytes, time_limit_s, least_start)
         return dataclasses.replace(r, min_feasible_bytes=r.min_feasible_bytes + 1000,
                                    floor_schedule=None)
     monkeypatch.setattr(registry, "_auto", higher)
@@ -113,3 +115,23 @@ def test_a_lower_least_peak_replaces_the_stored_one(direct, monkeypatch):
         warnings.simplefilter("error")
         assert direct.solve(HUGE - 1).min_feasible_bytes == least
     assert json.loads(path.read_text())["peak_bytes"] == least
+
+
+def test_the_least_peak_program_starts_from_a_known_schedule(monkeypatch):
+    """MilpOptions.least_start: a known schedule lower than Chen's least peak is where the
+    memory-centric program starts, so a program stopped before it finds anything still
+    reports that schedule's peak, not Chen's."""
+    for seed in range(20):
+        rng = random.Random(seed)
+        problem = autodiff_problem(20, rng)
+        chen = solvers.solve(problem, HUGE, "chen").min_feasible_bytes
+        found = solvers.solve(problem, HUGE, "milp", time_limit_s=5)
+        if found.floor_schedule is not None and found.min_feasible_bytes < chen:
+            break
+    else:
+        pytest.fail("no random DAG where the MILP's least peak is below Chen's")
+    monkeypatch.setattr(joint, "solve_program", lambda *args, **kwargs: (None, None))
+    joint.least_peak.cache_clear()
+    assert joint.least_peak(problem, MilpOptions(time_limit_s=1.0))[0] == chen
+    started = MilpOptions(time_limit_s=1.0, least_start=found.floor_schedule)
+    assert joint.least_peak(problem, started) == (found.min_feasible_bytes, found.floor_schedule)
