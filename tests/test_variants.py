@@ -179,18 +179,26 @@ def test_shape_only_families_lower_the_least_peak(kind, monkeypatch):
     monkeypatch.setattr(conv_split, "SPLIT_DEVICES", frozenset({"cpu", "cuda"}))
     torch.manual_seed(0)
     base, x, loss_fn = models.shape_only_net(kind)
-    without = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
-                                 variants=False)
+    lowers_the_least_peak(base, x, loss_fn, family, without=False)
+
+
+def lowers_the_least_peak(base, x, loss_fn, family: str, without):
+    """Offered every exact family, `base`'s least reachable peak is lower than offered
+    `without` (optimize's `variants=`); the plan at that peak uses `family`, trains bitwise like
+    store-all and stays within its limit (measured). Returns store-all's run_steps record."""
+    fewer = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
+                               variants=without)
     with_ = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
     limit = with_.plan.min_feasible_bytes
-    assert limit < without.plan.min_feasible_bytes
+    assert limit < fewer.plan.min_feasible_bytes
     tight = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
                                time_limit_s=10)
     assert family in {name.split(":")[0] for name in tight.plan.variants}, tight.plan.explain()
-    assert_same(run_steps(tight, tight.model, x, loss_fn),
-                run_steps(with_, with_.model, x, loss_fn), exact=True,
+    store_all = run_steps(with_, with_.model, x, loss_fn)
+    assert_same(run_steps(tight, tight.model, x, loss_fn), store_all, exact=True,
                 what=f"{family} vs store-all")
     _check_memory(tight, x, loss_fn, limit, family)
+    return store_all
 
 
 def test_variants_lower_the_least_peak_and_train_exactly():

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-import monet_opt
 from monet_opt import recompute, variants
-from tests.test_executor import HUGE, _check_memory, assert_same, run_steps
+from tests.test_executor import assert_same, run_steps
+from tests.test_variants import lowers_the_least_peak
 
 aten = torch.ops.aten
 REPLAY = "dropout.replay"
@@ -57,18 +57,7 @@ def test_replay_lowers_the_least_peak_and_trains_exactly():
     base, x = DropoutChain(), torch.randn(256, 64)
     loss_fn = lambda out: out.sum()  # noqa: E731
     others = [f.name for f in variants.FAMILIES if f.exact and f.name != REPLAY]
-    without = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
-                                 variants=others)
-    with_ = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
-    limit = with_.plan.min_feasible_bytes
-    assert limit < without.plan.min_feasible_bytes
-    tight = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
-                               time_limit_s=10)
-    assert REPLAY in {name.split(":")[0] for name in tight.plan.variants}, tight.plan.explain()
-    ref_run = run_steps(with_, with_.model, x, loss_fn)
-    assert_same(run_steps(tight, tight.model, x, loss_fn), ref_run, exact=True,
-                what="dropout replayed vs store-all")
+    store_all = lowers_the_least_peak(base, x, loss_fn, REPLAY, without=others)
     eager = copy.deepcopy(base)
-    assert_same(run_steps(eager, eager, x, loss_fn), ref_run, exact=True,
+    assert_same(run_steps(eager, eager, x, loss_fn), store_all, exact=True,
                 what="store-all vs eager")
-    _check_memory(tight, x, loss_fn, limit, "dropout replayed")
