@@ -9,7 +9,7 @@ from solvers import baselines, checkmate, dp, evict, joint, prune, variants
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
-from solvers.remembered import floor_of, runnable, with_known
+from solvers.remembered import floor_of, lowest, with_known
 from solvers.schedule import Schedule, SolveResult, Status
 from solvers.simulate import simulate
 
@@ -77,7 +77,7 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     """
     if time_limit_s is not None and time_limit_s <= 0:
         raise SolverError(f"solvers.solve: time_limit_s must be positive, got {time_limit_s}")
-    start = _lowest(problem, known)
+    start = lowest(problem, known)
     if solver == "auto":
         return with_known(problem, budget_bytes,
                           _auto(problem, budget_bytes, time_limit_s, start), known)
@@ -108,11 +108,6 @@ def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
         out += [variants.run_with(_REGISTRY[name][0], problem, budget_bytes,
                                   _REGISTRY[name][1](), light) for name in _HEURISTICS]
     return out
-
-
-def _lowest(problem: Problem, known: Sequence[Schedule]) -> Schedule | None:
-    """The known schedule of least peak (those that do not run on `problem` left out)."""
-    return floor_of((simulate(problem, s).peak_bytes, s) for s in runnable(problem, known))[1]
 
 
 def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,

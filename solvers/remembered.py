@@ -37,9 +37,9 @@ def floor_of(candidates: Iterable[tuple[int | None, Schedule | None]]
     return best
 
 
-def runnable(problem: Problem, known: Iterable[Schedule]) -> list[Schedule]:
-    """The schedules of `known` that run on `problem` (the simulator decides)."""
-    return [s for s, _ in _simulated(problem, known)]
+def lowest(problem: Problem, known: Iterable[Schedule]) -> Schedule | None:
+    """The schedule of `known` with the least peak on `problem`, of those that run on it."""
+    return floor_of((sim.peak_bytes, s) for s, sim in _simulated(problem, known))[1]
 
 
 def _simulated(problem: Problem, known: Iterable[Schedule]
