@@ -22,7 +22,8 @@ commit, device and torch version it was measured with. Regenerate rather than ed
   `max_memory_allocated` (cudnn.benchmark on).
 - **Floor** = parameters + buffers + input + gradients; **activations** = peak - floor.
 - **Time**: median of interleaved steps after warm-up (eager, ours and checkpointing in one
-  block, order rotating; each torch.compile budget in its own block against eager).
+  block, in a seeded order shuffled each round; each torch.compile budget in its own block
+  against eager).
   **Overhead** = step / eager step of the same block - 1. **Predicted overhead** (ours): the
   plan's predicted step over its store-all step - 1, from profiled op times. On this 2-core
   machine single steps vary by 10-20 %; each model states how far apart eager timed twice in
