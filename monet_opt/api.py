@@ -89,10 +89,12 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
                        cache=cache, variants=variants, allow_lossy=allow_lossy,
                        profile_time_limit_s=profile_time_limit_s)
+    autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     step, spec, param_names, buffer_names = _trace(model, sample_input, planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
     flags = tuple(m.training for m in model.modules())
-    return OptimizedModule(model, step, spec, planner.plan, param_names, buffer_names, flags)
+    return OptimizedModule(model, step, spec, planner.plan, param_names, buffer_names, flags,
+                           autocast)
 
 
 def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int = 3,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch._functorch import config as functorch_config
 from torch._functorch.aot_autograd import aot_function
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
@@ -85,6 +86,27 @@ class InputSpec:
                     "limit) holds only for the sample_input's shapes; run optimize() again with "
                     "a sample of the new shape.")
         return leaves
+
+
+# NOTE [Autocast is traced]
+#   Under torch.autocast, tracing records every cast autocast makes as an op of the joint graph,
+#   so the plan (its profile, its peak, its schedule) is of the mixed-precision step, and the
+#   step runs those casts whatever autocast says when it runs. The backward is traced with
+#   autocast off (AOTAutograd's backward_pass_autocast="off"), as eager runs it when
+#   `loss.backward()` is called outside the autocast block, which is how PyTorch's AMP recipe
+#   trains; by default AOTAutograd would trace it under the forward's autocast, which casts the
+#   backward's matrix products too (the first gradients then differed from eager's in the
+#   third significant digit, on a small CNN under bfloat16). optimize() records the autocast
+#   state it was called under; the optimized module refuses a step under any other
+#   (PlanMismatchError) rather than train in a precision the user did not ask for. Under the
+#   same state it trains like the model under autocast, bitwise (tests/test_autocast.py).
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
+    """(device type, dtype) of each device type autocast is on for now."""
+    return tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES
+                 if torch.is_autocast_enabled(d))
 
 
 def state_names(model: torch.nn.Module) -> tuple[list[str], list[str]]:
@@ -190,7 +212,8 @@ def _tracing(as_compiling: bool = False):
     gc.disable()
     torch.compiler._is_compiling_flag = as_compiling or _outside["compiling"]
     try:
-        with _use_lazy_graph_module(True):
+        with _use_lazy_graph_module(True), \
+                functorch_config.patch(backward_pass_autocast="off"):  # NOTE [Autocast is traced]
             yield
     finally:
         torch.compiler._is_compiling_flag = _outside["compiling"]

@@ -6,7 +6,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from monet_opt.capture import InputSpec
+from monet_opt.capture import InputSpec, autocast_state
 from monet_opt.errors import PlanMismatchError
 from monet_opt.plan import Plan
 
@@ -22,7 +22,7 @@ class OptimizedModule(nn.Module):
 
     def __init__(self, model: nn.Module, step: Callable, spec: InputSpec, plan: Plan,
                  param_names: list[str], buffer_names: list[str],
-                 training_flags: tuple[bool, ...]) -> None:
+                 training_flags: tuple[bool, ...], autocast: tuple = ()) -> None:
         super().__init__()
         self.model = model
         self.plan = plan
@@ -31,11 +31,18 @@ class OptimizedModule(nn.Module):
         self._param_names = param_names
         self._buffer_names = buffer_names
         self._training_flags = training_flags
+        self._autocast = autocast
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled() or not self.training:
             return self.model(*args, **kwargs)
         inputs = self._spec.flatten(args, kwargs)
+        if autocast_state() != self._autocast:
+            raise PlanMismatchError(
+                f"monet_opt: this step runs with autocast {_describe(autocast_state())}, but the "
+                f"model was optimized with autocast {_describe(self._autocast)}: the plan's graph "
+                "holds the casts it was traced with. Call optimize() inside the same "
+                "torch.autocast context you train in (or outside autocast for both).")
         flags = tuple(m.training for m in self.model.modules())
         if flags != self._training_flags:
             raise PlanMismatchError(
@@ -56,3 +63,7 @@ class OptimizedModule(nn.Module):
     def extra_repr(self) -> str:
         return (f"memory_limit={self.plan.memory_limit_bytes}, solver={self.plan.solver!r}, "
                 f"predicted_peak={self.plan.predicted_peak_bytes}")
+
+
+def _describe(state: tuple) -> str:
+    return ", ".join(f"on for {device} ({dtype})" for device, dtype in state) or "off"
