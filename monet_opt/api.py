@@ -9,7 +9,7 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import capture, conv_split, rewrite, saved_clones
+from monet_opt import capture, conv_split, grad_layout, rewrite, saved_clones
 from monet_opt import variants as variant_library
 from monet_opt.cache import Profile, ProfileCache
 from monet_opt.cache_keys import ProfileKey, describe_inputs
@@ -170,6 +170,8 @@ class _Planner:
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
         saved_clones.drop_saved_clones(joint)  # NOTE [Saved clones]
+        # NOTE [Gradients in the parameter's layout]
+        grad_layout.match_gradient_layouts(joint, num_fwd_outputs)
         devices = {t.device.type for t in self.primals}
         if conv_split.SPLIT_WITH in self.families and devices <= conv_split.SPLIT_DEVICES:
             conv_split.split_conv_backward(joint)  # NOTE [Conv backward split]

@@ -1,0 +1,47 @@
+"""NOTE [Gradients in the parameter's layout] (monet_opt/grad_layout.py): a gradient made in
+another layout than its parameter's is copied where it is made, as eager's AccumulateGrad does,
+so the measured peak is the predicted one and stays within the limit."""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+import monet_opt
+from tests.test_executor import HUGE, assert_same, run_steps
+
+
+class Downsample(nn.Module):
+    """ConvNeXt's downsampling: LayerNorm over channels (in NHWC), then a strided convolution
+    of the channels-last result, whose weight gradient comes out channels-last; the weight is
+    the largest tensor of the step."""
+
+    def __init__(self, c: int = 64, out: int = 512) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(c)
+        self.conv = nn.Conv2d(c, out, 2, stride=2)
+        self.head = nn.Linear(out, 10)
+
+    def forward(self, x):
+        x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.head(self.conv(x).relu().mean((2, 3)))
+
+
+def test_gradients_in_their_parameters_layout_are_counted():
+    torch.manual_seed(0)
+    base, x = Downsample(), torch.randn(2, 64, 8, 8)
+    loss_fn = lambda out: out.sum()  # noqa: E731
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
+    for limit in (HUGE, full.plan.min_feasible_bytes):
+        opt = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
+                                 profile_dir=None, time_limit_s=5)
+        peak = monet_opt.measure_peak(lambda: loss_fn(opt(x)).backward(),
+                                      monet_opt.resident_tensors(opt.model, x))
+        assert peak == opt.plan.predicted_peak_bytes <= limit
+        for p in opt.model.parameters():
+            assert p.grad.stride() == p.stride()
+        eager = copy.deepcopy(base)
+        opt.model.zero_grad(set_to_none=True)
+        assert_same(run_steps(opt, opt.model, x, loss_fn), run_steps(eager, eager, x, loss_fn),
+                    exact=True, what="gradients copied into their parameters' layout vs eager")
