@@ -10,7 +10,7 @@ from torch import nn
 
 import solvers
 from monet_opt import zoo
-from monet_opt.bench import allocator, measure, models, peers, results, run
+from monet_opt.bench import allocator, measure, models, peers, report, results, run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -154,3 +154,20 @@ def test_bench_file_from_another_schema_is_refused(tmp_path):
     (tmp_path / results.JSON_NAME).write_text(json.dumps({"schema_version": 0, "models": {}}))
     with pytest.raises(results.BenchFileError, match="schema version"):
         results.load(tmp_path / results.JSON_NAME)
+
+
+def test_identical_plans_report_their_spread():
+    """Points predicting the same peak and time ran one schedule: the report gives how far
+    apart they measured; points that differ in either prediction are not grouped."""
+    def point(method, setting, predicted, overhead):
+        return results.Point(model="m", method=method, family="ours", setting=setting,
+                             status="ok", predicted_peak_bytes=predicted[0],
+                             predicted_overhead=predicted[1], overhead=overhead)
+    same = [point("auto", "100%", (50, 0.0), 0.09), point("milp", "100%", (50, 0.0), -0.007),
+            point("dp", "80%", (50, 0.0), 0.021)]
+    other = [point("auto", "50%", (40, 0.1), 0.3), point("dp", "50%", (40, 0.2), -0.5)]
+    lines = report.same_plan_spread(same + other)
+    assert lines == ["Identical plans (same predicted peak and time): 3 points in 1 groups; the "
+                     "widest measured 9.7 points apart (auto 100% +9.0%, milp 100% -0.7%, "
+                     "dp 80% +2.1%)."]
+    assert report.same_plan_spread(other) == []

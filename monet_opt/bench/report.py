@@ -107,7 +107,27 @@ def summary(run: ModelRun, u: tuple[str, int]) -> list[str]:
         worst = max(abs(p.prediction_error) for p in planned if p.prediction_error is not None)
         rows.append(f"\nOur executor's points: {within} of {len(planned)} within their limit; "
                     f"largest |prediction error| {worst:.2%}.")
+        rows += same_plan_spread(planned)
     return ["", *rows]
+
+
+def same_plan_spread(points: list[Point]) -> list[str]:
+    """NOTE [Timing noise], seen from our side: points that predict the same peak and step time
+    ran the same schedule (one solver's plan at two limits, or several solvers' at one), so
+    their measured overheads differ by noise alone. The widest such spread, if any."""
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        if p.predicted_overhead is not None and p.overhead is not None:
+            key = (p.predicted_peak_bytes, round(p.predicted_overhead, 6))
+            groups.setdefault(key, []).append(p)
+    same = [g for g in groups.values() if len(g) > 1]
+    if not same:
+        return []
+    widest = max(same, key=lambda g: max(p.overhead for p in g) - min(p.overhead for p in g))
+    spread = max(p.overhead for p in widest) - min(p.overhead for p in widest)
+    runs = ", ".join(f"{p.method} {p.setting} {pct(p.overhead)}" for p in widest)
+    return [f"Identical plans (same predicted peak and time): {sum(map(len, same))} points in "
+            f"{len(same)} groups; the widest measured {spread * 100:.1f} points apart ({runs})."]
 
 
 def table(points: tuple[Point, ...], floor: int, eager_peak: int,

@@ -88,7 +88,9 @@ class Meta:
     skipped: tuple[str, ...] = ()   # methods not run, each with the reason
     wall_time_s: float = 0.0
     # NOTE [Timing noise]: a second eager runner times in the same block as the first; its
-    # median's distance from eager's says how far apart two identical methods come out.
+    # median's distance from eager's says how far apart two identical methods come out. One
+    # pair understates it: identical plans of ours spread 2-10 points in every model's run
+    # (report.same_plan_spread prints it per model).
     timing_noise: float | None = None
     # NOTE [CPU allocator]; runs recorded before it was named used glibc's defaults
     allocator: str = "the C library's default malloc"
