@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test bench bench-solvers bench-variants
+.PHONY: install demo test bench bench-solvers bench-variants bench-coverage
 install: $(VENV)/.installed
 
 # torch 2.14.1 / torchvision 0.29.1 come from this machine's local disk (see research/env.md).
@@ -25,6 +25,10 @@ bench-solvers: install
 # The operator-variant ablation (minutes): writes docs/benchmarks/variants.md.
 bench-variants: install
 	$(PY) -m monet_opt.bench_variants > docs/benchmarks/variants.md
+
+# The contract on models beyond the bench's (minutes): writes docs/benchmarks/coverage.md.
+bench-coverage: $(VENV)/.bench-installed
+	$(PY) -m monet_opt.bench_coverage > docs/benchmarks/coverage.md
 
 # The side-by-side benchmark: our frontier beside torch.utils.checkpoint and torch.compile on
 # every model (about an hour on 2 idle cores; MONeT's batch sizes when a GPU is present).

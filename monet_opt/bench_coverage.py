@@ -1,0 +1,126 @@
+"""Does optimize() hold its contract on models beyond the bench's? For each model, at small CPU
+sizes with dropout and stochastic depth on: a store-all plan and a plan at half its activations
+(or the least peak, if higher), then one step of each beside eager from the same random state.
+Prints a markdown table (docs/benchmarks/coverage.md): the half plan's gradients against the
+store-all plan's (bitwise?) and eager's (largest relative difference), its measured peak
+against its prediction and its limit.
+
+    python -m monet_opt.bench_coverage [--models convnext_tiny,hf_llama,...]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+
+import torch
+
+import monet_opt
+from monet_opt.bench_solvers import mib
+
+TORCHVISION = {  # name: image size
+    "efficientnet_b0": 64, "efficientnet_v2_s": 64, "convnext_tiny": 64, "mobilenet_v3_small": 64,
+    "shufflenet_v2_x1_0": 64, "squeezenet1_0": 64, "regnet_y_400mf": 64, "mnasnet0_5": 64,
+    "inception_v3": 96, "swin_t": 64, "vit_b_16": 64}
+HF = ("hf_llama", "hf_t5", "hf_vit")
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, **kwargs):
+        return self.model(**kwargs).logits
+
+
+def build(name: str):
+    """(model in train mode, sample input: a tensor or a dict of keyword arguments)."""
+    torch.manual_seed(0)
+    if name in TORCHVISION:
+        import torchvision
+        size = TORCHVISION[name]
+        kwargs = {"num_classes": 10}
+        if name == "inception_v3":
+            kwargs.update(aux_logits=False, init_weights=False)
+        if name == "vit_b_16":
+            kwargs["image_size"] = size
+        return getattr(torchvision.models, name)(**kwargs).train(), torch.randn(2, 3, size, size)
+    import transformers as tf
+    ids = torch.randint(0, 1000, (2, 64))
+    if name == "hf_llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(
+            vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1))
+        x = {"input_ids": ids}
+    elif name == "hf_t5":
+        model = tf.T5ForConditionalGeneration(tf.T5Config(
+            vocab_size=1000, d_model=128, d_ff=256, num_layers=2, num_heads=4, d_kv=32))
+        x = {"input_ids": ids, "decoder_input_ids": ids[:, :16]}
+    elif name == "hf_vit":
+        model = tf.ViTForImageClassification(tf.ViTConfig(
+            hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
+            image_size=64, patch_size=8, hidden_dropout_prob=0.1))
+        x = {"pixel_values": torch.randn(2, 3, 64, 64)}
+    else:
+        raise ValueError(f"unknown model {name!r}; choose from {list(TORCHVISION) + list(HF)}")
+    return _Logits(model).train(), x
+
+
+def _call(module, x):
+    return module(**x) if isinstance(x, dict) else module(x)
+
+
+def _grads(module, owner: torch.nn.Module, x) -> list[torch.Tensor]:
+    owner.zero_grad(set_to_none=True)
+    torch.manual_seed(3)
+    _call(module, x).square().sum().backward()
+    return [p.grad.clone() for p in owner.parameters() if p.grad is not None]
+
+
+def check(name: str) -> str:
+    start = time.perf_counter()
+    model, x = build(name)
+    full = monet_opt.optimize(copy.deepcopy(model), x, 1 << 40, profile_dir=None)
+    plan = full.plan
+    limit = max(plan.min_feasible_bytes,
+                plan.fixed_bytes + plan.gradient_bytes + plan.store_all_activation_bytes // 2)
+    half = monet_opt.optimize(copy.deepcopy(model), x, limit, profile_dir=None, time_limit_s=10)
+    eager = copy.deepcopy(model)
+    g_eager, g_full = _grads(eager, eager, x), _grads(full, full.model, x)
+    g_half = _grads(half, half.model, x)
+    bitwise = all(torch.equal(a, b) for a, b in zip(g_full, g_half))
+    diff = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+               for a, b in zip(g_half, g_eager))
+    half.model.zero_grad(set_to_none=True)
+    peak = monet_opt.measure_peak(lambda: _call(half, x).sum().backward(),
+                                  monet_opt.resident_tensors(half.model, x))
+    predicted = half.plan.predicted_peak_bytes
+    return (f"| {name} | {len(plan.rows)} | {mib(plan.store_all_activation_bytes)} | "
+            f"{mib(limit)} | {mib(peak)} | {peak - predicted:+,d} | "
+            f"{'yes' if peak <= limit else '**no**'} | {half.plan.recomputed_ops} | "
+            f"{'yes' if bitwise else '**no**'} | {diff:.1e} | "
+            f"{time.perf_counter() - start:.0f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m monet_opt.bench_coverage")
+    p.add_argument("--models", default=",".join([*TORCHVISION, *HF]))
+    args = p.parse_args(argv)
+    print(f"Command: `python -m monet_opt.bench_coverage {' '.join(argv or sys.argv[1:])}`, "
+          f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads.\n")
+    print("| model | ops | store-all activations MiB | limit MiB | measured peak MiB | "
+          "measured - predicted B | within limit | recomputed runs | bitwise store-all | "
+          "vs eager (max rel) | s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        try:
+            print(check(name), flush=True)
+        except Exception as exc:  # noqa: BLE001 - a model that fails is a row of the report
+            print(f"| {name} | failed: {type(exc).__name__}: {str(exc)[:200]} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
