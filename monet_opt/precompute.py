@@ -31,6 +31,7 @@ from monet_opt.units import format_bytes, parse_memory_limit
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
+AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_FRACTIONS = (0.7, 0.5, 0.4)
 TOKEN_IDS = 100  # integer inputs are token ids in [0, TOKEN_IDS)
 
@@ -54,6 +55,10 @@ def add_precompute_arguments(p: argparse.ArgumentParser) -> None:
                         "positionally")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="where to profile: the device you will train on (default: %(default)s)")
+    p.add_argument("--autocast", choices=sorted(AUTOCAST_DTYPES),
+                   help="profile and solve the mixed-precision step: torch.autocast on --device "
+                        "with this dtype. optimize() finds these schedules when called inside "
+                        "the same torch.autocast block (NOTE [Autocast is traced])")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--limits", metavar="L1,L2,...",
                        help="memory limits, bytes or sizes such as 2GiB,1.5GiB,512MiB")
@@ -206,10 +211,12 @@ def run_precompute(args: argparse.Namespace) -> int:
     _note(f"profiling {args.factory} ({type(model).__name__}) on {args.device} into "
           f"{args.profile_dir}/ ...")
     start = time.perf_counter()
-    profile, base = api.profile_model(model, sample, profile_dir=args.profile_dir,
-                                      profile_repeats=args.profile_repeats,
-                                      variants=not args.no_variants,
-                                      profile_time_limit_s=args.profile_time_limit_s)
+    with torch.autocast(torch.device(args.device).type, AUTOCAST_DTYPES.get(args.autocast),
+                        enabled=args.autocast is not None):
+        profile, base = api.profile_model(model, sample, profile_dir=args.profile_dir,
+                                          profile_repeats=args.profile_repeats,
+                                          variants=not args.no_variants,
+                                          profile_time_limit_s=args.profile_time_limit_s)
     limits = limits_of(requested, base)
     internal_assert(profile is not None, "profile_model gave no profile for a profile_dir")
     print(f"profile {profile.folder.name}: {profile.key.inputs}, {len(profile.problem.ops)} "

@@ -67,6 +67,26 @@ def test_optimize_then_neither_profiles_nor_solves(zoo, monkeypatch):
     assert opt.plan.predicted_peak_bytes <= limit
 
 
+def test_precompute_under_autocast_serves_optimize_under_autocast(tmp_path, monkeypatch):
+    """--autocast profiles the mixed-precision step; optimize() inside the same torch.autocast
+    block then neither profiles nor solves, and outside it finds nothing cached."""
+    root = tmp_path / "profiles"
+    out = precompute(root, "64x8", "--fractions", "0.8", "--autocast", "bfloat16")
+    limit = int(next(line for line in out.splitlines() if "80% of" in line).split()[2])
+    counts = collections.Counter()
+    real_profile = api.profile
+    monkeypatch.setattr(api, "profile", lambda *a, **k: counts.update(["profile"]) or
+                        real_profile(*a, **k))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        opt = monet_opt.optimize(models.tiny_mlp(), torch.randn(64, 8), limit,
+                                 profile_repeats=1, time_limit_s=5, profile_dir=root)
+        assert opt(torch.randn(64, 8)).dtype == torch.bfloat16
+    assert counts == {}
+    monet_opt.optimize(models.tiny_mlp(), torch.randn(64, 8), HUGE, profile_repeats=1,
+                       time_limit_s=5, profile_dir=root)
+    assert counts == {"profile": 1}
+
+
 def test_list_shows_profiles_and_schedules(zoo):
     root, _ = zoo
     code, out, err = run_cli("list", "--profile-dir", str(root))
