@@ -17,6 +17,7 @@ import time
 import torch
 
 import monet_opt
+from monet_opt import zoo
 from monet_opt.bench_solvers import mib
 
 TORCHVISION = {  # name: image size
@@ -24,15 +25,6 @@ TORCHVISION = {  # name: image size
     "shufflenet_v2_x1_0": 64, "squeezenet1_0": 64, "regnet_y_400mf": 64, "mnasnet0_5": 64,
     "inception_v3": 96, "swin_t": 64, "vit_b_16": 64}
 HF = ("hf_llama", "hf_t5", "hf_vit")
-
-
-class _Logits(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, **kwargs):
-        return self.model(**kwargs).logits
 
 
 def build(name: str):
@@ -65,7 +57,7 @@ def build(name: str):
         x = {"pixel_values": torch.randn(2, 3, 64, 64)}
     else:
         raise ValueError(f"unknown model {name!r}; choose from {list(TORCHVISION) + list(HF)}")
-    return _Logits(model).train(), x
+    return zoo._LogitsOnly(model).train(), x
 
 
 def _call(module, x):

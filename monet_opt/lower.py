@@ -191,7 +191,7 @@ class _Builder:
                 t = reads[0] if len(reads) == 1 else None
                 if t is None or readers.get(t) != 1 or t in returned or \
                         t in self.storage[args[1 - k].name] or \
-                        not _same_layout(arg.meta.get("val"), out):
+                        not same_layout(arg.meta.get("val"), out):
                     continue
                 producer = self.tensors[t].producer
                 if producer == NO_PRODUCER or not self.ops[producer].is_backward or \
@@ -214,7 +214,7 @@ class _Builder:
 _ADD = torch.ops.aten.add.Tensor
 
 
-def _same_layout(a: object, b: torch.Tensor) -> bool:
+def same_layout(a: object, b: torch.Tensor) -> bool:
     """a is a tensor of b's dtype, shape and strides at offset 0, filling its storage."""
     return isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and \
         a.stride() == b.stride() and a.storage_offset() == 0 == b.storage_offset() and \

@@ -28,7 +28,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from monet_opt.lower import is_view_node, storage_bytes
+from monet_opt.lower import is_view_node, same_layout
 
 aten = torch.ops.aten
 
@@ -69,10 +69,8 @@ def _foldable(clone: fx.Node) -> bool:
     if not isinstance(producer, fx.Node) or producer.op != "call_function" or \
             is_view_node(producer) or is_view_node(source):
         return False
-    a, b = source.meta.get("val"), clone.meta.get("val")
-    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
-        a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and \
-        a.storage_offset() == 0 and storage_bytes(a) == storage_bytes(b)
+    value = clone.meta.get("val")
+    return isinstance(value, torch.Tensor) and same_layout(source.meta.get("val"), value)
 
 
 def _hardtanh_key(x, bounds: tuple, kwargs: dict) -> tuple:
