@@ -5,7 +5,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
-from solvers import baselines, checkmate, dp, evict, joint, prune, variants
+from solvers import baselines, checkmate, dp, evict, fine, joint, prune, variants
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
@@ -35,6 +35,9 @@ AUTO_DP_TIME_LIMIT_S = 3.0
 # that and pruning, half each (polishing also gets whatever the MILP leaves).
 AUTO_POLISH_SCHEDULES = 3
 AUTO_POLISH_TIME_LIMIT_S = 5.0
+# The share of "auto"'s limit that fine windows get on the best schedule (NOTE [Fine windows]
+# in solvers/fine.py), taken from the MILP's.
+AUTO_FINE_SHARE = 0.25
 
 
 def _pruned(problem: Problem, budget_bytes: int, best: SolveResult,
@@ -53,6 +56,19 @@ def _pruned(problem: Problem, budget_bytes: int, best: SolveResult,
                                note=f"{best.note}; {note}" if best.note else note)
 
 
+def _refined(problem: Problem, budget_bytes: int, best: SolveResult,
+             deadline: float) -> SolveResult:
+    """`best` refined by fine windows until `deadline` (NOTE [Fine windows])."""
+    refined = fine.refine(problem, budget_bytes, best.schedule, deadline)
+    if not refined.improved:
+        return best
+    note = (f"then refined in {refined.windows} fine windows (NOTE [Fine windows]), "
+            f"{refined.improved} of them faster")
+    return dataclasses.replace(best, schedule=refined.schedule, objective_s=refined.time_s,
+                               peak_bytes=refined.peak_bytes, status=Status.FEASIBLE,
+                               note=f"{best.note}; {note}" if best.note else note)
+
+
 def available_solvers() -> list[str]:
     return ["auto", *_REGISTRY]
 
@@ -63,7 +79,8 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
 
     "auto": store-all when it fits (nothing is faster); otherwise store-all, Chen's heuristics,
     the lower-set DP (capped at AUTO_DP_TIME_LIMIT_S) and the joint MILP, and the fastest
-    feasible schedule, polished (NOTE [Polishing]) and pruned of recomputation it can do without
+    feasible schedule, polished (NOTE [Polishing]), refined by fine windows (NOTE [Fine
+    windows], AUTO_FINE_SHARE of the limit) and pruned of recomputation it can do without
     (NOTE [Pruning recomputation]) in the time left. Its `min_feasible_bytes`
     is the least of theirs (the heuristics, the DP's memory-centric pass and the MILP's
     least-peak program always run, so it is known even when store-all fits). An infeasible
@@ -122,8 +139,9 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
                               time_limit_s=min(AUTO_DP_TIME_LIMIT_S, limit / 6))
     lower_sets = solve(problem, budget_bytes, "dp", dp_options)  # memory: only its least peak
     # fixed, not what is left: the least-peak program is cached per (problem, options)
-    milp = MilpOptions(time_limit_s=max(1.0, limit - polish_s - dp_options.time_limit_s),
-                       least_start=least_start)
+    fine_s = 0.0 if cheap[0].feasible else limit * AUTO_FINE_SHARE
+    milp = MilpOptions(time_limit_s=max(1.0, limit - polish_s - dp_options.time_limit_s
+                                        - fine_s), least_start=least_start)
     results = cheap if cheap[0].feasible else \
         cheap + [lower_sets, solve(problem, budget_bytes, "milp", milp)]
     floors = [(r.min_feasible_bytes, r.floor_schedule) for r in results + [lower_sets]]
@@ -134,11 +152,13 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
     if feasible and not cheap[0].feasible:  # NOTE [Polishing] in solvers/evict.py
         top = sorted(feasible, key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
         polished = evict.polish(problem, budget_bytes, [r.schedule for r in top],
-                                max(1.0, deadline - prune_s - time.perf_counter()))
+                                max(1.0, deadline - fine_s - prune_s - time.perf_counter()))
         if polished.objective_s < top[0].objective_s:
             feasible.append(dataclasses.replace(polished, note=(
                 "kept sets of the best schedules (" + ", ".join(r.solver for r in top) +
                 ") recomputed on demand and put back into greedily")))
+        feasible.append(_refined(problem, budget_bytes, min(
+            feasible, key=lambda r: (r.objective_s, r.peak_bytes)), deadline - prune_s))
         feasible.append(_pruned(problem, budget_bytes, min(
             feasible, key=lambda r: (r.objective_s, r.peak_bytes)), deadline))
     elapsed = time.perf_counter() - start

@@ -2,6 +2,8 @@
 coarsening that keeps the program small (docs/formulation.md)."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from solvers.problem import Problem
 
 
@@ -9,7 +11,12 @@ class Stages:
     """The budget-independent structure of the program for one problem."""
 
     def __init__(self, problem: Problem, window: int | None = None,
-                 max_stages: int | None = None) -> None:
+                 max_stages: int | None = None, starts: Sequence[int] | None = None,
+                 only: dict[int, frozenset[int]] | None = None) -> None:
+        """window: recomputation limited to ancestors within that many forward ops;
+        max_stages: positions merged into about that many stages; starts: the stages' first
+        backward positions, given (then max_stages is ignored); only: per stage index, the
+        forward ops it may recompute, in place of its candidates."""
         p = problem
         self.problem = p
         fwd = set(p.forward_tensors)
@@ -17,15 +24,19 @@ class Stages:
         self.bwd = p.backward_ops
         self.needs = _needs(p, fwd)
         self.reads = [tuple(dict.fromkeys(x for x, _, _ in n)) for n in self.needs]
-        self.groups = _group(self.reads, max_stages)
+        self.groups = _group(self.reads, max_stages) if starts is None else \
+            _from_starts(starts, len(self.reads))
         self.end_reads = tuple(x for x in p.backward_outputs if x in fwd)
-        anc = _ancestors(p)
+        anc = ancestors(p)
         self.window = window
         self.max_stages = max_stages
         # stages 0..len(groups)-1 run backward ops; stage len(groups) is the end of the step.
         self.cand: list[tuple[int, ...]] = []
         reads = [frozenset(x for q in g for x in self.reads[q]) for g in self.groups]
-        for r in reads:
+        for a, r in enumerate(reads):
+            if only is not None and a in only:
+                self.cand.append(tuple(sorted(only[a])))
+                continue
             ops: set[int] = set()
             for x in r:
                 src = p.tensors[x].producer
@@ -98,6 +109,13 @@ def _group(reads: list[tuple[int, ...]], max_stages: int | None) -> list[tuple[i
     return [tuple(range(bounds[k], bounds[k + 1])) for k in range(len(starts))]
 
 
+def _from_starts(starts: Sequence[int], n: int) -> list[tuple[int, ...]]:
+    bounds = sorted(set(starts)) + [n]
+    if bounds[0] < 0 or bounds[-2] >= n:
+        raise ValueError(f"stage starts must lie in [0, {n}), got {sorted(set(starts))}")
+    return [tuple(range(bounds[k], bounds[k + 1])) for k in range(len(bounds) - 1)]
+
+
 def build_stages(problem: Problem, max_recompute_vars: int, max_held_vars: int) -> Stages:
     """The finest stages and widest recomputation window that fit the variable limits."""
     stages = None
@@ -118,7 +136,7 @@ def build_stages(problem: Problem, max_recompute_vars: int, max_held_vars: int) 
     return Stages(problem, lo, max_stages)
 
 
-def _ancestors(p: Problem) -> dict[int, frozenset[int]]:
+def ancestors(p: Problem) -> dict[int, frozenset[int]]:
     anc: dict[int, frozenset[int]] = {}
     for i in p.forward_ops:
         a = {i}
