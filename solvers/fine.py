@@ -34,7 +34,7 @@ from solvers.simulate import simulate
 from solvers.stages import Stages, ancestors
 
 WINDOW_POSITIONS = 16      # reading positions per window
-MAX_WINDOW_RECOMPUTE = 2500  # recompute binaries inside a window (nearest ancestors first)
+MAX_WINDOW_RECOMPUTE = 8000  # recompute binaries inside a window (nearest ancestors first)
 WINDOW_TIME_LIMIT_S = 5.0
 
 

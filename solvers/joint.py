@@ -35,7 +35,7 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     deadline = start + options.time_limit_s
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
     heuristic = _heuristic(problem, budget_bytes)
-    least_bytes, least = least_peak(problem, options)  # cached; a quarter of the limit
+    least_bytes, least = least_peak(problem, options)  # cached
     min_feasible, floor = floor_of([(least_bytes, least), (heuristic.min_feasible_bytes, None)])
     valid = boundary_bound(problem, budget_bytes, min(10.0, options.time_limit_s / 5))
     if valid == math.inf:  # some moment of the backward cannot fit
@@ -169,8 +169,8 @@ def _best_start(problem: Problem, budget_bytes: int, program: Program, heuristic
 
 @functools.lru_cache(maxsize=8)
 def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
-    """The memory-centric program (the budget is the objective), given a quarter of the time
-    limit, warm-started from the lowest of Chen's least-peak schedules (greedy or sqrt) and
+    """The memory-centric program (the budget is the objective), given
+    options.least_time_limit_s (a quarter of the time limit by default), warm-started from the lowest of Chen's least-peak schedules (greedy or sqrt) and
     options.least_start; or that schedule, where it is lower. Cached per (problem, options), so
     the budget it reports is met again by the same call."""
     best = None
@@ -192,7 +192,9 @@ def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     #   is solved too; its schedules run on `problem` unchanged, so offering variants never
     #   raises the least peak.
     plains = [problem] + ([problem.with_variants(frozenset())] if problem.variants else [])
-    share = max(1.0, options.time_limit_s / 4 / len(plains))
+    total = options.least_time_limit_s if options.least_time_limit_s is not None \
+        else options.time_limit_s / 4
+    share = max(1.0, total / len(plains))
     for plain in plains:
         stages = build_stages(plain, options.max_recompute_vars, options.max_held_vars)
         quick = dataclasses.replace(options, time_limit_s=share)

@@ -37,7 +37,7 @@ AUTO_POLISH_SCHEDULES = 3
 AUTO_POLISH_TIME_LIMIT_S = 5.0
 # The share of "auto"'s limit that fine windows get on the best schedule (NOTE [Fine windows]
 # in solvers/fine.py), taken from the MILP's.
-AUTO_FINE_SHARE = 0.25
+AUTO_FINE_SHARE = 0.35
 
 
 def _pruned(problem: Problem, budget_bytes: int, best: SolveResult,
@@ -140,8 +140,9 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
     lower_sets = solve(problem, budget_bytes, "dp", dp_options)  # memory: only its least peak
     # fixed, not what is left: the least-peak program is cached per (problem, options)
     fine_s = 0.0 if cheap[0].feasible else limit * AUTO_FINE_SHARE
-    milp = MilpOptions(time_limit_s=max(1.0, limit - polish_s - dp_options.time_limit_s
-                                        - fine_s), least_start=least_start)
+    milp_s = limit - polish_s - dp_options.time_limit_s
+    milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
+                       least_time_limit_s=milp_s / 4)
     results = cheap if cheap[0].feasible else \
         cheap + [lower_sets, solve(problem, budget_bytes, "milp", milp)]
     floors = [(r.min_feasible_bytes, r.floor_schedule) for r in results + [lower_sets]]
