@@ -23,28 +23,18 @@ NOTE [Fine windows]
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from solvers.milp import MilpOptions, Program
-from solvers.mip import solve_mip
 from solvers.problem import Problem
 from solvers.schedule import Schedule
 from solvers.simulate import simulate
 from solvers.stages import Stages, ancestors
+from solvers.windows import Refined, read_only_in, solve_fixed
 
 WINDOW_POSITIONS = 16      # reading positions per window
 MAX_WINDOW_RECOMPUTE = 8000  # recompute binaries inside a window (nearest ancestors first)
 WINDOW_TIME_LIMIT_S = 5.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Refined:
-    schedule: Schedule
-    time_s: float
-    peak_bytes: int
-    windows: int   # window programs solved
-    improved: int  # of them, how many gave a faster schedule
 
 
 def refine(problem: Problem, budget_bytes: int, schedule: Schedule, deadline: float,
@@ -129,14 +119,8 @@ def _solve_window(p: Problem, budget_bytes: int, schedule: Schedule, window: lis
     values = program.start_values(schedule)
     if values is None:
         return None
-    free = _free(program, inside)
-    lb, ub = list(program.mip.lb), list(program.mip.ub)
-    for j, integer in enumerate(program.mip.integer):
-        if integer and j not in free:
-            lb[j] = ub[j] = round(values[j])
     left = min(WINDOW_TIME_LIMIT_S, deadline - time.perf_counter())
-    res = solve_mip(dataclasses.replace(program.mip, lb=lb, ub=ub), options.backend,
-                    max(0.2, left), values, options.rel_gap / 10)
+    res = solve_fixed(program, values, _free(program, inside), options, max(0.2, left))
     return program.schedule(res.values) if res.values is not None else None
 
 
@@ -179,14 +163,7 @@ def _free(program: Program, inside: list[int]) -> frozenset[int]:
         free.update(program.R[a].values())
         for b in (a, a + 1):  # copies held into, through and out of the window
             free.update(v for x, v in program.S[b].items() if x in touched)
-    first: dict[int, int] = {}
-    for a, reads in enumerate(st.stage_reads):
-        for x in reads:
-            first.setdefault(x, a)
-    a_lo, a_hi = min(inside), max(inside) + 1
-    for x, f in first.items():  # read only inside: kept or not is free
-        if f >= a_lo and st.last_need[x] < a_hi:
-            free.update(program.S[a][x] for a in range(a_hi + 1) if x in program.S[a])
+    free |= read_only_in(program, min(inside), max(inside) + 1)
     ops = {st.bwd[q] for a in inside for q in st.groups[a]}
     free.update(e for v, e in enumerate(program.E) if p.variants[v].op in ops)
     return frozenset(free)

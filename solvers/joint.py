@@ -170,9 +170,10 @@ def _best_start(problem: Problem, budget_bytes: int, program: Program, heuristic
 @functools.lru_cache(maxsize=8)
 def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     """The memory-centric program (the budget is the objective), given
-    options.least_time_limit_s (a quarter of the time limit by default), warm-started from the lowest of Chen's least-peak schedules (greedy or sqrt) and
-    options.least_start; or that schedule, where it is lower. Cached per (problem, options), so
-    the budget it reports is met again by the same call."""
+    options.least_time_limit_s (a quarter of the time limit by default), warm-started from
+    the lowest of Chen's least-peak schedules (greedy or sqrt) and options.least_start; or
+    that schedule, where it is lower. Cached per (problem, options), so the budget it reports
+    is met again by the same call."""
     best = None
     opts = baselines.BaselineOptions()
     for heuristic in (baselines.chen_greedy, baselines.chen_sqrt):

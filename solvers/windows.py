@@ -64,12 +64,7 @@ def refine(program: Program, schedule: Schedule, options: MilpOptions,
             values = program.start_values(schedule)
             if left < 0.2 or values is None:  # None cannot happen for this program's schedule
                 return done()
-            lb, ub = list(program.mip.lb), list(program.mip.ub)
-            for j, integer in enumerate(program.mip.integer):
-                if integer and j not in free:
-                    lb[j] = ub[j] = round(values[j])
-            res = solve_mip(dataclasses.replace(program.mip, lb=lb, ub=ub), options.backend,
-                            min(WINDOW_TIME_LIMIT_S, left), values, options.rel_gap / 10)
+            res = solve_fixed(program, values, free, options, min(WINDOW_TIME_LIMIT_S, left))
             solved += 1
             if res.values is None:
                 continue
@@ -79,6 +74,29 @@ def refine(program: Program, schedule: Schedule, options: MilpOptions,
                 schedule, best, improved = candidate, sim, improved + 1
         if improved == before:
             return done()
+
+
+def solve_fixed(program: Program, values: list[float], free: frozenset[int],
+                options: MilpOptions, time_limit_s: float):
+    """`program` with every binary outside `free` fixed at `values`, started from them."""
+    lb, ub = list(program.mip.lb), list(program.mip.ub)
+    for j, integer in enumerate(program.mip.integer):
+        if integer and j not in free:
+            lb[j] = ub[j] = round(values[j])
+    return solve_mip(dataclasses.replace(program.mip, lb=lb, ub=ub), options.backend,
+                     time_limit_s, values, options.rel_gap / 10)
+
+
+def read_only_in(program: Program, lo: int, hi: int) -> set[int]:
+    """The held-copy binaries, at every stage, of the tensors only stages [lo, hi) read:
+    whether such a tensor is kept at all is the window's to decide."""
+    st = program.st
+    first: dict[int, int] = {}
+    for a, reads in enumerate(st.stage_reads):
+        for x in reads:
+            first.setdefault(x, a)
+    return {program.S[a][x] for x, f in first.items() if f >= lo and st.last_need[x] < hi
+            for a in range(hi + 1) if x in program.S[a]}
 
 
 def _better(program: Program, sim: Simulation, than: Simulation) -> bool:
@@ -91,13 +109,12 @@ def _better(program: Program, sim: Simulation, than: Simulation) -> bool:
 def _windows(program: Program) -> list[frozenset[int]]:
     """The free binaries of each window, half-overlapping, from the first stage to the last."""
     n = len(program.st.groups)
-    first = _first_need(program)
     out, lo = [], 0
     while lo < n:
         hi = lo + 1
-        free = _free(program, first, lo, hi)
+        free = _free(program, lo, hi)
         while hi < n:
-            wider = _free(program, first, lo, hi + 1)
+            wider = _free(program, lo, hi + 1)
             if len(wider) > MAX_FREE_BINARIES and hi - lo >= 2:
                 break
             hi, free = hi + 1, wider
@@ -108,28 +125,17 @@ def _windows(program: Program) -> list[frozenset[int]]:
     return out
 
 
-def _free(program: Program, first: dict[int, int], lo: int, hi: int) -> frozenset[int]:
+def _free(program: Program, lo: int, hi: int) -> frozenset[int]:
     st, p = program.st, program.st.problem
-    free: set[int] = set()
+    free = read_only_in(program, lo, hi)
     for a in range(lo, hi):
         free.update(program.R[a].values())
     for a in range(lo, hi + 1):
         free.update(program.S[a].values())
-    for x, f in first.items():  # read only inside: kept or not is free
-        if f >= lo and st.last_need[x] < hi:
-            free.update(program.S[a][x] for a in range(hi + 1) if x in program.S[a])
     ops = {st.bwd[q] for a in range(lo, hi) for q in st.groups[a]}
     free.update(e for v, e in enumerate(program.E) if p.variants[v].op in ops)
     return frozenset(free)
 
 
-def _first_need(program: Program) -> dict[int, int]:
-    first: dict[int, int] = {}
-    for a, reads in enumerate(program.st.stage_reads):
-        for x in reads:
-            first.setdefault(x, a)
-    return first
-
-
-__all__ = ["Refined", "refine"]
+__all__ = ["Refined", "read_only_in", "refine", "solve_fixed"]
 
