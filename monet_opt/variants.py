@@ -24,6 +24,17 @@ NOTE [Combining variants]
   every family replacing an argument of an op that another family replaces a different argument
   of must be `decode`-style (checked when the library loads). The executor then decodes each
   chosen argument and calls the op once (`run` below).
+
+NOTE [Backward from the output]
+  MONeT lets an activation's backward read its output instead of its input where that is
+  exact. The joint graph already does so wherever it can: `sigmoid_backward`,
+  `tanh_backward` and `_softmax_backward_data` read the forward's output, `threshold_backward`
+  reads ReLU's (lowering), `hardtanh_backward` is made to (NOTE [Saved clones]). For the
+  others no exact form exists: GELU and SiLU are not one-to-one (both dip below zero and come
+  back: two inputs give the same output, so the derivative cannot be read off the output),
+  and LayerNorm rebuilt from its output ((y - bias) / weight) rounds differently from the
+  normalized input its backward recomputes, and fails at a zero weight. So no family here
+  offers it; tests/test_variants.py checks both halves.
 """
 from __future__ import annotations
 

@@ -220,3 +220,33 @@ def test_variants_lower_the_least_peak_and_train_exactly():
     assert_same(run_steps(tight, tight.model, x, loss_fn), ref_run, exact=True,
                 what="least-peak plan with variants vs store-all")
     _check_memory(tight, x, loss_fn, limit, "least peak with variants")
+
+
+class _Activations(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return (torch.sigmoid(h) + torch.tanh(h) + h.softmax(-1)
+                + torch.nn.functional.gelu(h) + torch.nn.functional.silu(h))
+
+
+def test_backward_reads_the_output_where_that_is_exact():
+    """NOTE [Backward from the output]: sigmoid's, tanh's and softmax's backward read their
+    own output; GELU's and SiLU's read the input, and rightly: each maps two inputs to one
+    output."""
+    p = monet_opt.lower_problem(_Activations(), torch.randn(4, 8), profile_repeats=1)
+    producer_of = {op.name: k for k, op in enumerate(p.ops)}
+    for fwd in ("sigmoid", "tanh", "_softmax", "gelu", "silu"):
+        bwd = next(op for op in p.ops if op.is_backward and op.name.startswith(fwd + "_b"))
+        read = {p.tensors[x].producer for x in bwd.inputs}
+        reads_output = producer_of[fwd] in read
+        assert reads_output == (fwd in ("sigmoid", "tanh", "_softmax")), (fwd, bwd.name)
+    for f in (torch.nn.functional.gelu, torch.nn.functional.silu):
+        x = torch.linspace(-6.0, 0.0, 200001, dtype=torch.float64)
+        y = f(x)
+        low = int(y.argmin())
+        assert 0 < low < len(x) - 1  # falls, then rises again: not one-to-one
+        assert y[0] > y[low] < y[-1]
