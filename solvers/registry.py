@@ -139,7 +139,7 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
                               time_limit_s=min(AUTO_DP_TIME_LIMIT_S, limit / 6))
     lower_sets = solve(problem, budget_bytes, "dp", dp_options)  # memory: only its least peak
     # fixed, not what is left: the least-peak program is cached per (problem, options)
-    fine_s = 0.0 if cheap[0].feasible else limit * AUTO_FINE_SHARE
+    fine_s = limit * AUTO_FINE_SHARE  # whether or not store-all fits: the same options
     milp_s = limit - polish_s - dp_options.time_limit_s
     milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
                        least_time_limit_s=milp_s / 4)
