@@ -3,6 +3,10 @@ the store-all activation memory. Prints a markdown report (docs/benchmarks/solve
 
     python -m monet_opt.bench_solvers [--time-limit 60] [--models resnet50,gpt2]
                                       [--solvers milp,checkmate]
+                                      [--size batch=64,size=160] [--least-only]
+
+--size: the models' factory arguments (zoo); --least-only: only the least peak "auto" reaches,
+against the store-all peak and its activations (Kusumoto et al.'s measure).
 """
 from __future__ import annotations
 
@@ -50,8 +54,20 @@ def lowered(name: str, out, size: dict | None = None, **options):
     return problem, floor, act, store_all
 
 
-def bench_model(name: str, time_limit_s: float, out, names=SOLVERS) -> None:
-    problem, floor, act, store_all = lowered(name, out)
+def least_only(name: str, time_limit_s: float, out, size: dict | None = None) -> None:
+    """The least peak "auto" reaches (its min_feasible_bytes), against store-all's."""
+    problem, floor, act, store_all = lowered(name, out, size)
+    r = solvers.solve(problem, floor, "auto", time_limit_s=time_limit_s)
+    least, peak = r.min_feasible_bytes, store_all.peak_bytes
+    print(f"Least peak {mib(least)} MiB of a {mib(peak)} MiB store-all peak: "
+          f"{least / peak - 1:+.1%} of the peak, {(least - floor) / act - 1:+.1%} of the "
+          f"activations (the floor is {floor / peak:.1%} of the peak; found in "
+          f"{r.solve_time_s:.0f} s).", file=out, flush=True)
+
+
+def bench_model(name: str, time_limit_s: float, out, names=SOLVERS,
+                size: dict | None = None) -> None:
+    problem, floor, act, store_all = lowered(name, out, size)
     print("| limit (activations left) | solver | status | predicted step | overhead | bound "
           "| gap | solve time | least peak (MiB) | note |", file=out)
     print("|---|---|---|---|---|---|---|---|---|---|", file=out)
@@ -75,8 +91,10 @@ def begin(title: str, module: str, args) -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     allocator = keep_freed_memory()
     machine = platform.processor() or platform.machine()
-    chosen = "".join(f" --{k} {getattr(args, k)}" for k in ("solvers", "solver")
-                     if getattr(args, k, None))
+    least = getattr(args, "least_only", False)
+    chosen = "".join(f" --{k} {getattr(args, k)}" for k in ("solvers", "solver", "size")
+                     if getattr(args, k, None) and not (least and k == "solvers"))
+    chosen += " --least-only" if least else ""
     print(f"# {title}\n\nCommand: `python -m {module} --time-limit "
           f"{args.time_limit:g} --models {args.models}{chosen}`. Machine: {machine}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
@@ -91,10 +109,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--models", default=",".join(zoo.MODELS))
     ap.add_argument("--solvers", default=",".join(SOLVERS))
+    ap.add_argument("--size", default="", help="factory arguments, e.g. batch=64,size=160")
+    ap.add_argument("--least-only", action="store_true")
     args = ap.parse_args(argv)
+    size = _size(args.size)
     begin("Solver benchmark", "monet_opt.bench_solvers", args)
     for name in args.models.split(","):
-        bench_model(name, args.time_limit, sys.stdout, args.solvers.split(","))
+        if args.least_only:
+            least_only(name, args.time_limit, sys.stdout, size)
+        else:
+            bench_model(name, args.time_limit, sys.stdout, args.solvers.split(","), size)
+
+
+def _size(text: str) -> dict | None:
+    if not text:
+        return None
+    try:
+        return {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        raise SystemExit(f"--size takes name=integer pairs separated by commas, such as "
+                         f"batch=64,size=160; got {text!r}") from None
 
 
 if __name__ == "__main__":

@@ -171,3 +171,11 @@ def test_identical_plans_report_their_spread():
                      "widest measured 9.7 points apart (auto 100% +9.0%, milp 100% -0.7%, "
                      "dp 80% +2.1%)."]
     assert report.same_plan_spread(other) == []
+
+
+def test_bench_solvers_sizes_are_name_integer_pairs():
+    from monet_opt import bench_solvers
+    assert bench_solvers._size("batch=64,size=160") == {"batch": 64, "size": 160}
+    assert bench_solvers._size("") is None
+    with pytest.raises(SystemExit, match="name=integer pairs"):
+        bench_solvers._size("batch=64,size")
