@@ -110,6 +110,8 @@ def _group(reads: list[tuple[int, ...]], max_stages: int | None) -> list[tuple[i
 
 
 def _from_starts(starts: Sequence[int], n: int) -> list[tuple[int, ...]]:
+    if not starts:
+        return []
     bounds = sorted(set(starts)) + [n]
     if bounds[0] < 0 or bounds[-2] >= n:
         raise ValueError(f"stage starts must lie in [0, {n}), got {sorted(set(starts))}")
