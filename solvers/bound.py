@@ -38,6 +38,7 @@ import time
 
 from solvers.mip import Mip, solve_mip
 from solvers.problem import Problem
+from solvers.stages import reading_positions
 
 # The most moments of the backward the bound looks at (NOTE [Cuts through the backward]).
 MAX_BOUND_CUTS = 64
@@ -79,8 +80,7 @@ def _doubling():
 def cut_positions(p: Problem, cuts: int) -> list[int]:
     """Position 0 and up to cuts-1 more among the backward positions that read forward
     tensors, evenly spread."""
-    fwd = set(p.forward_tensors)
-    reading = [q for q, b in enumerate(p.backward_ops) if fwd & set(p.ops[b].inputs)]
+    reading = reading_positions(p)
     if not p.backward_ops:
         return []
     if not reading:

@@ -29,7 +29,7 @@ from solvers.milp import MilpOptions, Program
 from solvers.problem import Problem
 from solvers.schedule import Schedule
 from solvers.simulate import simulate
-from solvers.stages import Stages, ancestors
+from solvers.stages import Stages, ancestors, reading_positions
 from solvers.windows import Refined, read_only_in, solve_fixed
 
 WINDOW_POSITIONS = 16      # reading positions per window
@@ -43,15 +43,15 @@ def refine(problem: Problem, budget_bytes: int, schedule: Schedule, deadline: fl
     finds nothing or `deadline` (time.perf_counter()) passes (NOTE [Fine windows])."""
     best = simulate(problem, schedule)
     anc = ancestors(problem)
-    reading = _reading_positions(problem)
+    reading = reading_positions(problem)
     solved = improved = 0
     while True:
         before = improved
         for window in _windows(problem, schedule, reading):
             if deadline - time.perf_counter() < 0.5:
                 return Refined(schedule, best.time_s, best.peak_bytes, solved, improved)
-            candidate = _solve_window(problem, budget_bytes, schedule, window, anc, options,
-                                      deadline)
+            candidate = _solve_window(problem, budget_bytes, schedule, window, reading[0], anc,
+                                      options, deadline)
             solved += 1
             if candidate is None:
                 continue
@@ -82,11 +82,6 @@ def _windows(p: Problem, schedule: Schedule, reading: list[int]) -> list[list[in
     return [w for _, _, w in sorted(scored)]
 
 
-def _reading_positions(p: Problem) -> list[int]:
-    fwd = set(p.forward_tensors)
-    return [q for q, b in enumerate(p.backward_ops) if fwd & set(p.ops[b].inputs)]
-
-
 def _recomputed_at(p: Problem, schedule: Schedule) -> dict[int, list[int]]:
     """Backward position -> the forward ops the schedule recomputes just before it."""
     pos = {b: q for q, b in enumerate(p.backward_ops)}
@@ -101,13 +96,14 @@ def _recomputed_at(p: Problem, schedule: Schedule) -> dict[int, list[int]]:
 
 
 def _solve_window(p: Problem, budget_bytes: int, schedule: Schedule, window: list[int],
-                  anc, options: MilpOptions, deadline: float) -> Schedule | None:
+                  first_read: int, anc, options: MilpOptions,
+                  deadline: float) -> Schedule | None:
     rec = _recomputed_at(p, schedule)
     if any(q >= len(p.backward_ops) for q in rec):
         return None  # recomputation after the last backward op: nothing reads it
     lo, hi = window[0], window[-1] + 1
     outside = [q for q in rec if not lo <= q < hi]
-    starts = sorted(set(window) | set(outside) | {_first_start(p, rec)})
+    starts = sorted(set(window) | set(outside) | {min([first_read, *rec])})
     index = {q: a for a, q in enumerate(starts)}
     only = {index[q]: frozenset(rec.get(q, ())) for q in starts if not lo <= q < hi}
     inside = [index[q] for q in starts if lo <= q < hi]
@@ -122,11 +118,6 @@ def _solve_window(p: Problem, budget_bytes: int, schedule: Schedule, window: lis
     left = min(WINDOW_TIME_LIMIT_S, deadline - time.perf_counter())
     res = solve_fixed(program, values, _free(program, inside), options, max(0.2, left))
     return program.schedule(res.values) if res.values is not None else None
-
-
-def _first_start(p: Problem, rec: dict[int, list[int]]) -> int:
-    reading = _reading_positions(p)
-    return min([*rec, *reading[:1]] or [0])
 
 
 def _nearest(stages: Stages, mine: dict[int, frozenset[int]], anc

@@ -109,6 +109,12 @@ def _group(reads: list[tuple[int, ...]], max_stages: int | None) -> list[tuple[i
     return [tuple(range(bounds[k], bounds[k + 1])) for k in range(len(starts))]
 
 
+def reading_positions(p: Problem) -> list[int]:
+    """The backward positions whose op reads a forward tensor."""
+    fwd = set(p.forward_tensors)
+    return [q for q, b in enumerate(p.backward_ops) if fwd & set(p.ops[b].inputs)]
+
+
 def _from_starts(starts: Sequence[int], n: int) -> list[tuple[int, ...]]:
     if not starts:
         return []
