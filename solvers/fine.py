@@ -66,6 +66,8 @@ def _windows(p: Problem, schedule: Schedule, reading: list[int]) -> list[list[in
     """Half-overlapping runs of WINDOW_POSITIONS reading positions, those where the schedule
     recomputes the most time (or spends it on variants) first. A window where it spends none
     is left out: with the rest fixed, it can only add recomputation."""
+    if not reading:  # the backward reads no forward tensor: nothing to recompute
+        return []
     rec = _recomputed_at(p, schedule)
     step = max(1, WINDOW_POSITIONS // 2)
     scored = []

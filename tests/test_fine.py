@@ -69,6 +69,13 @@ def test_a_window_without_recomputation_is_not_solved():
     assert refined.schedule == store_all.schedule
 
 
+def test_a_backward_that_reads_no_forward_tensor_has_no_window():
+    p = chain(1)  # its one backward op reads only the output gradient
+    store_all = solve(p, 10**9, "store_all")
+    refined = fine.refine(p, 10**9, store_all.schedule, time.perf_counter() + 5)
+    assert (refined.windows, refined.schedule) == (0, store_all.schedule)
+
+
 def test_the_deadline_is_kept():
     p = autodiff_problem(40, random.Random(0))
     budget = _budget(p, 0.2)
