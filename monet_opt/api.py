@@ -16,7 +16,7 @@ from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
 from monet_opt.lower_variants import attach_variants, with_costs
-from monet_opt.module import OptimizedModule
+from monet_opt.module import OptimizedModule, Step
 from monet_opt.plan import Plan, make_plan
 from monet_opt.profiler import profile
 from monet_opt.units import parse_memory_limit
@@ -28,7 +28,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
              profile_repeats: int = 3, variants: bool | Collection[str] = True,
              allow_lossy: bool = False,
              profile_dir: str | os.PathLike | None = "profiles",
-             profile_time_limit_s: float | None = None) -> OptimizedModule:
+             profile_time_limit_s: float | None = None,
+             new_shapes: str = "plan") -> OptimizedModule:
     """Return a module that trains exactly like `model` with its step's peak memory within
     `memory_limit`.
 
@@ -69,6 +70,10 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             not reached are not offered. See `monet_opt.profiler`, NOTE [The profiling time
             limit]. A time-limited profile is cached apart from complete ones (NOTE [The time
             limit in the cache key], in `_Planner._cached_profile`).
+        new_shapes: what the module does with inputs whose shapes differ from
+            `sample_input`'s (a smaller last batch): "plan" plans a step for them when first
+            met, under the same limit and options, with a `ReplanWarning` (NOTE [New input
+            shapes] in monet_opt/module.py); "error" raises PlanMismatchError.
 
     Raises:
         ValueError: memory_limit is not a positive size.
@@ -85,16 +90,27 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     if profile_time_limit_s is not None and not profile_time_limit_s > 0:
         raise ValueError("monet_opt.optimize: profile_time_limit_s must be positive or None, "
                          f"got {profile_time_limit_s}")
+    if new_shapes not in ("plan", "error"):
+        raise ValueError(f"monet_opt.optimize: new_shapes must be 'plan' or 'error', got "
+                         f"{new_shapes!r}")
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
-    planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
-                       cache=cache, variants=variants, allow_lossy=allow_lossy,
-                       profile_time_limit_s=profile_time_limit_s)
+    families = _families(variants, allow_lossy)  # checked before anything is traced
+
+    def plan_step(args: tuple, kwargs: dict, resident_bytes: int = 0) -> Step:
+        planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
+                           cache=cache, variants=families, allow_lossy=allow_lossy,
+                           profile_time_limit_s=profile_time_limit_s,
+                           resident_bytes=resident_bytes)
+        run, spec = _trace(model, args, kwargs, planner)
+        internal_assert(planner.plan is not None, "the partition function was never called")
+        return Step(run, spec, planner.plan, planner.inputs, resident_bytes)
+
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
-    step, spec, param_names, buffer_names = _trace(model, sample_input, planner)
-    internal_assert(planner.plan is not None, "the partition function was never called")
+    first = plan_step(*capture.InputSpec.split(sample_input))
+    param_names, buffer_names = capture.state_names(model)
     flags = tuple(m.training for m in model.modules())
-    return OptimizedModule(model, step, spec, planner.plan, param_names, buffer_names, flags,
-                           autocast)
+    return OptimizedModule(model, first, param_names, buffer_names, flags, autocast, plan_step,
+                           any_shape=new_shapes == "plan")
 
 
 def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int = 3,
@@ -105,7 +121,7 @@ def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int =
     state as it was."""
     planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0,
                        variants=variants, allow_lossy=allow_lossy)
-    _trace(model, sample_input, planner)
+    _trace(model, *capture.InputSpec.split(sample_input), planner)
     internal_assert(planner.problem is not None, "the partition function was never called")
     return planner.problem
 
@@ -122,15 +138,15 @@ def profile_model(model: nn.Module, sample_input: Any, *,
     planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0,
                        cache=cache, variants=variants, allow_lossy=allow_lossy,
                        profile_time_limit_s=profile_time_limit_s)
-    _trace(model, sample_input, planner)
+    _trace(model, *capture.InputSpec.split(sample_input), planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
     return planner.profile, planner.plan
 
 
-def _trace(model: nn.Module, sample_input: Any, planner: _Planner):
-    """Trace one step of `model` through `planner.partition` (which plans it) and run it once,
-    leaving the model's state and the random stream as they were."""
-    args, kwargs = capture.InputSpec.split(sample_input)
+def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
+    """Trace one step of `model` on inputs like (args, kwargs) through `planner.partition`
+    (which plans it), leaving the model's state and the random stream as they were: the
+    compiled step and its inputs' spec."""
     spec, inputs = capture.InputSpec.of(args, kwargs)
     param_names, buffer_names = capture.state_names(model)
     params = dict(model.named_parameters())
@@ -143,7 +159,7 @@ def _trace(model: nn.Module, sample_input: Any, planner: _Planner):
     with torch.random.fork_rng(devices=devices):
         step = capture.first_call(model, spec, args, kwargs, planner.primals, planner.partition,
                                   planned=lambda: planner.problem is not None)
-    return step, spec, param_names, buffer_names
+    return step, spec
 
 
 class _Planner:
@@ -152,16 +168,19 @@ class _Planner:
     def __init__(self, limit: int | None, solver: str, repeats: int, name: str,
                  time_limit_s: float, *, cache: ProfileCache | None = None,
                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
-                 profile_time_limit_s: float | None = None) -> None:
+                 profile_time_limit_s: float | None = None, resident_bytes: int = 0) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (and cache
         no schedule). cache: the profile directory to consult, if any. variants: offer the
-        library's operator variants to the solver; allow_lossy: its lossy ones too."""
+        library's operator variants to the solver; allow_lossy: its lossy ones too.
+        resident_bytes: gradients held through the whole step on top of what the graph
+        makes (NOTE [Gradients resident at the start])."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
         self.families = _families(variants, allow_lossy)
         self.variants = bool(self.families)
         self.allow_lossy = self.variants and allow_lossy
         self.profile_time_limit_s = profile_time_limit_s
+        self.resident_bytes = resident_bytes
         self.primals: list[torch.Tensor] = []
         self.inputs = ""
         self.problem: solvers.Problem | None = None
@@ -188,12 +207,14 @@ class _Planner:
                 problem = self.profile.problem
             self.problem = problem
             limit = self.limit if self.limit is not None else 2 ** 62
+            budget = max(0, limit - self.resident_bytes)
             if self.cache is None or self.limit is None:
-                result = solvers.solve(problem, limit, self.solver,
+                result = solvers.solve(problem, budget, self.solver,
                                        time_limit_s=self.time_limit_s)
             else:
-                result = self.cache.solve(self.profile, limit, self.solver, self.time_limit_s)
+                result = self.cache.solve(self.profile, budget, self.solver, self.time_limit_s)
         lowered = _matching(lowered, problem)
+        problem, result = _with_resident(problem, result, self.resident_bytes)
         if not result.feasible:
             raise InfeasibleBudgetError(self.limit, result.min_feasible_bytes, self.solver)
         self.plan = make_plan(problem, lowered.op_labels, result, limit)
@@ -220,6 +241,25 @@ class _Planner:
         limited = ProfileKey.of(joint, self.primals, self.inputs, {
             **options, "profile_time_limit_s": float(self.profile_time_limit_s)})
         return self.cache.profile(limited, self.name, lowered, measure)
+
+
+def _with_resident(problem: solvers.Problem, result: solvers.SolveResult, resident_bytes: int
+                   ) -> tuple[solvers.Problem, solvers.SolveResult]:
+    """NOTE [Gradients resident at the start]
+      A step that begins with gradients already in place (accumulating over micro-batches, or
+      zero_grad(set_to_none=False)) holds them from its first op to its last: the engine adds
+      the step's new gradients into them (in place) only once the backward has returned them
+      all. They are memory fixed for the whole step, so the step is solved on the same profile
+      with the budget less their bytes (the simulator's peak is fixed memory plus what the
+      schedule holds), and its plan shows them as fixed memory: predicted peak, least peak
+      and store-all peak include them. Unplanned, such a step measured one whole set of
+      gradients over its prediction and its limit (tests/test_resident_grads.py)."""
+    if not resident_bytes:
+        return problem, result
+    shift = lambda b: None if b is None else b + resident_bytes  # noqa: E731
+    return (dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + resident_bytes),
+            dataclasses.replace(result, peak_bytes=shift(result.peak_bytes),
+                                min_feasible_bytes=shift(result.min_feasible_bytes)))
 
 
 def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int,

@@ -11,6 +11,7 @@ with `torch.export(strict=False)` (NOTE [The capture route]).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import traceback
 from dataclasses import dataclass
@@ -69,8 +70,9 @@ class InputSpec:
                             f"found {bad}. Bind other arguments with functools.partial or a wrapper.")
         return InputSpec(treedef, tuple(LeafSpec.of(x) for x in leaves)), leaves
 
-    def flatten(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
-        """The flat input tensors, checked against the plan's shapes, dtypes and devices."""
+    def flatten(self, args: tuple, kwargs: dict, any_shape: bool = False) -> list[torch.Tensor]:
+        """The flat input tensors, checked against the plan's shapes, dtypes and devices
+        (any_shape: all but the shapes; NOTE [New input shapes] in monet_opt/module.py)."""
         leaves, treedef = pytree.tree_flatten((args, kwargs))
         if treedef != self.treedef:
             raise PlanMismatchError(
@@ -79,12 +81,15 @@ class InputSpec:
                 "optimize(), or optimize again for this input.")
         for k, (x, spec) in enumerate(zip(leaves, self.leaves)):
             got = LeafSpec.of(x) if isinstance(x, torch.Tensor) else None
-            if got != spec:
+            same = got is not None and (dataclasses.replace(got, shape=spec.shape) if any_shape
+                                        else got) == spec
+            if not same:
                 raise PlanMismatchError(
                     f"monet_opt: input {k} does not match the plan: expected {spec}, received "
                     f"{got if got is not None else type(x).__name__}. The plan (and its memory "
-                    "limit) holds only for the sample_input's shapes; run optimize() again with "
-                    "a sample of the new shape.")
+                    "limit) holds only for the sample_input's "
+                    f"{'dtypes and devices' if any_shape else 'shapes'}; run optimize() again "
+                    "with a sample like the new input.")
         return leaves
 
 

@@ -1,42 +1,97 @@
 """The module optimize() returns."""
 from __future__ import annotations
 
-from typing import Any, Callable
+import time
+import warnings
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
-from monet_opt.capture import InputSpec, autocast_state
-from monet_opt.errors import PlanMismatchError
+from monet_opt.capture import InputSpec, LeafSpec, autocast_state
+from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError
 from monet_opt.plan import Plan
+from monet_opt.units import format_bytes
 
 
+class ReplanWarning(RuntimeWarning):
+    """The optimized module planned another step: for inputs of new shapes (NOTE [New input
+    shapes]) or for gradients resident at the step's start (NOTE [Gradients resident at the
+    start] in monet_opt/api.py)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One traced training step and its plan, for inputs of one shape and a step that begins
+    with `resident_bytes` of gradients in place. run(*params, *buffers, *inputs) runs it;
+    inputs describes the inputs ('float32[4x3x16x16]')."""
+
+    run: Callable
+    spec: InputSpec
+    plan: Plan
+    inputs: str
+    resident_bytes: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.inputs + (f", {format_bytes(self.resident_bytes)} of gradients resident"
+                              if self.resident_bytes else "")
+
+
+# NOTE [New input shapes]
+#   A plan holds for the shapes it was traced with: every activation's size, and so the
+#   schedule, depends on them. A DataLoader with drop_last=False ends each epoch on a smaller
+#   batch, so refusing other shapes would stop a default training loop at the end of its first
+#   epoch. Inputs that differ from the sample only in shape (dtype, device, requires_grad and
+#   structure equal) are planned when first met, under the same memory limit and options, and
+#   kept, one Step per shape: optimize()'s work again (tracing on fake tensors, profiling and
+#   solving, or reading both from the profile directory), with a ReplanWarning saying how
+#   long it took. A step that begins with gradients in place is planned apart in the same way
+#   (NOTE [Gradients resident at the start] in monet_opt/api.py), whatever new_shapes says. The random stream and BatchNorm statistics are left as they were by the
+#   planning, so the step then trains like the model on that batch, bitwise, like every plan.
+#   optimize(..., new_shapes="error") refuses instead (PlanMismatchError).
 class OptimizedModule(nn.Module):
     """Runs `model`'s training step under a memory plan.
 
     It holds `model` as its only child, so it shares every parameter and buffer: optimizers,
     `.train()`/`.eval()` and `.to()` act on the model itself, and `state_dict()` has the model's
     own keys. With gradients disabled or in eval mode it simply calls the model (nothing is kept
-    for a backward, so there is nothing to plan).
+    for a backward, so there is nothing to plan). `plan` is the sample input's plan; `plans`
+    has one per input shape met so far, and per amount of gradients resident at a step's start
+    (NOTE [New input shapes]).
     """
 
-    def __init__(self, model: nn.Module, step: Callable, spec: InputSpec, plan: Plan,
-                 param_names: list[str], buffer_names: list[str],
-                 training_flags: tuple[bool, ...], autocast: tuple = ()) -> None:
+    def __init__(self, model: nn.Module, first: Step, param_names: list[str],
+                 buffer_names: list[str], training_flags: tuple[bool, ...],
+                 autocast: tuple = (),
+                 plan_step: Callable[[tuple, dict, int], Step] | None = None,
+                 any_shape: bool = False) -> None:
+        """plan_step(args, kwargs, resident_bytes): plans another step (None: every other
+        situation raises PlanMismatchError). any_shape: inputs of other shapes are planned,
+        not refused."""
         super().__init__()
         self.model = model
-        self.plan = plan
-        self._step = step
-        self._spec = spec
+        self.plan = first.plan
+        self._first = first
+        self._steps: dict[tuple, Step] = {(first.spec.leaves, first.resident_bytes): first}
+        self._plan_step = plan_step
+        self._any_shape = any_shape and plan_step is not None
         self._param_names = param_names
         self._buffer_names = buffer_names
         self._training_flags = training_flags
         self._autocast = autocast
 
+    @property
+    def plans(self) -> Mapping[str, Plan]:
+        """Every plan made so far, by input description ('float32[4x3x16x16]'), the sample's
+        first."""
+        return MappingProxyType({s.label: s.plan for s in self._steps.values()})
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled() or not self.training:
             return self.model(*args, **kwargs)
-        inputs = self._spec.flatten(args, kwargs)
         if autocast_state() != self._autocast:
             raise PlanMismatchError(
                 f"monet_opt: this step runs with autocast {_describe(autocast_state())}, but the "
@@ -48,10 +103,42 @@ class OptimizedModule(nn.Module):
             raise PlanMismatchError(
                 "monet_opt: the model's train/eval flags differ from when it was optimized "
                 "(some submodules were switched). Restore them, or optimize() again in this mode.")
+        step, inputs = self._step_for(args, kwargs)
         params = dict(self.model.named_parameters())
         buffers = dict(self.model.named_buffers())
         state = [params[n] for n in self._param_names] + [buffers[n] for n in self._buffer_names]
-        return self._step(*state, *inputs)
+        return step.run(*state, *inputs)
+
+    def _step_for(self, args: tuple, kwargs: dict) -> tuple[Step, list[torch.Tensor]]:
+        """The step planned for these inputs' shapes and the gradients now resident (planned
+        now if new), and the flat inputs."""
+        inputs = self._first.spec.flatten(args, kwargs, any_shape=self._any_shape)
+        key = (tuple(LeafSpec.of(x) for x in inputs), _resident_gradient_bytes(self.model))
+        step = self._steps.get(key)
+        if step is None:
+            step = self._plan_for(args, kwargs, key[1])
+            self._steps[key] = step
+        return step, inputs
+
+    def _plan_for(self, args: tuple, kwargs: dict, resident_bytes: int) -> Step:
+        start = time.perf_counter()
+        first = self._first.label
+        if self._plan_step is None:
+            raise PlanMismatchError(f"monet_opt: this module runs only its first plan ({first})")
+        try:
+            step = self._plan_step(args, kwargs, resident_bytes)
+        except InfeasibleBudgetError as err:
+            err.add_note(f"monet_opt: while planning a step for {_situation(resident_bytes)}; "
+                         f"the first plan was for {first}.")
+            raise
+        warnings.warn(ReplanWarning(
+            f"monet_opt: planned a step for {step.label} (the first plan: {first}) under the "
+            f"same memory limit, {format_bytes(self.plan.memory_limit_bytes)}, in "
+            f"{time.perf_counter() - start:.1f} s: predicted peak "
+            f"{format_bytes(step.plan.predicted_peak_bytes)}, {len(self._steps) + 1} plans so "
+            "far. Each is planned once. " + _what_to_do(resident_bytes)),
+            stacklevel=6)  # the caller of opt(...), through nn.Module.__call__
+        return step
 
     # state_dict keys are the model's own, not prefixed with "model."
     def state_dict(self, *args: Any, **kwargs: Any):
@@ -63,6 +150,29 @@ class OptimizedModule(nn.Module):
     def extra_repr(self) -> str:
         return (f"memory_limit={self.plan.memory_limit_bytes}, solver={self.plan.solver!r}, "
                 f"predicted_peak={self.plan.predicted_peak_bytes}")
+
+
+def _resident_gradient_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters' gradients in place now (storages counted once)."""
+    storages = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
+                for p in model.parameters() if p.grad is not None}
+    return sum(storages.values())
+
+
+def _situation(resident_bytes: int) -> str:
+    if resident_bytes:
+        return (f"a step that begins with {format_bytes(resident_bytes)} of gradients resident "
+                "(accumulation, or zero_grad(set_to_none=False)), which the limit must hold too")
+    return "inputs of new shapes"
+
+
+def _what_to_do(resident_bytes: int) -> str:
+    if resident_bytes:
+        return ("Gradients in place at a step's start (accumulating over micro-batches, or "
+                "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
+                "limit is left for activations.")
+    return ("DataLoader(drop_last=True) keeps every batch the sample's shape; "
+            "optimize(..., new_shapes='error') refuses other shapes.")
 
 
 def _describe(state: tuple) -> str:

@@ -66,7 +66,9 @@ def test_plan_made_under_autocast_trains_like_eager_under_autocast(factory, tigh
             opt = _optimize(base, x, opt.plan.min_feasible_bytes)
     assert opt.plan.recomputed_ops > 0 if tight else opt.plan.recomputed_ops == 0
     eager = copy.deepcopy(base)
-    for _ in range(2):
+    for _ in range(2):  # fresh gradients each step (accumulation: tests/test_resident_grads.py)
+        opt.model.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
         ours, theirs = _step(opt, x), _step(eager, x)
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
         for (name, p), q in zip(opt.model.named_parameters(), eager.parameters()):

@@ -1,0 +1,116 @@
+"""Inputs of other shapes than the sample's (NOTE [New input shapes]): an epoch that ends on a
+smaller batch trains bitwise like the same loop on the store-all plan and within 1e-5 of eager,
+within the limit, planning each new shape once; other mismatches and new_shapes="error" refuse;
+a shape the limit cannot hold raises and leaves the model's state alone."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import monet_opt
+from tests import models
+
+HUGE = 1 << 40
+
+
+def epoch(module, owner, batches, loss_fn, seed=99):
+    """One SGD step per batch, dropout on; each step's loss, gradients and generator state,
+    and the state after the last."""
+    opt = torch.optim.SGD(owner.parameters(), lr=0.05, momentum=0.9)
+    record = []
+    for k, x in enumerate(batches):
+        torch.manual_seed(seed + k)
+        loss = loss_fn(module(x))
+        loss.backward()
+        record.append({"loss": loss.detach().clone(), "rng": torch.get_rng_state(),
+                       **{n: p.grad.clone() for n, p in owner.named_parameters()}})
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return record, {k: v.clone() for k, v in owner.state_dict().items()}
+
+
+def assert_same(a, b, exact: bool):
+    for step, (u_step, v_step) in enumerate(zip(a[0] + [a[1]], b[0] + [b[1]])):
+        assert u_step.keys() == v_step.keys()
+        for name in u_step:
+            u, v = u_step[name], v_step[name]
+            if exact or not u.is_floating_point():
+                assert torch.equal(u, v), f"step {step}: {name} differs"
+            else:
+                err = ((u - v).abs().max() / v.abs().max().clamp_min(1e-12)).item()
+                assert err <= 1e-5, f"step {step}: {name} relative error {err:.2e}"
+
+
+def test_smaller_last_batch_trains_exactly_within_the_limit():
+    torch.manual_seed(0)
+    base, x, loss_fn = models.small_cnn()
+    batches = [x, x.flip(0), x[:3], x.flip(0)[:3], x]  # full, full, short (new), short, full
+    store_all = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    limit = store_all.plan.min_feasible_bytes
+    tight = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1, time_limit_s=5)
+    assert tight.plan.recomputed_ops > 0
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run = epoch(tight, tight.model, batches, loss_fn)
+    new_shape = [w for w in seen if issubclass(w.category, monet_opt.ReplanWarning)]
+    assert len(new_shape) == 1, "the short batch is planned once, the first time it is met"
+    assert "float32[3x3x16x16]" in str(new_shape[0].message)
+    assert list(tight.plans) == ["float32[4x3x16x16]", "float32[3x3x16x16]"]
+    assert tight.plan is tight.plans["float32[4x3x16x16]"]
+
+    eager = copy.deepcopy(base)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", monet_opt.ReplanWarning)
+        assert_same(run, epoch(store_all, store_all.model, batches, loss_fn), exact=True)
+    assert_same(run, epoch(eager, eager, batches, loss_fn), exact=False)
+
+    short = x[:3]
+    plan = tight.plans["float32[3x3x16x16]"]
+    assert plan.memory_limit_bytes == limit and plan.predicted_peak_bytes <= limit
+    resident = monet_opt.resident_tensors(tight.model, short)
+    measured = monet_opt.measure_peak(lambda: loss_fn(tight(short)).backward(), resident)
+    assert measured <= limit
+    assert abs(measured - plan.predicted_peak_bytes) <= 0.05 * measured
+
+
+def test_new_shapes_error_and_other_mismatches_refuse():
+    model, x, _ = models.small_cnn()
+    with pytest.raises(ValueError, match="new_shapes must be 'plan' or 'error'"):
+        monet_opt.optimize(model, x, HUGE, new_shapes="replan")
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, new_shapes="error")
+    with pytest.raises(monet_opt.PlanMismatchError, match=r"expected .*\[4, 3, 16, 16\].*"
+                                                          r"received .*\[2, 3, 16, 16\]"):
+        opt(x[:2])
+    assert len(opt.plans) == 1
+    planning = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    with pytest.raises(monet_opt.PlanMismatchError, match="torch.float64.*dtypes and devices"):
+        planning(x.double())
+    with pytest.raises(monet_opt.PlanMismatchError, match="requires_grad"):
+        planning(x.clone().requires_grad_(True))
+    assert len(planning.plans) == 1
+
+
+def test_a_shape_the_limit_cannot_hold_raises_and_changes_nothing():
+    torch.manual_seed(0)
+    model, x, loss_fn = models.small_cnn()
+    store_all = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    opt = monet_opt.optimize(model, x, store_all.plan.min_feasible_bytes, profile_repeats=1,
+                             time_limit_s=5)
+    wide = torch.cat([x] * 4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+        opt(wide)
+    assert any("new shapes" in note and "float32[4x3x16x16]" in note
+               for note in info.value.__notes__)
+    assert info.value.min_feasible_bytes > opt.plan.memory_limit_bytes
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert len(opt.plans) == 1
+    loss_fn(opt(x)).backward()  # the sample's plan still trains
+    assert all(p.grad is not None for p in model.parameters())

@@ -1,0 +1,110 @@
+"""Steps that begin with gradients in place (NOTE [Gradients resident at the start]):
+accumulating over micro-batches, or zero_grad(set_to_none=False), stays within the limit
+(unplanned, such a step measured one set of gradients over it), trains bitwise like the same
+loop on the store-all plan and within 1e-5 of eager; a limit too small to hold them raises
+and changes nothing."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import monet_opt
+from tests import models
+
+HUGE = 1 << 40
+MICRO = 2  # micro-batches per optimizer step
+
+
+def accumulate(module, owner, x, loss_fn, set_to_none=True, steps=2, seed=7):
+    """`steps` optimizer steps, each over MICRO micro-batches (halves of x flipped and not);
+    each optimizer step's gradients and generator state, and the state after the last."""
+    opt = torch.optim.SGD(owner.parameters(), lr=0.05, momentum=0.9)
+    record = []
+    for step in range(steps):
+        for k in range(MICRO):
+            torch.manual_seed(seed + step * MICRO + k)
+            (loss_fn(module(x.flip(0) if k % 2 else x)) / MICRO).backward()
+        record.append({"rng": torch.get_rng_state(),
+                       **{n: p.grad.clone() for n, p in owner.named_parameters()}})
+        opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
+    return record, {k: v.clone() for k, v in owner.state_dict().items()}
+
+
+def assert_same(a, b, exact: bool):
+    for step, (u_step, v_step) in enumerate(zip(a[0] + [a[1]], b[0] + [b[1]])):
+        assert u_step.keys() == v_step.keys()
+        for name in u_step:
+            u, v = u_step[name], v_step[name]
+            if exact or not u.is_floating_point():
+                assert torch.equal(u, v), f"step {step}: {name} differs"
+            else:
+                err = ((u - v).abs().max() / v.abs().max().clamp_min(1e-12)).item()
+                assert err <= 1e-5, f"step {step}: {name} relative error {err:.2e}"
+
+
+def peak_with_gradients_in_place(opt, x, loss_fn) -> int:
+    model = opt.model
+    model.zero_grad(set_to_none=True)
+    loss_fn(opt(x)).backward()
+    resident = monet_opt.resident_tensors(model, x)
+    peak = monet_opt.measure_peak(lambda: loss_fn(opt(x)).backward(), resident)
+    model.zero_grad(set_to_none=True)
+    return peak
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_accumulation_stays_within_the_limit_and_trains_exactly(set_to_none):
+    torch.manual_seed(0)
+    base, x, loss_fn = models.small_cnn()
+    store_all = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    grads = store_all.plan.gradient_bytes
+    limit = store_all.plan.min_feasible_bytes + grads  # room for the resident gradients
+    tight = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1, time_limit_s=5)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run = accumulate(tight, tight.model, x, loss_fn, set_to_none)
+    replans = [w for w in seen if issubclass(w.category, monet_opt.ReplanWarning)]
+    assert len(replans) == 1 and "gradients resident" in str(replans[0].message)
+    assert len(tight.plans) == 2
+    resident = next(p for label, p in tight.plans.items() if "resident" in label)
+    assert resident.fixed_bytes == tight.plan.fixed_bytes + grads
+    assert resident.predicted_peak_bytes <= limit
+    assert resident.recomputed_ops >= tight.plan.recomputed_ops
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", monet_opt.ReplanWarning)
+        assert_same(run, accumulate(store_all, store_all.model, x, loss_fn, set_to_none),
+                    exact=True)
+    eager = copy.deepcopy(base)
+    assert_same(run, accumulate(eager, eager, x, loss_fn, set_to_none), exact=False)
+
+    measured = peak_with_gradients_in_place(tight, x, loss_fn)
+    assert measured <= limit, f"measured {measured} B over the limit {limit} B"
+    assert measured == resident.predicted_peak_bytes
+
+
+def test_a_limit_that_cannot_hold_the_gradients_raises_and_changes_nothing():
+    torch.manual_seed(0)
+    model, x, loss_fn = models.small_cnn()
+    store_all = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    least = store_all.plan.min_feasible_bytes
+    opt = monet_opt.optimize(model, x, least, profile_repeats=1, time_limit_s=5)
+    loss_fn(opt(x)).backward()  # gradients now in place
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+        opt(x)
+    assert info.value.min_feasible_bytes >= least + store_all.plan.gradient_bytes
+    assert any("gradients resident" in note and "set_to_none" in note
+               for note in info.value.__notes__)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(torch.equal(p.grad, grads[n]) for n, p in model.named_parameters())
+    model.zero_grad(set_to_none=True)
+    loss_fn(opt(x)).backward()  # the first plan still trains
