@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test bench bench-solvers bench-variants bench-coverage
+.PHONY: install demo test bench bench-solvers bench-variants bench-coverage bench-replan
 install: $(VENV)/.installed
 
 # torch 2.14.1 / torchvision 0.29.1 come from this machine's local disk (see research/env.md).
@@ -29,6 +29,11 @@ bench-variants: install
 # The contract on models beyond the bench's (minutes): writes docs/benchmarks/coverage.md.
 bench-coverage: $(VENV)/.bench-installed
 	$(PY) -m monet_opt.bench_coverage > docs/benchmarks/coverage.md
+
+# A smaller last batch and accumulated gradients on ResNet-50 (minutes): writes
+# docs/benchmarks/replan.md's "after" table.
+bench-replan: $(VENV)/.bench-installed
+	$(PY) -m monet_opt.bench_replan
 
 # The side-by-side benchmark: our frontier beside torch.utils.checkpoint and torch.compile on
 # every model (about an hour on 2 idle cores; MONeT's batch sizes when a GPU is present).

@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 from monet_opt.capture import InputSpec, LeafSpec, autocast_state
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError
@@ -51,6 +52,9 @@ class Step:
 #   long it took. A step that begins with gradients in place is planned apart in the same way
 #   (NOTE [Gradients resident at the start] in monet_opt/api.py), whatever new_shapes says. The random stream and BatchNorm statistics are left as they were by the
 #   planning, so the step then trains like the model on that batch, bitwise, like every plan.
+#   Planning runs outside any TorchDispatchMode the caller has around the step (a live-bytes
+#   counter, a FLOP counter): the mode is there to watch the step, and tracing under it failed
+#   (CaptureError on ResNet-50 inside monet_opt.measure_peak).
 #   optimize(..., new_shapes="error") refuses instead (PlanMismatchError).
 class OptimizedModule(nn.Module):
     """Runs `model`'s training step under a memory plan.
@@ -126,7 +130,8 @@ class OptimizedModule(nn.Module):
         if self._plan_step is None:
             raise PlanMismatchError(f"monet_opt: this module runs only its first plan ({first})")
         try:
-            step = self._plan_step(args, kwargs, resident_bytes)
+            with _disable_current_modes():  # the caller's dispatch modes watch the step only
+                step = self._plan_step(args, kwargs, resident_bytes)
         except InfeasibleBudgetError as err:
             err.add_note(f"monet_opt: while planning a step for {_situation(resident_bytes)}; "
                          f"the first plan was for {first}.")
