@@ -11,7 +11,8 @@ from torch import nn
 
 from monet_opt import capture, conv_split, grad_layout, rewrite, saved_clones
 from monet_opt import variants as variant_library
-from monet_opt.cache import Profile, ProfileCache
+from monet_opt.accumulate import GradientSlots, in_place_problem
+from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
@@ -96,14 +97,16 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
     families = _families(variants, allow_lossy)  # checked before anything is traced
 
-    def plan_step(args: tuple, kwargs: dict, resident_bytes: int = 0) -> Step:
+    def plan_step(args: tuple, kwargs: dict, resident: tuple[int, ...] = (),
+                  resident_bytes: int = 0) -> Step:
         planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
                            cache=cache, variants=families, allow_lossy=allow_lossy,
-                           profile_time_limit_s=profile_time_limit_s,
+                           profile_time_limit_s=profile_time_limit_s, resident=resident,
                            resident_bytes=resident_bytes)
         run, spec = _trace(model, args, kwargs, planner)
         internal_assert(planner.plan is not None, "the partition function was never called")
-        return Step(run, spec, planner.plan, planner.inputs, resident_bytes)
+        return Step(run, spec, planner.plan, planner.inputs, resident, resident_bytes,
+                    planner.slots)
 
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     first = plan_step(*capture.InputSpec.split(sample_input))
@@ -163,29 +166,44 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
 
 
 class _Planner:
-    """The partition function AOTAutograd calls with the joint graph: plans and cuts it."""
+    """The partition function AOTAutograd calls with the joint graph: plans and cuts it.
+
+    NOTE [Gradients resident at the start]
+      A step that begins with gradients already in place (accumulating over micro-batches, or
+      zero_grad(set_to_none=False)) holds them from its first op to its last. Planned as a
+      step without them, it measured one whole set of gradients over its prediction and its
+      limit (docs/benchmarks/replan.md). So such a step is planned apart (NOTE [New input
+      shapes] in monet_opt/module.py): its backward adds each new gradient into the old one
+      as soon as it is made, as eager does (NOTE [Accumulating in place] in
+      monet_opt/accumulate.py), and the solver sees the derived problem: the gradients in
+      place are fixed memory, the new ones they take in are not held to the end. Its plan
+      shows them so: fixed bytes, predicted, least and store-all peaks include them.
+    """
 
     def __init__(self, limit: int | None, solver: str, repeats: int, name: str,
                  time_limit_s: float, *, cache: ProfileCache | None = None,
                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
-                 profile_time_limit_s: float | None = None, resident_bytes: int = 0) -> None:
+                 profile_time_limit_s: float | None = None, resident: tuple[int, ...] = (),
+                 resident_bytes: int = 0) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (and cache
         no schedule). cache: the profile directory to consult, if any. variants: offer the
         library's operator variants to the solver; allow_lossy: its lossy ones too.
-        resident_bytes: gradients held through the whole step on top of what the graph
-        makes (NOTE [Gradients resident at the start])."""
+        resident, resident_bytes: the parameters (positions) whose gradients are in place
+        when the step begins, and the bytes of every gradient in place then (NOTE [Gradients
+        resident at the start])."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
         self.families = _families(variants, allow_lossy)
         self.variants = bool(self.families)
         self.allow_lossy = self.variants and allow_lossy
         self.profile_time_limit_s = profile_time_limit_s
-        self.resident_bytes = resident_bytes
+        self.resident, self.resident_bytes = resident, resident_bytes
         self.primals: list[torch.Tensor] = []
         self.inputs = ""
         self.problem: solvers.Problem | None = None
         self.profile: Profile | None = None
         self.plan: Plan | None = None
+        self.slots: GradientSlots | None = None
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
         saved_clones.drop_saved_clones(joint)  # NOTE [Saved clones]
@@ -206,20 +224,24 @@ class _Planner:
                 self.profile = self._cached_profile(joint, lowered, measure)
                 problem = self.profile.problem
             self.problem = problem
+            lowered = _matching(lowered, problem)
+            slots = GradientSlots(self.resident, self.primals) if self.resident else None
+            if self.resident_bytes:  # NOTE [Gradients resident at the start]
+                problem = in_place_problem(problem, lowered, num_fwd_outputs, slots,
+                                           self.resident_bytes)
             limit = self.limit if self.limit is not None else 2 ** 62
-            budget = max(0, limit - self.resident_bytes)
             if self.cache is None or self.limit is None:
-                result = solvers.solve(problem, budget, self.solver,
+                result = solvers.solve(problem, limit, self.solver,
                                        time_limit_s=self.time_limit_s)
             else:
-                result = self.cache.solve(self.profile, budget, self.solver, self.time_limit_s)
-        lowered = _matching(lowered, problem)
-        problem, result = _with_resident(problem, result, self.resident_bytes)
+                result = self.cache.solve(derived(self.profile, problem), limit, self.solver,
+                                          self.time_limit_s)
         if not result.feasible:
             raise InfeasibleBudgetError(self.limit, result.min_feasible_bytes, self.solver)
         self.plan = make_plan(problem, lowered.op_labels, result, limit)
+        self.slots = slots
         return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
-                                 num_fwd_outputs, **kwargs)
+                                 num_fwd_outputs, slots=slots, **kwargs)
 
     def _cached_profile(self, joint, lowered: Lowered, measure) -> Profile:
         """NOTE [The time limit in the cache key]
@@ -241,25 +263,6 @@ class _Planner:
         limited = ProfileKey.of(joint, self.primals, self.inputs, {
             **options, "profile_time_limit_s": float(self.profile_time_limit_s)})
         return self.cache.profile(limited, self.name, lowered, measure)
-
-
-def _with_resident(problem: solvers.Problem, result: solvers.SolveResult, resident_bytes: int
-                   ) -> tuple[solvers.Problem, solvers.SolveResult]:
-    """NOTE [Gradients resident at the start]
-      A step that begins with gradients already in place (accumulating over micro-batches, or
-      zero_grad(set_to_none=False)) holds them from its first op to its last: the engine adds
-      the step's new gradients into them (in place) only once the backward has returned them
-      all. They are memory fixed for the whole step, so the step is solved on the same profile
-      with the budget less their bytes (the simulator's peak is fixed memory plus what the
-      schedule holds), and its plan shows them as fixed memory: predicted peak, least peak
-      and store-all peak include them. Unplanned, such a step measured one whole set of
-      gradients over its prediction and its limit (tests/test_resident_grads.py)."""
-    if not resident_bytes:
-        return problem, result
-    shift = lambda b: None if b is None else b + resident_bytes  # noqa: E731
-    return (dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + resident_bytes),
-            dataclasses.replace(result, peak_bytes=shift(result.peak_bytes),
-                                min_feasible_bytes=shift(result.min_feasible_bytes)))
 
 
 def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int,

@@ -3,6 +3,7 @@
     <profile_dir>/<Model>-<profile digest[:16]>/profile.json
     <profile_dir>/<Model>-<profile digest[:16]>/schedule-<limit B>-<solver>-<digest[:12]>.json
     <profile_dir>/<Model>-<profile digest[:16]>/least-peak-<solver>.json
+    <profile_dir>/<Model>-<profile digest[:16]>/least-peak-<solver>-<problem digest[:12]>.json
 
 A profile is the profiled `solvers.Problem` of one training step (plus each op's source label),
 keyed by a `ProfileKey`; a schedule file is one solver's answer for one memory limit (the Schedule
@@ -10,7 +11,9 @@ and the facts of its SolveResult), keyed by a `ScheduleKey` (both in cache_keys.
 that is measured again (its file was unusable) thus never meets the schedules of the old
 measurement; they are deleted. A least-peak file holds the lowest-peak schedule a solver has
 returned on the profile, handed back to it on every solve there (NOTE [Least peaks remembered]
-in solvers/remembered.py), so a least budget once reported is met on any later call.
+in solvers/remembered.py), so a least budget once reported is met on any later call. A problem
+derived from the profile's (`derived`: a step with gradients in place) has its schedules in the
+same folder, keyed by its own content as every schedule is, and its own least-peak file.
 
 NOTE [Cache files are untrusted]
   Every file is checked before use: that it is JSON, of our kind and schema version; that its
@@ -25,6 +28,7 @@ NOTE [Cache files are untrusted]
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -57,17 +61,28 @@ class _Unusable(Exception):
 
 @dataclass(frozen=True)
 class Profile:
-    """A profile in the directory. folder: where it and its schedules live."""
+    """A profile in the directory. folder: where it and its schedules live. derived: the
+    problem is not the measured one but made from it (`derived()`)."""
 
     key: ProfileKey
     name: str
     problem: Problem
     op_labels: tuple[str, ...]
     folder: Path
+    derived: bool = False
 
     @property
     def content_sha256(self) -> str:
         return hashlib.sha256(self.problem.to_json().encode()).hexdigest()
+
+
+def derived(profile: Profile, problem: Problem) -> Profile:
+    """`profile` solving `problem`, made from its measured one (a step with gradients in
+    place: NOTE [Gradients resident at the start] in monet_opt/api.py). Its schedules are keyed
+    by the problem's content, as every schedule is, and its least peak is stored apart."""
+    if problem == profile.problem:
+        return profile
+    return dataclasses.replace(profile, problem=problem, derived=True)
 
 
 @dataclass(frozen=True)
@@ -127,7 +142,8 @@ class ProfileCache:
         key = ScheduleKey(profile.content_sha256, limit_bytes, solver,
                           (("time_limit_s", float(time_limit_s)),), library_version())
         path = profile.folder / f"schedule-{limit_bytes}-{_safe(solver)}-{key.digest[:12]}.json"
-        floor_path = profile.folder / f"least-peak-{_safe(solver)}.json"
+        tag = f"-{profile.content_sha256[:12]}" if profile.derived else ""
+        floor_path = profile.folder / f"least-peak-{_safe(solver)}{tag}.json"
         floor = None
         with _reported(floor_path):
             if floor_path.exists():

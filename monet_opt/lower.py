@@ -39,6 +39,7 @@ class Lowered:
     op_labels: tuple[str, ...] = field(default=())
     variant_sites: tuple = ()  # lower_variants.VariantSite per problem variant
     inplace: tuple[tuple[str, int], ...] = ()  # (add node, the argument it writes into)
+    output_tensors: tuple[tuple[int, ...], ...] = ()  # per graph output: the tensors it holds
 
 
 def is_view_node(node: fx.Node) -> bool:
@@ -76,7 +77,8 @@ def lower(joint: fx.GraphModule, num_fwd_outputs: int, name: str = "model") -> L
                       backward_outputs=tuple(b.backward_outputs), name=name)
     return Lowered(problem=problem, op_nodes=tuple(b.op_nodes), tensor_nodes=tuple(b.tensor_nodes),
                    view_nodes=frozenset(b.views), fixed_nodes=frozenset(b.fixed_names),
-                   op_labels=tuple(b.labels), inplace=inplace)
+                   op_labels=tuple(b.labels), inplace=inplace,
+                   output_tensors=tuple(b.output_tensors))
 
 
 def storage_bytes(val: object) -> int:
@@ -102,6 +104,7 @@ class _Builder:
         self.multi: dict[str, tuple[int, ...]] = {}     # multi-output op -> its output tensors
         self.forward_outputs: list[int] = []
         self.backward_outputs: list[int] = []
+        self.output_tensors: list[tuple[int, ...]] = []
 
     def fixed(self, node: fx.Node) -> None:
         self.fixed_names.add(node.name)
@@ -205,6 +208,8 @@ class _Builder:
     def output(self, node: fx.Node, num_fwd_outputs: int) -> None:
         outs = list(node.args[0])
         for k, arg in enumerate(outs):
+            self.output_tensors.append(tuple(self.storage[arg.name])
+                                       if isinstance(arg, fx.Node) else ())
             if not isinstance(arg, fx.Node):
                 continue
             target = self.forward_outputs if k < num_fwd_outputs else self.backward_outputs

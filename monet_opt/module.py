@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
+from monet_opt.accumulate import GradientSlots
 from monet_opt.capture import InputSpec, LeafSpec, autocast_state
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError
 from monet_opt.plan import Plan
@@ -26,14 +27,18 @@ class ReplanWarning(RuntimeWarning):
 @dataclass(frozen=True)
 class Step:
     """One traced training step and its plan, for inputs of one shape and a step that begins
-    with `resident_bytes` of gradients in place. run(*params, *buffers, *inputs) runs it;
-    inputs describes the inputs ('float32[4x3x16x16]')."""
+    with `resident_bytes` of gradients in place, those of the parameters at positions
+    `resident` among them. run(*params, *buffers, *inputs) runs it; inputs describes the
+    inputs ('float32[4x3x16x16]'); slots: where its backward adds gradients in place (NOTE
+    [Accumulating in place]), bound to the parameters before each run."""
 
     run: Callable
     spec: InputSpec
     plan: Plan
     inputs: str
+    resident: tuple[int, ...] = ()
     resident_bytes: int = 0
+    slots: GradientSlots | None = None
 
     @property
     def label(self) -> str:
@@ -70,16 +75,17 @@ class OptimizedModule(nn.Module):
     def __init__(self, model: nn.Module, first: Step, param_names: list[str],
                  buffer_names: list[str], training_flags: tuple[bool, ...],
                  autocast: tuple = (),
-                 plan_step: Callable[[tuple, dict, int], Step] | None = None,
+                 plan_step: Callable[[tuple, dict, tuple[int, ...], int], Step] | None = None,
                  any_shape: bool = False) -> None:
-        """plan_step(args, kwargs, resident_bytes): plans another step (None: every other
+        """plan_step(args, kwargs, resident, resident_bytes): plans another step (None: every other
         situation raises PlanMismatchError). any_shape: inputs of other shapes are planned,
         not refused."""
         super().__init__()
         self.model = model
         self.plan = first.plan
         self._first = first
-        self._steps: dict[tuple, Step] = {(first.spec.leaves, first.resident_bytes): first}
+        self._steps: dict[tuple, Step] = {
+            (first.spec.leaves, first.resident, first.resident_bytes): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
         self._param_names = param_names
@@ -107,31 +113,37 @@ class OptimizedModule(nn.Module):
             raise PlanMismatchError(
                 "monet_opt: the model's train/eval flags differ from when it was optimized "
                 "(some submodules were switched). Restore them, or optimize() again in this mode.")
-        step, inputs = self._step_for(args, kwargs)
         params = dict(self.model.named_parameters())
         buffers = dict(self.model.named_buffers())
-        state = [params[n] for n in self._param_names] + [buffers[n] for n in self._buffer_names]
-        return step.run(*state, *inputs)
+        mine = [params[n] for n in self._param_names]
+        step, inputs = self._step_for(args, kwargs, mine)
+        if step.slots is not None:
+            step.slots.bind(mine)
+        return step.run(*mine, *[buffers[n] for n in self._buffer_names], *inputs)
 
-    def _step_for(self, args: tuple, kwargs: dict) -> tuple[Step, list[torch.Tensor]]:
-        """The step planned for these inputs' shapes and the gradients now resident (planned
+    def _step_for(self, args: tuple, kwargs: dict, params: list[torch.Tensor]
+                  ) -> tuple[Step, list[torch.Tensor]]:
+        """The step planned for these inputs' shapes and the gradients now in place (planned
         now if new), and the flat inputs."""
         inputs = self._first.spec.flatten(args, kwargs, any_shape=self._any_shape)
-        key = (tuple(LeafSpec.of(x) for x in inputs), _resident_gradient_bytes(self.model))
+        resident = tuple(k for k, p in enumerate(params) if p.grad is not None)
+        key = (tuple(LeafSpec.of(x) for x in inputs), resident,
+               _resident_gradient_bytes(self.model))
         step = self._steps.get(key)
         if step is None:
-            step = self._plan_for(args, kwargs, key[1])
+            step = self._plan_for(args, kwargs, resident, key[2])
             self._steps[key] = step
         return step, inputs
 
-    def _plan_for(self, args: tuple, kwargs: dict, resident_bytes: int) -> Step:
+    def _plan_for(self, args: tuple, kwargs: dict, resident: tuple[int, ...],
+                  resident_bytes: int) -> Step:
         start = time.perf_counter()
         first = self._first.label
         if self._plan_step is None:
             raise PlanMismatchError(f"monet_opt: this module runs only its first plan ({first})")
         try:
             with _disable_current_modes():  # the caller's dispatch modes watch the step only
-                step = self._plan_step(args, kwargs, resident_bytes)
+                step = self._plan_step(args, kwargs, resident, resident_bytes)
         except InfeasibleBudgetError as err:
             err.add_note(f"monet_opt: while planning a step for {_situation(resident_bytes)}; "
                          f"the first plan was for {first}.")

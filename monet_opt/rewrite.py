@@ -19,6 +19,7 @@ from functorch.compile import default_partition
 from torch.fx._lazy_graph_module import _make_graph_module
 
 from monet_opt import recompute, variants
+from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
 from monet_opt.lower import Lowered
 from solvers import Schedule
@@ -28,11 +29,14 @@ _ADD_INPLACE = torch.ops.aten.add_.Tensor
 
 
 def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: Schedule,
-              num_fwd_outputs: int, **kwargs):
-    """partition_fn for aot_function: (forward GraphModule, backward GraphModule)."""
+              num_fwd_outputs: int, slots: GradientSlots | None = None, **kwargs):
+    """partition_fn for aot_function: (forward GraphModule, backward GraphModule). slots: the
+    parameters whose gradients the backward adds in place (NOTE [Accumulating in place])."""
     rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs)
     fw, bw = default_partition(rebuilt, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
     _drop_dead_code(bw)
+    if slots is not None:
+        add_accumulation(bw, slots)
     for gm in (fw, bw):
         gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())
         gm.recompile()

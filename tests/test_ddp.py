@@ -1,6 +1,7 @@
 """An optimized module under DistributedDataParallel (two CPU processes, gloo) trains exactly
 like the plain model under DDP: the same all-reduced gradients, parameters and BatchNorm
-statistics after every step, bitwise."""
+statistics after every step, bitwise, each step accumulating two micro-batches, the first
+under no_sync() (NOTE [Accumulating in place])."""
 from __future__ import annotations
 
 import copy
@@ -30,7 +31,9 @@ def _steps(module, params_owner, x, rank: int) -> list[dict[str, torch.Tensor]]:
     record = []
     for step in range(STEPS):
         torch.manual_seed(100 * rank + step)  # each rank its own dropout masks
-        module(x).sum().backward()
+        with module.no_sync():  # a first micro-batch: gradients stay local
+            module(x.flip(0)).sum().backward()
+        module(x).sum().backward()  # the second adds into them, then all-reduces
         record.append({f"grad {n}": p.grad.clone() for n, p in params_owner.named_parameters()})
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -1,0 +1,138 @@
+"""Add a step's new gradients into the gradients already in place, as soon as each is made.
+
+NOTE [Accumulating in place]
+  A step that begins with gradients in place (accumulating over micro-batches, or
+  zero_grad(set_to_none=False)) holds them through the whole step (NOTE [Gradients resident at
+  the start] in monet_opt/api.py). Eager's AccumulateGrad adds each new gradient into the old
+  one (`grad += new`) as soon as the engine hands it over, which for a leaf is right after it
+  is made, and frees it. Our backward returns all its gradients at its end, so such a step held
+  two sets of gradients there. For a step planned with gradients in place, the backward now
+  makes that addition itself, right after each parameter's gradient is made, with the same
+  `add_` eager runs (bitwise the same sum), and hands the engine a stride-0 -0.0 instead, which
+  AccumulateGrad then adds: x + (-0.0) is x for every x (-0.0 included; +0.0 would turn -0.0
+  into +0.0), so the gradient is left bitwise as eager leaves it, and the engine's own
+  accumulation hooks (DDP's reducer) still run, after it.
+  The backward adds in place only where eager's engine would have accumulated into that very
+  tensor: the parameter still has a gradient of the new one's dtype, shape and device, has no
+  tensor hooks (they must see the new gradient first), and the engine will run its
+  AccumulateGrad (not so under torch.autograd.grad). Otherwise it returns the gradient as it
+  was made, and that step holds what an unplanned one would.
+  The plan knows which gradients are added in place (the derived problem, `in_place_problem`):
+  they are no longer outputs held to the end, and the resident gradients are fixed memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+import solvers
+from monet_opt.lower import Lowered, is_view_node
+
+
+class GradientSlots:
+    """The parameters whose gradients one planned step's backward adds in place, by their
+    position among the parameters (`indices`); `params` is set to the step's parameters before
+    each run. `zeros`: the -0.0 scalars it hands the engine instead, one per dtype and device,
+    made here and held as long as the step (`zero_bytes` of them, which its plan counts)."""
+
+    def __init__(self, indices: tuple[int, ...], params: list[torch.Tensor]) -> None:
+        self.indices = indices
+        self.params: tuple[torch.Tensor, ...] = ()
+        with unset_fake_temporarily():  # planning runs inside the trace, on fake tensors
+            self.zeros = {(p.dtype, p.device): torch.full((), -0.0, dtype=p.dtype,
+                                                          device=p.device)
+                          for p in (params[k] for k in indices)}
+        self.zero_bytes = sum(z.untyped_storage().nbytes() for z in self.zeros.values())
+        self.id = id(self)
+        _SLOTS[self.id] = self
+
+    def bind(self, params: list[torch.Tensor]) -> None:
+        self.params = tuple(params)
+
+
+_SLOTS: weakref.WeakValueDictionary[int, GradientSlots] = weakref.WeakValueDictionary()
+
+
+def accumulate_into(slots_id: int, k: int, grad: torch.Tensor) -> torch.Tensor:
+    """NOTE [Accumulating in place]: grad added into parameter k's gradient, and -0.0 in its
+    shape returned; or grad itself where eager would not accumulate into that tensor."""
+    slots = _SLOTS.get(slots_id)
+    param = slots.params[k] if slots is not None and k < len(slots.params) else None
+    if param is None:
+        return grad
+    old = param.grad
+    zero = slots.zeros.get((grad.dtype, grad.device))
+    if zero is None or old is None or old.shape != grad.shape or old.dtype != grad.dtype or \
+            old.device != grad.device or param._backward_hooks or not _engine_accumulates(param):
+        return grad
+    old.add_(grad)
+    return zero.expand(grad.shape)
+
+
+def _engine_accumulates(param: torch.Tensor) -> bool:
+    """Whether this backward runs the parameter's AccumulateGrad. Under torch.autograd.grad
+    the engine refuses to say for a leaf; it accumulates nothing there."""
+    node = torch.autograd.graph.get_gradient_edge(param).node
+    try:
+        return bool(torch._C._will_engine_execute_node(node))
+    except RuntimeError:  # "... we are currently running autograd.grad()"
+        return False
+
+
+def add_accumulation(bw: fx.GraphModule, slots: GradientSlots) -> None:
+    """The backward graph `bw` (outputs: one gradient per primal, parameters first) adds each
+    slot's gradient in place right after it is made (NOTE [Accumulating in place]). A gradient
+    returned as a view (a linear weight's `t`) is viewed right after its storage is made: the
+    executor re-creates views where they are read, here at the end."""
+    output = bw.graph.output_node()
+    outs = list(output.args[0])
+    for k in slots.indices:
+        if not isinstance(outs[k], fx.Node):
+            continue
+        grad = _viewed_early(bw.graph, outs[k])
+        with bw.graph.inserting_after(grad):
+            outs[k] = bw.graph.call_function(accumulate_into, (slots.id, k, grad))
+        outs[k].meta.update(grad.meta)
+    output.args = (tuple(outs), *output.args[1:])
+    bw.graph.eliminate_dead_code(  # the views left at the end; the graph is functional
+        is_impure_node=lambda node: node.op in ("placeholder", "output"))
+    bw.recompile()
+
+
+def _viewed_early(graph: fx.Graph, grad: fx.Node) -> fx.Node:
+    """`grad`, or where it is a chain of views of a storage made earlier, a copy of that chain
+    right after the storage's producer."""
+    chain = []
+    node = grad
+    while is_view_node(node) and isinstance(node.args[0], fx.Node) and \
+            not any(isinstance(a, fx.Node) for a in (*node.args[1:], *node.kwargs.values())):
+        chain.append(node)
+        node = node.args[0]
+    copies: dict[fx.Node, fx.Node] = {}
+    last = node
+    for view in reversed(chain):
+        with graph.inserting_after(last):
+            last = graph.node_copy(view, lambda n: copies.get(n, n))
+        copies[view] = last
+    return last
+
+
+def in_place_problem(problem: solvers.Problem, lowered: Lowered, num_fwd_outputs: int,
+                     slots: GradientSlots | None, resident_bytes: int) -> solvers.Problem:
+    """`problem` as a step that begins with `resident_bytes` of gradients in place sees it,
+    when the backward adds the gradients of `slots` in place: those, and the slots' -0.0
+    scalars, are fixed memory, and the new gradients they take in are not held to the end
+    (unless another output shares their storage)."""
+    indices = slots.indices if slots is not None else ()
+    outputs = lowered.output_tensors[num_fwd_outputs:]
+    added = {t for k in indices if k < len(outputs) for t in outputs[k]}
+    kept = {t for k, ts in enumerate(outputs) if k not in indices for t in ts}
+    extra = resident_bytes + (slots.zero_bytes if slots is not None else 0)
+    return dataclasses.replace(
+        problem, fixed_bytes=problem.fixed_bytes + extra,
+        backward_outputs=tuple(t for t in problem.backward_outputs
+                               if t not in added or t in kept))
