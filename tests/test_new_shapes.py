@@ -12,6 +12,7 @@ import torch
 
 import monet_opt
 from tests import models
+from tests.records import assert_same
 
 HUGE = 1 << 40
 
@@ -30,18 +31,6 @@ def epoch(module, owner, batches, loss_fn, seed=99):
         opt.step()
         opt.zero_grad(set_to_none=True)
     return record, {k: v.clone() for k, v in owner.state_dict().items()}
-
-
-def assert_same(a, b, exact: bool):
-    for step, (u_step, v_step) in enumerate(zip(a[0] + [a[1]], b[0] + [b[1]])):
-        assert u_step.keys() == v_step.keys()
-        for name in u_step:
-            u, v = u_step[name], v_step[name]
-            if exact or not u.is_floating_point():
-                assert torch.equal(u, v), f"step {step}: {name} differs"
-            else:
-                err = ((u - v).abs().max() / v.abs().max().clamp_min(1e-12)).item()
-                assert err <= 1e-5, f"step {step}: {name} relative error {err:.2e}"
 
 
 def test_smaller_last_batch_trains_exactly_within_the_limit():

@@ -13,6 +13,7 @@ import torch
 
 import monet_opt
 from tests import models
+from tests.records import assert_same
 
 HUGE = 1 << 40
 MICRO = 2  # micro-batches per optimizer step
@@ -32,18 +33,6 @@ def accumulate(module, owner, x, loss_fn, set_to_none=True, steps=2, seed=7):
         opt.step()
         opt.zero_grad(set_to_none=set_to_none)
     return record, {k: v.clone() for k, v in owner.state_dict().items()}
-
-
-def assert_same(a, b, exact: bool):
-    for step, (u_step, v_step) in enumerate(zip(a[0] + [a[1]], b[0] + [b[1]])):
-        assert u_step.keys() == v_step.keys()
-        for name in u_step:
-            u, v = u_step[name], v_step[name]
-            if exact or not u.is_floating_point():
-                assert torch.equal(u, v), f"step {step}: {name} differs"
-            else:
-                err = ((u - v).abs().max() / v.abs().max().clamp_min(1e-12)).item()
-                assert err <= 1e-5, f"step {step}: {name} relative error {err:.2e}"
 
 
 def peak_with_gradients_in_place(opt, x, loss_fn) -> int:
