@@ -154,7 +154,7 @@ class ProfileCache:
                 return with_known(profile.problem, limit_bytes,
                                   _read_schedule(path, profile, key).result, known)
         result = solvers.solve(profile.problem, limit_bytes, solver, time_limit_s=time_limit_s,
-                               known=known)
+                               known=known, candidates=self._held(profile, solver))
         if result.floor_schedule is not None and (floor is None or
                                                   result.min_feasible_bytes < floor[0]):
             _write(floor_path, {"kind": FLOOR_KIND, "schema_version": SCHEMA_VERSION,
@@ -169,6 +169,16 @@ class ProfileCache:
                           "schedule": None if result.schedule is None
                           else json.loads(result.schedule.to_json())})
         return result
+
+    def _held(self, profile: Profile, solver: str) -> list[Schedule]:
+        """For "auto": every schedule held for `profile`'s problem, at any limit, by any solver
+        (NOTE [Schedules remembered] in solvers/remembered.py)."""
+        if solver != "auto":
+            return []
+        with warnings.catch_warnings():  # unusable files are reported where they are used
+            warnings.simplefilter("ignore", ProfileCacheWarning)
+            held = self.schedules(profile)
+        return [s.result.schedule for s in held if s.result.schedule is not None]
 
     def profiles(self) -> list[Profile]:
         """Every valid profile in the directory (unusable ones are warned about)."""

@@ -227,7 +227,9 @@ def run_precompute(args: argparse.Namespace) -> int:
     print(f"  {'limit':>12} {'bytes':>13}  {'asked as':<19} {'peak':>11} {'overhead':>9}  "
           f"{'solver':<17} {'status':<10} {'solve s':>7}")
     cache = ProfileCache(args.profile_dir)
-    for k, (limit, asked) in enumerate(limits, 1):
+    # the least first: each later limit starts from the schedules cached below it
+    # (NOTE [Schedules remembered] in solvers/remembered.py)
+    for k, (limit, asked) in enumerate(sorted(limits), 1):
         _note(f"solving {k}/{len(limits)}: {format_bytes(limit)} ({args.solver}, up to "
               f"{args.time_limit_s:g} s) ...")
         result = cache.solve(profile, limit, args.solver, args.time_limit_s)

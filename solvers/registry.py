@@ -9,7 +9,7 @@ from solvers import baselines, checkmate, dp, evict, fine, joint, prune, variant
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
-from solvers.remembered import floor_of, lowest, with_known
+from solvers.remembered import fitting, floor_of, lowest, with_known
 from solvers.schedule import Schedule, SolveResult, Status
 from solvers.simulate import simulate
 
@@ -74,7 +74,8 @@ def available_solvers() -> list[str]:
 
 
 def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: Any = None,
-          time_limit_s: float | None = None, known: Sequence[Schedule] = ()) -> SolveResult:
+          time_limit_s: float | None = None, known: Sequence[Schedule] = (),
+          candidates: Sequence[Schedule] = ()) -> SolveResult:
     """Find a schedule whose simulated peak is at most `budget_bytes` (fixed memory included).
 
     "auto": store-all when it fits (nothing is faster); otherwise store-all, Chen's heuristics,
@@ -91,13 +92,16 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     `known`: floor_schedules the same solver returned on this problem before; the least peak
     reported is no higher than theirs, and a budget they fit is met (NOTE [Least peaks
     remembered] in solvers/remembered.py).
+    `candidates`: other schedules of this problem ("auto" only); those that fit the budget
+    join its own (NOTE [Schedules remembered]).
     """
     if time_limit_s is not None and time_limit_s <= 0:
         raise SolverError(f"solvers.solve: time_limit_s must be positive, got {time_limit_s}")
     start = lowest(problem, known)
     if solver == "auto":
         return with_known(problem, budget_bytes,
-                          _auto(problem, budget_bytes, time_limit_s, start), known)
+                          _auto(problem, budget_bytes, time_limit_s, start, candidates),
+                          known)
     if solver not in _REGISTRY:
         raise UnknownSolverError(
             f"solvers.solve: no solver named {solver!r}; available: {available_solvers()}")
@@ -128,7 +132,8 @@ def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
 
 
 def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
-          least_start: Schedule | None = None) -> SolveResult:
+          least_start: Schedule | None = None, candidates: Sequence[Schedule] = ()
+          ) -> SolveResult:
     start = time.perf_counter()
     limit = time_limit_s if time_limit_s is not None else MilpOptions().time_limit_s
     deadline = start + limit
@@ -150,6 +155,8 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
         floors.append(joint.least_peak(problem, milp))
     min_peak, floor = floor_of(floors)
     feasible = [r for r in results if r.feasible]
+    if not cheap[0].feasible:  # NOTE [Schedules remembered]
+        feasible += fitting(problem, budget_bytes, candidates)
     if feasible and not cheap[0].feasible:  # NOTE [Polishing] in solvers/evict.py
         top = sorted(feasible, key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
         polished = evict.polish(problem, budget_bytes, [r.schedule for r in top],

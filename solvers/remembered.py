@@ -75,3 +75,22 @@ def with_known(problem: Problem, budget_bytes: int, result: SolveResult,
     return dataclasses.replace(result, status=Status.FEASIBLE, schedule=schedule,
                                objective_s=sim.time_s, peak_bytes=sim.peak_bytes, gap=gap,
                                note=f"{result.note}; {note}" if result.note else note)
+
+
+def fitting(problem: Problem, budget_bytes: int, candidates: Iterable[Schedule]
+            ) -> list[SolveResult]:
+    """NOTE [Schedules remembered]
+      A schedule that fits a budget fits every larger one, so a profile directory that holds
+      schedules of a problem at several limits (a zoo: `monet-opt precompute`) knows good
+      schedules for a new limit before any search: "auto" takes those that fit as candidates
+      beside its own (polished, refined and pruned like them), so its answer is never slower
+      than one it gave at a smaller limit of the same problem, where a clock cut the search
+      short at one limit and not at the other (DenseNet-121 at 50 % of its activations came
+      out slower than at 40 %: docs/benchmarks/solvers.md). Candidates that do not run on the
+      problem are ignored: the simulator decides."""
+    return [SolveResult(solver="remembered", status=Status.FEASIBLE, schedule=s,
+                        objective_s=sim.time_s, peak_bytes=sim.peak_bytes, bound_s=None,
+                        gap=None, solve_time_s=0.0, min_feasible_bytes=sim.peak_bytes,
+                        note="a schedule the profile directory held for this problem at "
+                             "another limit (NOTE [Schedules remembered])")
+            for s, sim in _simulated(problem, candidates) if sim.peak_bytes <= budget_bytes]

@@ -14,6 +14,7 @@ import pytest
 import solvers
 from monet_opt.cache import ProfileCacheWarning
 from solvers import Schedule, SolveResult, Status, joint, registry, simulate
+from solvers.remembered import fitting
 from solvers.milp import MilpOptions
 from tests.problems import autodiff_problem, chain, diamonds
 from tests.test_cache import HUGE, Calls, Direct
@@ -59,8 +60,8 @@ def test_a_schedule_of_another_graph_is_ignored():
 def _cut_short(real_auto):
     """'auto' as if its clock had stopped every search early: no schedule within the budget,
     a least peak 1000 B higher than the real one."""
-    def auto(problem, budget_bytes, time_limit_s, least_start=None):
-        real = real_auto(problem, budget_bytes, time_limit_s, least_start)
+    def auto(problem, budget_bytes, time_limit_s, least_start=None, candidates=()):
+        real = real_auto(problem, budget_bytes, time_limit_s, least_start, candidates)
         return SolveResult(solver="auto", status=Status.INFEASIBLE, schedule=None,
                            objective_s=None, peak_bytes=None, bound_s=real.bound_s, gap=None,
                            solve_time_s=0.0, min_feasible_bytes=real.min_feasible_bytes + 1000)
@@ -106,8 +107,8 @@ def test_a_lower_least_peak_replaces_the_stored_one(direct, monkeypatch):
     path, = Path("profiles").glob("*/least-peak-auto.json")
     real = registry._auto
 
-    def higher(problem, budget_bytes, time_limit_s, least_start=None):
-        r = real(problem, budget_bytes, time_limit_s, least_start)
+    def higher(problem, budget_bytes, time_limit_s, least_start=None, candidates=()):
+        r = real(problem, budget_bytes, time_limit_s, least_start, candidates)
         return dataclasses.replace(r, min_feasible_bytes=r.min_feasible_bytes + 1000,
                                    floor_schedule=None)
     monkeypatch.setattr(registry, "_auto", higher)
@@ -135,3 +136,64 @@ def test_the_least_peak_program_starts_from_a_known_schedule(monkeypatch):
     assert joint.least_peak(problem, MilpOptions(time_limit_s=1.0))[0] == chen
     started = MilpOptions(time_limit_s=1.0, least_start=found.floor_schedule)
     assert joint.least_peak(problem, started) == (found.min_feasible_bytes, found.floor_schedule)
+
+
+def _searches_cut_short(monkeypatch):
+    """'auto' as if its clock had stopped the MILP and the DP before they found anything (the
+    heuristics, polishing and windows still run)."""
+    def nothing(problem, budget_bytes, options):
+        return SolveResult(solver="cut", status=Status.TIMEOUT, schedule=None, objective_s=None,
+                           peak_bytes=None, bound_s=None, gap=None, solve_time_s=0.0,
+                           min_feasible_bytes=None)
+    for name in ("milp", "dp"):
+        monkeypatch.setitem(registry._REGISTRY, name, (nothing, registry._REGISTRY[name][1]))
+
+
+def _only_the_milp_reaches():
+    """A random DAG and a budget the full MILP meets and auto without it does not."""
+    problem = autodiff_problem(20, random.Random(0))
+    least = solvers.solve(problem, HUGE).min_feasible_bytes
+    budget = (least + solvers.solve(problem, HUGE, "store_all").peak_bytes) // 2
+    return problem, budget, solvers.solve(problem, budget, "milp", time_limit_s=10)
+
+
+def test_auto_takes_a_remembered_schedule_that_fits(monkeypatch):
+    """NOTE [Schedules remembered]: a schedule of the same problem that fits the budget is a
+    candidate; one that does not fit, or was made for another problem, is not."""
+    problem, budget, full = _only_the_milp_reaches()
+    assert full.feasible
+    _searches_cut_short(monkeypatch)
+    assert not solvers.solve(problem, budget, time_limit_s=2).feasible
+    taken = solvers.solve(problem, budget, time_limit_s=2, candidates=[full.schedule])
+    assert taken.feasible and taken.objective_s <= full.objective_s
+    assert simulate(problem, taken.schedule).peak_bytes <= budget
+    assert not solvers.solve(problem, full.peak_bytes - 1, time_limit_s=2,
+                             candidates=[full.schedule]).feasible
+    other = solvers.solve(chain(8), HUGE).floor_schedule
+    assert not solvers.solve(problem, budget, time_limit_s=2, candidates=[other]).feasible
+    # a named solver's answer stays its own
+    assert not solvers.solve(problem, budget, "evict", candidates=[full.schedule]).feasible
+
+
+def test_the_profile_directory_hands_auto_its_schedules_at_other_limits(direct, monkeypatch):
+    """A schedule cached at a lower limit of the same profile meets a higher one that the
+    search, cut short, does not (a zoo solved least limit first never gets slower)."""
+    first = direct.solve(HUGE)
+    least = first.min_feasible_bytes
+    mid = (least + first.peak_bytes) // 2
+    low = direct.solve(mid)
+    floor = simulate(direct.profile().problem, first.floor_schedule)
+    assert low.feasible and low.objective_s < floor.time_s  # faster than the least peak's
+    monkeypatch.setattr(registry, "_auto", _cut_short_but_candidates(registry._auto))
+    higher = direct.solve(mid + 1)
+    assert higher.feasible and higher.objective_s <= low.objective_s
+
+
+def _cut_short_but_candidates(real_auto):
+    """'auto' whose own searches find nothing, keeping the candidates it is handed."""
+    def auto(problem, budget_bytes, time_limit_s, least_start=None, candidates=()):
+        fits = fitting(problem, budget_bytes, candidates)
+        if fits:
+            return min(fits, key=lambda r: r.objective_s)
+        return _cut_short(real_auto)(problem, budget_bytes, time_limit_s, least_start)
+    return auto
