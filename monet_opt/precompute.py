@@ -227,14 +227,16 @@ def run_precompute(args: argparse.Namespace) -> int:
     print(f"  {'limit':>12} {'bytes':>13}  {'asked as':<19} {'peak':>11} {'overhead':>9}  "
           f"{'solver':<17} {'status':<10} {'solve s':>7}")
     cache = ProfileCache(args.profile_dir)
-    # the least first: each later limit starts from the schedules cached below it
-    # (NOTE [Schedules remembered] in solvers/remembered.py)
-    for k, (limit, asked) in enumerate(sorted(limits), 1):
+    # solved least first, so each limit starts from the schedules cached below it (NOTE
+    # [Schedules remembered] in solvers/remembered.py); reported in the order asked
+    results = {}
+    for k, (limit, _) in enumerate(sorted(limits), 1):
         _note(f"solving {k}/{len(limits)}: {format_bytes(limit)} ({args.solver}, up to "
               f"{args.time_limit_s:g} s) ...")
-        result = cache.solve(profile, limit, args.solver, args.time_limit_s)
+        results[limit] = cache.solve(profile, limit, args.solver, args.time_limit_s)
+    for limit, asked in limits:
         print(f"  {format_bytes(limit):>12} {limit:>13}  {asked:<19} "
-              + _outcome(profile, result, limit))
+              + _outcome(profile, results[limit], limit))
     return 0
 
 
