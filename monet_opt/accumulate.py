@@ -13,7 +13,7 @@ NOTE [Accumulating in place]
   into +0.0), so the gradient is left bitwise as eager leaves it, and the engine's own
   accumulation hooks (DDP's reducer) still run, after it.
   The backward adds in place only where eager's engine would have accumulated into that very
-  tensor: the parameter still has a gradient of the new one's dtype, shape and device, has no
+  tensor: the parameter still has a dense gradient of the new one's dtype, shape and device, has no
   tensor hooks (they must see the new gradient first), and the engine will run its
   AccumulateGrad (not so under torch.autograd.grad). Otherwise it returns the gradient as it
   was made, and that step holds what an unplanned one would.
@@ -67,7 +67,9 @@ def accumulate_into(slots_id: int, k: int, grad: torch.Tensor) -> torch.Tensor:
     old = param.grad
     zero = slots.zeros.get((grad.dtype, grad.device))
     if zero is None or old is None or old.shape != grad.shape or old.dtype != grad.dtype or \
-            old.device != grad.device or param._backward_hooks or not _engine_accumulates(param):
+            old.device != grad.device or old.layout != torch.strided or \
+            grad.layout != torch.strided or param._backward_hooks or \
+            not _engine_accumulates(param):
         return grad
     old.add_(grad)
     return zero.expand(grad.shape)

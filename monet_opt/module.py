@@ -18,6 +18,9 @@ from monet_opt.plan import Plan
 from monet_opt.units import format_bytes
 
 
+MANY_SHAPES = 4  # more plans than this, and the warning suggests padding to a few lengths
+
+
 class ReplanWarning(RuntimeWarning):
     """The optimized module planned another step: for inputs of new shapes (NOTE [New input
     shapes]) or for gradients resident at the step's start (NOTE [Gradients resident at the
@@ -153,7 +156,8 @@ class OptimizedModule(nn.Module):
             f"same memory limit, {format_bytes(self.plan.memory_limit_bytes)}, in "
             f"{time.perf_counter() - start:.1f} s: predicted peak "
             f"{format_bytes(step.plan.predicted_peak_bytes)}, {len(self._steps) + 1} plans so "
-            "far. Each is planned once. " + _what_to_do(resident_bytes)),
+            "far. Each is planned once. " + _what_to_do(resident_bytes)
+            + _too_many(len(self._steps) + 1)),
             stacklevel=6)  # the caller of opt(...), through nn.Module.__call__
         return step
 
@@ -190,6 +194,15 @@ def _what_to_do(resident_bytes: int) -> str:
                 "limit is left for activations.")
     return ("DataLoader(drop_last=True) keeps every batch the sample's shape; "
             "optimize(..., new_shapes='error') refuses other shapes.")
+
+
+def _too_many(plans: int) -> str:
+    """Advice once a module has planned more shapes than a last batch explains."""
+    if plans <= MANY_SHAPES:
+        return ""
+    return (f" {plans} plans: inputs of varying length (dynamic padding) make one each; pad "
+            "them to a few fixed lengths (buckets) so that each is planned once.")
+
 
 
 def _describe(state: tuple) -> str:

@@ -116,3 +116,17 @@ def test_a_shape_the_limit_cannot_hold_raises_and_changes_nothing():
     assert len(opt.plans) == 1
     loss_fn(opt(x)).backward()  # the sample's plan still trains
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_many_shapes_get_advice_to_pad():
+    """Inputs of varying length make a plan each; past a few, the warning says to bucket."""
+    model, x, loss_fn = models.small_cnn()
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    messages = []
+    for batch in (3, 2, 1, 5):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            loss_fn(opt(torch.randn(batch, 3, 16, 16))).backward()
+        messages += [str(w.message) for w in seen if w.category is monet_opt.ReplanWarning]
+    assert len(messages) == 4 and len(opt.plans) == 5
+    assert ["buckets" in m for m in messages] == [False, False, False, True]
