@@ -167,13 +167,21 @@ def _best_start(problem: Problem, budget_bytes: int, program: Program, heuristic
     return best[1] if best else None
 
 
-@functools.lru_cache(maxsize=8)
 def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     """The memory-centric program (the budget is the objective), given
     options.least_time_limit_s (a quarter of the time limit by default), warm-started from
     the lowest of Chen's least-peak schedules (greedy or sqrt) and options.least_start; or
-    that schedule, where it is lower. Cached per (problem, options), so the budget it reports
-    is met again by the same call."""
+    that schedule, where it is lower. Cached per (problem, the options it reads: not
+    time_limit_s where least_time_limit_s is given), so the budget it reports is met again by
+    the same call, and a caller may run it first, then give the MILP what is left of its time
+    (NOTE [The least peak's time] in solvers/registry.py)."""
+    if options.least_time_limit_s is not None:
+        options = dataclasses.replace(options, time_limit_s=1.0)  # not read: one cache entry
+    return _least_peak(problem, options)
+
+
+@functools.lru_cache(maxsize=8)
+def _least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     best = None
     opts = baselines.BaselineOptions()
     for heuristic in (baselines.chen_greedy, baselines.chen_sqrt):
@@ -206,3 +214,6 @@ def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
                 dataclasses.replace(sched, variants=frozenset())
             best = min(best, (simulate(problem, sched).peak_bytes, sched), key=lambda b: b[0])
     return best
+
+
+least_peak.cache_clear = _least_peak.cache_clear  # type: ignore[attr-defined]
