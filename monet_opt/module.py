@@ -56,14 +56,15 @@ class Step:
 #   epoch. Inputs that differ from the sample only in shape (dtype, device, requires_grad and
 #   structure equal) are planned when first met, under the same memory limit and options, and
 #   kept, one Step per shape: optimize()'s work again (tracing on fake tensors, profiling and
-#   solving, or reading both from the profile directory), with a ReplanWarning saying how
-#   long it took. A step that begins with gradients in place is planned apart in the same way
-#   (NOTE [Gradients resident at the start] in monet_opt/api.py), whatever new_shapes says. The random stream and BatchNorm statistics are left as they were by the
-#   planning, so the step then trains like the model on that batch, bitwise, like every plan.
-#   Planning runs outside any TorchDispatchMode the caller has around the step (a live-bytes
-#   counter, a FLOP counter): the mode is there to watch the step, and tracing under it failed
-#   (CaptureError on ResNet-50 inside monet_opt.measure_peak).
-#   optimize(..., new_shapes="error") refuses instead (PlanMismatchError).
+#   solving, or reading both from the profile directory), with a ReplanWarning saying how long
+#   it took; optimize(..., new_shapes="error") refuses them instead (PlanMismatchError). A
+#   step that begins with gradients in place is planned apart in the same way (NOTE
+#   [Gradients resident at the start] in monet_opt/api.py), whatever new_shapes says.
+#   Planning leaves the random stream and BatchNorm's statistics as they were, so the step then
+#   trains like the model on that batch, bitwise, like every plan. It runs outside any
+#   TorchDispatchMode the caller has around the step (a live-bytes counter, a FLOP counter):
+#   the mode is there to watch the step, and tracing under it failed (CaptureError on
+#   ResNet-50 inside monet_opt.measure_peak).
 class OptimizedModule(nn.Module):
     """Runs `model`'s training step under a memory plan.
 
@@ -80,9 +81,9 @@ class OptimizedModule(nn.Module):
                  autocast: tuple = (),
                  plan_step: Callable[[tuple, dict, tuple[int, ...], int], Step] | None = None,
                  any_shape: bool = False) -> None:
-        """plan_step(args, kwargs, resident, resident_bytes): plans another step (None: every other
-        situation raises PlanMismatchError). any_shape: inputs of other shapes are planned,
-        not refused."""
+        """plan_step(args, kwargs, resident, resident_bytes): plans another step (None: any
+        other situation raises PlanMismatchError). any_shape: inputs of other shapes are
+        planned, not refused."""
         super().__init__()
         self.model = model
         self.plan = first.plan
