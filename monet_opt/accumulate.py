@@ -89,7 +89,8 @@ def add_accumulation(bw: fx.GraphModule, slots: GradientSlots) -> None:
     """The backward graph `bw` (outputs: one gradient per primal, parameters first) adds each
     slot's gradient in place right after it is made (NOTE [Accumulating in place]). A gradient
     returned as a view (a linear weight's `t`) is viewed right after its storage is made: the
-    executor re-creates views where they are read, here at the end."""
+    executor re-creates views where they are read, here at the end. The views left there are
+    dead; the caller (rewrite.partition) drops dead code and recompiles."""
     output = bw.graph.output_node()
     outs = list(output.args[0])
     for k in slots.indices:
@@ -100,9 +101,6 @@ def add_accumulation(bw: fx.GraphModule, slots: GradientSlots) -> None:
             outs[k] = bw.graph.call_function(accumulate_into, (slots.id, k, grad))
         outs[k].meta.update(grad.meta)
     output.args = (tuple(outs), *output.args[1:])
-    bw.graph.eliminate_dead_code(  # the views left at the end; the graph is functional
-        is_impure_node=lambda node: node.op in ("placeholder", "output"))
-    bw.recompile()
 
 
 def _viewed_early(graph: fx.Graph, grad: fx.Node) -> fx.Node:

@@ -80,7 +80,7 @@ def derived(profile: Profile, problem: Problem) -> Profile:
     """`profile` solving `problem`, made from its measured one (a step with gradients in
     place: NOTE [Gradients resident at the start] in monet_opt/api.py). Its schedules are keyed
     by the problem's content, as every schedule is, and its least peak is stored apart."""
-    if problem == profile.problem:
+    if problem is profile.problem:
         return profile
     return dataclasses.replace(profile, problem=problem, derived=True)
 

@@ -132,7 +132,7 @@ class OptimizedModule(nn.Module):
         inputs = self._first.spec.flatten(args, kwargs, any_shape=self._any_shape)
         resident = tuple(k for k, p in enumerate(params) if p.grad is not None)
         key = (tuple(LeafSpec.of(x) for x in inputs), resident,
-               _resident_gradient_bytes(self.model))
+               _resident_gradient_bytes(self.model) if resident else 0)
         step = self._steps.get(key)
         if step is None:
             step = self._plan_for(args, kwargs, resident, key[2])

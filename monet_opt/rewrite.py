@@ -34,9 +34,9 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
     parameters whose gradients the backward adds in place (NOTE [Accumulating in place])."""
     rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs)
     fw, bw = default_partition(rebuilt, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-    _drop_dead_code(bw)
     if slots is not None:
-        add_accumulation(bw, slots)
+        add_accumulation(bw, slots)  # the views it leaves at the end are dead code next
+    _drop_dead_code(bw)
     for gm in (fw, bw):
         gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())
         gm.recompile()
