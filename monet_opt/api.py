@@ -9,7 +9,7 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import capture, conv_split, grad_layout, rewrite, saved_clones
+from monet_opt import bn_split, capture, conv_split, grad_layout, rewrite, saved_clones
 from monet_opt import variants as variant_library
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.cache import Profile, ProfileCache, derived
@@ -19,7 +19,7 @@ from monet_opt.lower import Lowered, lower
 from monet_opt.lower_variants import attach_variants, with_costs
 from monet_opt.module import OptimizedModule, Step
 from monet_opt.plan import Plan, make_plan
-from monet_opt.profiler import profile
+from monet_opt.profiler import PROFILER_REVISION, profile
 from monet_opt.units import parse_memory_limit
 import solvers
 
@@ -212,6 +212,8 @@ class _Planner:
         devices = {t.device.type for t in self.primals}
         if conv_split.SPLIT_WITH in self.families and devices <= conv_split.SPLIT_DEVICES:
             conv_split.split_conv_backward(joint)  # NOTE [Conv backward split]
+        if bn_split.NAME in self.families:
+            bn_split.split_batch_norm(joint)  # NOTE [BatchNorm recomputed from its statistics]
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain
@@ -251,7 +253,7 @@ class _Planner:
           call without a limit; a call with a limit first takes a complete profile of the same
           graph if one is cached (it is at least as good), and only then its own. Without a
           limit the key is what it was before the limit existed (old caches stay valid)."""
-        options: dict[str, Any] = {"repeats": self.repeats,
+        options: dict[str, Any] = {"repeats": self.repeats, "profiler": PROFILER_REVISION,
                                    "variants": ",".join(sorted(self.families)),
                                    "allow_lossy": self.allow_lossy}
         complete = ProfileKey.of(joint, self.primals, self.inputs, options)
@@ -273,8 +275,8 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
     one the time limit left unmeasured is withdrawn (the profiler's warning says so)."""
     measured = profile(joint, lowered, primals, repeats, time_limit_s)
     problem = lowered.problem
-    ops = tuple(dataclasses.replace(op, time_s=t)
-                for op, t in zip(problem.ops, measured.op_time_s))
+    ops = tuple(dataclasses.replace(op, time_s=t, recompute_time_s=r)
+                for op, t, r in zip(problem.ops, measured.op_time_s, measured.op_rerun_s))
     lowered = dataclasses.replace(lowered, problem=dataclasses.replace(problem, ops=ops))
     problem = with_costs(lowered, measured.variant_costs).problem if lowered.variant_sites \
         else lowered.problem
@@ -294,16 +296,20 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
 
 
 def _families(variants: bool | Collection[str], allow_lossy: bool) -> frozenset[str]:
-    """The family names `optimize(variants=..., allow_lossy=...)` offers."""
+    """The family names `optimize(variants=..., allow_lossy=...)` offers: the library's, and
+    BatchNorm's recomputation from its statistics (NOTE [BatchNorm recomputed from its
+    statistics]), exact."""
     lossy_ok = lambda f: f.exact or allow_lossy  # noqa: E731
     if variants is True or variants is False:
-        return frozenset(f.name for f in variant_library.FAMILIES if variants and lossy_ok(f))
+        return frozenset([f.name for f in variant_library.FAMILIES if lossy_ok(f)]
+                         + [bn_split.NAME]) if variants else frozenset()
     names = frozenset(variants)
-    known = {f.name for f in variant_library.FAMILIES}
+    known = {f.name for f in variant_library.FAMILIES} | {bn_split.NAME}
     if names - known:
         raise ValueError(f"monet_opt.optimize: unknown variant families {sorted(names - known)}; "
                          f"choose from {sorted(known)}")
-    lossy = sorted(n for n in names if not lossy_ok(variant_library.family(n)))
+    lossy = sorted(n for n in names - {bn_split.NAME}
+                   if not lossy_ok(variant_library.family(n)))
     if lossy:
         raise ValueError(f"monet_opt.optimize: variant families {lossy} are lossy; pass "
                          f"allow_lossy=True to use them")

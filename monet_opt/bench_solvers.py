@@ -30,10 +30,11 @@ def mib(b: float) -> str:
     return f"{b / 2**20:,.1f}"
 
 
-def lowered(name: str, out, size: dict | None = None, **options):
+def lowered(name: str, out, size: dict | None = None, label: str | None = None, **options):
     """Lower and profile a zoo model (`size`: its factory's arguments; `options` for
-    lower_problem); print its sizes. (problem, floor, activations, store-all simulation):
-    floor = parameters, inputs and gradients."""
+    lower_problem); print its sizes under a heading (`label`: what the options are, if not
+    every variant). (problem, floor, activations, store-all simulation): floor = parameters,
+    inputs and gradients."""
     model, x = zoo.ALL_MODELS[name](**(size or {}))
     t0 = time.perf_counter()
     problem = monet_opt.lower_problem(model, x, profile_repeats=3, **options)
@@ -44,7 +45,8 @@ def lowered(name: str, out, size: dict | None = None, **options):
     floor = problem.fixed_bytes + grads
     act = store_all.peak_bytes - floor
     args = ", ".join(f"{k}={v}" for k, v in (size or {}).items())
-    variants = "" if options.get("variants", True) else ", variants off"
+    variants = f", {label}" if label else "" if options.get("variants", True) \
+        else ", variants off"
     print(f"\n### {name}({args}){variants}\n\n{len(problem.forward_ops)} forward ops, "
           f"{len(problem.backward_ops)} backward ops, {len(problem.tensors)} tensors (lowered "
           f"and profiled in {lower_s:.0f} s). Store-all peak {mib(store_all.peak_bytes)} MiB = "

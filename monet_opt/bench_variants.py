@@ -4,8 +4,11 @@ family alone and all but it, at limits leaving 70/50/40 % of the store-all activ
 (docs/benchmarks/variants.md).
 
 "Off" is the model lowered with `variants=False`, as `optimize(..., variants=False)` runs it
-(no convolution backward split either: NOTE [Conv backward split]); the other rows share one
-lowering with every family offered, cut to the families named.
+(no convolution backward split either: NOTE [Conv backward split]); "all but
+batchnorm.saved_stats" is lowered with every family but BatchNorm's recomputation from its
+statistics (NOTE [BatchNorm recomputed from its statistics]), which changes the graph rather
+than offering solvers.Variants; the other rows share one lowering with every family offered,
+cut to the families named ("batchnorm.saved_stats only": cut to none).
 
 Per family, it also prints what its sites read instead of what they replace, and what it is
 worth at the no-recompute peak: that peak with every family in its lightest form, less the same
@@ -21,8 +24,10 @@ import argparse
 import sys
 
 import solvers
+from monet_opt import bn_split
 from monet_opt.bench.models import SPECS
 from monet_opt.bench_solvers import FRACTIONS, begin, lowered, mib
+from monet_opt.variants import FAMILIES
 from solvers.variants import lightest
 
 
@@ -54,6 +59,9 @@ def family_table(problem: solvers.Problem, families: dict[str, set[int]], out) -
 def bench_model(name: str, solver: str, time_limit_s: float, out, lossy: bool = False) -> None:
     size = SPECS[name].cpu
     off, _, _, off_store_all = lowered(name, out, size, variants=False)
+    whole_bn, _, _, whole_bn_store_all = lowered(  # NOTE [BatchNorm recomputed from ...]
+        name, out, size, label=f"all but {bn_split.NAME}", allow_lossy=lossy,
+        variants={f.name for f in FAMILIES if f.exact or lossy})
     problem, floor, act, store_all = lowered(name, out, size, allow_lossy=lossy)
     families: dict[str, set[int]] = {}
     for v, var in enumerate(problem.variants):
@@ -70,7 +78,9 @@ def bench_model(name: str, solver: str, time_limit_s: float, out, lossy: bool = 
     print("| limit (activations left) | variants | predicted step | overhead | gap "
           "| least peak (MiB) | variants chosen |", file=out)
     print("|---|---|---|---|---|---|---|", file=out)
-    cases = [("off", off, off_store_all), ("all", problem, store_all)]
+    cases = [("off", off, off_store_all), ("all", problem, store_all),
+             (f"all but {bn_split.NAME}", whole_bn, whole_bn_store_all),
+             (f"{bn_split.NAME} only", problem.only_variants(set()), store_all)]
     every = set(range(len(problem.variants)))
     for f, vs in sorted(families.items()):
         cases += [(f"{f} only", problem.only_variants(vs), store_all),
@@ -78,7 +88,7 @@ def bench_model(name: str, solver: str, time_limit_s: float, out, lossy: bool = 
     for frac in FRACTIONS:
         budget = floor + int(frac * act)
         for label, p, base in cases:
-            if frac != 0.5 and label not in ("off", "all"):
+            if frac != 0.5 and label not in ("off", "all", f"all but {bn_split.NAME}"):
                 continue
             r = solvers.solve(p, budget, solver, time_limit_s=time_limit_s)
             ok = r.feasible

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from monet_opt import recompute
+from monet_opt import bn_split, recompute
 from monet_opt.errors import UnsupportedGraphError
 from solvers import NO_PRODUCER, Op, Problem, Tensor
 from solvers.problem import reader_counts
@@ -149,7 +149,9 @@ class _Builder:
         is_backward = node.meta.get("partitioner_tag") == "is_backward"
         self.ops.append(Op(name=node.name, is_backward=is_backward, time_s=0.0,
                            inputs=self._reads(node), outputs=outs,
-                           is_random=recompute.is_random(node)))
+                           is_random=recompute.is_random(node),
+                           workspace_bytes=bn_split.workspace_bytes(node)
+                           if node.target is bn_split.apply_stats else 0))
         self.op_nodes.append(node.name)
         self.labels.append(_label(node))
 

@@ -10,9 +10,10 @@ from solvers import Problem, Schedule, Simulation, SolveResult, schedule_from_ke
 
 @dataclass(frozen=True)
 class OpRow:
-    """One operator of the plan. decision: 'kept', 'recomputed xN', 'freed' (forward ops:
-    freed after the forward's last use) or 'backward'. recomputed: how often the backward
-    re-runs it."""
+    """One operator of the plan. decision: 'kept', 'recomputed xN' (with the time of each
+    run where that is not time_s), 'freed' (forward ops: freed after the forward's last use)
+    or 'backward'. time_s: its run in the forward (or backward). recomputed: how often the
+    backward re-runs it."""
 
     name: str
     label: str
@@ -104,6 +105,7 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
     internal_assert(sim.peak_bytes == result.peak_bytes, "solver and simulator disagree")
     store_all = simulate(problem, schedule_from_kept(problem, problem.saved_for_backward))
     grads = sum(problem.tensors[t].bytes for t in problem.backward_outputs)
+    n_fwd = len(problem.forward_ops)
     return Plan(memory_limit_bytes=limit, predicted_peak_bytes=sim.peak_bytes,
                 predicted_step_time_s=sim.time_s, solver=result.solver,
                 status=result.status.value, solve_time_s=result.solve_time_s, gap=result.gap,
@@ -112,9 +114,10 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
                 min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
                 variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
                 rows=op_rows(problem, result.schedule, sim, labels),
-                timeline=Timeline(op_time_s=tuple(run.ops[i].time_s for i in sim.steps),
-                                  live_bytes=sim.live_bytes,
-                                  backward_start=len(problem.forward_ops)))
+                timeline=Timeline(op_time_s=tuple(
+                    run.ops[i].rerun_s if k >= n_fwd and not run.ops[i].is_backward
+                    else run.ops[i].time_s for k, i in enumerate(sim.steps)),
+                    live_bytes=sim.live_bytes, backward_start=n_fwd))
 
 
 def op_rows(problem: Problem, schedule: Schedule, sim: Simulation,
@@ -129,7 +132,8 @@ def op_rows(problem: Problem, schedule: Schedule, sim: Simulation,
         if op.is_backward:
             decision = "variant" if i in with_variant else "backward"
         elif sim.recompute_counts[i]:
-            decision = f"recomputed x{sim.recompute_counts[i]}"
+            decision = f"recomputed x{sim.recompute_counts[i]}" + (
+                "" if op.recompute_time_s is None else f", {op.rerun_s * 1e3:.3f} ms each")
         elif any(t in schedule.kept for t in op.outputs):
             decision = "kept"
         else:

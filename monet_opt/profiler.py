@@ -35,11 +35,15 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from monet_opt import variants
+from monet_opt import recompute, variants
 from monet_opt.lower import Lowered
 from monet_opt.memory import LiveBytes
 from monet_opt.profile_budget import Budget, estimates
 
+# What a profile holds, in the profile directory's keys: a profile an older profiler made
+# (revision 1: no recomputation times) is not served to this one. Raise it when what the
+# profiler measures changes meaning.
+PROFILER_REVISION = 2
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -48,7 +52,9 @@ class ProfileTimeLimitWarning(RuntimeWarning):
 
 @dataclass(frozen=True)
 class ProfileResult:
-    """op_time_s: per problem op (encode ops 0: their cost is in variant_costs).
+    """op_time_s: per problem op (encode ops 0: their cost is in variant_costs). op_rerun_s:
+    per problem op, its recomputation's time where that runs otherwise (recompute.rerun_args),
+    else None.
     variant_costs[v]: (encode time s, encode workspace bytes, run time minus the op's time s,
     run workspace bytes). variant_error[v]: `relative_error` of its result against the op's
     (0.0: bitwise equal; inf if not measured). variant_measured[v]: reached before the time
@@ -63,6 +69,7 @@ class ProfileResult:
     estimated_ops: int = 0
     reduced_ops: int = 0
     timed_signatures: int = 0
+    op_rerun_s: tuple[float | None, ...] = ()  # recomputation's time where it differs
 
 
 class _VariantProbe:
@@ -191,7 +198,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
                     if n.name.startswith("tangents")]
         inputs = list(primals) + tangents
         _warm_up(joint, inputs)  # NOTE [Warm allocator]
-        measured, signatures = _run(joint, inputs, set(wanted), probe, budget)
+        measured, reruns, signatures = _run(joint, inputs, set(wanted), probe, budget)
     missing = [name for name in wanted if name not in measured]
     op_time = {**measured, **estimates([nodes[n] for n in missing],
                                         [nodes[n] for n in measured], measured)}
@@ -208,7 +215,8 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         op_time_s=tuple(op_time.get(name, 0.0) for name in lowered.op_nodes),
         variant_costs=probe.costs(op_time), variant_error=tuple(probe.error),
         variant_measured=tuple(t is not None for t in probe.times),
-        estimated_ops=len(missing), reduced_ops=budget.reduced, timed_signatures=signatures)
+        estimated_ops=len(missing), reduced_ops=budget.reduced, timed_signatures=signatures,
+        op_rerun_s=tuple(reruns.get(name) for name in lowered.op_nodes))
 
 
 def _random_like(val: torch.Tensor, primals: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -229,15 +237,18 @@ def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
 
 
 def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
-         probe: _VariantProbe, budget: Budget) -> tuple[dict[str, float], int]:
+         probe: _VariantProbe, budget: Budget) -> tuple[dict[str, float], dict[str, float], int]:
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
-    and how many distinct signatures were timed."""
+    the same of their recomputations where those run otherwise, and how many distinct
+    signatures were timed."""
     measured: dict[str, float] = {}
+    reruns: dict[str, float] = {}
     seen: dict[tuple, float] = {}
     cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
     _walk(gm, inputs, lambda node, args, kwargs, env: _measure_node(
-        node, args, kwargs, env, measured, seen, wanted, probe, budget, cuda), budget.over)
-    return measured, len(seen)
+        node, args, kwargs, env, measured, seen, wanted, probe, budget, cuda, reruns),
+        budget.over)
+    return measured, reruns, sum(k[-1] != _RERUN for k in seen)
 
 
 def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> None:
@@ -283,9 +294,9 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
 
 def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, float],
                   seen: dict[tuple, float], wanted: set[str], probe: _VariantProbe,
-                  budget: Budget, cuda: bool) -> None:
+                  budget: Budget, cuda: bool, reruns: dict[str, float]) -> None:
     """Run `node` for its value; if the problem schedules it, time it (or reuse the time of an
-    identical call), then its variants."""
+    identical call), and its recomputation where that runs otherwise; then its variants."""
     target = node.target
     if node.name not in wanted and node.name not in probe.at:
         env[node.name] = target(*args, **kwargs)
@@ -304,8 +315,19 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, fl
         seen[sig] = statistics.median(samples)
     if node.name in wanted:
         measured[node.name] = seen[sig]
+        rerun = recompute.rerun_args(node, args)
+        if rerun is not None:
+            key = (*sig, _RERUN)
+            if key not in seen:
+                target(*rerun, **kwargs)  # its warm-up: the forward never ran this form
+                seen[key] = statistics.median(_call(target, rerun, kwargs, cuda)[1]
+                                              for _ in range(max(1, repeats)))
+            reruns[node.name] = seen[key]
         budget.op_done(repeats)
     probe.measure(node, args, env[node.name], sig, cuda, budget)
+
+
+_RERUN = "recomputed"  # marks the signature of a recomputation's timing
 
 
 def _call(target, args, kwargs, cuda: bool):

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from monet_opt import bn_split
+
 aten = torch.ops.aten
 
 BN_TRAIN = aten._native_batch_norm_legit_functional.default
@@ -38,10 +40,23 @@ def is_random(node: fx.Node) -> bool:
 
 
 def dropped_args(node: fx.Node) -> tuple[int, ...]:
-    """Positional args the executor replaces by None (NOTE [Recomputing BatchNorm] 3)."""
+    """Positional args the executor replaces by None (NOTE [Recomputing BatchNorm] 3); a
+    split BatchNorm's output read only by the forward's pass-through (NOTE [BatchNorm
+    recomputed from its statistics])."""
     if node.target is BN_BACKWARD and node.args[_BN_BACKWARD_TRAIN_ARG] is True:
         return _BN_BACKWARD_STATS_ARGS
+    if node.target is bn_split.apply_stats:
+        return (bn_split.FUSED_ARG,)
     return ()
+
+
+def rerun_args(node: fx.Node, args: tuple) -> tuple | None:
+    """A forward op's (evaluated) args as its recomputation runs it, where that differs from
+    its forward run (a split BatchNorm's normalization); else None."""
+    if node.target is not bn_split.apply_stats:
+        return None
+    drop = dropped_args(node)
+    return tuple(None if k in drop else a for k, a in enumerate(args))
 
 
 def effective_args(node: fx.Node) -> tuple[tuple, dict]:

@@ -182,8 +182,10 @@ class _Emitter:
             # NOTE [In-place accumulation]: a + b as b += a (IEEE addition commutes bitwise)
             k = self.inplace[old.name]
             new = self._copy(old, (old.args[k], old.args[1 - k]), {}, target=_ADD_INPLACE)
-        else:
-            args, kwargs = recompute.effective_args(old)
+        else:  # the forward runs each op as traced (a split BatchNorm's pass-through reads
+            # the training op's output: NOTE [BatchNorm recomputed from its statistics])
+            args, kwargs = (old.args, old.kwargs) if self.tag == FORWARD else \
+                recompute.effective_args(old)
             new = self._copy(old, args, kwargs)
         self.current[old.name] = new
         for gi in self.getitems.get(old.name, []):

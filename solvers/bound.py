@@ -117,7 +117,7 @@ class _Program:
         """rerun^j of x's producer."""
         op = self.p.tensors[x].producer
         if op not in self.rerun[j]:
-            self.rerun[j][op] = self.mip.var(cost=self.p.ops[op].time_s)
+            self.rerun[j][op] = self.mip.var(cost=self.p.ops[op].rerun_s)
             self.pending.append((j, op))
         return self.rerun[j][op]
 

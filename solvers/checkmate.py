@@ -89,7 +89,7 @@ class CheckmateProgram:
         # S[q][x]: a copy of forward tensor x is held entering stage q (S[0]: the kept set)
         self.S = [{x: mip.var() for x in h} for h in held]
         # R[q][i]: forward op i is recomputed in stage q, before backward op q
-        self.R = [{i: mip.var(cost=time_cost * p.ops[i].time_s) for i in c} for c in cand]
+        self.R = [{i: mip.var(cost=time_cost * p.ops[i].rerun_s) for i in c} for c in cand]
         self.num_free = 0
         self._mem_row([], float(p.fixed_bytes))
         self._forward_rows()

@@ -117,7 +117,7 @@ def _recompute_s(problem: Problem, x: int, kept: frozenset[int]) -> float:
         ops.add(i)
         stack.extend(problem.tensors[t].producer for t in problem.ops[i].inputs
                      if t not in kept and problem.tensors[t].producer != NO_PRODUCER)
-    return sum(problem.ops[i].time_s for i in ops)
+    return sum(problem.ops[i].rerun_s for i in ops)
 
 
 def _evict_count(ranked: list[int], kept: frozenset[int], budget_bytes: int, judge,

@@ -74,7 +74,7 @@ def _windows(p: Problem, schedule: Schedule, reading: list[int]) -> list[list[in
     for k in range(0, max(1, len(reading) - step), step):
         window = reading[k:k + WINDOW_POSITIONS]
         lo, hi = window[0], window[-1] + 1
-        spent = sum(p.ops[i].time_s for q, ops in rec.items() if lo <= q < hi for i in ops)
+        spent = sum(p.ops[i].rerun_s for q, ops in rec.items() if lo <= q < hi for i in ops)
         ops = set(p.backward_ops[lo:hi])
         spent += sum(abs(p.variant_time_s(v)) for v in range(len(p.variants))
                      if p.variants[v].op in ops

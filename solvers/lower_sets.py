@@ -57,7 +57,7 @@ def graph(problem: Problem) -> Graph:
                                    for v in range(n)),
                   kept_bytes=tuple(sum(problem.tensors[t].bytes for t in k) for k in kept),
                   kept=kept,
-                  need_time_s=tuple(problem.ops[v].time_s if need[v] else 0.0 for v in range(n)))
+                  need_time_s=tuple(problem.ops[v].rerun_s if need[v] else 0.0 for v in range(n)))
 
 
 def bits(x: int):

@@ -63,7 +63,7 @@ class Program:
         time_cost = 0.0 if self.min_memory else 1.0
         self.E = [mip.var(cost=time_cost * p.variant_time_s(v)) for v in range(len(p.variants))]
         self._variant_rows()
-        self.R = [{i: mip.var(cost=time_cost * p.ops[i].time_s) for i in c} for c in st.cand]
+        self.R = [{i: mip.var(cost=time_cost * p.ops[i].rerun_s) for i in c} for c in st.cand]
         self.M: list[dict[int, int]] = []
         self.P: dict[int, int] = {}
         self._mem_row([], float(p.fixed_bytes))  # fixed memory alone must fit

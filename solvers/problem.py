@@ -33,7 +33,9 @@ class Tensor:
 @dataclass(frozen=True)
 class Op:
     """One operator. inputs/outputs are tensor ids; tensors that are always resident (parameters,
-    buffers, inputs) are not listed: they are part of `Problem.fixed_bytes`."""
+    buffers, inputs) are not listed: they are part of `Problem.fixed_bytes`.
+    recompute_time_s: what a forward op costs when the backward runs it again, where that
+    differs from its first run (None: time_s); see `rerun_s`."""
 
     name: str
     is_backward: bool
@@ -43,6 +45,14 @@ class Op:
     workspace_bytes: int = 0
     is_random: bool = False
     inplace_bytes: int = 0
+    recompute_time_s: float | None = None
+
+    @property
+    def rerun_s(self) -> float:
+        """The time of a recomputation (a BatchNorm's normalization from its kept statistics
+        costs a tenth of the training op: NOTE [BatchNorm recomputed from its statistics] in
+        monet_opt/bn_split.py)."""
+        return self.time_s if self.recompute_time_s is None else self.recompute_time_s
 
     @property
     def extra_bytes(self) -> int:
@@ -217,7 +227,7 @@ def _validate(p: Problem) -> None:
         seen_backward |= op.is_backward
         if seen_backward and not op.is_backward:
             fail(f"forward op {op.name!r} (#{i}) comes after a backward op")
-        if op.time_s < 0 or op.workspace_bytes < 0:
+        if op.time_s < 0 or op.rerun_s < 0 or op.workspace_bytes < 0:
             fail(f"op {op.name!r} has a negative time or workspace")
         for t in op.outputs:
             if not 0 <= t < len(p.tensors) or p.tensors[t].producer != i:

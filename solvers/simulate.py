@@ -52,7 +52,9 @@ def simulate(problem: Problem, schedule: Schedule) -> Simulation:
     for i in schedule.backward:
         if not problem.ops[i].is_backward:
             counts[i] += 1
-    time_s = sum(problem.ops[i].time_s for i in steps)
+    n_fwd = len(problem.forward_ops)  # the backward's forward ops are recomputations
+    time_s = sum(problem.ops[i].time_s if k < n_fwd or problem.ops[i].is_backward
+                 else problem.ops[i].rerun_s for k, i in enumerate(steps))
     return Simulation(peak_bytes=peak, time_s=time_s, peak_step=peak_step, steps=steps,
                       live_bytes=tuple(live_bytes), recompute_counts=tuple(counts))
 

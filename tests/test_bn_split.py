@@ -1,0 +1,114 @@
+"""NOTE [BatchNorm recomputed from its statistics]: a recomputed BatchNorm runs only its
+normalization, from the mean and rstd its forward made, and gives the training op's output
+bitwise; plans that use it train exactly like store-all, at the predicted peak."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import monet_opt
+import solvers
+from monet_opt import bn_split
+from tests import models
+from tests.test_executor import HUGE, assert_same, call, run_steps
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("shape,channels_last,affine,eps", [
+    ((16, 64, 32, 32), False, True, 1e-5),
+    ((16, 64, 32, 32), True, True, 1e-5),
+    ((3, 5, 7, 9), False, False, 1e-3),
+    ((3, 5, 7, 9), True, True, 0.1),
+    ((7, 33), False, True, 1e-5),
+    ((4, 8, 5), False, False, 1e-5),
+    ((2, 3, 4, 5, 6), False, True, 1e-5),
+])
+def test_normalization_is_bitwise_the_training_output(shape, channels_last, affine, eps):
+    torch.manual_seed(0)
+    x = torch.randn(shape) * 3 + 1
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    c = shape[1]
+    w, b = (torch.randn(c), torch.randn(c)) if affine else (None, None)
+    out, mean, rstd = aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, eps)
+    got = bn_split.apply_stats(x, w, b, mean, rstd, eps)
+    assert torch.equal(got, out) and got.stride() == out.stride()
+    assert bn_split.apply_stats(x, w, b, mean, rstd, eps, fused=out) is out
+
+
+class BNNet(nn.Module):
+    """Conv-BN-ReLU blocks large enough that the normalization costs a fraction of the
+    training BatchNorm on CPU."""
+
+    def __init__(self, width: int = 32, blocks: int = 4):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, width, 3, padding=1)]
+        for _ in range(blocks):
+            layers += [nn.BatchNorm2d(width), nn.ReLU(), nn.Conv2d(width, width, 3, padding=1)]
+        self.body = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.body(x).mean((2, 3))
+
+
+def _apply_ops(problem: solvers.Problem) -> list[int]:
+    return [i for i, op in enumerate(problem.ops) if op.recompute_time_s is not None]
+
+
+def test_split_is_offered_with_variants_and_profiled_as_recomputed():
+    torch.manual_seed(0)
+    model, x = BNNet(), torch.randn(8, 3, 32, 32)
+    problem = monet_opt.lower_problem(model, x, profile_repeats=3)
+    applies = _apply_ops(problem)
+    assert len(applies) == 4
+    for i in applies:
+        stats = problem.tensors[problem.ops[i].inputs[-1]].producer  # rstd's producer
+        assert problem.ops[stats].name.startswith("_native_batch_norm_legit_functional")
+        # the pass-through costs about nothing; the normalization less than the training op
+        assert problem.ops[i].recompute_time_s < problem.ops[stats].time_s
+        assert problem.ops[i].time_s < problem.ops[i].recompute_time_s
+    plain = monet_opt.lower_problem(model, x, profile_repeats=1, variants=False)
+    assert _apply_ops(plain) == []
+    only = monet_opt.lower_problem(model, x, profile_repeats=1, variants={bn_split.NAME})
+    assert len(_apply_ops(only)) == 4 and not only.variants
+
+
+@pytest.mark.parametrize("factory", [models.small_cnn, lambda: (BNNet(), torch.randn(
+    8, 3, 32, 32), lambda out: out.sum())], ids=["small_cnn", "bnnet"])
+def test_plans_recomputing_the_normalization_train_exactly(factory):
+    torch.manual_seed(0)
+    base, x, loss_fn = factory()
+    base.train()
+    reference = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    ref_run = run_steps(reference, reference.model, x, loss_fn)
+    plan = reference.plan
+    floor = plan.fixed_bytes + plan.gradient_bytes
+    recomputing = 0
+    for f in (0.7, 0.5):
+        limit = floor + int(f * plan.store_all_activation_bytes)
+        optimized = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
+                                       time_limit_s=5)
+        recomputing += sum(row.recomputed for row in optimized.plan.rows
+                           if row.label.startswith("apply_stats"))
+        run = run_steps(optimized, optimized.model, x, loss_fn)
+        assert_same(run, ref_run, exact=True, what=f"{f:.0%} plan vs store-all plan")
+        resident = monet_opt.resident_tensors(optimized.model, x)
+        measured = monet_opt.measure_peak(lambda: loss_fn(call(optimized, x)).backward(),
+                                          resident)
+        assert measured == optimized.plan.predicted_peak_bytes <= limit
+    assert recomputing > 0
+
+
+def test_a_training_op_without_its_statistics_read_is_left_whole():
+    """A BatchNorm whose mean and rstd nothing reads (no backward through it) is not split."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm2d(4), nn.Conv2d(4, 4, 1))
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    x = torch.randn(2, 4, 8, 8)  # no gradient wanted for the input either
+    problem = monet_opt.lower_problem(model, x, profile_repeats=1)
+    assert _apply_ops(problem) == []
