@@ -7,7 +7,10 @@ NOTE [Recomputing BatchNorm]
   2. A recomputation runs the no-stats form `_native_batch_norm_legit.no_stats`, which computes
      the same out/mean/rstd from the same batch without reading the running buffers: those were
      updated in place after the forward, and reading them from the backward would fail autograd's
-     saved-tensor version check (DESIGN pitfall 1) and update the statistics twice.
+     saved-tensor version check (DESIGN pitfall 1) and update the statistics twice. Where the
+     BatchNorm is split (NOTE [BatchNorm recomputed from its statistics] in bn_split.py), `out`
+     is recomputed by the normalization alone, and this form runs only where the schedule
+     dropped the statistics too.
   3. The training-mode backward (`native_batch_norm_backward`, train=True) ignores its running
      mean/var arguments; the executor passes None so the backward holds no statistics.
 
