@@ -66,7 +66,7 @@ def workspace_bytes(node: fx.Node) -> int:
     r = rstd.meta["val"]
     w = weight.meta["val"] if isinstance(weight, fx.Node) else None
     scale_dtype = r.dtype if w is None else torch.promote_types(r.dtype, w.dtype)
-    return r.numel() * (torch.tensor([], dtype=scale_dtype).element_size() + r.element_size())
+    return r.numel() * (scale_dtype.itemsize + r.element_size())
 
 
 def split_batch_norm(gm: fx.GraphModule) -> int:
