@@ -241,14 +241,17 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
     the same of their recomputations where those run otherwise, and how many distinct
     signatures were timed."""
-    measured: dict[str, float] = {}
-    reruns: dict[str, float] = {}
-    seen: dict[tuple, float] = {}
+    measured: dict[str, tuple] = {}  # op node -> its signature
+    reruns: dict[str, tuple] = {}
+    seen: dict[tuple, list[float]] = {}  # signature -> its samples (NOTE [Noisy samples])
     cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
     _walk(gm, inputs, lambda node, args, kwargs, env: _measure_node(
         node, args, kwargs, env, measured, seen, wanted, probe, budget, cuda, reruns),
         budget.over)
-    return measured, reruns, sum(k[-1] != _RERUN for k in seen)
+    median = {sig: statistics.median(samples) for sig, samples in seen.items()}
+    return ({name: median[sig] for name, sig in measured.items()},
+            {name: median[key] for name, key in reruns.items()},
+            sum(k[-1] != _RERUN for k in seen))
 
 
 def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> None:
@@ -292,39 +295,64 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
             env.pop(name, None)
 
 
-def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, float],
-                  seen: dict[tuple, float], wanted: set[str], probe: _VariantProbe,
-                  budget: Budget, cuda: bool, reruns: dict[str, float]) -> None:
-    """Run `node` for its value; if the problem schedules it, time it (or reuse the time of an
-    identical call), and its recomputation where that runs otherwise; then its variants."""
+def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tuple],
+                  seen: dict[tuple, list[float]], wanted: set[str], probe: _VariantProbe,
+                  budget: Budget, cuda: bool, reruns: dict[str, tuple]) -> None:
+    """Run `node` for its value; if the problem schedules it, time it (or, for a signature
+    timed already, add this run to its samples), and its recomputation where that runs
+    otherwise; then its variants."""
     target = node.target
     if node.name not in wanted and node.name not in probe.at:
         env[node.name] = target(*args, **kwargs)
         return
     sig = signature(target, args, kwargs)
-    repeats = budget.repeats_now() if sig not in seen else budget.repeats
-    if sig in seen or repeats > 0:
-        env[node.name] = target(*args, **kwargs)  # the value (and the warm-up)
-    if sig not in seen:
-        samples = [_call(target, args, kwargs, cuda)[1] for _ in range(repeats)]
-        if repeats == 0:
+    repeats = budget.repeats
+    if sig in seen:  # warm already: the run for its value is one more sample
+        env[node.name], again_s = _call(target, args, kwargs, cuda)
+        seen[sig].append(again_s)
+    else:
+        repeats = budget.repeats_now()
+        if repeats > 0:
+            env[node.name] = target(*args, **kwargs)  # the value (and the warm-up)
+            samples = _samples(target, args, kwargs, cuda, repeats)
+        else:
             env[node.name], first_s = _call(target, args, kwargs, cuda)
             samples = [first_s]
         for s in samples:
             budget.timed(s)
-        seen[sig] = statistics.median(samples)
+        seen[sig] = samples
     if node.name in wanted:
-        measured[node.name] = seen[sig]
+        measured[node.name] = sig
         rerun = recompute.rerun_args(node, args)
         if rerun is not None:
             key = (*sig, _RERUN)
             if key not in seen:
                 target(*rerun, **kwargs)  # its warm-up: the forward never ran this form
-                seen[key] = statistics.median(_call(target, rerun, kwargs, cuda)[1]
-                                              for _ in range(max(1, repeats)))
-            reruns[node.name] = seen[key]
+                seen[key] = _samples(target, rerun, kwargs, cuda, max(1, repeats))
+            reruns[node.name] = key
         budget.op_done(repeats)
     probe.measure(node, args, env[node.name], sig, cuda, budget)
+
+
+# NOTE [Noisy samples]
+#   One op's time, reused for every op of its signature, was the median of three calls back
+#   to back, and on this 2-core machine a burst of other work can slow two of three: ResNet-50
+#   (b16, 128²) profiled three times in a row measured its four 2048-channel BatchNorm
+#   backwards (one signature) at 5.5, 32.5 and 2.7 ms each, and its store-all step at 929,
+#   1138 and 928 ms; inside a real step they took about 3 ms. So a signature's samples are
+#   its timed calls plus the run for its value at every later op of that signature (spread
+#   over the pass, and warm: the signature ran before), and where its first calls disagree
+#   by more than SPREAD, as many again; its time is the median of them all.
+SPREAD = 1.5
+
+
+def _samples(target, args, kwargs, cuda: bool, n: int) -> list[float]:
+    """n timed calls of target(*args, **kwargs), and n more where they disagree (NOTE [Noisy
+    samples])."""
+    out = [_call(target, args, kwargs, cuda)[1] for _ in range(n)]
+    if n > 1 and max(out) > SPREAD * min(out):
+        out += [_call(target, args, kwargs, cuda)[1] for _ in range(n)]
+    return out
 
 
 _RERUN = "recomputed"  # marks the signature of a recomputation's timing

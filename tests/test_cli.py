@@ -5,6 +5,7 @@ import collections
 import contextlib
 import copy
 import io
+import statistics
 import warnings
 from pathlib import Path
 
@@ -204,19 +205,40 @@ def test_time_limited_profile_is_cached_apart(monkeypatch):
 
 
 def test_identical_calls_are_timed_once(monkeypatch):
-    results, timed = [], collections.Counter()
-    real_profile, real_call = api.profile, profiler._call
+    """A signature's repeats run once; each later op of it runs once, for its value, and that
+    run is one more sample (NOTE [Noisy samples])."""
+    results, timed, met = [], collections.Counter(), collections.Counter()
+    real_profile, real_call, real_signature = api.profile, profiler._call, profiler.signature
     monkeypatch.setattr(api, "profile", lambda *a, **k: results.append(real_profile(*a, **k))
                         or results[-1])
+    monkeypatch.setattr(profiler, "SPREAD", float("inf"))  # no second round of repeats
 
     def counting(target, args, kwargs, cuda):
         if isinstance(target, torch._ops.OpOverload):
-            timed[profiler.signature(target, args, kwargs)] += 1
+            timed[real_signature(target, args, kwargs)] += 1
         return real_call(target, args, kwargs, cuda)
+
+    def meeting(target, args, kwargs):
+        met[real_signature(target, args, kwargs)] += 1
+        return real_signature(target, args, kwargs)
     monkeypatch.setattr(profiler, "_call", counting)
+    monkeypatch.setattr(profiler, "signature", meeting)
     opt = monet_opt.optimize(models.tiny_mlp(), torch.randn(16, 8), HUGE, profile_repeats=2,
                              profile_dir=None)
-    assert set(timed.values()) == {2}  # each signature: its repeats, no more
+    assert timed == {sig: 2 + n - 1 for sig, n in met.items()}
+    assert max(met.values()) > 1  # the identical layers met again
     assert results[0].timed_signatures == len(timed) < len(opt.plan.rows) - 4
     hidden = [r.time_s for r in opt.plan.rows if r.name in ("addmm_1", "addmm_2")]
-    assert len(hidden) == 2 and hidden[0] == hidden[1]  # identical layers, one measurement
+    assert len(hidden) == 2 and hidden[0] == hidden[1]  # identical layers, one time
+
+
+def test_disagreeing_samples_are_taken_again(monkeypatch):
+    """NOTE [Noisy samples]: a burst that slows two of three calls does not make the time."""
+    def scripted(durations):
+        it = iter(durations)
+        return lambda target, args, kwargs, cuda: (None, next(it))
+    monkeypatch.setattr(profiler, "_call", scripted([1.0, 20.0, 20.0, 1.0, 1.0, 1.0]))
+    samples = profiler._samples(None, (), {}, False, 3)
+    assert samples == [1.0, 20.0, 20.0, 1.0, 1.0, 1.0] and statistics.median(samples) == 1.0
+    monkeypatch.setattr(profiler, "_call", scripted([1.0, 1.2, 1.4]))  # within SPREAD
+    assert profiler._samples(None, (), {}, False, 3) == [1.0, 1.2, 1.4]
