@@ -114,23 +114,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--size", default="", help="factory arguments, e.g. batch=64,size=160")
     ap.add_argument("--least-only", action="store_true")
     args = ap.parse_args(argv)
-    size = _size(args.size)
+    size = zoo.parse_size(args.size)
     begin("Solver benchmark", "monet_opt.bench_solvers", args)
     for name in args.models.split(","):
         if args.least_only:
             least_only(name, args.time_limit, sys.stdout, size)
         else:
             bench_model(name, args.time_limit, sys.stdout, args.solvers.split(","), size)
-
-
-def _size(text: str) -> dict | None:
-    if not text:
-        return None
-    try:
-        return {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
-    except ValueError:
-        raise SystemExit(f"--size takes name=integer pairs separated by commas, such as "
-                         f"batch=64,size=160; got {text!r}") from None
 
 
 if __name__ == "__main__":

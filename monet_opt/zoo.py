@@ -159,3 +159,14 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, Any]]] = {
 ALL_MODELS: dict[str, Callable[..., tuple[nn.Module, Any]]] = {
     **MODELS, "vgg16": vgg16, "mobilenet_v2": mobilenet_v2, "googlenet": googlenet,
     "unet": unet, "bert_base": bert_base, "tiny_cnn": tiny_cnn, "gpt2_narrow": gpt2_narrow}
+
+
+def parse_size(text: str) -> dict[str, int] | None:
+    """A factory's arguments from the command line ("batch=32,size=160"); None for ""."""
+    if not text:
+        return None
+    try:
+        return {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        raise SystemExit(f"--size takes name=integer pairs separated by commas, such as "
+                         f"batch=64,size=160; got {text!r}") from None

@@ -2,6 +2,7 @@
 wrappers train like eager."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -173,9 +174,16 @@ def test_identical_plans_report_their_spread():
     assert report.same_plan_spread(other) == []
 
 
-def test_bench_solvers_sizes_are_name_integer_pairs():
-    from monet_opt import bench_solvers
-    assert bench_solvers._size("batch=64,size=160") == {"batch": 64, "size": 160}
-    assert bench_solvers._size("") is None
+def test_sizes_are_name_integer_pairs():
+    from monet_opt import zoo
+    from monet_opt.bench import run
+    assert zoo.parse_size("batch=64,size=160") == {"batch": 64, "size": 160}
+    assert zoo.parse_size("") is None
     with pytest.raises(SystemExit, match="name=integer pairs"):
-        bench_solvers._size("batch=64,size")
+        zoo.parse_size("batch=64,size")
+    parser = argparse.ArgumentParser()
+    run.add_arguments(parser)
+    argv = ["--models", "resnet50", "--size", "batch=2,size=32"]
+    s = run.settings_from(parser.parse_args(argv), argv)
+    model, x, config = run.models.SPECS["resnet50"].build(s.regime, s.size)
+    assert tuple(x.shape) == (2, 3, 32, 32) and config == "monet_opt.zoo.resnet50(batch=2, size=32)"

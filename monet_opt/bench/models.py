@@ -30,9 +30,11 @@ class BenchModel:
     quick: dict[str, Any]
     checkpoint: tuple[peers.CheckpointPeer, ...] = field(default=())
 
-    def build(self, regime: str) -> tuple[nn.Module, Any, str]:
-        """The model (train mode, random init, seed 0), its input and a one-line description."""
-        kwargs = getattr(self, regime)
+    def build(self, regime: str, size: dict[str, Any] | None = None
+              ) -> tuple[nn.Module, Any, str]:
+        """The model (train mode, random init, seed 0), its input and a one-line description;
+        `size`: factory arguments instead of the regime's."""
+        kwargs = size if size is not None else getattr(self, regime)
         model, x = zoo.ALL_MODELS[self.name](**kwargs)
         args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         return model, x, f"monet_opt.zoo.{self.name}({args})"

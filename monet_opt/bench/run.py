@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from monet_opt import zoo
 from monet_opt.bench import allocator, measure, methods, models, results
 from monet_opt.bench import timeline as timeline_mod
 from monet_opt.bench.methods import Context, Measured
@@ -43,6 +44,7 @@ class Settings:
     command: str
     git_commit: str  # taken when the run starts: commits made while it runs are not its code
     allocator: str = ""  # set when the run starts (NOTE [CPU allocator])
+    size: dict[str, int] | None = None  # the factories' arguments, if not the regime's
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds each MILP may take (default 30, optimize()'s; quick 5)")
     p.add_argument("--device", choices=("cpu", "cuda"),
                    help="default: cuda when available (MONeT's batch sizes), else cpu")
+    p.add_argument("--size", default="",
+                   help="the models' factory arguments instead of the regime's, e.g. "
+                        "batch=32,size=160 (with --out elsewhere: bench.json keys by model)")
     p.add_argument("--no-merge", action="store_true",
                    help="replace bench.json instead of merging these models into it")
 
@@ -90,7 +95,8 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
         rounds=args.rounds or (3 if args.quick else 11),
         time_limit_s=args.time_limit or (5.0 if args.quick else 30.0),
         out=Path(args.out), merge=not args.no_merge,
-        command="monet-opt bench " + shlex.join(argv), git_commit=_git_commit())
+        command="monet-opt bench " + shlex.join(argv), git_commit=_git_commit(),
+        size=zoo.parse_size(args.size))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +127,7 @@ def run(s: Settings) -> int:
 
 def bench_model(spec: models.BenchModel, s: Settings) -> results.ModelRun:
     started = time.perf_counter()
-    model, x, config = spec.build(s.regime)
+    model, x, config = spec.build(s.regime, s.size)
     model, x = model.to(s.device), _to(x, s.device)
     print(f"\n== {spec.name}: {config} on {_device_name(s.device)}", flush=True)
     eager = measure.runner_for("eager", model, model, x)
