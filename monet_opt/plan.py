@@ -101,11 +101,9 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
               limit: int) -> Plan:
     """The plan of a feasible `result` on `problem`; labels: each op's source (or ())."""
     sim = simulate(problem, result.schedule)
-    run = problem.with_variants(result.schedule.variants)
     internal_assert(sim.peak_bytes == result.peak_bytes, "solver and simulator disagree")
     store_all = simulate(problem, schedule_from_kept(problem, problem.saved_for_backward))
     grads = sum(problem.tensors[t].bytes for t in problem.backward_outputs)
-    n_fwd = len(problem.forward_ops)
     return Plan(memory_limit_bytes=limit, predicted_peak_bytes=sim.peak_bytes,
                 predicted_step_time_s=sim.time_s, solver=result.solver,
                 status=result.status.value, solve_time_s=result.solve_time_s, gap=result.gap,
@@ -114,10 +112,8 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
                 min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
                 variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
                 rows=op_rows(problem, result.schedule, sim, labels),
-                timeline=Timeline(op_time_s=tuple(
-                    run.ops[i].rerun_s if k >= n_fwd and not run.ops[i].is_backward
-                    else run.ops[i].time_s for k, i in enumerate(sim.steps)),
-                    live_bytes=sim.live_bytes, backward_start=n_fwd))
+                timeline=Timeline(op_time_s=sim.step_time_s, live_bytes=sim.live_bytes,
+                                  backward_start=len(problem.forward_ops)))
 
 
 def op_rows(problem: Problem, schedule: Schedule, sim: Simulation,

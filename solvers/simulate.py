@@ -26,7 +26,7 @@ class Simulation:
     """peak_bytes: fixed memory plus the largest live total. time_s: sum of every op run.
     steps: op ids in execution order (forward phase, then backward phase). live_bytes[k]: bytes
     resident while step k runs (fixed included). recompute_counts[i]: how often forward op i
-    runs in the backward phase."""
+    runs in the backward phase. step_time_s[k]: the time of step k (a recomputation's rerun_s)."""
 
     peak_bytes: int
     time_s: float
@@ -34,6 +34,7 @@ class Simulation:
     steps: tuple[int, ...]
     live_bytes: tuple[int, ...]
     recompute_counts: tuple[int, ...]
+    step_time_s: tuple[float, ...] = ()
 
 
 def simulate(problem: Problem, schedule: Schedule) -> Simulation:
@@ -53,10 +54,11 @@ def simulate(problem: Problem, schedule: Schedule) -> Simulation:
         if not problem.ops[i].is_backward:
             counts[i] += 1
     n_fwd = len(problem.forward_ops)  # the backward's forward ops are recomputations
-    time_s = sum(problem.ops[i].time_s if k < n_fwd or problem.ops[i].is_backward
-                 else problem.ops[i].rerun_s for k, i in enumerate(steps))
-    return Simulation(peak_bytes=peak, time_s=time_s, peak_step=peak_step, steps=steps,
-                      live_bytes=tuple(live_bytes), recompute_counts=tuple(counts))
+    step_time_s = tuple(problem.ops[i].time_s if k < n_fwd or problem.ops[i].is_backward
+                        else problem.ops[i].rerun_s for k, i in enumerate(steps))
+    return Simulation(peak_bytes=peak, time_s=sum(step_time_s), peak_step=peak_step,
+                      steps=steps, live_bytes=tuple(live_bytes),
+                      recompute_counts=tuple(counts), step_time_s=step_time_s)
 
 
 def _check_backward_order(problem: Problem, schedule: Schedule) -> None:
