@@ -1,15 +1,13 @@
 """The MILP as a solver: warm start, solve, check with the simulator, report honestly."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import math
 import time
 
 from solvers import baselines, evict, variants, windows
 from solvers.bound import boundary_bound
-from solvers.errors import InvalidScheduleError
+from solvers.least import least_peak
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
 from solvers.mip import solve_relaxation
 from solvers.ondemand import schedule_from_kept
@@ -28,17 +26,17 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     fits; the whole program gets half the time left, windows of it the rest (NOTE [Windows of
     stages]); the fastest schedule any of them found is returned (FEASIBLE unless the whole
     program was proved optimal). min_feasible_bytes comes from the memory-centric program
-    (least_peak, whose schedule is the floor_schedule when it is the lower) and the heuristics:
-    a budget the same call meets again (a schedule found at a looser budget may peak lower; its
-    peak is not reported, since a search at that budget need not find it again)."""
+    (solvers/least.py, whose schedule is the floor_schedule when it is the lower) and the
+    heuristics: a budget the same call meets again (a schedule found at a looser budget may
+    peak lower; its peak is not reported, since a search at that budget need not find it
+    again)."""
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
     heuristic = _heuristic(problem, budget_bytes)
-    least_bytes, least = least_peak(problem, options)  # cached
-    min_feasible, floor = floor_of([(least_bytes, least), (heuristic.min_feasible_bytes, None)])
     valid = boundary_bound(problem, budget_bytes, min(10.0, options.time_limit_s / 5))
     if valid == math.inf:  # some moment of the backward cannot fit
+        min_feasible, floor = _floor(problem, options, heuristic)
         return SolveResult(solver="milp", status=Status.INFEASIBLE, schedule=None,
                            objective_s=None, peak_bytes=None, bound_s=None, gap=None,
                            solve_time_s=time.perf_counter() - start,
@@ -54,12 +52,20 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     # the whole program gets a share of what is left; windows the rest (NOTE [Windows of stages])
     share = (deadline - time.perf_counter()) * WHOLE_PROGRAM_SHARE
     res, sched = solve_program(program, _remaining(options, time.perf_counter() + share), warm)
-    best = fastest_within(problem, budget_bytes, [(sched, "milp"), (warm, "warm start"),
-                                                 (least, "memory-centric program")], "the MILP")
     coarsened = _notes(stages)
     notes = list(coarsened)
+    found = [(sched, "milp"), (warm, "warm start")]
+    best = fastest_within(problem, budget_bytes, found, "the MILP")
+    if best is None:  # the memory-centric program's schedule may fit where nothing else did
+        found.append((least_peak(problem, options)[1], "memory-centric program"))
+        best = fastest_within(problem, budget_bytes, found, "the MILP")
     if best is not None and res.status != "optimal" and program.start_values(best[0]):
         best, res = _by_windows(program, best, res, options, deadline, notes)
+    # collected last: "auto" begins it aside (NOTE [Work aside] in solvers/aside.py)
+    min_feasible, floor = _floor(problem, options, heuristic)
+    found = [(best[0], best[2])] if best is not None else []
+    best = fastest_within(problem, budget_bytes, found + [
+        (least_peak(problem, options)[1], "memory-centric program")], "the MILP")
     # NOTE [A valid bound]: a coarsened program (merged stages, a recompute window) searches
     # part of the schedules only, so its bound is no bound on the rest: another solver's
     # schedule can beat it. The result then reports the boundary bound (solvers/bound.py) or
@@ -89,6 +95,13 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
                        solve_time_s=time.perf_counter() - start,
                        min_feasible_bytes=min_feasible, floor_schedule=floor,
                        note="; ".join(notes))
+
+
+def _floor(problem: Problem, options: MilpOptions,
+           heuristic: SolveResult) -> tuple[int, Schedule | None]:
+    """The least budget this call meets again, and its schedule where that is the memory-centric
+    program's."""
+    return floor_of([least_peak(problem, options), (heuristic.min_feasible_bytes, None)])
 
 
 def _by_windows(program: Program, best, res, options: MilpOptions, deadline: float,
@@ -169,55 +182,3 @@ def _best_start(problem: Problem, budget_bytes: int, program: Program, heuristic
         if sim.peak_bytes <= budget_bytes and (best is None or sim.time_s < best[0]):
             best = (sim.time_s, sched)
     return best[1] if best else None
-
-
-def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
-    """The memory-centric program (the budget is the objective), given
-    options.least_time_limit_s (a quarter of the time limit by default), warm-started from
-    the lowest of Chen's least-peak schedules (greedy or sqrt) and options.least_start; or
-    that schedule, where it is lower. Cached per (problem, the options it reads: not
-    time_limit_s where least_time_limit_s is given), so the budget it reports is met again by
-    the same call, and a caller may run it first, then give the MILP what is left of its time
-    (NOTE [The least peak's time] in solvers/registry.py)."""
-    if options.least_time_limit_s is not None:
-        options = dataclasses.replace(options, time_limit_s=1.0)  # not read: one cache entry
-    return _least_peak(problem, options)
-
-
-@functools.lru_cache(maxsize=8)
-def _least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
-    best = None
-    opts = baselines.BaselineOptions()
-    for heuristic in (baselines.chen_greedy, baselines.chen_sqrt):
-        for chosen in {frozenset(), variants.lightest(problem)}:
-            floor = variants.run_with(heuristic, problem, 2 ** 62, opts,
-                                      chosen).min_feasible_bytes
-            sched = variants.run_with(heuristic, problem, floor, opts, chosen).schedule
-            if best is None or floor < best[0]:
-                best = (floor, sched)
-    if options.least_start is not None:  # NOTE [Least peaks remembered]
-        with contextlib.suppress(InvalidScheduleError, IndexError):
-            best = min(best, (simulate(problem, options.least_start).peak_bytes,
-                              options.least_start), key=lambda b: b[0])
-    # NOTE [Least peak with variants]
-    #   Variant reads move stage boundaries (where recomputation may run), so the program
-    #   with variants can end a byte above the same program without them. The plain problem
-    #   is solved too; its schedules run on `problem` unchanged, so offering variants never
-    #   raises the least peak.
-    plains = [problem] + ([problem.with_variants(frozenset())] if problem.variants else [])
-    total = options.least_time_limit_s if options.least_time_limit_s is not None \
-        else options.time_limit_s / 4
-    share = max(1.0, total / len(plains))
-    for plain in plains:
-        stages = build_stages(plain, options.max_recompute_vars, options.max_held_vars)
-        quick = dataclasses.replace(options, time_limit_s=share)
-        warm = best[1] if plain is problem or not best[1].variants else None
-        res, sched = solve_program(Program(stages, None), quick, warm)
-        if sched is not None:
-            sched = sched if plain is problem else \
-                dataclasses.replace(sched, variants=frozenset())
-            best = min(best, (simulate(problem, sched).peak_bytes, sched), key=lambda b: b[0])
-    return best
-
-
-least_peak.cache_clear = _least_peak.cache_clear  # type: ignore[attr-defined]

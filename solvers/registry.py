@@ -5,7 +5,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
-from solvers import baselines, checkmate, dp, evict, fine, joint, prune, variants
+from solvers import baselines, checkmate, dp, evict, fine, joint, least, prune, variants
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
@@ -132,13 +132,17 @@ def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
 
 
 # NOTE [The least peak's time]
-#   The MILP runs its memory-centric program (joint.least_peak) for least_time_limit_s of its
+#   The MILP runs its memory-centric program (solvers/least.py) for least_time_limit_s of its
 #   own, cached per problem, on top of its time limit. The first solve of a problem in a
 #   process, which is every optimize() of a fresh process, thus ran the MILP that much past its
 #   share, out of the time fine windows were to have: on DenseNet-121 (b16, 128², 40 % of its
 #   activations) the MILP took 20.6 s of auto's 30 and fine windows none (+17.6 %), where a
 #   second solve of the same profile, the program cached, gave them 10 s (+14.9 %). So auto
-#   runs the program first and gives the MILP its share less that time.
+#   gives the MILP its share less that time. Where the platform can fork, the program runs
+#   aside from the start (NOTE [Work aside] in solvers/aside.py), on the core the search
+#   leaves idle, and the time cut from the MILP (least_time_limit_s) goes to fine windows:
+#   ResNet-50 (b32, 160², auto 60 s) at 50 / 40 % of its activations went from +6.02-6.35 /
+#   +7.38 % (gaps 1.9-2.2 / 2.0 %) to +4.99 / +7.08 % (gaps 1.0 / 1.7 %), twice each.
 def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
           least_start: Schedule | None = None, candidates: Sequence[Schedule] = ()
           ) -> SolveResult:
@@ -147,19 +151,23 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
     deadline = start + limit
     polish_s = min(AUTO_POLISH_TIME_LIMIT_S, limit / 6)
     prune_s = polish_s / 2  # polishing's share, split: NOTE [Pruning recomputation]
-    cheap = _cheap(problem, budget_bytes)
-    dp_options = dp.DpOptions(mode="memory" if cheap[0].feasible else "time",
-                              time_limit_s=min(AUTO_DP_TIME_LIMIT_S, limit / 6))
-    lower_sets = solve(problem, budget_bytes, "dp", dp_options)  # memory: only its least peak
+    dp_s = min(AUTO_DP_TIME_LIMIT_S, limit / 6)
     # fixed, not what is left: the least-peak program is cached per (problem, options)
     fine_s = limit * AUTO_FINE_SHARE  # whether or not store-all fits: the same options
-    milp_s = limit - polish_s - dp_options.time_limit_s
+    milp_s = limit - polish_s - dp_s
     milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
                        least_time_limit_s=milp_s / 4)
+    least.start(problem, milp)  # NOTE [Work aside] in solvers/aside.py
+    cheap = _cheap(problem, budget_bytes)
+    dp_options = dp.DpOptions(mode="memory" if cheap[0].feasible else "time", time_limit_s=dp_s)
+    lower_sets = solve(problem, budget_bytes, "dp", dp_options)  # memory: only its least peak
     if not cheap[0].feasible:  # NOTE [The least peak's time]
-        before = time.perf_counter()
-        joint.least_peak(problem, milp)
-        spent = time.perf_counter() - before
+        if least.running(problem, milp):
+            spent = milp.least_time_limit_s
+        else:
+            before = time.perf_counter()
+            joint.least_peak(problem, milp)
+            spent = time.perf_counter() - before
         milp = dataclasses.replace(milp, time_limit_s=max(1.0, milp_s - fine_s - spent))
     results = cheap if cheap[0].feasible else \
         cheap + [lower_sets, solve(problem, budget_bytes, "milp", milp)]

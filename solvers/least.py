@@ -1,0 +1,112 @@
+"""The memory-centric program: the least budget the joint program can meet, and its schedule.
+
+Run aside (NOTE [Work aside] in solvers/aside.py) where the problem is large: "auto" starts it
+first and collects it at its end.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import dataclasses
+
+from solvers import baselines, variants
+from solvers.aside import Aside
+from solvers.errors import InvalidScheduleError
+from solvers.milp import MilpOptions, Program, build_stages, solve_program
+from solvers.problem import Problem
+from solvers.schedule import Schedule
+from solvers.simulate import simulate
+
+# Problems with fewer ops solve their least-peak program in well under a second: in the caller.
+ASIDE_MIN_OPS = 300
+CACHE_SIZE = 8
+
+_done: collections.OrderedDict[tuple, tuple[int, Schedule]] = collections.OrderedDict()
+_aside: dict[tuple, Aside] = {}
+
+
+def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
+    """The memory-centric program (the budget is the objective), given
+    options.least_time_limit_s (a quarter of the time limit by default), warm-started from
+    the lowest of Chen's least-peak schedules (greedy or sqrt) and options.least_start; or
+    that schedule, where it is lower. Cached per (problem, the options it reads: not
+    time_limit_s where least_time_limit_s is given), so the budget it reports is met again by
+    the same call; if start() began it, its result is waited for."""
+    key = _key(problem, options)
+    if key not in _done:
+        running = _aside.pop(key, None)
+        value = running.result() if running is not None else _solve(*key)
+        _done[key] = value
+        while len(_done) > CACHE_SIZE:
+            _done.popitem(last=False)
+    _done.move_to_end(key)
+    return _done[key]
+
+
+def start(problem: Problem, options: MilpOptions) -> None:
+    """Begin least_peak(problem, options) in a forked child, where the problem is large and
+    it is neither known nor begun; least_peak() collects it."""
+    key = _key(problem, options)
+    if key not in _done and key not in _aside and len(problem.ops) >= ASIDE_MIN_OPS:
+        _aside[key] = Aside(_solve, *key)
+
+
+def running(problem: Problem, options: MilpOptions) -> bool:
+    """Whether start() began least_peak(problem, options) aside and nothing collected it yet."""
+    return _key(problem, options) in _aside
+
+
+def cache_clear() -> None:
+    """Forget every answer, and stop the programs begun aside."""
+    _done.clear()
+    while _aside:
+        _aside.popitem()[1].cancel()
+
+
+least_peak.cache_clear = cache_clear  # type: ignore[attr-defined]
+# A child nobody collects would block on its full pipe, and the interpreter waits for its
+# children at exit: stop them first (handlers run last-registered first, so before
+# multiprocessing's own).
+atexit.register(cache_clear)
+
+
+def _key(problem: Problem, options: MilpOptions) -> tuple[Problem, MilpOptions]:
+    if options.least_time_limit_s is not None:
+        options = dataclasses.replace(options, time_limit_s=1.0)  # not read: one cache entry
+    return problem, options
+
+
+def _solve(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
+    best = None
+    opts = baselines.BaselineOptions()
+    for heuristic in (baselines.chen_greedy, baselines.chen_sqrt):
+        for chosen in {frozenset(), variants.lightest(problem)}:
+            floor = variants.run_with(heuristic, problem, 2 ** 62, opts,
+                                      chosen).min_feasible_bytes
+            sched = variants.run_with(heuristic, problem, floor, opts, chosen).schedule
+            if best is None or floor < best[0]:
+                best = (floor, sched)
+    if options.least_start is not None:  # NOTE [Least peaks remembered]
+        with contextlib.suppress(InvalidScheduleError, IndexError):
+            best = min(best, (simulate(problem, options.least_start).peak_bytes,
+                              options.least_start), key=lambda b: b[0])
+    # NOTE [Least peak with variants]
+    #   Variant reads move stage boundaries (where recomputation may run), so the program
+    #   with variants can end a byte above the same program without them. The plain problem
+    #   is solved too; its schedules run on `problem` unchanged, so offering variants never
+    #   raises the least peak.
+    plains = [problem] + ([problem.with_variants(frozenset())] if problem.variants else [])
+    total = options.least_time_limit_s if options.least_time_limit_s is not None \
+        else options.time_limit_s / 4
+    share = max(1.0, total / len(plains))
+    for plain in plains:
+        stages = build_stages(plain, options.max_recompute_vars, options.max_held_vars)
+        quick = dataclasses.replace(options, time_limit_s=share)
+        warm = best[1] if plain is problem or not best[1].variants else None
+        res, sched = solve_program(Program(stages, None), quick, warm)
+        if sched is not None:
+            sched = sched if plain is problem else \
+                dataclasses.replace(sched, variants=frozenset())
+            best = min(best, (simulate(problem, sched).peak_bytes, sched), key=lambda b: b[0])
+    return best

@@ -1,0 +1,72 @@
+"""NOTE [Work aside]: the least-peak program run in a forked child gives what it gives in the
+caller; a child that fails or dies is an error, never a silent missing answer."""
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+import solvers
+from solvers import least
+from solvers.aside import Aside, can_fork
+from solvers.errors import SolverError
+from solvers.milp import MilpOptions
+from tests.problems import autodiff_problem
+
+needs_fork = pytest.mark.skipif(not can_fork(), reason="the platform cannot fork")
+
+
+def _fail(message: str) -> None:
+    raise ValueError(message)
+
+
+@needs_fork
+def test_a_value_comes_back_from_the_child():
+    aside = Aside(os.getpid)
+    assert aside.result() != os.getpid()
+
+
+@needs_fork
+def test_an_error_in_the_child_is_raised_with_its_message():
+    with pytest.raises(SolverError, match="ValueError: the child's own words"):
+        Aside(_fail, "the child's own words").result()
+
+
+@needs_fork
+def test_a_child_that_dies_is_an_error():
+    with pytest.raises(SolverError, match="died in its child process"):
+        Aside(os._exit, 3).result()
+
+
+@needs_fork
+def test_a_cancelled_computation_has_no_result():
+    aside = Aside(os.getpid)
+    aside.cancel()
+    with pytest.raises(SolverError, match="cancelled"):
+        aside.result()
+
+
+@needs_fork
+def test_the_least_peak_begun_aside_is_the_one_computed_here(monkeypatch):
+    problem = autodiff_problem(14, random.Random(3))
+    options = MilpOptions(time_limit_s=8.0)
+    least.cache_clear()
+    here = least.least_peak(problem, options)
+    least.cache_clear()
+    monkeypatch.setattr(least, "ASIDE_MIN_OPS", 0)
+    least.start(problem, options)
+    assert least.running(problem, options)
+    assert least.least_peak(problem, options) == here
+    assert not least.running(problem, options)
+    assert solvers.simulate(problem, here[1]).peak_bytes == here[0]
+
+
+@needs_fork
+def test_auto_collects_what_it_began_aside(monkeypatch):
+    problem = autodiff_problem(14, random.Random(5))
+    monkeypatch.setattr(least, "ASIDE_MIN_OPS", 0)
+    least.cache_clear()
+    result = solvers.solve(problem, 10 ** 12, "auto", time_limit_s=6.0)
+    assert least._aside == {}
+    assert result.min_feasible_bytes <= result.peak_bytes
