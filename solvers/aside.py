@@ -8,7 +8,7 @@ NOTE [Work aside]
   its own HiGHS children, NOTE [HiGHS in a child process] in solvers/mip.py), and searches on
   the other core meanwhile. The child sends its result back through a pipe when done; a child
   that dies or raises is reported as a SolverError, never as a missing result. Where the
-  platform cannot fork, the computation runs in the caller when its result is asked for.
+  platform cannot fork, nothing is begun aside and auto runs the program first, as before.
 """
 from __future__ import annotations
 
@@ -24,24 +24,25 @@ def can_fork() -> bool:
 
 
 class Aside:
-    """fn(*args) computed in a forked child (or, without fork, in the caller at result())."""
+    """fn(*args) computed in a forked child; result() waits for it, once."""
 
     def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.fn, self.args = fn, args
-        self.child = self.receive = None
-        if can_fork():
-            ctx = multiprocessing.get_context("fork")
-            self.receive, send = ctx.Pipe(duplex=False)
-            # not a daemon: it forks HiGHS children of its own, which daemons may not
-            self.child = ctx.Process(target=_run, args=(send, fn, args), daemon=False)
-            self.child.start()
-            send.close()
+        if not can_fork():
+            raise SolverError("solvers.aside: this platform cannot fork; run the computation "
+                              "in the caller instead")
+        self.fn = fn
+        ctx = multiprocessing.get_context("fork")
+        self.receive, send = ctx.Pipe(duplex=False)
+        # not a daemon: it forks HiGHS children of its own, which daemons may not
+        self.child = ctx.Process(target=_run, args=(send, fn, args), daemon=False)
+        self.child.start()
+        send.close()
 
     def result(self) -> Any:
         """The value, waiting for the child as long as it takes (its work has its own time
         limit)."""
         if self.child is None:
-            return self.fn(*self.args)
+            raise SolverError(f"{self._name()} was cancelled, or its result already taken")
         try:
             kind, payload = self.receive.recv()
         except EOFError:
@@ -60,14 +61,9 @@ class Aside:
             self.child.join()
             self.receive.close()
             self.child = None
-            self.fn = _cancelled
 
     def _name(self) -> str:
         return getattr(self.fn, "__qualname__", repr(self.fn))
-
-
-def _cancelled(*_: Any) -> Any:
-    raise SolverError("the computation run aside was cancelled before its result was asked for")
 
 
 def _run(send, fn: Callable[..., Any], args: tuple) -> None:

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 
 from solvers import baselines, variants
-from solvers.aside import Aside
+from solvers.aside import Aside, can_fork
 from solvers.errors import InvalidScheduleError
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
 from solvers.problem import Problem
@@ -45,10 +45,11 @@ def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
 
 
 def start(problem: Problem, options: MilpOptions) -> None:
-    """Begin least_peak(problem, options) in a forked child, where the problem is large and
-    it is neither known nor begun; least_peak() collects it."""
+    """Begin least_peak(problem, options) in a forked child, where the platform can fork, the
+    problem is large and it is neither known nor begun; least_peak() collects it."""
     key = _key(problem, options)
-    if key not in _done and key not in _aside and len(problem.ops) >= ASIDE_MIN_OPS:
+    if can_fork() and key not in _done and key not in _aside and \
+            len(problem.ops) >= ASIDE_MIN_OPS:
         _aside[key] = Aside(_solve, *key)
 
 

@@ -167,14 +167,14 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
     if not cheap[0].feasible:  # NOTE [The least peak's time]
         before = time.perf_counter()
         if not least.running(problem, milp):
-            joint.least_peak(problem, milp)  # here, unless cached
+            least.least_peak(problem, milp)  # here, unless cached
         spent = max(time.perf_counter() - before, milp.least_time_limit_s)
         milp = dataclasses.replace(milp, time_limit_s=max(1.0, milp_s - fine_s - spent))
     results = cheap if cheap[0].feasible else \
         cheap + [lower_sets, solve(problem, budget_bytes, "milp", milp)]
     floors = [(r.min_feasible_bytes, r.floor_schedule) for r in results + [lower_sets]]
     if cheap[0].feasible:  # the MILP's least peak, as if it had run
-        floors.append(joint.least_peak(problem, milp))
+        floors.append(least.least_peak(problem, milp))
     min_peak, floor = floor_of(floors)
     feasible = [r for r in results if r.feasible]
     if not cheap[0].feasible:  # NOTE [Schedules remembered]
