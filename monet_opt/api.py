@@ -281,11 +281,12 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
     problem = with_costs(lowered, measured.variant_costs).problem if lowered.variant_sites \
         else lowered.problem
     exact = [measured.variant_measured[v] and _acceptable(site, err, allow_lossy)
+             and not _dominated(problem.variants[v])
              for v, (site, err) in enumerate(zip(lowered.variant_sites,
                                                  measured.variant_error))]
     if not all(exact):
-        bad = [problem.variants[v].name for v, ok in enumerate(exact)
-               if not ok and measured.variant_measured[v]]
+        bad = [problem.variants[v].name for v, ok in enumerate(exact) if not ok and
+               measured.variant_measured[v] and not _dominated(problem.variants[v])]
         if bad:
             warnings.warn(f"monet_opt: {len(bad)} operator variant(s) did not reproduce the "
                           f"op's result (bitwise, or within a lossy family's bound) on this "
@@ -314,6 +315,12 @@ def _families(variants: bool | Collection[str], allow_lossy: bool) -> frozenset[
         raise ValueError(f"monet_opt.optimize: variant families {lossy} are lossy; pass "
                          f"allow_lossy=True to use them")
     return names
+
+
+def _dominated(variant: solvers.Variant) -> bool:
+    """Another implementation of an op (it reads what the op reads: NOTE [Other
+    implementations]) that is not faster: never worth a plan's choosing, so not offered."""
+    return variant.reads == (variant.replaces,) and variant.extra_time_s >= 0
 
 
 def _acceptable(site, error: float, allow_lossy: bool) -> bool:

@@ -21,7 +21,8 @@ from solvers import Op, Problem, Tensor, Variant
 @dataclass(frozen=True)
 class VariantSite:
     """Where variant v of the problem applies: family, the backward FX node, which argument,
-    the encode op's id (None if the family keeps nothing), and the constants encode takes."""
+    the encode op's id (None if the family keeps nothing), the constants encode takes, and the
+    forward node read in the argument's place (families with `reads`)."""
 
     family: str
     backward_node: str
@@ -29,6 +30,7 @@ class VariantSite:
     encode_op: int | None
     params: tuple
     like: tuple  # (shape, dtype, device) of the replaced argument
+    reads: str | None = None
 
 
 def attach_variants(lowered: Lowered, joint: fx.GraphModule,
@@ -42,14 +44,15 @@ def attach_variants(lowered: Lowered, joint: fx.GraphModule,
       A family replaces one argument of its op, and the Problem's variant replaces that
       argument's storage (through views). It matches only where the argument is a forward
       tensor and the op reads that storage through no other argument: otherwise the op would
-      still need the storage. Two families replacing different arguments of one op (max-pool's
+      still need the storage (another implementation of the op, which reads the argument
+      itself, may match anywhere). Two families replacing different arguments of one op (max-pool's
       input and indices) are different solver groups and combine (variants.py NOTE
       [Combining variants]); families replacing the same argument exclude each other."""
     p = lowered.problem
     nodes = {n.name: n for n in joint.graph.nodes}
     tensor_of = {name: t for t, name in enumerate(lowered.tensor_nodes) if name is not None}
     fwd = set(p.forward_tensors)
-    found = []  # (family, backward op id, its node, replaced tensor)
+    found = []  # (family, backward op id, its node, replaced tensor, tensor read instead)
     for b in p.backward_ops:
         node = nodes[lowered.op_nodes[b]]
         args, _ = recompute.effective_args(node)
@@ -60,14 +63,17 @@ def attach_variants(lowered: Lowered, joint: fx.GraphModule,
             t = _storage(arg, lowered, tensor_of, nodes)
             reads = [a for a in recompute.tensor_args(node)
                      if _storage(a, lowered, tensor_of, nodes) == t]
-            if t is None or t not in fwd or len(reads) != 1:
+            instead = None if fam.reads is None else \
+                _storage(fam.reads(node), lowered, tensor_of, nodes)
+            if t is None or t not in fwd or (len(reads) != 1 and instead != t) or \
+                    (fam.reads is not None and instead not in fwd):
                 continue
-            found.append((fam, b, node, t))
+            found.append((fam, b, node, t, instead))
     if not found:
         return lowered
     # the new op order: each encode op right after the producer of what it encodes
     after: dict[int, list[int]] = {}
-    for k, (fam, _, _, t) in enumerate(found):
+    for k, (fam, _, _, t, _) in enumerate(found):
         if fam.encode is not None:
             after.setdefault(p.tensors[t].producer, []).append(k)
     order: list[tuple[str, int]] = []
@@ -92,7 +98,7 @@ def attach_variants(lowered: Lowered, joint: fx.GraphModule,
             op_nodes.append(lowered.op_nodes[i])
             labels.append(lowered.op_labels[i] if lowered.op_labels else "")
             continue
-        fam, _, node, t = found[i]
+        fam, _, node, t, _ = found[i]
         name = f"{fam.name}:{node.name}"
         out = len(tensors)
         tensors.append(Tensor(name, _encoded_bytes(fam, node, encoded), n))
@@ -100,13 +106,14 @@ def attach_variants(lowered: Lowered, joint: fx.GraphModule,
         ops.append(Op(name, False, 0.0, (t,), (out,)))
         op_nodes.append(name)
         labels.append(f"{fam.name} encode for {node.name}")
-    for k, (fam, b, node, t) in enumerate(found):
+    for k, (fam, b, node, t, instead) in enumerate(found):
         enc = enc_id.get(k)
         like = _like(node.args[fam.arg])
-        sites.append(VariantSite(fam.name, node.name, fam.arg, enc, fam.params(node), like))
+        sites.append(VariantSite(fam.name, node.name, fam.arg, enc, fam.params(node), like,
+                                 None if instead is None else fam.reads(node).name))
+        reads = ops[enc].outputs if enc is not None else () if instead is None else (instead,)
         problem_variants.append(Variant(
-            f"{fam.name}:{node.name}", new_id[b], t,
-            reads=ops[enc].outputs if enc is not None else (),
+            f"{fam.name}:{node.name}", new_id[b], t, reads=reads,
             encode_ops=(enc,) if enc is not None else ()))
     problem = Problem(tuple(ops), tuple(tensors), p.fixed_bytes, p.forward_outputs,
                       p.backward_outputs, tuple(problem_variants), name=p.name)

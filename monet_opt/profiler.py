@@ -37,6 +37,7 @@ from torch.utils import _pytree as pytree
 
 from monet_opt import recompute, variants
 from monet_opt.lower import Lowered
+from monet_opt.errors import MonetError
 from monet_opt.memory import LiveBytes
 from monet_opt.profile_budget import Budget, estimates
 
@@ -86,8 +87,13 @@ class _VariantProbe:
         self.error = [float("inf")] * n  # inf: not measured
         self.seen: dict[tuple, tuple[float, float]] = {}
 
-    def measure(self, node: fx.Node, args, result, sig: tuple, cuda: bool,
-                budget: Budget) -> None:
+    def keep_until(self) -> dict[str, str]:
+        """Forward values a family reads in its op's argument's place -> the backward node
+        they must live until."""
+        return {site.reads: site.backward_node for site in self.sites if site.reads is not None}
+
+    def measure(self, node: fx.Node, args, kwargs, result, sig: tuple, cuda: bool,
+                budget: Budget, env: dict) -> None:
         for v in self.at.get(node.name, ()):
             site = self.sites[v]
             fam = variants.family(site.family)
@@ -96,20 +102,25 @@ class _VariantProbe:
             enc_fn = None if fam.encode is None else \
                 functools.partial(fam.encode, x, *site.params)
             # one counted run: workspace and the relative error (also the warm-up)
-            enc, enc_ws = _counted(enc_fn, cuda) if enc_fn else (site.like, 0)
+            enc, enc_ws = _counted(enc_fn, cuda) if enc_fn else \
+                (site.like if site.reads is None else env[site.reads], 0)
             want = result
             if fam.draw is not None:  # NOTE [Generator-state replay]: the state's own draw
                 drawn = fam.draw(*site.params)
-                want = node.target(*(drawn if k == site.arg else a for k, a in enumerate(args)))
+                want = node.target(*(drawn if k == site.arg else a for k, a in enumerate(args)),
+                                   **kwargs)
             new_args = tuple(enc if k == site.arg else a for k, a in enumerate(args))
-            out, run_ws = _counted(functools.partial(replacement, *new_args), cuda)
+            try:
+                out, run_ws = _counted(functools.partial(replacement, *new_args, **kwargs), cuda)
+            except MonetError:  # a family's guard (NOTE [BatchNorm from its output])
+                continue
             self.workspace[v] = (enc_ws, run_ws)
             self.error[v] = relative_error(out, want, _used_outputs(node))
             key = (site.family, repr(site.params), sig)
             if key not in self.seen:
                 n = max(1, budget.repeats_now())
                 enc_s = [_call(enc_fn, (), {}, cuda)[1] for _ in range(n)] if enc_fn else [0.0]
-                run_s = [_call(replacement, new_args, {}, cuda)[1] for _ in range(n)]
+                run_s = [_call(replacement, new_args, kwargs, cuda)[1] for _ in range(n)]
                 self.seen[key] = (statistics.median(enc_s), statistics.median(run_s))
             self.times[v] = self.seen[key]
 
@@ -155,7 +166,8 @@ def _used_outputs(node: fx.Node) -> frozenset[int] | None:
 def relative_error(got, want, only: frozenset[int] | None = None) -> float:
     """0.0 when `got` is bitwise `want` (tensors or tuples of them, the outputs in `only`
     if given; NaNs where want has them); else the largest max-abs relative error over the
-    outputs; inf when shapes, dtypes or the NaN/inf pattern differ."""
+    outputs; inf when shapes, strides (the graph's views of an output expect its layout),
+    dtypes or the NaN/inf pattern differ."""
     gots = got if isinstance(got, (tuple, list)) else (got,)
     wants = want if isinstance(want, (tuple, list)) else (want,)
     if len(gots) != len(wants):
@@ -167,7 +179,7 @@ def relative_error(got, want, only: frozenset[int] | None = None) -> float:
         if a is None and b is None:
             continue
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \
-                a.shape != b.shape or a.dtype != b.dtype:
+                a.shape != b.shape or a.dtype != b.dtype or a.stride() != b.stride():
             return float("inf")
         if torch.equal(a, b) or (torch.equal(a.isnan(), b.isnan())
                                  and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))):
@@ -247,7 +259,7 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
     cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
     _walk(gm, inputs, lambda node, args, kwargs, env: _measure_node(
         node, args, kwargs, env, measured, seen, wanted, probe, budget, cuda, reruns),
-        budget.over)
+        budget.over, probe.keep_until())
     median = {sig: statistics.median(samples) for sig, samples in seen.items()}
     return ({name: median[sig] for name, sig in measured.items()},
             {name: median[key] for name, key in reruns.items()},
@@ -267,12 +279,22 @@ def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> None:
     _walk(gm, inputs, run)
 
 
-def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: False) -> None:
+def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: False,
+          keep_until: dict[str, str] | None = None) -> None:
     """Run `gm` node by node: visit(node, args, kwargs, env) computes each call's value into
-    env; values are freed after their last use. Stops before a call once stop() is true."""
+    env; values are freed after their last use (or, for a name in keep_until, after the node
+    named there if that comes later). Stops before a call once stop() is true."""
     last_use: dict[str, fx.Node] = {}
     for node in gm.graph.nodes:
         fx.node.map_arg((node.args, node.kwargs), lambda a: last_use.__setitem__(a.name, node))
+    order = {node: k for k, node in enumerate(gm.graph.nodes)}
+    by_name = {node.name: node for node in gm.graph.nodes}
+    for name, until in (keep_until or {}).items():
+        if name in last_use and order[by_name[until]] > order[last_use[name]]:
+            last_use[name] = by_name[until]
+    free_after: dict[fx.Node, list[str]] = {}
+    for name, node in last_use.items():
+        free_after.setdefault(node, []).append(name)
     env: dict[str, object] = {}
     it = iter(inputs)
     for node in gm.graph.nodes:
@@ -291,7 +313,7 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
                                    f"{exc}") from exc
         elif node.op == "output":
             break
-        for name in [a.name for a in node.all_input_nodes if last_use.get(a.name) is node]:
+        for name in free_after.get(node, ()):
             env.pop(name, None)
 
 
@@ -331,7 +353,7 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
                 seen[key] = _samples(target, rerun, kwargs, cuda, max(1, repeats))
             reruns[node.name] = key
         budget.op_done(repeats)
-    probe.measure(node, args, env[node.name], sig, cuda, budget)
+    probe.measure(node, args, kwargs, env[node.name], sig, cuda, budget, env)
 
 
 # NOTE [Noisy samples]

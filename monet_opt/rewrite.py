@@ -162,8 +162,7 @@ class _Emitter:
             self._capture_rng(old)
         if variant:
             args, kwargs = recompute.effective_args(old)
-            enc = {site.arg: site.like if site.encode_op is None else
-                   self.current[self.lowered.op_nodes[site.encode_op]] for site in variant}
+            enc = {site.arg: _stand_in(site, self) for site in variant}
             args = tuple(enc.get(k, a) for k, a in enumerate(args))
             names = tuple(site.family for site in variant)
             params = tuple(site.params for site in variant)
@@ -216,6 +215,17 @@ class _Emitter:
                 del self.current[name]
         self.views.clear()
         self.tag = BACKWARD
+
+
+def _stand_in(site, e: _Emitter):
+    """What a chosen variant's op reads in the replaced argument's place: its encoded form,
+    the forward node the family reads instead, or (keeping nothing) the argument's
+    (shape, dtype, device)."""
+    if site.encode_op is not None:
+        return e.current[e.lowered.op_nodes[site.encode_op]]
+    if site.reads is not None:
+        return e.nodes[site.reads]
+    return site.like
 
 
 def _producer(arg: fx.Node) -> str:

@@ -46,7 +46,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from monet_opt import recompute, variants_pool
+from monet_opt import recompute, variants_bn, variants_impl, variants_pool
 from monet_opt.errors import internal_assert
 
 aten = torch.ops.aten
@@ -66,7 +66,10 @@ class Family:
     draw(*params) (replaying families only, NOTE [Generator-state replay]): draws the argument
     afresh from the generator, as its producer does; such a family's encoded form is the
     generator state from just before the producer ran, and `decode` draws the argument again
-    from it."""
+    from it. reads(node) (families without encode): the forward node whose value the op gets
+    in the argument's place, one the forward makes anyway: the argument itself for another
+    implementation of the op (NOTE [Other implementations]), a BatchNorm's output for its
+    input (NOTE [BatchNorm from its output])."""
 
     name: str
     op: torch._ops.OpOverload
@@ -79,10 +82,14 @@ class Family:
     exact: bool = True
     max_rel_error: float = 0.0
     draw: Callable[..., torch.Tensor] | None = None
+    reads: Callable[[fx.Node], fx.Node | None] | None = None
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.decode is None):
             raise ValueError(f"variant family {self.name!r}: give exactly one of run, decode")
+        if self.reads is not None and self.encode is not None:
+            raise ValueError(f"variant family {self.name!r}: one that reads a forward node "
+                             f"keeps nothing of its own to encode")
         if self.exact != (self.max_rel_error == 0.0):
             raise ValueError(f"variant family {self.name!r}: an exact family tolerates no "
                              f"error, a lossy one must state its bound")
@@ -248,6 +255,20 @@ FAMILIES: tuple[Family, ...] = (
     *(Family(f"{op}.arg{k}_bf16", getattr(aten, op).default, k, _to_bf16, decode=_from_bf16,
              accepts=_float32_arg(k), exact=False, max_rel_error=LOSSY_OP_BOUND)
       for op in ("mm", "bmm") for k in (0, 1)),
+    # Lossy, opt-in: a BatchNorm's backward from its output (monet_opt/variants_bn.py);
+    # convolution's and attention's backward done otherwise (monet_opt/variants_impl.py).
+    Family("batchnorm.output_activated", aten.native_batch_norm_backward.default, 1, None,
+           run=variants_bn.from_output, reads=variants_bn.output_node,
+           accepts=variants_bn.accepts, exact=False, max_rel_error=LOSSY_OP_BOUND),
+    Family("conv.other_backend", aten.convolution_backward.default, 1, None,
+           run=variants_impl.conv_backward, reads=variants_impl.the_argument(1),
+           accepts=variants_impl.accepts_conv, exact=False,
+           max_rel_error=variants_impl.IMPL_BOUND),
+    Family("attention.math_backward",
+           aten._scaled_dot_product_flash_attention_for_cpu_backward.default, 1, None,
+           run=variants_impl.attention_backward, reads=variants_impl.the_argument(1),
+           accepts=variants_impl.accepts_attention, exact=False,
+           max_rel_error=variants_impl.IMPL_BOUND),
 )
 _BY_NAME = {f.name: f for f in FAMILIES}
 

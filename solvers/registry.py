@@ -122,12 +122,17 @@ _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")
 
 
 def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
-    """The heuristics, with no variants and (where the problem has any) the lightest ones."""
+    """The heuristics, with no variants and (where the problem has any) the lightest ones;
+    store-all with the fastest ones (first: plain store-all, whose fit auto asks about)."""
     out = [solve(problem, budget_bytes, name) for name in _HEURISTICS]
     light = variants.lightest(problem)
     if light:
         out += [variants.run_with(_REGISTRY[name][0], problem, budget_bytes,
                                   _REGISTRY[name][1](), light) for name in _HEURISTICS]
+    fast = variants.fastest(problem)
+    if fast:
+        out.append(variants.run_with(baselines.store_all, problem, budget_bytes,
+                                     baselines.BaselineOptions(), fast))
     return out
 
 

@@ -23,6 +23,18 @@ def lightest(problem: Problem) -> frozenset[int]:
     return frozenset(k[2] for k in best.values())
 
 
+def fastest(problem: Problem) -> frozenset[int]:
+    """Per (op, replaced tensor): the variant that saves the most time, if any saves time
+    (another implementation of an op, NOTE [Other implementations] in monet_opt; an encoding
+    whose op runs faster). With them, keeping everything can beat keeping everything plainly."""
+    best: dict[tuple[int, int], tuple[float, int]] = {}
+    for v, var in enumerate(problem.variants):
+        key = (problem.variant_time_s(v), v)
+        if key[0] < 0 and (var.group not in best or key < best[var.group]):
+            best[var.group] = key
+    return frozenset(k[1] for k in best.values())
+
+
 def run_with(fn: Callable[[Problem, int, Any], SolveResult], problem: Problem, budget_bytes: int,
              options: Any, chosen: frozenset[int] = frozenset()) -> SolveResult:
     """Run a variant-blind solver on the plain problem with `chosen` in use; its schedule then

@@ -98,6 +98,27 @@ class ShapeOnlyNet(nn.Module):
         return self.fc(self.op(self.conv(x)).mean((2, 3)))
 
 
+class SiluCNN(nn.Module):
+    """conv-BN-SiLU blocks (EfficientNet's pattern): SiLU keeps its input, the BatchNorm's
+    output, so a BatchNorm that rebuilds its input from its output needs nothing more kept."""
+
+    def __init__(self, width: int = 16, depth: int = 3) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for k in range(depth):
+            layers += [nn.Conv2d(3 if k == 0 else width, width, 3, padding=1, bias=False),
+                       nn.BatchNorm2d(width), nn.SiLU()]
+        self.body = nn.Sequential(*layers)
+        self.fc = nn.Linear(width, 10)
+
+    def forward(self, x):
+        return self.fc(self.body(x).mean((2, 3)))
+
+
+def silu_cnn():
+    return SiluCNN(), torch.randn(4, 3, 16, 16), lambda out: out.sum()
+
+
 def small_cnn():
     return SmallCNN(), torch.randn(4, 3, 16, 16), lambda out: out.sum()
 
@@ -118,10 +139,12 @@ def transformer_block():
     return TransformerBlock(), torch.randn(2, 16, 32), lambda out: out.sum()
 
 
-def gpt2_tiny():
+def gpt2_tiny(dropout: float = 0.1):
+    """Dropout 0 puts the fused CPU attention kernel in the graph (with dropout, the products)."""
     from transformers import GPT2Config, GPT2LMHeadModel
     cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=500,
-                     use_cache=False, bos_token_id=1, eos_token_id=2)
+                     use_cache=False, bos_token_id=1, eos_token_id=2, attn_pdrop=dropout,
+                     resid_pdrop=dropout, embd_pdrop=dropout)
     model = GPT2LMHeadModel(cfg)
     assert model.lm_head.weight is model.transformer.wte.weight  # tied, as real GPT-2
     return model, {"input_ids": torch.randint(3, 500, (2, 32))}, lambda out: out.logits.sum()

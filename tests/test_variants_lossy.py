@@ -50,6 +50,13 @@ def test_lossy_plan_trains_within_the_stated_bound(factory, family, free_variant
     opt = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
                              allow_lossy=True, time_limit_s=10)
     assert family in _families(opt.plan.variants), opt.plan.explain()
+    assert_trains_within_bounds(opt, base, x, loss_fn)
+    _check_memory(opt, x, loss_fn, limit, "lossy plan")
+
+
+def assert_trains_within_bounds(opt, base, x, loss_fn) -> None:
+    """`opt`'s losses over run_steps and its first step's gradients are within LOSS_BOUND
+    and GRAD_BOUND of eager `base`'s."""
     eager = copy.deepcopy(base)
     (got, _), (want, _) = run_steps(opt, opt.model, x, loss_fn), run_steps(eager, eager, x,
                                                                           loss_fn)
@@ -63,7 +70,6 @@ def test_lossy_plan_trains_within_the_stated_bound(factory, family, free_variant
         err = ((grads_a[name].double() - g.double()).abs().max()
                / g.double().abs().max().clamp_min(1e-30)).item()
         assert err <= GRAD_BOUND, f"{name}: gradient relative error {err:.2e}"
-    _check_memory(opt, x, loss_fn, limit, "lossy plan")
 
 
 def test_lossy_variants_are_never_offered_by_default(tmp_path):
