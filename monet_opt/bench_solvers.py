@@ -97,6 +97,7 @@ def begin(title: str, module: str, args) -> None:
     chosen = "".join(f" --{k} {getattr(args, k)}" for k in ("solvers", "solver", "size")
                      if getattr(args, k, None) and not (least and k == "solvers"))
     chosen += " --least-only" if least else ""
+    chosen += " --lossy" if getattr(args, "lossy", False) else ""
     print(f"# {title}\n\nCommand: `python -m {module} --time-limit "
           f"{args.time_limit:g} --models {args.models}{chosen}`. Machine: {machine}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, "

@@ -18,7 +18,8 @@ NOTE [BatchNorm from its output]
   `BatchNormScaleError` rather than return wrong gradients; below that floor the error in
   x_hat stays under 2**-24 * 2 * (1 + 2 / SCALE_FLOOR) ~ 2e-5. The profiler withdraws the family
   where the model's weights already fail the guard, and where its result is off by more than
-  the lossy bound. Rebuilding takes one temporary the size of x: the family's workspace.
+  the lossy bound. Rebuilding takes one temporary the size of x: the family's workspace. The
+  guard reads a flag on the host: one synchronisation per BatchNorm backward on CUDA.
 """
 from __future__ import annotations
 
