@@ -22,6 +22,7 @@ from monet_opt.plan import Plan, make_plan
 from monet_opt.profiler import PROFILER_REVISION, profile
 from monet_opt.units import parse_memory_limit
 import solvers
+from solvers.variants import useless as useless_variants
 
 
 def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
@@ -280,13 +281,14 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
     lowered = dataclasses.replace(lowered, problem=dataclasses.replace(problem, ops=ops))
     problem = with_costs(lowered, measured.variant_costs).problem if lowered.variant_sites \
         else lowered.problem
+    useless = useless_variants(problem)  # NOTE [Variants that cannot pay]
     exact = [measured.variant_measured[v] and _acceptable(site, err, allow_lossy)
-             and not _dominated(problem.variants[v])
+             and v not in useless
              for v, (site, err) in enumerate(zip(lowered.variant_sites,
                                                  measured.variant_error))]
     if not all(exact):
         bad = [problem.variants[v].name for v, ok in enumerate(exact) if not ok and
-               measured.variant_measured[v] and not _dominated(problem.variants[v])]
+               measured.variant_measured[v] and v not in useless]
         if bad:
             warnings.warn(f"monet_opt: {len(bad)} operator variant(s) did not reproduce the "
                           f"op's result (bitwise, or within a lossy family's bound) on this "
@@ -315,12 +317,6 @@ def _families(variants: bool | Collection[str], allow_lossy: bool) -> frozenset[
         raise ValueError(f"monet_opt.optimize: variant families {lossy} are lossy; pass "
                          f"allow_lossy=True to use them")
     return names
-
-
-def _dominated(variant: solvers.Variant) -> bool:
-    """Another implementation of an op (it reads what the op reads: NOTE [Other
-    implementations]) that is not faster: never worth a plan's choosing, so not offered."""
-    return variant.reads == (variant.replaces,) and variant.extra_time_s >= 0
 
 
 def _acceptable(site, error: float, allow_lossy: bool) -> bool:

@@ -45,9 +45,9 @@ def attach_variants(lowered: Lowered, joint: fx.GraphModule,
       argument's storage (through views). It matches only where the argument is a forward
       tensor and the op reads that storage through no other argument: otherwise the op would
       still need the storage (another implementation of the op, which reads the argument
-      itself, may match anywhere). Two families replacing different arguments of one op (max-pool's
-      input and indices) are different solver groups and combine (variants.py NOTE
-      [Combining variants]); families replacing the same argument exclude each other."""
+      itself, may match anywhere). Two families replacing different arguments of one op
+      (max-pool's input and indices) are different solver groups and combine (variants.py
+      NOTE [Combining variants]); families replacing the same argument exclude each other."""
     p = lowered.problem
     nodes = {n.name: n for n in joint.graph.nodes}
     tensor_of = {name: t for t, name in enumerate(lowered.tensor_nodes) if name is not None}

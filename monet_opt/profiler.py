@@ -42,9 +42,10 @@ from monet_opt.memory import LiveBytes
 from monet_opt.profile_budget import Budget, estimates
 
 # What a profile holds, in the profile directory's keys: a profile an older profiler made
-# (revision 1: no recomputation times) is not served to this one. Raise it when what the
-# profiler measures changes meaning.
-PROFILER_REVISION = 2
+# (revision 1: no recomputation times; 2: variants measured without the op's keyword
+# arguments, their results' strides unchecked, variants that cannot pay still offered) is not
+# served to this one. Raise it when what the profiler measures changes meaning.
+PROFILER_REVISION = 3
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):

@@ -35,6 +35,35 @@ def fastest(problem: Problem) -> frozenset[int]:
     return frozenset(k[1] for k in best.values())
 
 
+def useless(problem: Problem) -> frozenset[int]:
+    """NOTE [Variants that cannot pay]: variants no faster than their op that read, in place
+    of the tensor t they replace, either t itself (another implementation of the op) or
+    tensors the forward makes anyway from t, of no fewer bytes, that no other backward op reads
+    and the forward does not return (MONeT's output-activated BatchNorm where nothing else
+    keeps the output: a ReLU after it keeps its own output). Keeping those instead of t holds
+    at least as many bytes from the moment t could go, and the op runs no faster; offered, they
+    only widen the search (53 of them on ResNet-50)."""
+    read_elsewhere: dict[int, int] = {}
+    for i in problem.backward_ops:
+        for t in set(problem.ops[i].inputs):
+            read_elsewhere[t] = read_elsewhere.get(t, 0) + 1
+    out = set()
+    for v, var in enumerate(problem.variants):
+        if problem.variant_time_s(v) < 0 or var.encode_ops:
+            continue
+        if var.reads == (var.replaces,):
+            out.add(v)
+            continue
+        made_from = all(var.replaces in problem.ops[problem.tensors[r].producer].inputs
+                        for r in var.reads)
+        alone = all(read_elsewhere.get(r, 0) <= (r in problem.ops[var.op].inputs)
+                    and r not in problem.forward_outputs for r in var.reads)
+        size = sum(problem.tensors[r].bytes for r in var.reads)
+        if var.reads and made_from and alone and size >= problem.tensors[var.replaces].bytes:
+            out.add(v)
+    return frozenset(out)
+
+
 def run_with(fn: Callable[[Problem, int, Any], SolveResult], problem: Problem, budget_bytes: int,
              options: Any, chosen: frozenset[int] = frozenset()) -> SolveResult:
     """Run a variant-blind solver on the plain problem with `chosen` in use; its schedule then

@@ -85,6 +85,16 @@ def test_batchnorm_from_its_output_fits_where_recomputation_would_be_needed(free
     assert plain.plan.recomputed_ops > 0
 
 
+def test_batchnorm_output_is_not_offered_where_nothing_else_keeps_it(free_variants):  # noqa: F811
+    """conv-BN-ReLU: ReLU keeps its own output, so reading the BatchNorm's output instead of its
+    input would keep as many bytes and save nothing (NOTE [Variants that cannot pay])."""
+    torch.manual_seed(0)
+    base, x, _ = models.pool_cnn()
+    problem, offered = _bn_problem(base, x)
+    assert not offered and any(op.name.startswith("native_batch_norm_backward")
+                               for op in problem.ops)
+
+
 def test_batchnorm_weights_at_zero_are_not_offered_and_stop_training(free_variants):  # noqa: F811
     """Weights already failing the guard when the model is profiled: the family is not
     offered there. Weights that reach zero later, in training: the step raises (the gradients
