@@ -46,12 +46,25 @@ def _mkldnn_off():
         torch._C._set_mkldnn_enabled(was)
 
 
+@contextlib.contextmanager
+def _cudnn_flipped():
+    """cuDNN's benchmark setting flipped and its deterministic algorithms, for a moment; its
+    other settings (TF32 among them) as they were (torch.backends.cudnn.flags would reset
+    them to its defaults)."""
+    cudnn = torch.backends.cudnn
+    was = (cudnn.benchmark, cudnn.deterministic)
+    cudnn.benchmark, cudnn.deterministic = not was[0], True
+    try:
+        yield
+    finally:
+        cudnn.benchmark, cudnn.deterministic = was
+
+
 def _other_backend(device: torch.device):
     if device.type == "cpu":
         return _mkldnn_off()
     if device.type == "cuda":
-        return torch.backends.cudnn.flags(enabled=True, deterministic=True,
-                                          benchmark=not torch.backends.cudnn.benchmark)
+        return _cudnn_flipped()
     return contextlib.nullcontext()
 
 

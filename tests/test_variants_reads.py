@@ -200,3 +200,18 @@ def test_attention_products_are_offered_only_where_faster(extra_s, monkeypatch):
                              allow_lossy=True, variants={ATTENTION}, time_limit_s=10)
     assert len(opt.plan.variants) == 2, opt.plan.explain()
     assert_trains_within_bounds(opt, base, x, loss_fn)
+
+
+def test_other_backends_leave_the_settings_as_they_were():
+    """oneDNN's switch, and cuDNN's benchmark, deterministic and TF32 settings, are back as
+    they were after the other backend ran (or failed)."""
+    cudnn = torch.backends.cudnn
+    before = (torch._C._get_mkldnn_enabled(), cudnn.benchmark, cudnn.deterministic,
+              cudnn.allow_tf32)
+    with variants_impl._mkldnn_off():
+        assert not torch._C._get_mkldnn_enabled()
+    with pytest.raises(RuntimeError), variants_impl._cudnn_flipped():
+        assert cudnn.benchmark != before[1] and cudnn.deterministic
+        raise RuntimeError("a failing op")
+    assert (torch._C._get_mkldnn_enabled(), cudnn.benchmark, cudnn.deterministic,
+            cudnn.allow_tf32) == before
