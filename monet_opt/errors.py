@@ -39,6 +39,12 @@ class UsageError(MonetError, ValueError):
     `monet-opt` prints it on one line and exits with status 2."""
 
 
+class VariantGuardError(MonetError):
+    """A lossy variant refused to run where its result would be wrong (a BatchNorm whose
+    weight is too near zero to rebuild its input from its output); the profiler withdraws such
+    a variant, a training step raises."""
+
+
 class InternalError(MonetError, AssertionError):
     """A broken invariant inside monet_opt: a bug, never the user's input."""
 

@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 
 from monet_opt import recompute, variants
 from monet_opt.lower import Lowered
-from monet_opt.errors import MonetError
+from monet_opt.errors import VariantGuardError
 from monet_opt.memory import LiveBytes
 from monet_opt.profile_budget import Budget, estimates
 
@@ -113,7 +113,7 @@ class _VariantProbe:
             new_args = tuple(enc if k == site.arg else a for k, a in enumerate(args))
             try:
                 out, run_ws = _counted(functools.partial(replacement, *new_args, **kwargs), cuda)
-            except MonetError:  # a family's guard (NOTE [BatchNorm from its output])
+            except VariantGuardError:  # e.g. NOTE [BatchNorm from its output]
                 continue
             self.workspace[v] = (enc_ws, run_ws)
             self.error[v] = relative_error(out, want, _used_outputs(node))

@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 
 from monet_opt import bn_split
-from monet_opt.errors import MonetError
+from monet_opt.errors import VariantGuardError
 
 aten = torch.ops.aten
 SCALE_FLOOR = 2.0 ** -6
@@ -38,7 +38,7 @@ _BN_FORWARD_OPS = (aten._native_batch_norm_legit_functional.default,
                    aten.native_batch_norm.default)
 
 
-class BatchNormScaleError(MonetError):
+class BatchNormScaleError(VariantGuardError):
     """A BatchNorm planned to rebuild its input from its output has a channel whose weight is
     too near zero for that (NOTE [BatchNorm from its output])."""
 
