@@ -37,7 +37,7 @@ def _step(module, x):
     loss_fn(module(**x)).backward()
 
 
-def main(rounds: int = 5) -> None:
+def main(rounds: int = 9) -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     allocator = keep_freed_memory()  # NOTE [CPU allocator]: timings as a GPU's allocator gives
     model, x = build_gpt2()
