@@ -109,6 +109,35 @@ def test_every_capture_route_trains_like_eager(monkeypatch, route):
                 exact=False, what=f"{route} route vs eager")
 
 
+def test_optimize_compiles_without_running_the_step(monkeypatch):
+    """NOTE [Compiling, not running]: optimize() builds the compiled step without running its
+    forward graph (not even on fake tensors); the first real call runs it once, and the
+    module's step then matches eager's."""
+    from monet_opt import capture
+    from tests.test_executor import assert_same, run_steps
+    runs = []
+    boxed = capture._boxed
+
+    def counting(gm):
+        run = boxed(gm)
+
+        def counted(args):
+            out = run(args)  # raises _Compiled on the call that only compiles
+            runs.append(len(out))
+            return out
+        counted._boxed_call = True
+        return counted
+
+    monkeypatch.setattr(capture, "_boxed", counting)
+    base, x, loss_fn = models.small_cnn()
+    opt = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
+    assert runs == []
+    eager = copy.deepcopy(base)
+    assert_same(run_steps(opt, opt.model, x, loss_fn), run_steps(eager, eager, x, loss_fn),
+                exact=True, what="first steps after a compile that ran nothing")
+    assert len(runs) >= 2  # forward and backward graphs, per step
+
+
 def test_optimize_leaves_model_state_and_rng_alone():
     torch.manual_seed(0)
     model, x, _ = models.small_cnn()
