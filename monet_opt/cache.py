@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -71,7 +72,7 @@ class Profile:
     folder: Path
     derived: bool = False
 
-    @property
+    @functools.cached_property  # every schedule's key and check reads it; the problem is frozen
     def content_sha256(self) -> str:
         return hashlib.sha256(self.problem.to_json().encode()).hexdigest()
 
