@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.utils import _pytree as pytree
 
-from monet_opt.errors import CaptureError, MonetError, PlanMismatchError
+from monet_opt.errors import CaptureError, MonetError, PlanMismatchError, internal_assert
 
 
 @dataclass(frozen=True)
@@ -278,8 +278,8 @@ def _compile_on_fakes(fn: Callable, primals: list[torch.Tensor]) -> None:
         return
     finally:
         _only_compiling["on"] = False
-    raise AssertionError("monet_opt: the compiled step ran no forward graph of ours; the "
-                         "capture no longer matches this torch's AOTAutograd")
+    internal_assert(False, "the compiled step ran no forward graph of ours; the capture no "
+                    "longer matches this torch's AOTAutograd")
 
 
 def _where(exc: BaseException) -> str:

@@ -111,8 +111,8 @@ def test_every_capture_route_trains_like_eager(monkeypatch, route):
 
 def test_optimize_compiles_without_running_the_step(monkeypatch):
     """NOTE [Compiling, not running]: optimize() builds the compiled step without running its
-    forward graph (not even on fake tensors); the first real call runs it once, and the
-    module's step then matches eager's."""
+    forward graph (not even on fake tensors); the real steps after it run the compiled graphs
+    and match eager's."""
     from monet_opt import capture
     from tests.test_executor import assert_same, run_steps
     runs = []
