@@ -5,9 +5,10 @@ import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
-from solvers import baselines, checkmate, dp, evict, fine, joint, least, prune, variants
+from solvers import anneal, baselines, checkmate, dp, evict, fine, joint, least, prune, variants
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
+from solvers.stages import build_stages
 from solvers.problem import Problem
 from solvers.remembered import fitting, floor_of, lowest, with_known
 from solvers.schedule import Schedule, SolveResult, Status
@@ -38,6 +39,10 @@ AUTO_POLISH_TIME_LIMIT_S = 5.0
 # The share of "auto"'s limit that fine windows get on the best schedule (NOTE [Fine windows]
 # in solvers/fine.py), taken from the MILP's.
 AUTO_FINE_SHARE = 0.35
+# The share of "auto"'s limit that annealing kept sets gets (NOTE [Annealing kept sets] in
+# solvers/anneal.py), taken from the MILP's where the MILP is coarsened (else it anneals in
+# what polishing leaves).
+AUTO_ANNEAL_SHARE = 0.4
 
 
 def _pruned(problem: Problem, budget_bytes: int, best: SolveResult,
@@ -67,6 +72,31 @@ def _refined(problem: Problem, budget_bytes: int, best: SolveResult,
     return dataclasses.replace(best, schedule=refined.schedule, objective_s=refined.time_s,
                                peak_bytes=refined.peak_bytes, status=Status.FEASIBLE,
                                note=f"{best.note}; {note}" if best.note else note)
+
+
+def _annealed(problem: Problem, budget_bytes: int, feasible: list[SolveResult],
+              deadline: float) -> SolveResult:
+    """The fastest of `feasible`, or a faster schedule annealing finds from their kept sets
+    by `deadline` (NOTE [Annealing kept sets])."""
+    ranked = sorted(feasible, key=lambda r: (r.objective_s, r.peak_bytes))
+    best = ranked[0]
+    if best.objective_s <= problem.no_recompute_time_s * (1 + 1e-12):
+        return best  # nothing is faster
+    found = anneal.anneal(problem, budget_bytes, [r.schedule for r in ranked], deadline)
+    if found is None or found[1].time_s >= best.objective_s:
+        return best
+    schedule, sim = found
+    return dataclasses.replace(best, solver="anneal", schedule=schedule, objective_s=sim.time_s,
+                               peak_bytes=sim.peak_bytes, status=Status.FEASIBLE,
+                               note="kept sets annealed, recomputed on demand (NOTE [Annealing "
+                                    "kept sets])")
+
+
+def _coarsened(problem: Problem) -> bool:
+    """Whether the joint MILP merges stages or windows recomputation on this problem."""
+    o = MilpOptions()
+    stages = build_stages(problem, o.max_recompute_vars, o.max_held_vars)
+    return stages.max_stages is not None or stages.window is not None
 
 
 def available_solvers() -> list[str]:
@@ -162,7 +192,9 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
     dp_s = min(AUTO_DP_TIME_LIMIT_S, limit / 6)
     # fixed, not what is left: the least-peak program is cached per (problem, options)
     fine_s = limit * AUTO_FINE_SHARE  # whether or not store-all fits: the same options
-    milp_s = limit - polish_s - dp_s
+    # only where the whole program is coarsened: elsewhere the MILP keeps its time (it is exact)
+    anneal_s = limit * AUTO_ANNEAL_SHARE if _coarsened(problem) else 0.0
+    milp_s = limit - polish_s - dp_s - anneal_s
     milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
                        least_time_limit_s=milp_s / 4)
     least.start(problem, milp)  # NOTE [Work aside] in solvers/aside.py
@@ -186,12 +218,13 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
         feasible += fitting(problem, budget_bytes, candidates)
     if feasible and not cheap[0].feasible:  # NOTE [Polishing] in solvers/evict.py
         top = sorted(feasible, key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
-        polished = evict.polish(problem, budget_bytes, [r.schedule for r in top],
-                                max(1.0, deadline - fine_s - prune_s - time.perf_counter()))
+        polished = evict.polish(problem, budget_bytes, [r.schedule for r in top], max(
+            1.0, deadline - fine_s - prune_s - anneal_s - time.perf_counter()))
         if polished.objective_s < top[0].objective_s:
             feasible.append(dataclasses.replace(polished, note=(
                 "kept sets of the best schedules (" + ", ".join(r.solver for r in top) +
                 ") recomputed on demand and put back into greedily")))
+        feasible.append(_annealed(problem, budget_bytes, feasible, deadline - fine_s - prune_s))
         feasible.append(_refined(problem, budget_bytes, min(
             feasible, key=lambda r: (r.objective_s, r.peak_bytes)), deadline - prune_s))
         feasible.append(_pruned(problem, budget_bytes, min(
