@@ -15,16 +15,17 @@ NOTE [Annealing kept sets]
   mean forward op's recompute time (ResNet-50's 4.4 ms: 2.2 ms). Seeded, so the same number of
   moves gives the same answer; the clock decides how many moves there are. It stops early after
   STALL_MOVES_PER_TENSOR moves per candidate tensor without a faster schedule (ResNet-50: 211
-  tensors, about 10,000 moves, 12 s), and auto does not anneal a schedule that recomputes
-  nothing: a small problem's solve is not held to its time limit.
+  tensors, about 10,000 moves, some 12 s at 1.2 ms a move), and auto does not anneal a
+  schedule that recomputes nothing: a small problem's solve is not held to its time limit.
   On that ResNet-50 problem at a third, a standalone run from auto's +14.1 % schedule reached
   +9.9 % predicted in 120 s (T0 5 ms). Inside auto (60 s, on saved profiles, the matrix in
-  docs/benchmarks/solvers.md), with AUTO_ANNEAL_SHARE of auto's time taken from the MILP's (where the MILP is coarsened,
-  as on all of these):
-  ResNet-50 b32 160² at a third +12.07 % -> +10.80 %, at half +5.89 -> +5.68 %; ResNet-50 b16
-  128² at 33 % +10.51 -> +9.23 %; DenseNet-121 b16 160² at 40 % +5.36 -> +5.01 %; GoogLeNet
-  b32 128² at 40 % +13.35 -> +12.41 %; GPT-2 (narrow) and MobileNetV2 at 40 % unchanged
-  (eviction's schedule stays the best: +9.56 % and +7.26 / +7.31 %).
+  docs/benchmarks/solvers.md), with AUTO_ANNEAL_SHARE of auto's time taken from the MILP's
+  (where the MILP is coarsened, as on all of these), before the stall stop: ResNet-50 b32
+  160² at a third +12.07 % -> +10.80 %, at half +5.89 -> +5.68 %; ResNet-50 b16 128² at 33 %
+  +10.51 -> +9.23 %; DenseNet-121 b16 160² at 40 % +5.36 -> +5.01 %; GoogLeNet b32 128² at 40 %
+  +13.35 -> +12.41 %; GPT-2 (narrow) and MobileNetV2 at 40 % unchanged (eviction's schedule
+  stays the best: +9.56 % and +7.26 / +7.31 %). With the stall stop, one run on the first:
+  +10.40 %.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def anneal(problem: Problem, budget_bytes: int, starts: list[Schedule], deadline
         now = time.perf_counter()
         if (moves is not None and n >= moves) or n - last_better > stall:
             return best
-        done = max((now - t0) / span, n / moves if moves else 0.0)
+        done = max((now - t0) / span, n / moves if moves is not None else 0.0)
         if done >= 1.0:
             return best
         trial = _move(rng, items, kept)

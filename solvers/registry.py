@@ -8,11 +8,11 @@ from typing import Any, Callable, Sequence
 from solvers import anneal, baselines, checkmate, dp, evict, fine, joint, least, prune, variants
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
-from solvers.stages import build_stages
 from solvers.problem import Problem
 from solvers.remembered import fitting, floor_of, lowest, with_known
 from solvers.schedule import Schedule, SolveResult, Status
 from solvers.simulate import simulate
+from solvers.stages import build_stages
 
 SolverFn = Callable[[Problem, int, Any], SolveResult]
 

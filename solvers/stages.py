@@ -2,6 +2,7 @@
 coarsening that keeps the program small (docs/formulation.md)."""
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 from solvers.problem import Problem
@@ -124,8 +125,11 @@ def _from_starts(starts: Sequence[int], n: int) -> list[tuple[int, ...]]:
     return [tuple(range(bounds[k], bounds[k + 1])) for k in range(len(bounds) - 1)]
 
 
+@functools.lru_cache(maxsize=8)
 def build_stages(problem: Problem, max_recompute_vars: int, max_held_vars: int) -> Stages:
-    """The finest stages and widest recomputation window that fit the variable limits."""
+    """The finest stages and widest recomputation window that fit the variable limits. Built
+    once per (problem, limits) and only read after: auto asks whether the MILP is coarsened
+    before the MILP builds its program from the same stages (DenseNet-121: 0.5 s each)."""
     stages = None
     for max_stages in (None, 96, 64, 48, 32, 24, 16, 12, 8):
         stages = Stages(problem, None, max_stages)
