@@ -299,8 +299,8 @@ def _check_structure(cached: Problem, fresh: Problem) -> None:
                         f"{len(cached.tensors)} tensors, this model's {len(fresh.ops)} and "
                         f"{len(fresh.tensors)}")
     for i, (a, b) in enumerate(zip(cached.ops, fresh.ops)):
-        if (a.name, a.is_backward, a.inputs, a.outputs, a.inplace_bytes) != \
-                (b.name, b.is_backward, b.inputs, b.outputs, b.inplace_bytes):
+        if (a.name, a.is_backward, a.inputs, a.outputs, a.inplace_bytes, a.overwrites) != \
+                (b.name, b.is_backward, b.inputs, b.outputs, b.inplace_bytes, b.overwrites):
             raise _Unusable(f"mismatched: op #{i} is {a.name!r} there, {b.name!r} here, or "
                             "reads or writes other tensors, or not in the same place")
     if cached.tensors != fresh.tensors or cached.fixed_bytes < fresh.fixed_bytes or \

@@ -151,7 +151,8 @@ class _Builder:
                            inputs=self._reads(node), outputs=outs,
                            is_random=recompute.is_random(node),
                            workspace_bytes=bn_split.workspace_bytes(node)
-                           if node.target is bn_split.apply_stats else 0))
+                           if node.target is bn_split.apply_stats else 0,
+                           overwrites=() if is_backward else self._overwritable(node)))
         self.op_nodes.append(node.name)
         self.labels.append(_label(node))
 
@@ -164,6 +165,27 @@ class _Builder:
         self.tensors.append(Tensor(name=name, bytes=storage_bytes(val), producer=producer))
         self.tensor_nodes.append(name)
         return len(self.tensors) - 1
+
+    def _overwritable(self, node: fx.Node) -> tuple[int, ...]:
+        """NOTE [Writing into a dying input] (solvers/simulate.py): the forward tensors an
+        elementwise op with an in-place form could write its output into: an argument that is
+        a forward op's output itself (not a view of one), laid out exactly as the output."""
+        if node.target not in OVERWRITING or node.kwargs.get("alpha", 1) != 1:
+            return ()
+        args = [a for a in node.args if isinstance(a, fx.Node)]
+        if len({a.name for a in args}) != len(args):  # x + x: nothing to gain
+            return ()
+        found = []
+        for arg in args:
+            reads = self.storage.get(arg.name, ())
+            t = reads[0] if len(reads) == 1 else None
+            if t is None or self.tensor_nodes[t] != arg.name or \
+                    self.tensors[t].producer == NO_PRODUCER or \
+                    self.ops[self.tensors[t].producer].is_backward or \
+                    not same_layout(arg.meta.get("val"), node.meta.get("val")):
+                continue
+            found.append(t)
+        return tuple(found)
 
     def _reads(self, node: fx.Node) -> tuple[int, ...]:
         reads: dict[int, None] = {}
@@ -219,6 +241,10 @@ class _Builder:
 
 
 _ADD = torch.ops.aten.add.Tensor
+# Elementwise ops whose in-place form gives the same result bitwise, for `Op.overwrites`.
+OVERWRITING = {torch.ops.aten.relu.default: torch.ops.aten.relu_.default,
+               torch.ops.aten.hardtanh.default: torch.ops.aten.hardtanh_.default,
+               _ADD: torch.ops.aten.add_.Tensor}
 
 
 def same_layout(a: object, b: torch.Tensor) -> bool:

@@ -21,11 +21,12 @@ from torch.fx._lazy_graph_module import _make_graph_module
 from monet_opt import recompute, variants
 from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
-from monet_opt.lower import Lowered
-from solvers import Schedule
+from monet_opt.lower import OVERWRITING, Lowered
+from solvers import Schedule, simulate
 
 FORWARD, BACKWARD = "is_forward", "is_backward"
 _ADD_INPLACE = torch.ops.aten.add_.Tensor
+_OVERWRITES = "monet_overwrites"  # node meta: (phase, the argument it writes into)
 
 
 def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: Schedule,
@@ -37,7 +38,8 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
     if slots is not None:
         add_accumulation(bw, slots)  # the views it leaves at the end are dead code next
     _drop_dead_code(bw)
-    for gm in (fw, bw):
+    for gm, phase in ((fw, FORWARD), (bw, BACKWARD)):
+        _write_in_place(gm, phase)
         gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())
         gm.recompile()
     return fw, bw
@@ -53,10 +55,30 @@ def _drop_dead_code(gm: fx.GraphModule) -> None:
         is_impure_node=lambda node: node.op in ("placeholder", "output"))
 
 
+def _write_in_place(gm: fx.GraphModule, phase: str) -> None:
+    """NOTE [Writing into a dying input] (solvers/simulate.py): the steps the simulator runs in
+    place run their op's in-place form, writing into the argument that dies there. Checked
+    against FX's own frees: that argument is made in this graph, and this op is its last user."""
+    order = {n: k for k, n in enumerate(gm.graph.nodes)}
+    for node in list(gm.graph.nodes):
+        tag = node.meta.get(_OVERWRITES)
+        if tag is None or tag[0] != phase or node.op != "call_function":
+            continue
+        k = tag[1]
+        arg = node.args[k]
+        internal_assert(isinstance(arg, fx.Node) and arg.op == "call_function" and
+                        node.target in OVERWRITING and
+                        max(order[u] for u in arg.users) == order[node],
+                        f"{node.name} was to write into {arg}, which is read after it")
+        args = (arg, *node.args[:k], *node.args[k + 1:])  # a + b as b += a, bitwise (IEEE)
+        node.target, node.args = OVERWRITING[node.target], args
+
+
 def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
                   num_fwd_outputs: int) -> fx.GraphModule:
     nodes = {n.name: n for n in joint.graph.nodes}
     problem = lowered.problem
+    overwrites = dict(simulate(problem, schedule).overwrites)
     e = _Emitter(nodes, lowered)
     recomputed = {i for i in schedule.backward if not problem.ops[i].is_backward}
     chosen = [lowered.variant_sites[v] for v in schedule.variants]
@@ -70,25 +92,26 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     for n in joint.graph.nodes:
         if n.op in ("placeholder", "get_attr"):
             e.bind(n, e.g.node_copy(n))
-    for i in problem.forward_ops:
+    for k, i in enumerate(problem.forward_ops):
         if i in encodes:
             e.emit_encode(encodes[i], lowered.op_nodes[i])
         elif lowered.op_nodes[i] in nodes:  # not an unchosen variant's encode op
             node = nodes[lowered.op_nodes[i]]
             e.emit(node, capture_rng=(i in recomputed and problem.ops[i].is_random)
-                   or node.name in replayed)
+                   or node.name in replayed, overwrite=overwrites.get(k))
     output = next(iter(joint.graph.find_nodes(op="output")))
     outs = list(output.args[0])
     fwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[:num_fwd_outputs]]
     e.enter_backward(schedule)
-    for i in schedule.backward:
+    for k, i in enumerate(schedule.backward, start=len(problem.forward_ops)):
         if i in encodes:
             e.emit_encode(encodes[i], lowered.op_nodes[i])
             continue
         if lowered.op_nodes[i] not in nodes:
             continue  # an unchosen variant's encode op: it makes nothing anyone reads
         node = nodes[lowered.op_nodes[i]]
-        e.emit(node, rerun=not problem.ops[i].is_backward, variant=runs.get(node.name))
+        e.emit(node, rerun=not problem.ops[i].is_backward, variant=runs.get(node.name),
+               overwrite=overwrites.get(k))
     bwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[num_fwd_outputs:]]
     new_out = e.g.output(tuple(fwd_values + bwd_values))
     new_out.meta = copy.copy(output.meta)
@@ -154,9 +177,10 @@ class _Emitter:
         self.current[name] = new
 
     def emit(self, old: fx.Node, rerun: bool = False, capture_rng: bool = False,
-             variant: list | None = None) -> None:
+             variant: list | None = None, overwrite: int | None = None) -> None:
         """Run `old` here: its op node and the getitems of its outputs. With chosen variants
-        (sites), the library's replacement runs on their encoded arguments instead."""
+        (sites), the library's replacement runs on their encoded arguments instead. overwrite:
+        the tensor the simulator has it write into (NOTE [Writing into a dying input])."""
         n_keep = None
         if capture_rng:
             self._capture_rng(old)
@@ -186,6 +210,13 @@ class _Emitter:
             args, kwargs = (old.args, old.kwargs) if self.tag == FORWARD else \
                 recompute.effective_args(old)
             new = self._copy(old, args, kwargs)
+        if overwrite is not None:
+            held = self.lowered.tensor_nodes[overwrite]
+            k = next((k for k, a in enumerate(old.args)
+                      if isinstance(a, fx.Node) and a.name == held), None)
+            internal_assert(k is not None and new.target is old.target and not variant,
+                            f"{old.name} was to write into {held}, which it does not read")
+            new.meta[_OVERWRITES] = (self.tag, k)
         self.current[old.name] = new
         for gi in self.getitems.get(old.name, []):
             if n_keep is not None and gi.args[1] >= n_keep:

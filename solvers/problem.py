@@ -35,7 +35,9 @@ class Op:
     """One operator. inputs/outputs are tensor ids; tensors that are always resident (parameters,
     buffers, inputs) are not listed: they are part of `Problem.fixed_bytes`.
     recompute_time_s: what a forward op costs when the backward runs it again, where that
-    differs from its first run (None: time_s); see `rerun_s`."""
+    differs from its first run (None: time_s); see `rerun_s`. overwrites: inputs of a forward
+    op that it writes its output into where that input dies at it (NOTE [Writing into a dying
+    input] in solvers/simulate.py)."""
 
     name: str
     is_backward: bool
@@ -46,6 +48,7 @@ class Op:
     is_random: bool = False
     inplace_bytes: int = 0
     recompute_time_s: float | None = None
+    overwrites: tuple[int, ...] = ()
 
     @property
     def rerun_s(self) -> float:
@@ -205,8 +208,8 @@ class Problem:
     @staticmethod
     def from_json(text: str) -> Problem:
         d = json.loads(text)
-        ops = tuple(Op(**{**o, "inputs": tuple(o["inputs"]), "outputs": tuple(o["outputs"])})
-                    for o in d["ops"])
+        ops = tuple(Op(**{**o, "inputs": tuple(o["inputs"]), "outputs": tuple(o["outputs"]),
+                          "overwrites": tuple(o.get("overwrites", ()))}) for o in d["ops"])
         variants = tuple(Variant(**{**v, "reads": tuple(v["reads"]),
                                     "encode_ops": tuple(v["encode_ops"])})
                          for v in d.get("variants", ()))
@@ -240,6 +243,12 @@ def _validate(p: Problem) -> None:
                 fail(f"op {op.name!r} (#{i}) reads {p.tensors[t].name!r} made later (#{prod})")
             if not op.is_backward and (prod == NO_PRODUCER or p.ops[prod].is_backward):
                 fail(f"forward op {op.name!r} reads backward tensor {p.tensors[t].name!r}")
+        for t in op.overwrites:
+            if op.is_backward or t not in op.inputs or len(op.outputs) != 1 or \
+                    p.tensors[t].bytes != p.tensors[op.outputs[0]].bytes:
+                fail(f"op {op.name!r} may overwrite tensor {t}, but it is not a forward op with "
+                     "one output reading a tensor of that output's size (NOTE [Writing into a "
+                     "dying input])")
     for t, ten in enumerate(p.tensors):
         if ten.bytes < 0:
             fail(f"tensor {ten.name!r} has negative bytes")
