@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test bench bench-solvers bench-variants bench-coverage bench-replan
+.PHONY: install demo test bench bench-solvers bench-variants bench-coverage bench-replan bench-ops
 install: $(VENV)/.installed
 
 # torch 2.14.1 / torchvision 0.29.1 come from this machine's local disk (see research/env.md).
@@ -36,6 +36,11 @@ bench-coverage: $(VENV)/.bench-installed
 # docs/benchmarks/replan.md's "after" table.
 bench-replan: $(VENV)/.bench-installed
 	$(PY) -m monet_opt.bench_replan
+
+# Our executor's step time against eager's, op by op, on ResNet-50 (minutes): writes
+# docs/benchmarks/ops.md.
+bench-ops: $(VENV)/.bench-installed
+	$(PY) -m monet_opt.bench_ops > docs/benchmarks/ops.md
 
 # The side-by-side benchmark: our frontier beside torch.utils.checkpoint and torch.compile on
 # every model (about an hour on 2 idle cores; MONeT's batch sizes when a GPU is present).

@@ -1,0 +1,102 @@
+"""Where our executor's step time goes against eager's (`make bench-ops`): eager, our store-all
+plan and a plan at a share of the activations, timed in interleaved rounds (seeded order), then
+one torch.profiler pass each over three steps, summed per top-level ATen op. Prints markdown.
+This is how NOTE [Writing into a dying input] was found: our ReLUs ran out of place."""
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import statistics
+import tempfile
+import time
+
+import torch
+
+import monet_opt
+from monet_opt import zoo
+from monet_opt.bench.allocator import keep_freed_memory
+
+
+def _profiled(step) -> tuple[dict[str, float], dict[str, int]]:
+    """ATen op -> seconds per step and calls per step, over three profiled steps."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            step()
+    seconds: dict[str, float] = collections.Counter()
+    calls: dict[str, int] = collections.Counter()
+    for e in prof.events():
+        parent = e.cpu_parent
+        if e.name.startswith("aten::") and (parent is None or not parent.name.startswith("aten::")):
+            seconds[e.name] += e.cpu_time_total / 1e6 / 3
+            calls[e.name] += 1
+    return seconds, {k: v // 3 for k, v in calls.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="resnet50", choices=sorted(zoo.ALL_MODELS))
+    ap.add_argument("--size", default="batch=32,size=160", help="the factory's arguments")
+    ap.add_argument("--share", type=float, default=1 / 3, help="of the store-all activations")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--top", type=int, default=12)
+    args = ap.parse_args(argv)
+    allocator = keep_freed_memory()
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    model, x = zoo.ALL_MODELS[args.model](**(zoo.parse_size(args.size) or {}))
+    model.train()
+    folder = tempfile.mkdtemp(prefix="monet-ops-")
+    full = monet_opt.optimize(model, x, 1 << 40, profile_dir=folder)
+    p = full.plan
+    limit = p.fixed_bytes + p.gradient_bytes + int(args.share * p.store_all_activation_bytes)
+    part = monet_opt.optimize(model, x, limit, profile_dir=folder, time_limit_s=args.time_limit)
+    call = (lambda m: m(**x)) if isinstance(x, dict) else (lambda m: m(x))
+    methods = {"eager": model, "store-all": full, f"{args.share:.0%} of activations": part}
+
+    def step(m):
+        model.zero_grad(set_to_none=True)
+        call(m).sum().backward()
+
+    for m in methods.values():
+        step(m)
+        step(m)
+    times = collections.defaultdict(list)
+    rng = random.Random(0)
+    for _ in range(args.rounds):
+        order = list(methods)
+        rng.shuffle(order)
+        for name in order:
+            start = time.perf_counter()
+            step(methods[name])
+            times[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(v) for name, v in times.items()}
+    print(f"# {args.model} ({args.size}): our executor's time against eager's, op by op\n")
+    print(f"`python -m monet_opt.bench_ops --model {args.model} --size {args.size} --share "
+          f"{args.share:.3g} --rounds {args.rounds}`; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, {allocator}.\n")
+    print("| method | step s (median) | vs eager | predicted vs store-all | steps (s) |")
+    print("|---|---|---|---|---|")
+    for name, m in methods.items():
+        plan = getattr(m, "plan", None)
+        predicted = "-" if plan is None else \
+            f"{plan.predicted_step_time_s / p.predicted_step_time_s - 1:+.1%}"
+        print(f"| {name} | {median[name]:.3f} | {median[name] / median['eager'] - 1:+.1%} | "
+              f"{predicted} | {' '.join(f'{t:.2f}' for t in times[name])} |")
+    profiles = {name: _profiled(lambda m=m: step(m)) for name, m in methods.items()}
+    ops = collections.Counter()
+    for seconds, _ in profiles.values():
+        ops.update(seconds)
+    shown = [op for op, _ in ops.most_common(args.top)]
+    print("\nPer step under torch.profiler (one pass of three steps each; ms, calls):\n")
+    print("| ATen op | " + " | ".join(methods) + " |")
+    print("|---|" + "---|" * len(methods))
+    for op in shown:
+        cells = [f"{profiles[n][0].get(op, 0) * 1e3:.1f} ({profiles[n][1].get(op, 0)})"
+                 for n in methods]
+        print(f"| {op[6:]} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
