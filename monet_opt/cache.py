@@ -299,10 +299,13 @@ def _check_structure(cached: Problem, fresh: Problem) -> None:
                         f"{len(cached.tensors)} tensors, this model's {len(fresh.ops)} and "
                         f"{len(fresh.tensors)}")
     for i, (a, b) in enumerate(zip(cached.ops, fresh.ops)):
-        if (a.name, a.is_backward, a.inputs, a.outputs, a.inplace_bytes, a.overwrites) != \
-                (b.name, b.is_backward, b.inputs, b.outputs, b.inplace_bytes, b.overwrites):
+        if (a.name, a.is_backward, a.inputs, a.outputs) != \
+                (b.name, b.is_backward, b.inputs, b.outputs):
             raise _Unusable(f"mismatched: op #{i} is {a.name!r} there, {b.name!r} here, or "
                             "reads or writes other tensors, or not in the same place")
+        if (a.inplace_bytes, a.overwrites) != (b.inplace_bytes, b.overwrites):
+            raise _Unusable(f"made by another monet_opt: op #{i} ({a.name!r}) writes into its "
+                            "inputs differently there (NOTE [Writing into a dying input])")
     if cached.tensors != fresh.tensors or cached.fixed_bytes < fresh.fixed_bytes or \
             (cached.forward_outputs, cached.backward_outputs) != \
             (fresh.forward_outputs, fresh.backward_outputs):

@@ -189,6 +189,8 @@ PROFILE_DAMAGE = {
     "other key": (_edit(lambda d: d["key"].update(device="cuda: elsewhere")),
                   "mismatched: its key has device"),
     "other graph": (_edit(_rewire_first_backward_op), "mismatched: op #"),
+    "older lowering": (_edit(lambda d: d["problem"]["ops"][1].update(overwrites=[0])),
+                       "made by another monet_opt: op #1"),
     "malformed problem": (_edit(lambda d: d["problem"].pop("ops")), "malformed"),
     "wrong label count": (_edit(lambda d: d["op_labels"].pop()), "malformed"),
 }

@@ -4,14 +4,17 @@ decides where, the executor runs exactly there, and training stays bitwise eager
 from __future__ import annotations
 
 import copy
+import dataclasses
+import random
 
 import pytest
 import torch
 from torch import nn
 
 import monet_opt
-from solvers import InvalidProblemError, Op, Problem, Schedule, Tensor, simulate
-from tests import models
+from solvers import (InvalidProblemError, Op, Problem, Schedule, Tensor, schedule_from_kept,
+                     simulate)
+from tests import models, problems
 from tests.test_executor import HUGE, assert_same, run_steps
 
 MB = 1 << 20
@@ -118,3 +121,62 @@ def test_an_input_read_later_is_not_overwritten():
     eager = copy.deepcopy(base)
     assert_same(run_steps(opt, opt.model, x, loss_fn), run_steps(eager, eager, x, loss_fn),
                 exact=True, what="ReLU of a tensor read after it")
+
+
+def _overwriting(p: Problem, rng: random.Random) -> tuple[Problem, Problem]:
+    """`p` with about half its forward ops free to write into one of their inputs (outputs
+    resized to match); the backward often stops reading those inputs (as a ReLU's backward
+    reads its output), so that a recomputation can be their last reader, and one of them may be
+    a forward output too. And the same problem without that freedom."""
+    ops, tensors = list(p.ops), list(p.tensors)
+    chosen = []
+    for i in p.forward_ops:
+        op = ops[i]
+        if op.inputs and rng.random() < 0.5:
+            t = rng.choice(op.inputs)
+            out = op.outputs[0]
+            tensors[out] = dataclasses.replace(tensors[out], bytes=tensors[t].bytes)
+            ops[i] = dataclasses.replace(op, overwrites=(t,))
+            chosen.append(t)
+    unread = {t for t in chosen if rng.random() < 0.7}
+    for i in p.backward_ops:
+        ops[i] = dataclasses.replace(ops[i], inputs=tuple(t for t in ops[i].inputs
+                                                          if t not in unread))
+    outputs = p.forward_outputs + ((rng.choice(chosen),) if chosen and rng.random() < 0.5 else ())
+    free = dataclasses.replace(p, ops=tuple(ops), tensors=tuple(tensors),
+                               forward_outputs=tuple(dict.fromkeys(outputs)))
+    plain = dataclasses.replace(free, ops=tuple(dataclasses.replace(o, overwrites=()) for o in ops))
+    return free, plain
+
+
+def _dies_at(problem: Problem, steps: tuple[int, ...], k: int, t: int) -> bool:
+    """Step k reads the copy of t that no later step reads before t is made again, made in
+    k's phase, and t is no forward output: NOTE [Writing into a dying input], said directly."""
+    n_fwd = len(problem.forward_ops)
+    made = max(j for j in range(k) if t in problem.ops[steps[j]].outputs)
+    for j in range(k + 1, len(steps)):
+        if t in problem.ops[steps[j]].outputs:
+            break
+        if t in problem.ops[steps[j]].inputs:
+            return False
+    return (made < n_fwd) == (k < n_fwd) and t not in problem.forward_outputs
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_schedules_overwrite_exactly_where_an_input_dies(seed):
+    rng = random.Random(seed)
+    free, plain = _overwriting(problems.autodiff_problem(14, rng), rng)
+    forward = list(free.forward_tensors)
+    for _ in range(6):
+        schedule = schedule_from_kept(free, frozenset(rng.sample(forward, rng.randint(0, 14))))
+        got, base = simulate(free, schedule), simulate(plain, schedule)
+        expected = []
+        for k, i in enumerate(got.steps):
+            dying = [t for t in free.ops[i].overwrites if _dies_at(free, got.steps, k, t)]
+            if dying:
+                expected.append((k, dying[0]))
+        assert got.overwrites == tuple(expected)
+        assert got.time_s == base.time_s
+        saved = dict(got.overwrites)
+        assert [b - g for b, g in zip(base.live_bytes, got.live_bytes)] == \
+            [free.tensors[saved[k]].bytes if k in saved else 0 for k in range(len(got.steps))]
