@@ -53,6 +53,8 @@ class Plan:
     solver_note: str = ""      # what the solver restricted or fell back to, if anything
     variants: tuple[str, ...] = ()  # the operator variants in use ("family:backward node")
     timeline: Timeline | None = None  # the predicted memory over the step
+    in_place_runs: int = 0     # op runs writing into a dying input (NOTE [Writing into a dying
+    #                            input] in solvers/simulate.py)
 
     @property
     def store_all_activation_bytes(self) -> int:
@@ -81,6 +83,8 @@ class Plan:
             f"  predicted step    {self.predicted_step_time_s * 1e3:.2f} ms "
             f"({overhead:+.1%} vs no recomputation), {self.recomputed_ops} op runs recomputed",
             f"  variants in use   {_count_families(self.variants)}",
+            f"  in place          {self.in_place_runs} op runs write into an input that dies "
+            "there (relu_, add_)",
             "",
             f"  {'phase':<8} {'op':<28} {'bytes':>11} {'time ms':>9}  decision   source",
         ]
@@ -112,6 +116,7 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
                 min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
                 variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
                 rows=op_rows(problem, result.schedule, sim, labels),
+                in_place_runs=len(sim.overwrites),
                 timeline=Timeline(op_time_s=sim.step_time_s, live_bytes=sim.live_bytes,
                                   backward_start=len(problem.forward_ops)))
 
