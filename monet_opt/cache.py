@@ -19,8 +19,9 @@ NOTE [Cache files are untrusted]
   Every file is checked before use: that it is JSON, of our kind and schema version; that its
   stored key is the key asked for; that a profile has the structure of the graph being planned;
   that a schedule passes the simulator on the cached problem, within its limit, with the peak and
-  time it claims. A file failing any check is reported by a `ProfileCacheWarning` naming the file
-  and the failure, then rebuilt and overwritten: never used, never a crash.
+  time it claims (the last three in cache_checks.py). A file failing any check is reported by a
+  `ProfileCacheWarning` naming the file and the failure, then rebuilt and overwritten: never
+  used, never a crash.
   Writes go to a temporary file in the same folder, then `os.replace`: readers see the old file
   or the new one, never a part. Two processes writing one entry both succeed; the last rename
   wins, and both wrote a valid file.
@@ -32,7 +33,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import os
 import re
 import tempfile
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import solvers
+from monet_opt.cache_checks import Unusable, check_key, check_result, check_structure, simulated
 from monet_opt.cache_keys import ProfileKey, ScheduleKey, library_version
 from monet_opt.lower import Lowered
 from solvers import Problem, Schedule, SolveResult, Status
@@ -54,10 +55,6 @@ FLOOR_KIND = "monet_opt.least_peak"
 
 class ProfileCacheWarning(UserWarning):
     """A file in the profile directory was unusable; it is rebuilt."""
-
-
-class _Unusable(Exception):
-    """Why a cache file cannot be used (internal: becomes a ProfileCacheWarning)."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +108,7 @@ class ProfileCache:
                 return _read_profile(path, folder, key, lowered.problem)
         problem = measure()
         if _stat(path) not in (seen, None):  # another process stored it meanwhile: use theirs
-            with contextlib.suppress(_Unusable):
+            with contextlib.suppress(Unusable):
                 return _read_profile(path, folder, key, lowered.problem)
         profile = Profile(key, name, problem, lowered.op_labels, folder)
         _write(path, {"kind": PROFILE_KIND, "schema_version": SCHEMA_VERSION,
@@ -215,7 +212,7 @@ def _reported(path: Path, then: str = "rebuilt"):
     """Turn an unusable file into a warning that names it and says why."""
     try:
         yield
-    except _Unusable as why:
+    except Unusable as why:
         warnings.warn(f"monet_opt profile directory: {path}: {why}; {then}.",
                       ProfileCacheWarning, stacklevel=4)
 
@@ -225,20 +222,20 @@ def _load(path: Path, kind: str) -> dict[str, Any]:
     try:
         text = path.read_bytes().decode("utf-8")
     except OSError as exc:
-        raise _Unusable(f"cannot be read ({exc})") from exc
+        raise Unusable(f"cannot be read ({exc})") from exc
     except UnicodeDecodeError as exc:
-        raise _Unusable(f"corrupt: not UTF-8 text ({exc})") from exc
+        raise Unusable(f"corrupt: not UTF-8 text ({exc})") from exc
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
-            raise _Unusable(f"truncated: the JSON ends early, at byte {len(text)}") from exc
-        raise _Unusable(f"corrupt: not valid JSON ({exc})") from exc
+            raise Unusable(f"truncated: the JSON ends early, at byte {len(text)}") from exc
+        raise Unusable(f"corrupt: not valid JSON ({exc})") from exc
     if not isinstance(data, dict) or data.get("kind") != kind:
         found = data.get("kind") if isinstance(data, dict) else type(data).__name__
-        raise _Unusable(f"not a {kind} file (kind {found!r})")
+        raise Unusable(f"not a {kind} file (kind {found!r})")
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise _Unusable(f"schema version {data.get('schema_version')!r}, but this monet_opt "
+        raise Unusable(f"schema version {data.get('schema_version')!r}, but this monet_opt "
                         f"reads version {SCHEMA_VERSION}")
     return data
 
@@ -249,15 +246,6 @@ def _schedule_profile(path: Path) -> str | None:
         return json.loads(path.read_bytes())["key"]["profile_sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _check_key(stored: Any, expected: dict[str, Any]) -> None:
-    if stored != expected:
-        stored = stored if isinstance(stored, dict) else {}
-        field = next(k for k in sorted(set(stored) | set(expected))
-                     if stored.get(k) != expected.get(k))
-        raise _Unusable(f"mismatched: its key has {field} = {stored.get(field)!r}, "
-                        f"expected {expected.get(field)!r}")
 
 
 def _stat(path: Path) -> tuple[int, int, int] | None:
@@ -274,62 +262,41 @@ def _read_profile(path: Path, folder: Path, key: ProfileKey | None,
     data = _load(path, PROFILE_KIND)
     try:
         stored = ProfileKey.from_dict(data["key"])
-        _check_key(data["key"], stored.to_dict() if key is None else key.to_dict())
+        check_key(data["key"], stored.to_dict() if key is None else key.to_dict())
         if not folder.name.endswith(f"-{stored.digest[:16]}"):
-            raise _Unusable(f"mismatched: its key's digest {stored.digest[:16]} is not in the "
+            raise Unusable(f"mismatched: its key's digest {stored.digest[:16]} is not in the "
                             f"folder name {folder.name!r}")
         problem = Problem.from_json(json.dumps(data["problem"]))
         labels = tuple(str(s) for s in data["op_labels"])
         name = str(data["name"])
-    except _Unusable:
+    except Unusable:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise _Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
+        raise Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
     if len(labels) != len(problem.ops):
-        raise _Unusable(f"malformed: {len(labels)} op labels for {len(problem.ops)} ops")
+        raise Unusable(f"malformed: {len(labels)} op labels for {len(problem.ops)} ops")
     if fresh is not None:
-        _check_structure(problem, fresh)
+        check_structure(problem, fresh)
     return Profile(stored, name, problem, labels, folder)
-
-
-def _check_structure(cached: Problem, fresh: Problem) -> None:
-    """The cached problem is the fresh one up to measured times and the fixed loss bytes."""
-    if len(cached.ops) != len(fresh.ops) or len(cached.tensors) != len(fresh.tensors):
-        raise _Unusable(f"mismatched: the cached graph has {len(cached.ops)} ops and "
-                        f"{len(cached.tensors)} tensors, this model's {len(fresh.ops)} and "
-                        f"{len(fresh.tensors)}")
-    for i, (a, b) in enumerate(zip(cached.ops, fresh.ops)):
-        if (a.name, a.is_backward, a.inputs, a.outputs) != \
-                (b.name, b.is_backward, b.inputs, b.outputs):
-            raise _Unusable(f"mismatched: op #{i} is {a.name!r} there, {b.name!r} here, or "
-                            "reads or writes other tensors, or not in the same place")
-        if (a.inplace_bytes, a.overwrites) != (b.inplace_bytes, b.overwrites):
-            raise _Unusable(f"made by another monet_opt: op #{i} ({a.name!r}) writes into its "
-                            "inputs differently there (NOTE [Writing into a dying input])")
-    if cached.tensors != fresh.tensors or cached.fixed_bytes < fresh.fixed_bytes or \
-            (cached.forward_outputs, cached.backward_outputs) != \
-            (fresh.forward_outputs, fresh.backward_outputs):
-        raise _Unusable("mismatched: tensor sizes, fixed bytes or outputs differ from this "
-                        "model's graph")
 
 
 def _read_schedule(path: Path, profile: Profile, key: ScheduleKey | None) -> CachedSchedule:
     data = _load(path, SCHEDULE_KIND)
     try:
         stored = ScheduleKey.from_dict(data["key"])
-        _check_key(data["key"], stored.to_dict() if key is None else key.to_dict())
+        check_key(data["key"], stored.to_dict() if key is None else key.to_dict())
         if stored.profile_sha256 != profile.content_sha256:
-            raise _Unusable("mismatched: it was made on another profile")
+            raise Unusable("mismatched: it was made on another profile")
         facts = data["result"]
         schedule = None if data["schedule"] is None else \
             Schedule.from_json(json.dumps(data["schedule"]))
         result = SolveResult(**{f: facts[f] for f in _RESULT_FIELDS},
                              status=Status(facts["status"]), schedule=schedule)
-    except _Unusable:
+    except Unusable:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise _Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
-    _check_result(result, profile.problem, stored.memory_limit_bytes)
+        raise Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
+    check_result(result, profile.problem, stored.memory_limit_bytes)
     return CachedSchedule(stored, result, path)
 
 
@@ -338,43 +305,18 @@ def _read_floor(path: Path, profile: Profile) -> tuple[int, Schedule]:
     data = _load(path, FLOOR_KIND)
     try:
         if data["key"]["profile_sha256"] != profile.content_sha256:
-            raise _Unusable("mismatched: it was made on another profile")
+            raise Unusable("mismatched: it was made on another profile")
         peak = int(data["peak_bytes"])
         schedule = Schedule.from_json(json.dumps(data["schedule"]))
-    except _Unusable:
+    except Unusable:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise _Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
-    try:
-        sim = solvers.simulate(profile.problem, schedule)
-    except (solvers.InvalidScheduleError, IndexError, TypeError) as exc:
-        raise _Unusable(f"its schedule fails the simulator ({exc})") from exc
+        raise Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
+    sim = simulated(profile.problem, schedule)
     if sim.peak_bytes != peak:
-        raise _Unusable(f"mismatched: it claims peak {peak} B; the simulator says "
+        raise Unusable(f"mismatched: it claims peak {peak} B; the simulator says "
                         f"{sim.peak_bytes} B")
     return peak, schedule
-
-
-def _check_result(result: SolveResult, problem: Problem, limit_bytes: int) -> None:
-    """NOTE [Cache files are untrusted]: a schedule is used only if the simulator agrees."""
-    if result.schedule is None:
-        if result.feasible or result.status == Status.TIMEOUT:
-            raise _Unusable(f"malformed: status {result.status.value} without a schedule")
-        return
-    if not result.feasible:
-        raise _Unusable(f"malformed: a schedule with status {result.status.value}")
-    try:
-        sim = solvers.simulate(problem, result.schedule)
-    except (solvers.InvalidScheduleError, IndexError, TypeError) as exc:
-        raise _Unusable(f"its schedule fails the simulator ({exc})") from exc
-    if sim.peak_bytes > limit_bytes:
-        raise _Unusable(f"its schedule peaks at {sim.peak_bytes} B, above its limit "
-                        f"{limit_bytes} B")
-    if sim.peak_bytes != result.peak_bytes or result.objective_s is None or \
-            not math.isclose(sim.time_s, result.objective_s, rel_tol=1e-9, abs_tol=1e-15):
-        raise _Unusable(f"mismatched: it claims peak {result.peak_bytes} B and time "
-                        f"{result.objective_s} s; the simulator says {sim.peak_bytes} B and "
-                        f"{sim.time_s} s")
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:

@@ -1,0 +1,70 @@
+"""NOTE [Cache files are untrusted] (monet_opt/cache.py): what a file read from the profile
+directory must agree with before it is used. Each check raises `Unusable` saying why not."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import solvers
+from solvers import Problem, Schedule, SolveResult, Status
+
+
+class Unusable(Exception):
+    """Why a cache file cannot be used (internal: becomes a ProfileCacheWarning)."""
+
+
+def check_key(stored: Any, expected: dict[str, Any]) -> None:
+    if stored != expected:
+        stored = stored if isinstance(stored, dict) else {}
+        field = next(k for k in sorted(set(stored) | set(expected))
+                     if stored.get(k) != expected.get(k))
+        raise Unusable(f"mismatched: its key has {field} = {stored.get(field)!r}, "
+                       f"expected {expected.get(field)!r}")
+
+
+def check_structure(cached: Problem, fresh: Problem) -> None:
+    """The cached problem is the fresh one up to measured times and the fixed loss bytes."""
+    if len(cached.ops) != len(fresh.ops) or len(cached.tensors) != len(fresh.tensors):
+        raise Unusable(f"mismatched: the cached graph has {len(cached.ops)} ops and "
+                       f"{len(cached.tensors)} tensors, this model's {len(fresh.ops)} and "
+                       f"{len(fresh.tensors)}")
+    for i, (a, b) in enumerate(zip(cached.ops, fresh.ops)):
+        if (a.name, a.is_backward, a.inputs, a.outputs) != \
+                (b.name, b.is_backward, b.inputs, b.outputs):
+            raise Unusable(f"mismatched: op #{i} is {a.name!r} there, {b.name!r} here, or "
+                           "reads or writes other tensors, or not in the same place")
+        if (a.inplace_bytes, a.overwrites) != (b.inplace_bytes, b.overwrites):
+            raise Unusable(f"made by another monet_opt: op #{i} ({a.name!r}) writes into its "
+                           "inputs differently there (NOTE [Writing into a dying input])")
+    if cached.tensors != fresh.tensors or cached.fixed_bytes < fresh.fixed_bytes or \
+            (cached.forward_outputs, cached.backward_outputs) != \
+            (fresh.forward_outputs, fresh.backward_outputs):
+        raise Unusable("mismatched: tensor sizes, fixed bytes or outputs differ from this "
+                       "model's graph")
+
+
+def simulated(problem: Problem, schedule: Schedule) -> solvers.Simulation:
+    """The simulator's replay of a stored schedule, or Unusable if it cannot run."""
+    try:
+        return solvers.simulate(problem, schedule)
+    except (solvers.InvalidScheduleError, IndexError, TypeError) as exc:
+        raise Unusable(f"its schedule fails the simulator ({exc})") from exc
+
+
+def check_result(result: SolveResult, problem: Problem, limit_bytes: int) -> None:
+    """A stored schedule is used only if the simulator agrees with it."""
+    if result.schedule is None:
+        if result.feasible or result.status == Status.TIMEOUT:
+            raise Unusable(f"malformed: status {result.status.value} without a schedule")
+        return
+    if not result.feasible:
+        raise Unusable(f"malformed: a schedule with status {result.status.value}")
+    sim = simulated(problem, result.schedule)
+    if sim.peak_bytes > limit_bytes:
+        raise Unusable(f"its schedule peaks at {sim.peak_bytes} B, above its limit "
+                       f"{limit_bytes} B")
+    if sim.peak_bytes != result.peak_bytes or result.objective_s is None or \
+            not math.isclose(sim.time_s, result.objective_s, rel_tol=1e-9, abs_tol=1e-15):
+        raise Unusable(f"mismatched: it claims peak {result.peak_bytes} B and time "
+                       f"{result.objective_s} s; the simulator says {sim.peak_bytes} B and "
+                       f"{sim.time_s} s")
