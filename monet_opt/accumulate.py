@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 import solvers
 from monet_opt.lower import Lowered, is_view_node
+from monet_opt.memory import resident_bytes
 
 
 class GradientSlots:
@@ -46,7 +47,7 @@ class GradientSlots:
             self.zeros = {(p.dtype, p.device): torch.full((), -0.0, dtype=p.dtype,
                                                           device=p.device)
                           for p in (params[k] for k in indices)}
-        self.zero_bytes = sum(z.untyped_storage().nbytes() for z in self.zeros.values())
+        self.zero_bytes = resident_bytes(self.zeros.values())
         self.id = id(self)
         _SLOTS[self.id] = self
 

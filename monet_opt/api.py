@@ -16,6 +16,7 @@ from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
+from monet_opt.memory import allocated_bytes, cuda_slack
 from monet_opt.lower_variants import attach_variants, with_costs
 from monet_opt.module import OptimizedModule, Step
 from monet_opt.plan import Plan, make_plan
@@ -276,8 +277,10 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
     one the time limit left unmeasured is withdrawn (the profiler's warning says so)."""
     measured = profile(joint, lowered, primals, repeats, time_limit_s)
     problem = lowered.problem
-    ops = tuple(dataclasses.replace(op, time_s=t, recompute_time_s=r)
-                for op, t, r in zip(problem.ops, measured.op_time_s, measured.op_rerun_s))
+    ops = tuple(dataclasses.replace(op, time_s=t, recompute_time_s=r,
+                                    workspace_bytes=max(op.workspace_bytes, w))
+                for op, t, r, w in zip(problem.ops, measured.op_time_s, measured.op_rerun_s,
+                                       measured.op_workspace_bytes))
     lowered = dataclasses.replace(lowered, problem=dataclasses.replace(problem, ops=ops))
     problem = with_costs(lowered, measured.variant_costs).problem if lowered.variant_sites \
         else lowered.problem
@@ -295,7 +298,14 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
                           f"device and are not used: {bad[:3]}",
                           RuntimeWarning, stacklevel=2)
         problem = problem.only_variants({v for v, ok in enumerate(exact) if ok})
-    return dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + _loss_bytes(joint))
+    problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + _loss_bytes(joint))
+    if primals and primals[0].device.type == "cuda":  # NOTE [CUDA blocks]
+        store_all = solvers.simulate(problem, solvers.schedule_from_kept(
+            problem, problem.saved_for_backward))
+        largest = max((t.bytes for t in problem.tensors), default=0)
+        problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes
+                                      + cuda_slack(store_all.peak_bytes, largest))
+    return problem
 
 
 def _families(variants: bool | Collection[str], allow_lossy: bool) -> frozenset[str]:
@@ -340,4 +350,4 @@ def _loss_bytes(joint) -> int:
     not in the plan: fold the loss into the module to plan it too."""
     tangents = [n.meta["val"] for n in joint.graph.find_nodes(op="placeholder")
                 if n.name.startswith("tangents")]
-    return 2 * tangents[0].element_size() if tangents else 0
+    return 2 * allocated_bytes(tangents[0].element_size(), tangents[0].device) if tangents else 0

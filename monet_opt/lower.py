@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from monet_opt import bn_split, recompute
 from monet_opt.errors import UnsupportedGraphError
+from monet_opt.memory import allocated_bytes
 from solvers import NO_PRODUCER, Op, Problem, Tensor
 from solvers.problem import reader_counts
 
@@ -82,6 +83,11 @@ def lower(joint: fx.GraphModule, num_fwd_outputs: int, name: str = "model") -> L
 
 
 def storage_bytes(val: object) -> int:
+    """What a tensor takes on its device (NOTE [CUDA blocks] in monet_opt/memory.py)."""
+    return allocated_bytes(_nbytes(val), val.device) if isinstance(val, torch.Tensor) else 0
+
+
+def _nbytes(val: object) -> int:
     if not isinstance(val, torch.Tensor):
         return 0
     try:
@@ -251,7 +257,7 @@ def same_layout(a: object, b: torch.Tensor) -> bool:
     """a is a tensor of b's dtype, shape and strides at offset 0, filling its storage."""
     return isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and \
         a.stride() == b.stride() and a.storage_offset() == 0 == b.storage_offset() and \
-        storage_bytes(a) == storage_bytes(b)
+        _nbytes(a) == _nbytes(b)
 
 
 def _label(node: fx.Node) -> str:

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from monet_opt.accumulate import GradientSlots
 from monet_opt.capture import InputSpec, LeafSpec, autocast_state
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError
+from monet_opt.memory import resident_bytes
 from monet_opt.plan import Plan
 from monet_opt.units import format_bytes
 
@@ -176,9 +177,7 @@ class OptimizedModule(nn.Module):
 
 def _resident_gradient_bytes(model: nn.Module) -> int:
     """Bytes of the parameters' gradients in place now (storages counted once)."""
-    storages = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
-                for p in model.parameters() if p.grad is not None}
-    return sum(storages.values())
+    return resident_bytes([p.grad for p in model.parameters() if p.grad is not None])
 
 
 def _situation(resident_bytes: int) -> str:

@@ -38,14 +38,15 @@ from torch.utils import _pytree as pytree
 from monet_opt import recompute, variants
 from monet_opt.lower import Lowered
 from monet_opt.errors import VariantGuardError
-from monet_opt.memory import LiveBytes
+from monet_opt.memory import counted
 from monet_opt.profile_budget import Budget, estimates
 
 # What a profile holds, in the profile directory's keys: a profile an older profiler made
 # (revision 1: no recomputation times; 2: variants measured without the op's keyword
-# arguments, their results' strides unchecked, variants that cannot pay still offered) is not
+# arguments, their results' strides unchecked, variants that cannot pay still offered; 3: no
+# op workspace on CUDA, CUDA tensors' exact bytes rather than the allocator's blocks) is not
 # served to this one. Raise it when what the profiler measures changes meaning.
-PROFILER_REVISION = 3
+PROFILER_REVISION = 4
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -72,6 +73,7 @@ class ProfileResult:
     reduced_ops: int = 0
     timed_signatures: int = 0
     op_rerun_s: tuple[float | None, ...] = ()  # recomputation's time where it differs
+    op_workspace_bytes: tuple[int, ...] = ()  # per op (NOTE [Workspace] in monet_opt/memory.py)
 
 
 class _VariantProbe:
@@ -103,7 +105,7 @@ class _VariantProbe:
             enc_fn = None if fam.encode is None else \
                 functools.partial(fam.encode, x, *site.params)
             # one counted run: workspace and the relative error (also the warm-up)
-            enc, enc_ws = _counted(enc_fn, cuda) if enc_fn else \
+            enc, enc_ws = counted(enc_fn, cuda) if enc_fn else \
                 (site.like if site.reads is None else env[site.reads], 0)
             want = result
             if fam.draw is not None:  # NOTE [Generator-state replay]: the state's own draw
@@ -112,7 +114,7 @@ class _VariantProbe:
                                    **kwargs)
             new_args = tuple(enc if k == site.arg else a for k, a in enumerate(args))
             try:
-                out, run_ws = _counted(functools.partial(replacement, *new_args, **kwargs), cuda)
+                out, run_ws = counted(functools.partial(replacement, *new_args, **kwargs), cuda)
             except VariantGuardError:  # e.g. NOTE [BatchNorm from its output]
                 continue
             self.workspace[v] = (enc_ws, run_ws)
@@ -132,27 +134,6 @@ class _VariantProbe:
             extra = run_s - op_time.get(site.backward_node, 0.0) if self.times[v] else 0.0
             out.append((enc_s, self.workspace[v][0], extra, self.workspace[v][1]))
         return tuple(out)
-
-
-def _counted(fn, cuda: bool):
-    """(result, workspace bytes): what `fn()` allocates at its peak beyond its result."""
-    if cuda:
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out = fn()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        with LiveBytes() as counter:
-            out = fn()
-        peak = counter.peak
-    return out, max(0, peak - _nbytes(out))
-
-
-def _nbytes(out) -> int:
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    return sum(o.untyped_storage().nbytes() for o in outs if isinstance(o, torch.Tensor))
 
 
 def _used_outputs(node: fx.Node) -> frozenset[int] | None:
@@ -211,7 +192,8 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
                     if n.name.startswith("tangents")]
         inputs = list(primals) + tangents
         _warm_up(joint, inputs)  # NOTE [Warm allocator]
-        measured, reruns, signatures = _run(joint, inputs, set(wanted), probe, budget)
+        measured, reruns, signatures, workspace = _run(joint, inputs, set(wanted), probe,
+                                                       budget)
     missing = [name for name in wanted if name not in measured]
     op_time = {**measured, **estimates([nodes[n] for n in missing],
                                         [nodes[n] for n in measured], measured)}
@@ -229,7 +211,8 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         variant_costs=probe.costs(op_time), variant_error=tuple(probe.error),
         variant_measured=tuple(t is not None for t in probe.times),
         estimated_ops=len(missing), reduced_ops=budget.reduced, timed_signatures=signatures,
-        op_rerun_s=tuple(reruns.get(name) for name in lowered.op_nodes))
+        op_rerun_s=tuple(reruns.get(name) for name in lowered.op_nodes),
+        op_workspace_bytes=tuple(workspace.get(name, 0) for name in lowered.op_nodes))
 
 
 def _random_like(val: torch.Tensor, primals: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -250,21 +233,25 @@ def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
 
 
 def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
-         probe: _VariantProbe, budget: Budget) -> tuple[dict[str, float], dict[str, float], int]:
+         probe: _VariantProbe, budget: Budget
+         ) -> tuple[dict[str, float], dict[str, float], int, dict[str, int]]:
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
-    the same of their recomputations where those run otherwise, and how many distinct
-    signatures were timed."""
+    the same of their recomputations where those run otherwise, how many distinct signatures
+    were timed, and {op node: workspace bytes} (CUDA)."""
     measured: dict[str, tuple] = {}  # op node -> its signature
     reruns: dict[str, tuple] = {}
     seen: dict[tuple, list[float]] = {}  # signature -> its samples (NOTE [Noisy samples])
+    workspace: dict[tuple, int] = {}  # signature -> its workspace bytes (NOTE [Workspace])
     cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
     _walk(gm, inputs, lambda node, args, kwargs, env: _measure_node(
-        node, args, kwargs, env, measured, seen, wanted, probe, budget, cuda, reruns),
+        node, args, kwargs, env, measured, seen, wanted, probe, budget, cuda, reruns,
+        workspace),
         budget.over, probe.keep_until())
     median = {sig: statistics.median(samples) for sig, samples in seen.items()}
     return ({name: median[sig] for name, sig in measured.items()},
             {name: median[key] for name, key in reruns.items()},
-            sum(k[-1] != _RERUN for k in seen))
+            sum(k[-1] != _RERUN for k in seen),
+            {name: workspace[sig] for name, sig in measured.items() if sig in workspace})
 
 
 def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> None:
@@ -320,10 +307,11 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
 
 def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tuple],
                   seen: dict[tuple, list[float]], wanted: set[str], probe: _VariantProbe,
-                  budget: Budget, cuda: bool, reruns: dict[str, tuple]) -> None:
+                  budget: Budget, cuda: bool, reruns: dict[str, tuple],
+                  workspace: dict[tuple, int]) -> None:
     """Run `node` for its value; if the problem schedules it, time it (or, for a signature
-    timed already, add this run to its samples), and its recomputation where that runs
-    otherwise; then its variants."""
+    timed already, add this run to its samples) and on CUDA take its workspace, and time its
+    recomputation where that runs otherwise; then its variants."""
     target = node.target
     if node.name not in wanted and node.name not in probe.at:
         env[node.name] = target(*args, **kwargs)
@@ -344,6 +332,8 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
         for s in samples:
             budget.timed(s)
         seen[sig] = samples
+        if cuda:  # after the timed calls: cuDNN's benchmark search is over (NOTE [Workspace])
+            workspace[sig] = counted(functools.partial(target, *args, **kwargs), cuda)[1]
     if node.name in wanted:
         measured[node.name] = sig
         rerun = recompute.rerun_args(node, args)
