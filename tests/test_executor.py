@@ -34,6 +34,8 @@ def run_steps(module, params_owner, x, loss_fn, seed=1234):
         loss.backward()
         grads = {n: p.grad.clone() for n, p in params_owner.named_parameters() if p.grad is not None}
         grads["<generator state after the step>"] = torch.get_rng_state()
+        if torch.cuda.is_initialized():
+            grads["<CUDA generator state after the step>"] = torch.cuda.get_rng_state()
         record.append((loss.detach().clone(), grads))
         opt.step()
         opt.zero_grad(set_to_none=True)
