@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from monet_opt.memory import LiveBytes
+from monet_opt.memory import LiveBytes, measure_peak, resident_bytes
 
 LIVE_BYTES = "live-bytes counter"
 PROFILER = "profiler allocation events"
@@ -66,14 +66,6 @@ def runner_for(name: str, module: Callable[..., Any], owner: nn.Module, x: Any,
     resident: list[torch.Tensor] = list(owner.parameters()) + list(owner.buffers())
     tree_map_only(torch.Tensor, resident.append, x)
     return Runner(name, module, params, tuple(resident))
-
-
-def resident_bytes(tensors: Sequence[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-    for t in tensors:
-        s = t.untyped_storage()
-        seen[s.data_ptr()] = s.nbytes()
-    return sum(seen.values())
 
 
 def first_step(runner: Runner, x: Any, device: torch.device
@@ -117,12 +109,7 @@ def peak_bytes(runner: Runner, x: Any, device: torch.device, compiled: bool) -> 
 
 
 def _cuda_peak(runner: Runner, x: Any, device: torch.device) -> int:
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    runner.step(x)
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - before + resident_bytes(runner.resident)
+    return measure_peak(lambda: runner.step(x), runner.resident, device)
 
 
 def profiler_peak(runner: Runner, x: Any) -> int:

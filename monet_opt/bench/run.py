@@ -19,11 +19,12 @@ from monet_opt import zoo
 from monet_opt.bench import allocator, measure, methods, models, results
 from monet_opt.bench import timeline as timeline_mod
 from monet_opt.bench.methods import Context, Measured
+from monet_opt.memory import resident_bytes
 from monet_opt.units import format_bytes
 
 LIMITS = ("100", "80", "60", "50", "40", "33", "a50", "a33", "min")
 QUICK_LIMITS = ("100", "50", "min")
-SOLVERS = ("auto", "milp", "dp")
+SOLVERS = ("auto", "milp", "dp", "checkmate")
 BUDGETS = (1.0, 0.7, 0.5, 0.3, 0.1, 0.0)
 QUICK_BUDGETS = (1.0, 0.5, 0.0)
 
@@ -58,8 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                     f"('a33': the floor and 33%% of them) and/or 'min' "
                                     f"(default {','.join(LIMITS)})")
     p.add_argument("--solvers", default=",".join(SOLVERS),
-                   help="our solvers to run (a name not in solvers.available_solvers() is "
-                        "skipped and reported); Checkmate runs too when registered")
+                   help="the solvers to run through our executor (a name not in "
+                        "solvers.available_solvers() is skipped and reported; 'checkmate': "
+                        "Checkmate's MILP, the baseline)")
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--compile-budgets", help="activation memory budgets, comma-separated "
                                              f"(default {','.join(map(str, BUDGETS))}; "
@@ -139,7 +141,7 @@ def bench_model(spec: models.BenchModel, s: Settings) -> results.ModelRun:
         grad_rel_diff=0.0, solve_time_s=0.0))
     print(f"  eager peak {format_bytes(peak)} ({instrument})", flush=True)
     skipped, measured = [], []
-    for solver in s.solvers + ("checkmate",):
+    for solver in s.solvers:
         if not methods.registered(solver):
             why = "not registered" if solver == "checkmate" else "not in available_solvers()"
             skipped.append(f"solver {solver!r}: {why}")
@@ -190,7 +192,7 @@ def _timeline(ctx: Context, measured: list[Measured], device: torch.device):
     pick = next((m for m in ran if m.point.setting == "50%"),
                 min(ran, key=lambda m: m.point.limit_bytes))
     return timeline_mod.record(pick.runner, ctx.x, pick.plan, pick.point.method,
-                               pick.point.setting)
+                               pick.point.setting, device)
 
 
 def _meta(name: str, config: str, s: Settings, ctx: Context, eager: results.Point,
@@ -209,9 +211,9 @@ def _meta(name: str, config: str, s: Settings, ctx: Context, eager: results.Poin
 
 def _floor(model: nn.Module, x) -> tuple[int, int, int, int, int]:
     """Bytes of (parameters, buffers, input, gradients, all four)."""
-    param_bytes = measure.resident_bytes(list(model.parameters()))
-    buffer_bytes = measure.resident_bytes(list(model.buffers()))
-    input_bytes = measure.resident_bytes(pytree.tree_leaves(x))
+    param_bytes = resident_bytes(list(model.parameters()))
+    buffer_bytes = resident_bytes(list(model.buffers()))
+    input_bytes = resident_bytes(pytree.tree_leaves(x))
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return (param_bytes, buffer_bytes, input_bytes, grad_bytes,
             param_bytes + buffer_bytes + input_bytes + grad_bytes)

@@ -1,13 +1,16 @@
 """Predicted against measured memory over one step of one schedule (CPU: the live-bytes counter
-sampled after every ATen op)."""
+sampled after every ATen op; CUDA: the caching allocator's peak over every ATen op, the device
+synchronized around each)."""
 from __future__ import annotations
 
 import time
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from monet_opt.bench.measure import Runner
+from monet_opt.memory import resident_bytes
 from monet_opt.bench.results import Timeline
 from monet_opt.memory import LiveBytes
 from monet_opt.plan import Plan
@@ -30,13 +33,43 @@ class _Recorder(LiveBytes):
         return out
 
 
-def record(runner: Runner, x: Any, plan: Plan, method: str, setting: str) -> Timeline | None:
+class _CudaRecorder(TorchDispatchMode):
+    """For every op: when it started, the most allocated while it ran (workspace included) as
+    bytes above what was allocated before the step, plus `resident` (as measure._cuda_peak
+    counts), and its name (the diagnosis of a measured peak over the predicted one)."""
+
+    def __init__(self, resident, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        torch.cuda.synchronize(device)
+        self.base = torch.cuda.memory_allocated(device) - resident_bytes(resident)
+        self.samples: list[tuple[float, int]] = []
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        torch.cuda.synchronize(self.device)
+        self.samples.append((start, torch.cuda.max_memory_allocated(self.device) - self.base))
+        self.names.append(str(func))
+        return out
+
+
+def _recorder(runner: Runner, device: torch.device):
+    return _CudaRecorder(runner.resident, device) if device.type == "cuda" \
+        else _Recorder(runner.resident)
+
+
+def record(runner: Runner, x: Any, plan: Plan, method: str, setting: str,
+           device: torch.device = torch.device("cpu")) -> Timeline | None:
     """One step of `runner` under the recorder, beside `plan`'s predicted timeline. None where
     the plan carries no timeline."""
     if plan.timeline is None or not plan.timeline.live_bytes:
         return None
     runner.clear_grads()
-    with _Recorder(runner.resident) as rec:
+    with _recorder(runner, device) as rec:
         start = time.perf_counter()
         loss = runner.forward(x).sum()
         backward_at = time.perf_counter()
@@ -68,4 +101,4 @@ def _thin(samples: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
 
 
 def available(device: torch.device) -> bool:
-    return device.type == "cpu"
+    return device.type in ("cpu", "cuda")
