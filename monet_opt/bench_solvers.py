@@ -11,11 +11,14 @@ against the store-all peak and its activations (Kusumoto et al.'s measure).
 from __future__ import annotations
 
 import argparse
+import pickle
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 import monet_opt
 import solvers
@@ -30,15 +33,56 @@ def mib(b: float) -> str:
     return f"{b / 2**20:,.1f}"
 
 
+class Lowerings:
+    """Where `lowered` gets its problems: lowered and profiled here, on `device`, or read from
+    `path`, a pickle that runs with the same path fill, so that profiling can happen on a GPU
+    machine and the solving on another (`--device cuda --problems F` there, `--problems F`
+    here)."""
+
+    def __init__(self) -> None:
+        self.device = "cpu"
+        self.path: Path | None = None
+        self.saved: dict[str, tuple] = {}
+
+    def use(self, device: str, path: str | None) -> None:
+        self.device, self.path = device, Path(path) if path else None
+        if self.path is not None and self.path.exists():
+            with self.path.open("rb") as f:
+                self.saved = pickle.load(f)
+
+    def get(self, name: str, size: dict | None, options: dict):
+        """(problem, seconds to lower it, where it was profiled)."""
+        key = f"{name} {sorted((size or {}).items())} {_describe(options)}"
+        if key not in self.saved:
+            model, x = zoo.ALL_MODELS[name](**(size or {}))
+            model = model.to(self.device)
+            x = tree_map_only(torch.Tensor, lambda t: t.to(self.device), x)
+            t0 = time.perf_counter()
+            problem = monet_opt.lower_problem(model, x, profile_repeats=3, **options)
+            where = torch.cuda.get_device_name() if self.device == "cuda" else "CPU"
+            self.saved[key] = (problem, time.perf_counter() - t0,
+                               f"{where}, torch {torch.__version__}")
+            if self.path is not None:
+                with self.path.open("wb") as f:
+                    pickle.dump(self.saved, f)
+        return self.saved[key]
+
+
+LOWERINGS = Lowerings()
+
+
+def _describe(options: dict) -> str:
+    """The same text for the same options in any process (sets in sorted order)."""
+    return repr(sorted((k, sorted(v) if isinstance(v, (set, frozenset)) else v)
+                       for k, v in options.items()))
+
+
 def lowered(name: str, out, size: dict | None = None, label: str | None = None, **options):
     """Lower and profile a zoo model (`size`: its factory's arguments; `options` for
-    lower_problem); print its sizes under a heading (`label`: what the options are, if not
-    every variant). (problem, floor, activations, store-all simulation): floor = parameters,
-    inputs and gradients."""
-    model, x = zoo.ALL_MODELS[name](**(size or {}))
-    t0 = time.perf_counter()
-    problem = monet_opt.lower_problem(model, x, profile_repeats=3, **options)
-    lower_s = time.perf_counter() - t0
+    lower_problem), or take it from LOWERINGS; print its sizes under a heading (`label`: what
+    the options are, if not every variant). (problem, floor, activations, store-all
+    simulation): floor = parameters, inputs and gradients."""
+    problem, lower_s, where = LOWERINGS.get(name, size, options)
     store_all = solvers.simulate(problem, solvers.schedule_from_kept(
         problem, problem.saved_for_backward))
     grads = sum(problem.tensors[t].bytes for t in problem.backward_outputs)
@@ -49,7 +93,8 @@ def lowered(name: str, out, size: dict | None = None, label: str | None = None, 
         else ", variants off"
     print(f"\n### {name}({args}){variants}\n\n{len(problem.forward_ops)} forward ops, "
           f"{len(problem.backward_ops)} backward ops, {len(problem.tensors)} tensors (lowered "
-          f"and profiled in {lower_s:.0f} s). Store-all peak {mib(store_all.peak_bytes)} MiB = "
+          f"and profiled in {lower_s:.0f} s on {where}). Store-all peak "
+          f"{mib(store_all.peak_bytes)} MiB = "
           f"{mib(floor)} MiB parameters, inputs and gradients + {mib(act)} MiB activations; "
           f"step {store_all.time_s * 1e3:.0f} ms"
           " (sum of profiled op times).\n", file=out)
@@ -96,15 +141,26 @@ def begin(title: str, module: str, args) -> None:
     least = getattr(args, "least_only", False)
     chosen = "".join(f" --{k} {getattr(args, k)}" for k in ("solvers", "solver", "size")
                      if getattr(args, k, None) and not (least and k == "solvers"))
+    chosen += " --gpu-sizes" if getattr(args, "gpu_sizes", False) else ""
     chosen += " --least-only" if least else ""
     chosen += " --lossy" if getattr(args, "lossy", False) else ""
+    chosen += f" --device {args.device}" if getattr(args, "device", "cpu") != "cpu" else ""
+    chosen += f" --problems {args.problems}" if getattr(args, "problems", None) else ""
     print(f"# {title}\n\nCommand: `python -m {module} --time-limit "
-          f"{args.time_limit:g} --models {args.models}{chosen}`. Machine: {machine}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"CPU profile, {allocator}. Limits include parameters, inputs and gradients; the "
-          f"percentage is the share of store-all activation memory left. Overhead is "
-          f"predicted step time vs store-all (profiled op times; the simulator's peak equals "
-          f"the executor's measured peak to the byte in tests/test_executor.py).", flush=True)
+          f"{args.time_limit:g} --models {args.models}{chosen}`. Solved on: {machine}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, {allocator}; each "
+          f"model says where it was profiled. Limits include parameters, inputs and "
+          f"gradients; the percentage is the share of store-all activation memory left. "
+          f"Overhead is predicted step time vs store-all (profiled op times; on CPU the "
+          f"simulator's peak equals the executor's measured peak to the byte in "
+          f"tests/test_executor.py).", flush=True)
+
+
+def add_lowering_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where models are lowered and profiled")
+    ap.add_argument("--problems", help="a pickle of lowered problems: those in it are read "
+                                       "instead of lowered, new ones are added to it")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,8 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--solvers", default=",".join(SOLVERS))
     ap.add_argument("--size", default="", help="factory arguments, e.g. batch=64,size=160")
     ap.add_argument("--least-only", action="store_true")
+    add_lowering_arguments(ap)
     args = ap.parse_args(argv)
     size = zoo.parse_size(args.size)
+    LOWERINGS.use(args.device, args.problems)
     begin("Solver benchmark", "monet_opt.bench_solvers", args)
     for name in args.models.split(","):
         if args.least_only:

@@ -1,7 +1,7 @@
 """What operator variants are worth: the "auto" solver with variants off vs on, and with each
 family alone and all but it, at limits leaving 70/50/40 % of the store-all activation memory
-(MONeT's ablation, on this machine), on the side-by-side benchmark's CPU sizes. Prints markdown
-(docs/benchmarks/variants.md).
+(MONeT's ablation), on the side-by-side benchmark's CPU sizes (its GPU sizes with --device
+cuda). Prints markdown (docs/benchmarks/variants.md).
 
 "Off" is the model lowered with `variants=False`, as `optimize(..., variants=False)` runs it
 (no convolution backward split either: NOTE [Conv backward split]); "all but
@@ -26,7 +26,9 @@ import sys
 import solvers
 from monet_opt import bn_split
 from monet_opt.bench.models import SPECS
-from monet_opt.bench_solvers import FRACTIONS, begin, lowered, mib
+from monet_opt import zoo
+from monet_opt.bench_solvers import (FRACTIONS, LOWERINGS, add_lowering_arguments, begin,
+                                     lowered, mib)
 from monet_opt.variants import FAMILIES
 from solvers.variants import lightest
 
@@ -56,13 +58,15 @@ def family_table(problem: solvers.Problem, families: dict[str, set[int]], out) -
     print(file=out)
 
 
-def bench_model(name: str, solver: str, time_limit_s: float, out, lossy: bool = False) -> None:
-    size = SPECS[name].cpu
+def bench_model(name: str, solver: str, time_limit_s: float, out, lossy: bool = False,
+                size: dict | None = None) -> None:
     off, _, _, off_store_all = lowered(name, out, size, variants=False)
     whole_bn, _, _, whole_bn_store_all = lowered(  # NOTE [BatchNorm recomputed from ...]
         name, out, size, label=f"all but {bn_split.NAME}", allow_lossy=lossy,
         variants={f.name for f in FAMILIES if f.exact or lossy})
     problem, floor, act, store_all = lowered(name, out, size, allow_lossy=lossy)
+    if time_limit_s <= 0:  # --lower-only
+        return
     families: dict[str, set[int]] = {}
     for v, var in enumerate(problem.variants):
         families.setdefault(var.name.split(":")[0], set()).add(v)
@@ -107,12 +111,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--solver", default="auto")
     ap.add_argument("--lossy", action="store_true",
                     help="offer the lossy families too (optimize(allow_lossy=True))")
+    ap.add_argument("--size", default="", help="factory arguments instead of the benchmark's "
+                                               "CPU sizes")
+    ap.add_argument("--gpu-sizes", action="store_true",
+                    help="the benchmark's GPU sizes (the default with --device cuda)")
+    ap.add_argument("--lower-only", action="store_true",
+                    help="lower and profile (into --problems), solve nothing")
+    add_lowering_arguments(ap)
     args = ap.parse_args(argv)
+    if args.lower_only:
+        args.time_limit = 0.0
+    LOWERINGS.use(args.device, args.problems)
     begin("Operator-variant benchmark", "monet_opt.bench_variants", args)
     if args.lossy:
         print("\nLossy families offered (`--lossy`).")
     for name in args.models.split(","):
-        bench_model(name, args.solver, args.time_limit, sys.stdout, args.lossy)
+        spec = SPECS[name]
+        gpu = args.gpu_sizes or args.device == "cuda"
+        size = zoo.parse_size(args.size) or (spec.gpu if gpu else spec.cpu)
+        bench_model(name, args.solver, args.time_limit, sys.stdout, args.lossy, size)
 
 
 if __name__ == "__main__":
