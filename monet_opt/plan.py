@@ -44,7 +44,7 @@ class Plan:
     status: str
     solve_time_s: float
     gap: float | None
-    fixed_bytes: int           # parameters, buffers, inputs
+    fixed_bytes: int           # parameters, buffers, inputs (CUDA: and NOTE [CUDA blocks]'s slack)
     gradient_bytes: int        # what the backward returns (parameter and input gradients)
     store_all_peak_bytes: int  # the peak with nothing recomputed
     store_all_step_time_s: float
@@ -78,7 +78,8 @@ class Plan:
             f"  predicted peak    {format_bytes(self.predicted_peak_bytes)} "
             f"(store-all {format_bytes(self.store_all_peak_bytes)}, least reachable "
             f"{format_bytes(self.min_feasible_bytes)})",
-            f"  fixed             {format_bytes(self.fixed_bytes)} parameters/buffers/inputs, "
+            f"  fixed             {format_bytes(self.fixed_bytes)} parameters/buffers/inputs "
+            f"(CUDA: and the allocator's slack), "
             f"{format_bytes(self.gradient_bytes)} gradients",
             f"  predicted step    {self.predicted_step_time_s * 1e3:.2f} ms "
             f"({overhead:+.1%} vs no recomputation), {self.recomputed_ops} op runs recomputed",

@@ -1,0 +1,51 @@
+"""What a tensor takes on its device (NOTE [CUDA blocks]: checked on CPU with fake CUDA
+tensors), and the benchmarks' lowered problems kept in a file, so that a GPU machine profiles
+and another solves."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import monet_opt
+from monet_opt import bench_solvers
+from monet_opt.lower import storage_bytes
+from monet_opt.memory import CUDA_BLOCK, CUDA_LARGE, allocated_bytes, cuda_slack
+
+
+@pytest.mark.parametrize("floats, cuda_bytes", [
+    (0, 0), (1, 512), (128, 512), (129, 1024), (1 << 20, 4 << 20),
+    ((1 << 20) + 1, (4 << 20) + 512)])
+def test_cuda_tensors_take_the_allocators_blocks(floats, cuda_bytes):
+    with FakeTensorMode():
+        on_cuda, on_cpu = torch.empty(floats, device="cuda"), torch.empty(floats)
+    assert storage_bytes(on_cuda) == cuda_bytes
+    assert storage_bytes(on_cpu) == 4 * floats  # the live-bytes counter's exact bytes
+    assert allocated_bytes(4 * floats, torch.device("cuda")) % CUDA_BLOCK == 0
+
+
+def test_cuda_slack_counts_a_whole_large_block_only_where_one_can_be_handed_out():
+    peak = 1000 * CUDA_LARGE
+    assert cuda_slack(peak, CUDA_LARGE) == peak // 500  # small-pool tensors only
+    assert cuda_slack(peak, CUDA_LARGE + 1) == CUDA_LARGE + peak // 500
+
+
+def test_lowered_problems_are_read_back_from_their_file(tmp_path, monkeypatch):
+    path = tmp_path / "problems.pkl"
+    first = bench_solvers.Lowerings()
+    first.use("cpu", str(path))
+    families = {"relu.bit_mask", "relu.bool_mask", "maxpool.shape_only"}
+    problem, _, where = first.get("tiny_cnn", {"batch": 2}, {"variants": families})
+    assert where.startswith("CPU") and path.exists()
+
+    def no_lowering(*_a, **_k):
+        raise AssertionError("lowered again, though the file holds the problem")
+
+    monkeypatch.setattr(monet_opt, "lower_problem", no_lowering)
+    again = bench_solvers.Lowerings()
+    again.use("cpu", str(path))
+    same = sorted(families, reverse=True)  # another order of the same set
+    got, _, _ = again.get("tiny_cnn", {"batch": 2}, {"variants": set(same)})
+    assert got.to_json() == problem.to_json()
+    with pytest.raises(AssertionError, match="lowered again"):
+        again.get("tiny_cnn", {"batch": 4}, {"variants": families})
