@@ -18,6 +18,12 @@ NOTE [Conv backward split]
   589-598 ms split, +10 %), and bought little there: with every variant and nothing
   recomputed, the input steps' shape-only inputs lowered that model's peak by 1.4 of 559 MiB.
   What the split costs where it is made is measured: the profiler times each step.
+
+  Measured on an H100 (torch 2.11, docs/benchmarks/gpu/README.md): on ResNet-50 b184 224x224
+  the halves took 35.4 ms where the combined calls took 31.5 ms (+12 %, cuDNN's default
+  algorithms), not the dispatch assumed above. Under cudnn.benchmark the narrower call may get
+  another algorithm: at b2 64x64, 16 input steps with a shape-only input did not reproduce the
+  combined call's result bitwise, and the profiler withdrew those variants.
 """
 from __future__ import annotations
 
