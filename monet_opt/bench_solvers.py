@@ -11,7 +11,8 @@ against the store-all peak and its activations (Kusumoto et al.'s measure).
 from __future__ import annotations
 
 import argparse
-import pickle
+import gzip
+import json
 import platform
 import sys
 import time
@@ -35,9 +36,9 @@ def mib(b: float) -> str:
 
 class Lowerings:
     """Where `lowered` gets its problems: lowered and profiled here, on `device`, or read from
-    `path`, a pickle that runs with the same path fill, so that profiling can happen on a GPU
-    machine and the solving on another (`--device cuda --problems F` there, `--problems F`
-    here)."""
+    `path`, a gzipped JSON file that runs with the same path fill, so that profiling can happen
+    on a GPU machine and the solving on another (`--device cuda --problems F` there,
+    `--problems F` here)."""
 
     def __init__(self) -> None:
         self.device = "cpu"
@@ -47,8 +48,10 @@ class Lowerings:
     def use(self, device: str, path: str | None) -> None:
         self.device, self.path = device, Path(path) if path else None
         if self.path is not None and self.path.exists():
-            with self.path.open("rb") as f:
-                self.saved = pickle.load(f)
+            with gzip.open(self.path, "rt") as f:
+                data = json.load(f)
+            self.saved = {k: (solvers.Problem.from_json(v["problem"]), v["lower_s"], v["where"])
+                          for k, v in data["problems"].items()}
 
     def get(self, name: str, size: dict | None, options: dict):
         """(problem, seconds to lower it, where it was profiled)."""
@@ -62,10 +65,18 @@ class Lowerings:
             where = torch.cuda.get_device_name() if self.device == "cuda" else "CPU"
             self.saved[key] = (problem, time.perf_counter() - t0,
                                f"{where}, torch {torch.__version__}")
-            if self.path is not None:
-                with self.path.open("wb") as f:
-                    pickle.dump(self.saved, f)
+            self._save()
         return self.saved[key]
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        data = {"problems": {k: {"problem": p.to_json(), "lower_s": s, "where": w}
+                             for k, (p, s, w) in self.saved.items()}}
+        part = self.path.with_name(self.path.name + ".part")
+        with gzip.open(part, "wt") as f:
+            json.dump(data, f)
+        part.replace(self.path)
 
 
 LOWERINGS = Lowerings()
@@ -159,8 +170,8 @@ def begin(title: str, module: str, args) -> None:
 def add_lowering_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                     help="where models are lowered and profiled")
-    ap.add_argument("--problems", help="a pickle of lowered problems: those in it are read "
-                                       "instead of lowered, new ones are added to it")
+    ap.add_argument("--problems", help="a .json.gz file of lowered problems: those in it are "
+                                       "read instead of lowered, new ones are added to it")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,7 +31,7 @@ def test_cuda_slack_counts_a_whole_large_block_only_where_one_can_be_handed_out(
 
 
 def test_lowered_problems_are_read_back_from_their_file(tmp_path, monkeypatch):
-    path = tmp_path / "problems.pkl"
+    path = tmp_path / "problems.json.gz"
     first = bench_solvers.Lowerings()
     first.use("cpu", str(path))
     families = {"relu.bit_mask", "relu.bool_mask", "maxpool.shape_only"}
