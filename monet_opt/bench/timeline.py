@@ -10,9 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from monet_opt.bench.measure import Runner
-from monet_opt.memory import resident_bytes
 from monet_opt.bench.results import Timeline
-from monet_opt.memory import LiveBytes
+from monet_opt.memory import LiveBytes, resident_bytes
 from monet_opt.plan import Plan
 
 MAX_SAMPLES = 1500
