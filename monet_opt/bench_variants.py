@@ -24,9 +24,8 @@ import argparse
 import sys
 
 import solvers
-from monet_opt import bn_split
+from monet_opt import bn_split, zoo
 from monet_opt.bench.models import SPECS
-from monet_opt import zoo
 from monet_opt.bench_solvers import (FRACTIONS, LOWERINGS, add_lowering_arguments, begin,
                                      lowered, mib)
 from monet_opt.variants import FAMILIES
@@ -59,13 +58,13 @@ def family_table(problem: solvers.Problem, families: dict[str, set[int]], out) -
 
 
 def bench_model(name: str, solver: str, time_limit_s: float, out, lossy: bool = False,
-                size: dict | None = None) -> None:
+                size: dict | None = None, lower_only: bool = False) -> None:
     off, _, _, off_store_all = lowered(name, out, size, variants=False)
     whole_bn, _, _, whole_bn_store_all = lowered(  # NOTE [BatchNorm recomputed from ...]
         name, out, size, label=f"all but {bn_split.NAME}", allow_lossy=lossy,
         variants={f.name for f in FAMILIES if f.exact or lossy})
     problem, floor, act, store_all = lowered(name, out, size, allow_lossy=lossy)
-    if time_limit_s <= 0:  # --lower-only
+    if lower_only:
         return
     families: dict[str, set[int]] = {}
     for v, var in enumerate(problem.variants):
@@ -119,8 +118,6 @@ def main(argv: list[str] | None = None) -> None:
                     help="lower and profile (into --problems), solve nothing")
     add_lowering_arguments(ap)
     args = ap.parse_args(argv)
-    if args.lower_only:
-        args.time_limit = 0.0
     LOWERINGS.use(args.device, args.problems)
     begin("Operator-variant benchmark", "monet_opt.bench_variants", args)
     if args.lossy:
@@ -129,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         spec = SPECS[name]
         gpu = args.gpu_sizes or args.device == "cuda"
         size = zoo.parse_size(args.size) or (spec.gpu if gpu else spec.cpu)
-        bench_model(name, args.solver, args.time_limit, sys.stdout, args.lossy, size)
+        bench_model(name, args.solver, args.time_limit, sys.stdout, args.lossy, size,
+                    args.lower_only)
 
 
 if __name__ == "__main__":

@@ -33,9 +33,9 @@ class _Recorder(LiveBytes):
 
 
 class _CudaRecorder(TorchDispatchMode):
-    """For every op: when it started, the most allocated while it ran (workspace included) as
-    bytes above what was allocated before the step, plus `resident` (as measure._cuda_peak
-    counts), and its name (the diagnosis of a measured peak over the predicted one)."""
+    """For every op: when it started, and the most allocated while it ran (workspace included)
+    as bytes above what was allocated before the step, plus `resident` (as measure_peak
+    counts)."""
 
     def __init__(self, resident, device: torch.device) -> None:
         super().__init__()
@@ -43,7 +43,6 @@ class _CudaRecorder(TorchDispatchMode):
         torch.cuda.synchronize(device)
         self.base = torch.cuda.memory_allocated(device) - resident_bytes(resident)
         self.samples: list[tuple[float, int]] = []
-        self.names: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         torch.cuda.synchronize(self.device)
@@ -52,7 +51,6 @@ class _CudaRecorder(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         torch.cuda.synchronize(self.device)
         self.samples.append((start, torch.cuda.max_memory_allocated(self.device) - self.base))
-        self.names.append(str(func))
         return out
 
 
