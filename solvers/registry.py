@@ -43,6 +43,9 @@ AUTO_FINE_SHARE = 0.35
 # solvers/anneal.py), taken from the MILP's where the MILP is coarsened (else it anneals in
 # what polishing leaves).
 AUTO_ANNEAL_SHARE = 0.4
+# Where nothing cheap fits, the share of fine windows' time they keep; the MILP gets the rest,
+# and annealing's (NOTE [Nothing cheap fits]).
+AUTO_FLOOR_FINE_KEPT = 0.5
 
 
 def _pruned(problem: Problem, budget_bytes: int, best: SolveResult,
@@ -187,6 +190,25 @@ def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
 #   where the MILP solver's was 293.9 MiB (its coarser program needs about 2.5 s to find it;
 #   in 1.25 s it ends at its start); with 7.5 s both 293.9 MiB. Aside, the longer program runs
 #   on the idle core, and what the MILP waits for it comes out of the phases after it.
+# NOTE [Nothing cheap fits]
+#   Near the least peak no heuristic and no lower-set schedule fits, so annealing, polishing
+#   and fine windows have only the MILP's schedule to start from, and where the MILP's whole
+#   program found none in its time, that is the memory-centric program's: tight at every
+#   moment, so that windows and annealing barely move it (ResNet-50 b16 128², least peak
+#   293.9 MiB: +261.5 % predicted; windows of stages from it, 12 s: +202.7 %; pruned first
+#   (NOTE [Pruning recomputation], 5 s), then windows: +88.9 %).
+#   The whole program, from scratch, found +22.4 % there in the MILP solver's own 30 s, and
+#   on a coarsened problem auto gave it 1 s (its share less fine windows' and annealing's).
+#   So where nothing cheap fits, the MILP also gets annealing's share and half of fine
+#   windows' (AUTO_FLOOR_FINE_KEPT). `make bench-near-floor` (docs/benchmarks/near_floor.md),
+#   auto in 30 s at the least peak and 2/5/10/20 % above it, predicted overhead (two solves
+#   each), before -> after: ResNet-50 +66.6/+59.1-59.2/+43.8/+51.8/+5.6 % ->
+#   +18.4/+16.0/+15.3/+28.2/+5.4-5.6 %; GoogLeNet (b32 128²) +35.2/+34.9-35.3/+34.9-35.6/
+#   +27.4/+23.3-24.4 % -> +35.1-35.2/+33.6-40.1/+30.1-32.3/+27.4/+21.9-22.1 %. Giving the MILP
+#   only fine windows' share was worse (+66.6/+76.9/+70.6/+61.3/+5.6 %), all of it alike
+#   (+19.3/+15.5/+13.6/+26.9/+5.4 %). Starting the whole program from the memory-centric
+#   schedule kept it there (+202.7 % at 20 s), and a least-peak program that also weighs time
+#   ended higher (302.4 against 293.9 MiB in 7.5 s).
 def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
           least_start: Schedule | None = None, candidates: Sequence[Schedule] = ()
           ) -> SolveResult:
@@ -214,7 +236,11 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
         if not least.running(problem, milp):
             least.least_peak(problem, milp)  # here, unless cached
         spent = max(time.perf_counter() - before, milp_s / 4)
-        milp = dataclasses.replace(milp, time_limit_s=max(1.0, milp_s - fine_s - spent))
+        share = milp_s - fine_s
+        if not lower_sets.feasible and not any(r.feasible for r in cheap):
+            # NOTE [Nothing cheap fits]
+            share = milp_s + anneal_s + fine_s * (1 - AUTO_FLOOR_FINE_KEPT)
+        milp = dataclasses.replace(milp, time_limit_s=max(1.0, share - spent))
     results = cheap if cheap[0].feasible else \
         cheap + [lower_sets, solve(problem, budget_bytes, "milp", milp)]
     floors = [(r.min_feasible_bytes, r.floor_schedule) for r in results + [lower_sets]]

@@ -1,0 +1,46 @@
+"""NOTE [Nothing cheap fits]: where no heuristic and no lower-set schedule fits, "auto" gives
+the joint MILP most of its time, since only the MILP can make a fast schedule there."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from solvers import joint, registry, solve
+from tests.problems import autodiff_problem
+
+LIMIT_S = 12.0
+
+
+def _milp_limits(monkeypatch, problem, budget):
+    """auto's result at `budget` and the time limits it gave the MILP."""
+    limits = []
+    fn, options = registry._REGISTRY["milp"]
+
+    def recorded(p, b, o):
+        limits.append(o.time_limit_s)
+        return joint.milp(p, b, o)
+
+    monkeypatch.setitem(registry._REGISTRY, "milp", (recorded, options))
+    return solve(problem, budget, "auto", time_limit_s=LIMIT_S), limits
+
+
+@pytest.mark.parametrize("coarsened", [False, True])
+def test_near_the_least_peak_the_milp_gets_most_of_autos_time(monkeypatch, coarsened):
+    monkeypatch.setattr(registry, "_coarsened", lambda problem: coarsened)
+    p = autodiff_problem(8, random.Random(3))
+    least = solve(p, 10 ** 12, "auto", time_limit_s=2).min_feasible_bytes
+    assert not any(r.feasible for r in registry._cheap(p, least))
+    assert not solve(p, least, "dp").feasible
+    at_floor, limits = _milp_limits(monkeypatch, p, least)
+    assert at_floor.feasible and at_floor.peak_bytes <= least
+    assert len(limits) == 1 and limits[0] >= LIMIT_S / 2
+    # where a heuristic fits (store-all does not), the MILP gets its share less fine
+    # windows' (and annealing's, where coarsened) as before
+    everything = registry._cheap(p, 10 ** 12)
+    cheap_fits = min(r.min_feasible_bytes for r in everything[1:])
+    assert least < cheap_fits < everything[0].peak_bytes
+    assert any(r.feasible for r in registry._cheap(p, cheap_fits))
+    above, limits_above = _milp_limits(monkeypatch, p, cheap_fits)
+    assert above.feasible and len(limits_above) == 1
+    assert limits_above[0] < limits[0] / 2
