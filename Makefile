@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test bench bench-solvers bench-variants bench-coverage bench-replan bench-ops
+.PHONY: install demo test bench bench-solvers bench-near-floor bench-variants bench-coverage bench-replan bench-ops
 install: $(VENV)/.installed
 
 # torch 2.14.1 / torchvision 0.29.1 come from this machine's local disk (see research/env.md).
@@ -21,6 +21,14 @@ test: install
 # The solver benchmark (minutes): writes docs/benchmarks/solvers.md.
 bench-solvers: install
 	$(PY) -m monet_opt.bench_solvers > docs/benchmarks/solvers.md
+
+# "auto" at its least peak and a little above it, on the CPU problems kept in the file (minutes):
+# writes docs/benchmarks/near_floor.md.
+NEAR_FLOOR := $(PY) -m monet_opt.bench_solvers --near-floor 2 --time-limit 30 \
+	--problems docs/benchmarks/problems_cpu.json.gz
+bench-near-floor: install
+	$(NEAR_FLOOR) --models resnet50 --size batch=16,size=128 > docs/benchmarks/near_floor.md
+	$(NEAR_FLOOR) --models googlenet --size batch=32,size=128 >> docs/benchmarks/near_floor.md
 
 # The operator-variant ablation (minutes): writes docs/benchmarks/variants.md, and with the
 # lossy families offered too, docs/benchmarks/variants_lossy.md.

@@ -4,9 +4,11 @@ the store-all activation memory. Prints a markdown report (docs/benchmarks/solve
     python -m monet_opt.bench_solvers [--time-limit 60] [--models resnet50,gpt2]
                                       [--solvers milp,checkmate]
                                       [--size batch=64,size=160] [--least-only]
+                                      [--near-floor REPEATS] [--problems F.json.gz]
 
 --size: the models' factory arguments (zoo); --least-only: only the least peak "auto" reaches,
-against the store-all peak and its activations (Kusumoto et al.'s measure).
+against the store-all peak and its activations (Kusumoto et al.'s measure); --near-floor N:
+each solver N times at the least peak and 2/5/10/20 % above it (docs/benchmarks/near_floor.md).
 """
 from __future__ import annotations
 
@@ -123,6 +125,33 @@ def least_only(name: str, time_limit_s: float, out, size: dict | None = None) ->
           f"{r.solve_time_s:.0f} s).", file=out, flush=True)
 
 
+NEAR_FLOOR = (0.0, 0.02, 0.05, 0.1, 0.2)  # budgets above the least peak, as its share
+
+
+def near_floor(name: str, time_limit_s: float, out, names=("auto",), size: dict | None = None,
+               repeats: int = 2) -> None:
+    """Each solver `repeats` times at the least peak "auto" reaches and a little above it
+    (NEAR_FLOOR), the least peak known to every solve as an earlier call's (NOTE [Least peaks
+    remembered]): how far the predicted step time moves from solve to solve there."""
+    problem, _floor, _act, store_all = lowered(name, out, size)
+    first = solvers.solve(problem, store_all.peak_bytes, "auto", time_limit_s=time_limit_s)
+    least = first.min_feasible_bytes
+    known = [first.floor_schedule] if first.floor_schedule is not None else []
+    print(f"Least peak {mib(least)} MiB. Predicted overhead vs store-all of each solve "
+          f"({repeats} per cell):\n\n| solver | " +
+          " | ".join(f"least +{e:.0%}" if e else "least" for e in NEAR_FLOOR) +
+          " |\n|---|" + "---|" * len(NEAR_FLOOR), file=out, flush=True)
+    for s in names:
+        cells = []
+        for extra in NEAR_FLOOR:
+            runs = [solvers.solve(problem, int(least * (1 + extra)), s,
+                                  time_limit_s=time_limit_s, known=known)
+                    for _ in range(repeats)]
+            cells.append(", ".join(f"{r.objective_s / store_all.time_s - 1:+.1%}" if r.feasible
+                                   else r.status.value for r in runs))
+        print(f"| {s} | " + " | ".join(cells) + " |", file=out, flush=True)
+
+
 def bench_model(name: str, time_limit_s: float, out, names=SOLVERS,
                 size: dict | None = None) -> None:
     problem, floor, act, store_all = lowered(name, out, size)
@@ -154,6 +183,8 @@ def begin(title: str, module: str, args) -> None:
                      if getattr(args, k, None) and not (least and k == "solvers"))
     chosen += " --gpu-sizes" if getattr(args, "gpu_sizes", False) else ""
     chosen += " --least-only" if least else ""
+    repeats = getattr(args, "near_floor", 0)
+    chosen += f" --near-floor {repeats}" if repeats else ""
     chosen += " --lossy" if getattr(args, "lossy", False) else ""
     chosen += f" --device {args.device}" if getattr(args, "device", "cpu") != "cpu" else ""
     chosen += f" --problems {args.problems}" if getattr(args, "problems", None) else ""
@@ -178,19 +209,28 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--models", default=",".join(zoo.MODELS))
-    ap.add_argument("--solvers", default=",".join(SOLVERS))
+    ap.add_argument("--solvers", help=f"default: {','.join(SOLVERS)} (--near-floor: auto)")
     ap.add_argument("--size", default="", help="factory arguments, e.g. batch=64,size=160")
     ap.add_argument("--least-only", action="store_true")
+    ap.add_argument("--near-floor", type=int, metavar="REPEATS", default=0,
+                    help="solve at the least peak and a little above it, REPEATS times each "
+                         "(--solvers: default auto)")
     add_lowering_arguments(ap)
     args = ap.parse_args(argv)
+    if args.near_floor < 0:
+        ap.error(f"--near-floor: the solves per budget must be at least 1, got {args.near_floor}")
     size = zoo.parse_size(args.size)
+    chosen = args.solvers.split(",") if args.solvers else None
     LOWERINGS.use(args.device, args.problems)
     begin("Solver benchmark", "monet_opt.bench_solvers", args)
     for name in args.models.split(","):
         if args.least_only:
             least_only(name, args.time_limit, sys.stdout, size)
+        elif args.near_floor:
+            near_floor(name, args.time_limit, sys.stdout, chosen or ("auto",), size,
+                       args.near_floor)
         else:
-            bench_model(name, args.time_limit, sys.stdout, args.solvers.split(","), size)
+            bench_model(name, args.time_limit, sys.stdout, chosen or SOLVERS, size)
 
 
 if __name__ == "__main__":

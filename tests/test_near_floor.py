@@ -1,0 +1,34 @@
+"""`bench-solvers --near-floor`: every solver at the least peak "auto" reports and a little
+above it, where the least peak is known to each solve as an earlier call's."""
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from monet_opt import bench_solvers
+
+
+def test_near_floor_solves_every_budget_from_the_least_peak_up():
+    out = io.StringIO()
+    bench_solvers.near_floor("tiny_cnn", 2.0, out, ("auto", "milp"), {"batch": 2}, repeats=2)
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1]
+            for line in out.getvalue().splitlines() if line.startswith("| auto") or
+            line.startswith("| milp")}
+    assert set(rows) == {"auto", "milp"}
+    for solver, cells in rows.items():
+        assert len(cells) == len(bench_solvers.NEAR_FLOOR)
+        for cell in cells:
+            runs = [r.strip() for r in cell.split(",")]
+            # the least peak reported is met again (NOTE [Least peaks remembered]), so
+            # every budget from it up has a schedule, each solve's overhead printed
+            assert len(runs) == 2 and all(re.fullmatch(r"[+-]\d+\.\d%", r) for r in runs), \
+                (solver, cell)
+    assert re.search(r"Least peak \d+\.\d MiB", out.getvalue())
+
+
+def test_a_negative_count_of_solves_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench_solvers.main(["--near-floor", "-1", "--models", "tiny_cnn"])
+    assert "at least 1, got -1" in capsys.readouterr().err
