@@ -60,7 +60,8 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
         found.append((least_peak(problem, options)[1], "memory-centric program"))
         best = fastest_within(problem, budget_bytes, found, "the MILP")
     if best is not None and res.status != "optimal" and program.start_values(best[0]):
-        best, res = _by_windows(program, best, res, options, deadline, notes)
+        best, res = _by_windows(program, best, res, options, deadline, notes,
+                                again=sched is not None)
     # collected last: "auto" begins it aside (NOTE [Work aside] in solvers/aside.py)
     min_feasible, floor = _floor(problem, options, heuristic)
     found = [(best[0], best[2])] if best is not None else []
@@ -105,19 +106,21 @@ def _floor(problem: Problem, options: MilpOptions,
 
 
 def _by_windows(program: Program, best, res, options: MilpOptions, deadline: float,
-                notes: list[str]):
+                notes: list[str], again: bool = True):
     """`best` refined window by window (NOTE [Windows of stages]); if the windows settle before
-    the deadline, the whole program again from their schedule. (best, the whole program's
-    last result, with the highest bound either proved)."""
+    the deadline, the whole program again from their schedule, unless not `again`: where the
+    whole program had no start and found no schedule, the memory-centric program's is what
+    windows refined, and the whole program did not move from that one either (NOTE [Nothing
+    cheap fits]): the time left is the caller's. (best, the whole program's last result, with the highest bound either proved)."""
     problem = program.st.problem
     refined = windows.refine(program, best[0], options, deadline)
     notes.append(f"then refined in {refined.windows} windows of stages with the rest fixed "
                  f"(NOTE [Windows of stages]), {refined.improved} of them faster")
     if refined.improved:
         best = (refined.schedule, simulate(problem, refined.schedule), "windows")
-    if deadline - time.perf_counter() > 2.0:
-        again, sched = solve_program(program, _remaining(options, deadline), best[0])
-        res = dataclasses.replace(again, bound=max(again.bound or 0.0, res.bound or 0.0) or None)
+    if again and deadline - time.perf_counter() > 2.0:
+        last, sched = solve_program(program, _remaining(options, deadline), best[0])
+        res = dataclasses.replace(last, bound=max(last.bound or 0.0, res.bound or 0.0) or None)
         notes.append("then the whole program again from there")
         best = fastest_within(problem, program.budget, [(sched, "milp"), (best[0], best[2])],
                               "the MILP")

@@ -209,6 +209,13 @@ def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
 #   (+19.3/+15.5/+13.6/+26.9/+5.4 %). Starting the whole program from the memory-centric
 #   schedule kept it there (+202.7 % at 20 s), and a least-peak program that also weighs time
 #   ended higher (302.4 against 293.9 MiB in 7.5 s).
+#   Where the whole program still finds nothing (`make bench`'s own ResNet-50 profile at its
+#   least peak, at 142da28), the MILP spent its time on the whole program again from the
+#   memory-centric schedule, which it does not leave (above), and fine windows and pruning had
+#   half their time: +83.3 % where the old rule gave +67.3 %. So the MILP no longer runs its
+#   whole program again from a schedule it did not find itself (joint._by_windows): on that
+#   profile, old rule -> this, at the least peak and 2/5 % above: +67.3/+62.5/+60.2 % ->
+#   +67.3/+15.6/+14.0 %.
 def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
           least_start: Schedule | None = None, candidates: Sequence[Schedule] = ()
           ) -> SolveResult:

@@ -7,6 +7,8 @@ import random
 import pytest
 
 from solvers import joint, registry, solve
+from solvers.milp import MilpOptions
+from solvers.mip import MipResult
 from tests.problems import autodiff_problem
 
 LIMIT_S = 12.0
@@ -44,3 +46,22 @@ def test_near_the_least_peak_the_milp_gets_most_of_autos_time(monkeypatch, coars
     above, limits_above = _milp_limits(monkeypatch, p, cheap_fits)
     assert above.feasible and len(limits_above) == 1
     assert limits_above[0] < limits[0] / 2
+
+
+def test_the_whole_program_is_not_run_again_from_a_schedule_it_did_not_find(monkeypatch):
+    """Where the MILP's whole program finds nothing, windows refine the memory-centric
+    program's schedule, and the time left goes back to auto, not to the whole program from
+    that schedule, which it does not leave (NOTE [Nothing cheap fits])."""
+    p = autodiff_problem(8, random.Random(3))
+    least = solve(p, 10 ** 12, "auto", time_limit_s=2).min_feasible_bytes
+    calls = []
+
+    def finds_nothing(program, options, start):
+        calls.append(start)
+        return MipResult("timeout", None, None, None), None
+
+    monkeypatch.setattr(joint, "solve_program", finds_nothing)
+    r = joint.milp(p, least, MilpOptions(time_limit_s=LIMIT_S))
+    assert r.feasible and r.peak_bytes <= least
+    assert calls == [None], "the whole program ran again"
+    assert "windows of stages" in r.note and "again" not in r.note
