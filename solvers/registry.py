@@ -202,7 +202,7 @@ def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
 #   So where nothing cheap fits, the MILP also gets annealing's share and half of fine
 #   windows' (AUTO_FLOOR_FINE_KEPT). `make bench-near-floor` (docs/benchmarks/near_floor.md),
 #   auto in 30 s at the least peak and 2/5/10/20 % above it, predicted overhead (two solves
-#   each), before -> after: ResNet-50 +66.6/+59.1-59.2/+43.8/+51.8/+5.6 % ->
+#   each), before -> after (c6edc3b): ResNet-50 +66.6/+59.1-59.2/+43.8/+51.8/+5.6 % ->
 #   +18.4/+16.0/+15.3/+28.2/+5.4-5.6 %; GoogLeNet (b32 128²) +35.2/+34.9-35.3/+34.9-35.6/
 #   +27.4/+23.3-24.4 % -> +35.1-35.2/+33.6-40.1/+30.1-32.3/+27.4/+21.9-22.1 %. Giving the MILP
 #   only fine windows' share was worse (+66.6/+76.9/+70.6/+61.3/+5.6 %), all of it alike
