@@ -111,7 +111,8 @@ def _by_windows(program: Program, best, res, options: MilpOptions, deadline: flo
     the deadline, the whole program again from their schedule, unless not `again`: where the
     whole program had no start and found no schedule, the memory-centric program's is what
     windows refined, and the whole program did not move from that one either (NOTE [Nothing
-    cheap fits]): the time left is the caller's. (best, the whole program's last result, with the highest bound either proved)."""
+    cheap fits]): the time left is the caller's. (best, the whole program's last result, with
+    the highest bound either proved)."""
     problem = program.st.problem
     refined = windows.refine(program, best[0], options, deadline)
     notes.append(f"then refined in {refined.windows} windows of stages with the rest fixed "
