@@ -17,7 +17,7 @@ LIMIT_S = 12.0
 def _milp_limits(monkeypatch, problem, budget):
     """auto's result at `budget` and the time limits it gave the MILP."""
     limits = []
-    fn, options = registry._REGISTRY["milp"]
+    _, options = registry._REGISTRY["milp"]
 
     def recorded(p, b, o):
         limits.append(o.time_limit_s)
