@@ -5,7 +5,7 @@ import dataclasses
 import math
 import time
 
-from solvers import baselines, evict, variants, windows
+from solvers import baselines, coarse, evict, variants, windows
 from solvers.bound import boundary_bound
 from solvers.least import least_peak
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
@@ -51,14 +51,24 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     warm = _best_start(problem, budget_bytes, program, heuristic, options.time_limit_s / 2)
     # the whole program gets a share of what is left; windows the rest (NOTE [Windows of stages])
     share = (deadline - time.perf_counter()) * WHOLE_PROGRAM_SHARE
+    # NOTE [A coarser program aside]
+    aside = coarse.start(problem, budget_bytes, options, share) \
+        if warm is None and stages.max_stages is not None else None
     res, sched = solve_program(program, _remaining(options, time.perf_counter() + share), warm)
     coarsened = _notes(stages)
     notes = list(coarsened)
     found = [(sched, "milp"), (warm, "warm start")]
+    other = coarse.collect(aside, problem, budget_bytes)
+    if other is not None:
+        found.append((other[1], "coarser program"))
     best = fastest_within(problem, budget_bytes, found, "the MILP")
     if best is None:  # the memory-centric program's schedule may fit where nothing else did
         found.append((least_peak(problem, options)[1], "memory-centric program"))
         best = fastest_within(problem, budget_bytes, found, "the MILP")
+    if best is not None and best[2] == "coarser program":
+        notes.append(f"a coarser program ({len(other[0].st.groups)} stages), searched aside, "
+                     "found a faster schedule (NOTE [A coarser program aside])")
+        program, sched = other
     if best is not None and res.status != "optimal" and program.start_values(best[0]):
         best, res = _by_windows(program, best, res, options, deadline, notes,
                                 again=sched is not None)
@@ -86,7 +96,7 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
                            min_feasible_bytes=min_feasible, floor_schedule=floor,
                            note="; ".join(notes))
     s, sim, origin = best
-    if origin not in ("milp", "windows"):
+    if origin not in ("milp", "windows", "coarser program"):
         notes.append(f"the schedule is the {origin}'s; the backend ended {res.status}")
     gap = max(0.0, (sim.time_s - bound) / sim.time_s) if sim.time_s > 0 else 0.0
     status = Status.OPTIMAL if res.status == "optimal" and \

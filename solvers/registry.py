@@ -215,7 +215,8 @@ def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
 #   half their time: +83.3 % where the old rule gave +67.3 %. So the MILP no longer runs its
 #   whole program again from a schedule it did not find itself (joint._by_windows): on that
 #   profile, old rule -> this, at the least peak and 2/5 % above: +67.3/+62.5/+60.2 % ->
-#   +67.3/+15.6/+14.0 %.
+#   +67.3/+15.6/+14.0 %. Where the whole program has no start, a coarser one now searches
+#   aside on the idle core (NOTE [A coarser program aside] in solvers/coarse.py).
 def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
           least_start: Schedule | None = None, candidates: Sequence[Schedule] = ()
           ) -> SolveResult:
