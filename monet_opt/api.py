@@ -347,7 +347,8 @@ def _loss_bytes(joint) -> int:
     """NOTE [The loss scalar]: the user's loss is outside the graph, but any training step makes
     at least a scalar loss and its seed gradient; count those two scalars (of the output gradients'
     dtype). Anything larger the loss function allocates (a cross-entropy's log-probabilities) is
-    not in the plan: fold the loss into the module to plan it too."""
+    not in the plan: fold the loss into the module to plan it too. The two scalars are counted
+    for the whole step, so a step whose peak falls in its forward measures them under its plan."""
     tangents = [n.meta["val"] for n in joint.graph.find_nodes(op="placeholder")
                 if n.name.startswith("tangents")]
     return 2 * allocated_bytes(tangents[0].element_size(), tangents[0].device) if tangents else 0
