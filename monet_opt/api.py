@@ -14,6 +14,7 @@ from monet_opt import variants as variant_library
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
+from monet_opt.eager_kernels import warn_if_lstm
 from monet_opt.errors import InfeasibleBudgetError, internal_assert
 from monet_opt.lower import Lowered, lower
 from monet_opt.memory import allocated_bytes, cuda_slack
@@ -111,6 +112,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
                     planner.slots)
 
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
+    warn_if_lstm(model)  # NOTE [Eager's own kernels]
     first = plan_step(*capture.InputSpec.split(sample_input))
     param_names, buffer_names = capture.state_names(model)
     flags = tuple(m.training for m in model.modules())

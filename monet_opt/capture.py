@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.utils import _pytree as pytree
 
+from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, PlanMismatchError, internal_assert
 
 
@@ -230,7 +231,7 @@ def _tracing(as_compiling: bool = False):
     gc.disable()
     torch.compiler._is_compiling_flag = as_compiling or _outside["compiling"]
     try:
-        with _use_lazy_graph_module(True), \
+        with _use_lazy_graph_module(True), eager_kernels(), \
                 functorch_config.patch(backward_pass_autocast="off"):  # NOTE [Autocast is traced]
             yield
     finally:
