@@ -24,6 +24,8 @@ TORCHVISION = {  # name: image size
     "efficientnet_b0": 64, "efficientnet_v2_s": 64, "convnext_tiny": 64, "mobilenet_v3_small": 64,
     "shufflenet_v2_x1_0": 64, "squeezenet1_0": 64, "regnet_y_400mf": 64, "mnasnet0_5": 64,
     "inception_v3": 96, "swin_t": 64, "vit_b_16": 64}
+SEGMENTATION = {"lraspp_mobilenet_v3_large": 64, "fcn_resnet50": 64}  # bilinear upsampling
+RECURRENT = ("gru", "lstm")
 HF = ("hf_llama", "hf_t5", "hf_vit")
 
 
@@ -39,6 +41,14 @@ def build(name: str):
         if name == "vit_b_16":
             kwargs["image_size"] = size
         return getattr(torchvision.models, name)(**kwargs).train(), torch.randn(2, 3, size, size)
+    if name in SEGMENTATION:
+        import torchvision
+        size = SEGMENTATION[name]
+        model = getattr(torchvision.models.segmentation, name)(num_classes=4,
+                                                              weights_backbone=None)
+        return _Field("out", model).train(), torch.randn(2, 3, size, size)
+    if name in RECURRENT:
+        return _Tagger(getattr(torch.nn, name.upper())).train(), torch.randint(0, 1000, (4, 48))
     import transformers as tf
     ids = torch.randint(0, 1000, (2, 64))
     if name == "hf_llama":
@@ -56,8 +66,33 @@ def build(name: str):
             image_size=64, patch_size=8, hidden_dropout_prob=0.1))
         x = {"pixel_values": torch.randn(2, 3, 64, 64)}
     else:
-        raise ValueError(f"unknown model {name!r}; choose from {list(TORCHVISION) + list(HF)}")
+        raise ValueError(f"unknown model {name!r}; choose from "
+                         f"{[*TORCHVISION, *SEGMENTATION, *RECURRENT, *HF]}")
     return zoo._LogitsOnly(model).train(), x
+
+
+class _Field(torch.nn.Module):
+    """One entry of a model's dict output (torchvision's segmentation models return {"out"})."""
+
+    def __init__(self, key: str, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.key, self.model = key, model
+
+    def forward(self, x):
+        return self.model(x)[self.key]
+
+
+class _Tagger(torch.nn.Module):
+    """Embedding, a two-layer recurrent network (dropout between its layers), a linear head."""
+
+    def __init__(self, rnn: type[torch.nn.RNNBase]) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(1000, 64)
+        self.rnn = rnn(64, 64, num_layers=2, batch_first=True, dropout=0.2)
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, ids):
+        return self.head(self.rnn(self.embed(ids))[0])
 
 
 def _call(module, x):
@@ -98,7 +133,7 @@ def check(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m monet_opt.bench_coverage")
-    p.add_argument("--models", default=",".join([*TORCHVISION, *HF]))
+    p.add_argument("--models", default=",".join([*TORCHVISION, *SEGMENTATION, *RECURRENT, *HF]))
     args = p.parse_args(argv)
     print(f"Command: `python -m monet_opt.bench_coverage {' '.join(argv or sys.argv[1:])}`, "
           f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads.\n")

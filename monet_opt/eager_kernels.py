@@ -46,7 +46,7 @@ _KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
 
 LSTM_WARNING = (
     "monet_opt: {model} has an LSTM. It is traced as PyTorch's decomposition into matrix "
-    "products, not eager's fused oneDNN kernel (which cannot run inside a compiled forward), "
+    "products, not eager's fused kernel (oneDNN's on CPU cannot run inside a compiled forward), "
     "so the optimized module's outputs and gradients differ from eager's by rounding, and "
     "with dropout between LSTM layers it draws other masks. Everything else about the plan "
     "(its memory limit, its prediction) holds.")
@@ -60,9 +60,14 @@ def _overloads(names: tuple[str, ...]):
 
 
 def _without_onednn(kernel):
+    # Not torch.backends.mkldnn.flags(): it also sets oneDNN's TF32 flag, which warns.
     def run(*args, **kwargs):
-        with torch.backends.mkldnn.flags(enabled=False):
+        enabled = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)
+        try:
             return kernel(*args, **kwargs)
+        finally:
+            torch._C._set_mkldnn_enabled(enabled)
     return run
 
 
