@@ -125,7 +125,10 @@ def _relu_bool_encode(out: torch.Tensor, threshold) -> torch.Tensor:
 
 
 def _relu_bool_run(grad: torch.Tensor, zero: torch.Tensor, threshold) -> torch.Tensor:
-    return grad.masked_fill(zero, 0)
+    # `where` lays its result out as threshold_backward does, after the mask (so after the
+    # ReLU's output); masked_fill's is always contiguous, which the profiler refused for
+    # channels-last networks (the values are the same).
+    return torch.where(zero, 0.0, grad)
 
 
 def _relu_bit_encode(out: torch.Tensor, threshold) -> torch.Tensor:
@@ -133,7 +136,9 @@ def _relu_bit_encode(out: torch.Tensor, threshold) -> torch.Tensor:
 
 
 def _relu_bit_run(grad: torch.Tensor, packed: torch.Tensor, threshold) -> torch.Tensor:
-    return grad.masked_fill(unpack_bits(packed, grad.shape), 0)
+    # The unpacked mask is contiguous, so after a channels-last ReLU the result is laid out
+    # otherwise than threshold_backward's, and the profiler refuses the variant there.
+    return torch.where(unpack_bits(packed, grad.shape), 0.0, grad)
 
 
 # ---- dropout: native_dropout_backward(grad, mask, scale) reads a bool mask ----

@@ -48,6 +48,22 @@ def test_each_family_reproduces_its_op_bitwise():
     assert torch.equal(variants.run(("maxpool.shape_only",), ((),), gp, like, *rest), want)
 
 
+@pytest.mark.parametrize("grad_layout", ["channels_last", "contiguous", "expanded"])
+def test_relu_bool_mask_lays_out_its_result_as_the_op(grad_layout):
+    """After a channels-last ReLU, threshold_backward's result is channels-last whatever its
+    gradient's layout; the bool-mask variant's is too, so the profiler keeps it (masked_fill's
+    was contiguous: refused in channels-last networks)."""
+    torch.manual_seed(0)
+    y = torch.relu(torch.randn(4, 16, 5, 5)).to(memory_format=torch.channels_last)
+    g = {"channels_last": torch.randn(4, 16, 5, 5).to(memory_format=torch.channels_last),
+         "contiguous": torch.randn(4, 16, 5, 5),
+         "expanded": torch.randn(4, 16, 1, 1).expand(4, 16, 5, 5)}[grad_layout]
+    want = aten.threshold_backward(g, y, 0)
+    fam = variants.family("relu.bool_mask")
+    got = fam.run(g, fam.encode(y, 0), 0)
+    assert torch.equal(got, want) and got.stride() == want.stride()
+
+
 GEOMETRIES = [  # kernel, stride, padding, dilation, ceil_mode
     ((2, 2), (2, 2), (0, 0), (1, 1), False), ((3, 3), (2, 2), (1, 1), (1, 1), False),
     ((3, 2), (1, 2), (1, 0), (1, 1), True), ((3, 3), (2, 1), (1, 1), (2, 3), True),
