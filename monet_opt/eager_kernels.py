@@ -18,8 +18,8 @@ from torch._C import DispatchKey
 #   ops named here it does not:
 #   - linear, bilinear, bicubic and trilinear upsampling (F.interpolate, nn.Upsample): the
 #     decomposition's pointwise arithmetic rounds otherwise than the native kernel (outputs up
-#     to 1.2e-6 apart on a 2x4x13x11 bicubic); nearest modes are taken too, so that their
-#     backward is eager's kernel and not an indexed accumulation;
+#     to 1.2e-6 apart on a 2x4x13x11 bicubic); nearest modes (bitwise either way where
+#     tested) are taken too, so that their backward is eager's kernel as well;
 #   - GRU and plain RNNs with dropout between layers: the decomposition draws its masks over
 #     other shapes than eager's composite does, so a two-layer GRU's outputs differed by 0.16.
 #   With their Python kernels set aside for the trace, the joint graph holds the ops eager
