@@ -76,17 +76,16 @@ def eager_kernels():
     """Inside: the ops of _EAGER trace as eager's kernels, LSTM as its decomposition without
     oneDNN. Every op's Python kernels are as they were on exit."""
     swapped = []
-    for op in _overloads(_EAGER + _WITHOUT_ONEDNN):
-        for key in _KEYS:
-            kernel = op.py_kernels.get(key)
-            if kernel is None:
-                continue
-            swapped.append((op, key, kernel))
-            if op.name().startswith("aten::lstm"):
-                op.py_kernels[key] = _without_onednn(kernel)
-            else:
-                del op.py_kernels[key]
-        op._dispatch_cache.clear()
+    for names, replacement in ((_EAGER, None), (_WITHOUT_ONEDNN, _without_onednn)):
+        for op in _overloads(names):
+            for key in _KEYS:
+                kernel = op.py_kernels.pop(key, None)
+                if kernel is None:
+                    continue
+                swapped.append((op, key, kernel))
+                if replacement is not None:
+                    op.py_kernels[key] = replacement(kernel)
+            op._dispatch_cache.clear()
     try:
         yield
     finally:
