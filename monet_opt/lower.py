@@ -86,6 +86,30 @@ def lower(joint: fx.GraphModule, num_fwd_outputs: int, name: str = "model") -> L
                    output_tensors=tuple(b.output_tensors))
 
 
+# NOTE [Copies of a whole storage]
+#   copy (functionalized copy_) and the *_scatter ops return a copy of their first argument's
+#   whole storage, viewed with its sizes, strides and offset (ATen's clone_preserve_strides):
+#   a scatter into a slice of an 8x16 matrix allocates the matrix. The fake tensors AOTAutograd
+#   records for them do not always say so: a model writing in place into column slices
+#   (h[:, :4] *= 2) traced some copies at 464 B (the slice's extent) and others, from the same
+#   code, at 512 B, and measured 48 B over its predicted peak. Their bytes are taken from the
+#   first argument's storage, as ATen allocates them.
+_COPIES_SELF_STORAGE = {torch.ops.aten.copy.default, torch.ops.aten.slice_scatter.default,
+                        torch.ops.aten.select_scatter.default,
+                        torch.ops.aten.diagonal_scatter.default,
+                        torch.ops.aten.as_strided_scatter.default}
+
+
+def _copy_bytes(self_val: object) -> int | None:
+    """The bytes an op of _COPIES_SELF_STORAGE allocates given its first argument, or None
+    where ATen allocates otherwise (an empty storage; a self overlapping itself, which it
+    clones densely) and the fake tensor's size stands."""
+    if not isinstance(self_val, torch.Tensor) or _nbytes(self_val) == 0 or \
+            torch._debug_has_internal_overlap(self_val) == 1:
+        return None
+    return storage_bytes(self_val)
+
+
 def storage_bytes(val: object) -> int:
     """What a tensor takes on its device (NOTE [CUDA blocks] in monet_opt/memory.py)."""
     return allocated_bytes(_nbytes(val), val.device) if isinstance(val, torch.Tensor) else 0
@@ -151,6 +175,10 @@ class _Builder:
         vals = list(val) if isinstance(val, (tuple, list)) else [val]
         outs = tuple(self._tensor(f"{node.name}.{k}" if len(vals) > 1 else node.name, v, i)
                      for k, v in enumerate(vals) if isinstance(v, torch.Tensor))
+        if target in _COPIES_SELF_STORAGE and len(outs) == 1:
+            nbytes = _copy_bytes(node.args[0].meta.get("val"))
+            if nbytes is not None:
+                self.tensors[outs[0]] = dataclasses.replace(self.tensors[outs[0]], bytes=nbytes)
         if isinstance(val, (tuple, list)):
             self.multi[node.name] = tuple(self._index_map(vals, outs))
             for t in outs:
