@@ -9,7 +9,8 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import bn_split, capture, conv_split, grad_layout, rewrite, saved_clones
+from monet_opt import (bn_split, capture, conv_split, grad_layout, late_grads, rewrite,
+                       saved_clones)
 from monet_opt import variants as variant_library
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.cache import Profile, ProfileCache, derived
@@ -218,6 +219,7 @@ class _Planner:
             conv_split.split_conv_backward(joint)  # NOTE [Conv backward split]
         if bn_split.NAME in self.families:
             bn_split.split_batch_norm(joint)  # NOTE [BatchNorm recomputed from its statistics]
+        late_grads.make_results_late(joint)  # NOTE [Results made late]
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain

@@ -34,12 +34,13 @@ class Stages:
         # stages 0..len(groups)-1 run backward ops; stage len(groups) is the end of the step.
         self.cand: list[tuple[int, ...]] = []
         reads = [frozenset(x for q in g for x in self.reads[q]) for g in self.groups]
+        tiny = _tiny(p, fwd)
         for a, r in enumerate(reads):
             if only is not None and a in only:
                 self.cand.append(tuple(sorted(only[a])))
                 continue
             ops: set[int] = set()
-            for x in r:
+            for x in r - tiny:
                 src = p.tensors[x].producer
                 ops |= {i for i in anc[src] if (window is None or src - i <= window)
                         and i not in p.encode_ops}
@@ -70,6 +71,21 @@ class Stages:
 
 
 Need = tuple[int, float, tuple[tuple[int, float], ...]]
+
+# NOTE [Tiny reads are held]: a forward tensor of at most 1/TINY of the forward's bytes is
+# not recomputed for a stage that reads it; the stage reads it held. Recomputing it could save
+# no more than its bytes, and offering it made every one of its ancestors a candidate there,
+# held to that stage from the forward on: ResNet-50's fully connected layer's weight gradient,
+# made at the end of the backward (NOTE [Results made late] in monet_opt/late_grads.py),
+# reads the pooled features (128 KiB of 380 MiB); offered for recomputation there, the
+# program's held sets grew past their limit, its stages were merged from 27 to 15 and its
+# least peak rose from 293.9 to 315.1 MiB.
+TINY = 1024
+
+
+def _tiny(p: Problem, fwd: set[int]) -> frozenset[int]:
+    total = sum(p.tensors[x].bytes for x in fwd)
+    return frozenset(x for x in fwd if p.tensors[x].bytes * TINY <= total)
 
 
 def _needs(p: Problem, fwd: set[int]) -> list[tuple[Need, ...]]:

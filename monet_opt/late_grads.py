@@ -1,0 +1,156 @@
+"""Make a backward op's result as late as it can be made, where that holds less (a rewrite of the
+joint graph's order).
+
+NOTE [Results made late]
+  A joint graph's backward runs in the order autograd built it: each layer's weight gradient is
+  made as soon as the layer's output gradient is, and then held to the end of the step. Where
+  the weight is larger than what its gradient is made from (a fully connected layer: VGG-16's
+  first one has a 392 MiB weight, made from a 0.8 MiB input and a 0.1 MiB output gradient at
+  batch 8), the rest of the backward runs beside a gradient nobody reads yet. Made at the end,
+  it is only the input and output gradient that wait.
+
+  So each backward op with one result, read only later, moves to just before its first reader
+  (the graph's output, for a gradient) where its result's bytes are at least GAIN times the
+  bytes it would keep alive longer: each storage it reads that no op at or after its new place
+  reads (parameters, buffers and inputs are resident anyway and cost nothing). Then every
+  moment between the old place and the new one holds (result - kept) bytes less, and the
+  moment it runs holds the kept bytes more; so a move that raises the store-all step's peak
+  (counted over the graph, each result alive from its node to its last reader) is undone: in
+  BERT at batch 2 the step peaks at its end, where the moved gradients' inputs would wait.
+  Ops moved before the same reader run the one keeping the most first. Ops are taken from the
+  last to the first, so an op whose reader moved late can follow it. Random ops and
+  multi-result ops stay in place; the views of a moved result move with it. The op computes
+  what it did, from the same values: bitwise the same.
+
+  Measured (docs/benchmarks/late_grads.md): ...
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from monet_opt import recompute
+from monet_opt.lower import is_view_node, storage_bytes
+
+# A result moves only where its bytes are at least GAIN times those it keeps alive longer: the
+# moment it then runs at holds those bytes more, and that moment may be a recomputing plan's
+# peak where it is not the store-all plan's (NOTE [Results made late]).
+GAIN = 2
+
+
+def make_results_late(gm: fx.GraphModule) -> int:
+    """NOTE [Results made late], in place; returns how many ops moved."""
+    graph = gm.graph
+    moved: dict[fx.Node, list[tuple[int, fx.Node]]] = {}  # reader -> (kept, op) moved before it
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    readers = {n: _readers(n) for n in nodes if _is_storage(n)}  # moves change no edges
+    peak = _store_all_peak(readers, order)
+    for node in reversed([n for n in nodes if _movable(n)]):
+        first = min((order[r] for r in readers[node]), default=None)
+        if first is None or first <= order[node] + 1:
+            continue
+        kept = _kept_bytes(node, first, order, readers)
+        if storage_bytes(node.meta["val"]) < GAIN * max(kept, 1):
+            continue
+        group = moved.setdefault(nodes[first], [])  # in graph order, the most kept first
+        at = next((i for i, (k, _) in enumerate(group) if k < kept), len(group))
+        before = group[at][1] if at < len(group) else nodes[first]
+        going = [(n, n.prev) for n in [node, *sorted(_views_of(node), key=order.get)]]
+        for n, _ in going:
+            before.prepend(n)
+        nodes = list(graph.nodes)
+        order = {n: i for i, n in enumerate(nodes)}
+        new_peak = _store_all_peak(readers, order)
+        if new_peak > peak:
+            for n, prev in going:
+                prev.append(n)
+            nodes = list(graph.nodes)
+            order = {n: i for i, n in enumerate(nodes)}
+            continue
+        peak = new_peak
+        group.insert(at, (kept, node))
+    count = sum(len(g) for g in moved.values())
+    if count:
+        graph.lint()
+        gm.recompile()
+    return count
+
+
+def _store_all_peak(readers: dict[fx.Node, list[fx.Node]], order: dict[fx.Node, int]) -> int:
+    """The most bytes of op results and output gradients alive at once with nothing
+    recomputed, each alive from its node to its last reader (the graph's order, as lowered).
+    readers: each storage's readers."""
+    delta = [0] * (len(order) + 1)
+    for n, reading in readers.items():
+        at = [order[r] for r in reading]
+        nbytes = storage_bytes(n.meta.get("val"))
+        start = order[n] if n.op != "placeholder" else min(at, default=order[n])
+        delta[start] += nbytes
+        delta[max(at, default=start) + 1] -= nbytes
+    live = peak = 0
+    for d in delta:
+        live += d
+        peak = max(peak, live)
+    return peak
+
+
+def _is_storage(node: fx.Node) -> bool:
+    if node.op == "placeholder":
+        return node.name.startswith("tangents")
+    return node.op == "call_function" and not _is_view(node) and \
+        isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _movable(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.meta.get("partitioner_tag") == "is_backward" \
+        and node.target is not operator.getitem and not is_view_node(node) \
+        and isinstance(node.meta.get("val"), torch.Tensor) and not recompute.is_random(node)
+
+
+def _views_of(node: fx.Node) -> list[fx.Node]:
+    """The view nodes reading `node`'s storage, directly or through other views."""
+    found: dict[fx.Node, None] = {}
+    todo = [node]
+    while todo:
+        for user in todo.pop().users:
+            if _is_view(user) and user not in found:
+                found[user] = None
+                todo.append(user)
+    return list(found)
+
+
+def _readers(node: fx.Node) -> list[fx.Node]:
+    """The nodes that read `node`'s storage and are no views of it."""
+    return [u for u in (node, *_views_of(node)) for u in u.users if not _is_view(u)]
+
+
+def _is_view(node: fx.Node) -> bool:
+    """A view of another node's storage (a getitem of a multi-result op is that result, as
+    lowering has it)."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return _is_view(node.args[0])
+    return is_view_node(node)
+
+
+def _kept_bytes(node: fx.Node, until: int, order: dict[fx.Node, int],
+                readers: dict[fx.Node, list[fx.Node]]) -> int:
+    """The bytes of the storages `node` reads that nothing at or after position `until` reads
+    (they would be held to there): ops' results and output gradients, not resident tensors."""
+    kept = 0
+    for base in {_base(a) for a in recompute.tensor_args(node)}:
+        if base not in readers:
+            continue
+        if all(order[r] < until for r in readers[base] if r is not node):
+            kept += storage_bytes(base.meta.get("val"))
+    return kept
+
+
+def _base(node: fx.Node) -> fx.Node:
+    while _is_view(node):
+        node = node.args[0]
+    return node
