@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test bench bench-solvers bench-near-floor bench-variants bench-coverage bench-replan bench-ops
+.PHONY: install demo test bench bench-solvers bench-near-floor bench-variants bench-coverage bench-replan bench-ops bench-late
 install: $(VENV)/.installed
 
 # torch 2.14.1 / torchvision 0.29.1 come from this machine's local disk (see research/env.md).
@@ -39,6 +39,11 @@ bench-variants: install
 # The contract on models beyond the bench's (minutes): writes docs/benchmarks/coverage.md.
 bench-coverage: $(VENV)/.bench-installed
 	$(PY) -m monet_opt.bench_coverage > docs/benchmarks/coverage.md
+
+# Results made late, off and on, on the bench models at their CPU sizes (minutes): writes
+# docs/benchmarks/late_grads.md's table.
+bench-late: $(VENV)/.bench-installed
+	$(PY) -m monet_opt.bench_late
 
 # A smaller last batch and accumulated gradients on ResNet-50 (minutes): writes
 # docs/benchmarks/replan.md's "after" table.

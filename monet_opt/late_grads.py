@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 
 from monet_opt import recompute
-from monet_opt.lower import is_view_node, storage_bytes
+from monet_opt.lower import is_view_node, same_layout, storage_bytes
 
 # A result moves only where its bytes are at least GAIN times those it keeps alive longer: the
 # moment it then runs at holds those bytes more, and that moment may be a recomputing plan's
@@ -88,13 +88,25 @@ def _store_all_peak(readers: dict[fx.Node, list[fx.Node]], order: dict[fx.Node, 
         at = [order[r] for r in reading]
         nbytes = storage_bytes(n.meta.get("val"))
         start = order[n] if n.op != "placeholder" else min(at, default=order[n])
+        end = max(at, default=start)
+        if len(reading) == 1 and _adds_into(reading[0], n):
+            end -= 1  # the sum takes over its storage
         delta[start] += nbytes
-        delta[max(at, default=start) + 1] -= nbytes
+        delta[max(end, start) + 1] -= nbytes
     live = peak = 0
     for d in delta:
         live += d
         peak = max(peak, live)
     return peak
+
+
+def _adds_into(add: fx.Node, arg: fx.Node) -> bool:
+    """Whether the executor runs `add` in place into `arg`, its only reader (NOTE [In-place
+    accumulation] in solvers/problem.py, as lowering finds it)."""
+    return add.target is torch.ops.aten.add.Tensor and add.kwargs.get("alpha", 1) == 1 \
+        and add.meta.get("partitioner_tag") == "is_backward" \
+        and arg.meta.get("partitioner_tag") == "is_backward" \
+        and arg in add.args and same_layout(arg.meta.get("val"), add.meta.get("val"))
 
 
 def _is_storage(node: fx.Node) -> bool:
