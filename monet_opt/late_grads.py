@@ -22,7 +22,10 @@ NOTE [Results made late]
   multi-result ops stay in place; the views of a moved result move with it. The op computes
   what it did, from the same values: bitwise the same.
 
-  Measured (docs/benchmarks/late_grads.md): ...
+  Measured (docs/benchmarks/late_grads.md, simulated and measured alike): over the floor,
+  VGG-16 b8 112² store-all 125.1 -> 0.2 MiB, least 73.5 -> 0.2; GPT-2 b1×256 store-all 148.0
+  -> 26.1, least 148.0 -> 3.0; ResNet-50 b16 128² least 95.7 -> 88.1 (its 8 MiB classifier
+  gradient); no bench model's peak rose.
 """
 from __future__ import annotations
 
