@@ -35,7 +35,7 @@ import torch
 import torch.fx as fx
 
 from monet_opt import recompute
-from monet_opt.lower import is_view_node, same_layout, storage_bytes
+from monet_opt.lower import can_add_into, is_view_node, storage_bytes
 
 # A result moves only where its bytes are at least GAIN times those it keeps alive longer: the
 # moment it then runs at holds those bytes more, and that moment may be a recomputing plan's
@@ -106,10 +106,8 @@ def _store_all_peak(readers: dict[fx.Node, list[fx.Node]], order: dict[fx.Node, 
 def _adds_into(add: fx.Node, arg: fx.Node) -> bool:
     """Whether the executor runs `add` in place into `arg`, its only reader (NOTE [In-place
     accumulation] in solvers/problem.py, as lowering finds it)."""
-    return add.target is torch.ops.aten.add.Tensor and add.kwargs.get("alpha", 1) == 1 \
-        and add.meta.get("partitioner_tag") == "is_backward" \
-        and arg.meta.get("partitioner_tag") == "is_backward" \
-        and arg in add.args and same_layout(arg.meta.get("val"), add.meta.get("val"))
+    return add.meta.get("partitioner_tag") == "is_backward" == arg.meta.get("partitioner_tag") \
+        and can_add_into(add, arg)
 
 
 def _is_storage(node: fx.Node) -> bool:

@@ -245,18 +245,16 @@ class _Builder:
         for node in joint.graph.find_nodes(op="call_function", target=_ADD):
             i = index[node.name]
             op = self.ops[i]
-            out = node.meta.get("val")
             args = node.args
-            if not op.is_backward or node.kwargs.get("alpha", 1) != 1 or len(args) != 2 or \
-                    not all(isinstance(a, fx.Node) for a in args) or \
-                    not isinstance(out, torch.Tensor) or len(op.outputs) != 1:
+            if not op.is_backward or len(op.outputs) != 1:
                 continue
             for k, arg in enumerate(args):
+                if not can_add_into(node, arg):
+                    continue
                 reads = self.storage[arg.name]
                 t = reads[0] if len(reads) == 1 else None
                 if t is None or readers.get(t) != 1 or t in returned or \
-                        t in self.storage[args[1 - k].name] or \
-                        not same_layout(arg.meta.get("val"), out):
+                        t in self.storage[args[1 - k].name]:
                     continue
                 producer = self.tensors[t].producer
                 if producer == NO_PRODUCER or not self.ops[producer].is_backward or \
@@ -283,6 +281,15 @@ _ADD = torch.ops.aten.add.Tensor
 OVERWRITING = {torch.ops.aten.relu.default: torch.ops.aten.relu_.default,
                torch.ops.aten.hardtanh.default: torch.ops.aten.hardtanh_.default,
                _ADD: torch.ops.aten.add_.Tensor}
+
+
+def can_add_into(add: fx.Node, arg: fx.Node) -> bool:
+    """The graph's half of NOTE [In-place accumulation] (solvers/problem.py): `add` adds two
+    nodes with alpha 1, and `arg`, one of them, is laid out exactly as their sum."""
+    out = add.meta.get("val")
+    return add.target is _ADD and add.kwargs.get("alpha", 1) == 1 and len(add.args) == 2 and \
+        all(isinstance(a, fx.Node) for a in add.args) and arg in add.args and \
+        isinstance(out, torch.Tensor) and same_layout(arg.meta.get("val"), out)
 
 
 def same_layout(a: object, b: torch.Tensor) -> bool:
