@@ -118,9 +118,10 @@ def _is_storage(node: fx.Node) -> bool:
 
 
 def _movable(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.meta.get("partitioner_tag") == "is_backward" \
-        and node.target is not operator.getitem and not is_view_node(node) \
-        and isinstance(node.meta.get("val"), torch.Tensor) and not recompute.is_random(node)
+    """A backward op's own result (not one of a multi-result op's), drawn from no generator."""
+    return _is_storage(node) and node.op == "call_function" \
+        and node.target is not operator.getitem \
+        and node.meta.get("partitioner_tag") == "is_backward" and not recompute.is_random(node)
 
 
 def _views_of(node: fx.Node) -> list[fx.Node]:
