@@ -244,6 +244,8 @@ class _Planner:
             else:
                 result = self.cache.solve(derived(self.profile, problem), limit, self.solver,
                                           self.time_limit_s)
+            # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
+            result = solvers.without_unread(problem, result)
         if not result.feasible:
             raise InfeasibleBudgetError(self.limit, result.min_feasible_bytes, self.solver)
         self.plan = make_plan(problem, lowered.op_labels, result, limit)

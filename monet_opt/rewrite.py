@@ -38,6 +38,10 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
     if slots is not None:
         add_accumulation(bw, slots)  # the views it leaves at the end are dead code next
     _drop_dead_code(bw)
+    unread = [n.name for n in bw.graph.find_nodes(op="placeholder")
+              if not n.users and not n.name.startswith(("primals", "tangents"))]
+    # held to the backward's end, where the simulator freed them (NOTE [Unread recomputation])
+    internal_assert(not unread, f"the backward is handed {unread[:5]} and reads none of them")
     for gm, phase in ((fw, FORWARD), (bw, BACKWARD)):
         _write_in_place(gm, phase)
         gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())

@@ -3,11 +3,11 @@ from solvers.errors import (InvalidProblemError, InvalidScheduleError, SolverErr
                             UnknownSolverError)
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import NO_PRODUCER, Op, Problem, Tensor, Variant
-from solvers.registry import available_solvers, solve
+from solvers.registry import available_solvers, solve, without_unread
 from solvers.schedule import Schedule, SolveResult, Status
 from solvers.simulate import Simulation, simulate
 
 __all__ = ["NO_PRODUCER", "InvalidProblemError", "InvalidScheduleError", "Op", "Problem",
            "Schedule", "Simulation", "SolveResult", "SolverError", "Status", "Tensor",
            "UnknownSolverError", "Variant", "available_solvers", "schedule_from_kept", "simulate",
-           "solve"]
+           "solve", "without_unread"]

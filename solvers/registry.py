@@ -132,9 +132,9 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
         raise SolverError(f"solvers.solve: time_limit_s must be positive, got {time_limit_s}")
     start = lowest(problem, known)
     if solver == "auto":
-        return with_known(problem, budget_bytes,
-                          _auto(problem, budget_bytes, time_limit_s, start, candidates),
-                          known)
+        return without_unread(problem, with_known(
+            problem, budget_bytes, _auto(problem, budget_bytes, time_limit_s, start, candidates),
+            known))
     if solver not in _REGISTRY:
         raise UnknownSolverError(
             f"solvers.solve: no solver named {solver!r}; available: {available_solvers()}")
@@ -148,7 +148,32 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
         result = fn(problem, budget_bytes, options)
     else:
         result = variants.run_with(fn, problem, budget_bytes, options)
-    return with_known(problem, budget_bytes, result, known)
+    return without_unread(problem, with_known(problem, budget_bytes, result, known))
+
+
+def without_unread(problem: Problem, result: SolveResult) -> SolveResult:
+    """`result` with its schedule's and least-peak schedule's unread recomputation dropped
+    (NOTE [Unread recomputation] in solvers/prune.py), their time and peak simulated again."""
+    changes: dict[str, Any] = {}
+    if result.schedule is not None:
+        schedule = prune.drop_unread(problem, result.schedule)
+        if schedule != result.schedule:
+            sim = simulate(problem, schedule)
+            dropped = len(result.schedule.backward) - len(schedule.backward)
+            note = f"{dropped} unread recomputations dropped (NOTE [Unread recomputation])"
+            bound = result.bound_s
+            changes.update(schedule=schedule, objective_s=sim.time_s, peak_bytes=sim.peak_bytes,
+                           gap=None if bound is None or result.gap is None else
+                           max(0.0, (sim.time_s - bound) / sim.time_s) if sim.time_s else 0.0,
+                           note=f"{result.note}; {note}" if result.note else note)
+    if result.floor_schedule is not None:
+        floor = prune.drop_unread(problem, result.floor_schedule)
+        if floor != result.floor_schedule:
+            peak = simulate(problem, floor).peak_bytes
+            least = result.min_feasible_bytes
+            changes.update(floor_schedule=floor,
+                           min_feasible_bytes=peak if least is None else min(least, peak))
+    return dataclasses.replace(result, **changes) if changes else result
 
 
 _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from solvers import Schedule, simulate, solve
-from solvers.prune import prune
+from solvers import NO_PRODUCER, Op, Problem, Schedule, Tensor, simulate, solve
+from solvers.prune import drop_unread, prune
 from tests.problems import autodiff_problem, chain
 
 
@@ -37,3 +37,37 @@ def test_prune_never_slows_nor_overruns(seed):
     before = simulate(p, schedule)
     sim = simulate(p, prune(p, schedule, least, deadline=float("inf")))
     assert sim.peak_bytes <= least and sim.time_s <= before.time_s + 1e-12
+
+
+def test_unread_recomputation_is_dropped_with_what_only_it_read():
+    """NOTE [Unread recomputation]: a recomputed chain whose end nothing reads goes, and so
+    does a kept tensor only that chain read; time drops, the peak does not rise, and what is
+    left is the schedule without them."""
+    # f0 -> a0 -> f1 -> a1 -> f2 -> a2 -> f3 -> a3; the forward returns a3; b1 reads a0, a1
+    p = Problem(ops=(Op("f0", False, 1.0, (), (0,)), Op("f1", False, 1.0, (0,), (1,)),
+                     Op("f2", False, 1.0, (1,), (2,)), Op("f3", False, 1.0, (2,), (3,)),
+                     Op("b1", True, 1.0, (4, 0, 1), (5,))),
+                tensors=(Tensor("a0", 10, 0), Tensor("a1", 10, 1), Tensor("a2", 40, 2),
+                         Tensor("a3", 10, 3), Tensor("tangent", 10, NO_PRODUCER),
+                         Tensor("g", 10, 4)),
+                fixed_bytes=100, forward_outputs=(3,), backward_outputs=(5,))
+    plain = Schedule(frozenset({0, 1}), (4,))
+    # a2 kept, f3 recomputed from it, and f2 -> f3 again after b1: nothing reads a3's copies
+    padded = Schedule(frozenset({0, 1, 2}), (3, 4, 2, 3))
+    assert simulate(p, padded).time_s == simulate(p, plain).time_s + 3.0
+    dropped = drop_unread(p, padded)
+    assert dropped == plain
+    assert simulate(p, dropped).peak_bytes <= simulate(p, padded).peak_bytes
+    assert drop_unread(p, dropped) is dropped
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_solver_result_has_no_unread_recomputation(seed):
+    """What leaves solvers.solve has nothing drop_unread would drop, at the least peak too."""
+    p = autodiff_problem(14, random.Random(seed))
+    least = solve(p, 0, "milp", time_limit_s=4).min_feasible_bytes
+    for name in ("milp", "dp", "evict", "auto"):
+        r = solve(p, least, name, time_limit_s=4)
+        for s in (r.schedule, r.floor_schedule):
+            if s is not None:
+                assert drop_unread(p, s) is s, name
