@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
-from solvers.schedule import Schedule, SolveResult, Status
+from solvers.schedule import Schedule, SolveResult, Status, gap_of
 from solvers.simulate import Simulation, simulate
 
 
@@ -130,7 +130,7 @@ def best_of(name: str, problem: Problem, budget_bytes: int,
                            solve_time_s=elapsed, min_feasible_bytes=min_peak)
     _, _, k = min(fits)
     sched, sim = candidates[k]
-    gap = 0.0 if sim.time_s <= bound else (sim.time_s - bound) / sim.time_s
+    gap = gap_of(sim.time_s, bound)
     status = Status.OPTIMAL if gap == 0.0 else Status.FEASIBLE
     return SolveResult(solver=name, status=status, schedule=sched, objective_s=sim.time_s,
                        peak_bytes=sim.peak_bytes, bound_s=bound, gap=gap, solve_time_s=elapsed,

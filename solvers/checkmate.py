@@ -46,7 +46,7 @@ from solvers.milp import _backward_constants
 from solvers.mip import Mip, MipResult, solve_mip, solve_relaxation
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
-from solvers.schedule import Schedule, SolveResult, Status
+from solvers.schedule import Schedule, SolveResult, Status, gap_of
 from solvers.simulate import fastest_within, simulate
 
 ROUNDING_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Checkmate's sweep
@@ -313,7 +313,7 @@ def checkmate_milp(problem: Problem, budget_bytes: int, options: CheckmateOption
     bound = problem.no_recompute_time_s
     if res.bound is not None and res.status != "infeasible":  # a dual bound holds at a stop
         bound = max(bound, res.bound)
-    gap = max(0.0, (sim.time_s - bound) / sim.time_s) if sim.time_s > 0 else 0.0
+    gap = gap_of(sim.time_s, bound)
     proven = how == "milp" and origin == "milp" and res.status == "optimal"
     status = Status.OPTIMAL if proven and gap <= options.rel_gap + 1e-9 else Status.FEASIBLE
     return SolveResult(solver="checkmate", status=status, schedule=sched, objective_s=sim.time_s,

@@ -20,7 +20,7 @@ from solvers.errors import SolverError
 from solvers.lower_sets import Graph, Sets, Timeout, graph, lower_sets
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
-from solvers.schedule import Schedule, SolveResult, Status
+from solvers.schedule import Schedule, SolveResult, Status, gap_of
 from solvers.simulate import Simulation, simulate
 
 
@@ -352,7 +352,7 @@ def _result(problem: Problem, budget_bytes: int, search: _Search | None, least: 
                            solve_time_s=elapsed, min_feasible_bytes=min_feasible, note=note,
                            floor_schedule=least.schedule)
     t = best.sim.time_s
-    gap = 0.0 if t <= bound else (t - bound) / t
+    gap = gap_of(t, bound)
     return SolveResult(solver="dp", status=Status.OPTIMAL if gap == 0.0 else Status.FEASIBLE,
                        schedule=best.schedule, objective_s=t, peak_bytes=best.sim.peak_bytes,
                        bound_s=bound, gap=gap, solve_time_s=elapsed,

@@ -13,7 +13,7 @@ from solvers.mip import solve_relaxation
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
 from solvers.remembered import floor_of
-from solvers.schedule import Schedule, SolveResult, Status
+from solvers.schedule import Schedule, SolveResult, Status, gap_of
 from solvers.simulate import fastest_within, simulate
 
 # Of the time left after the warm start, the share the whole program gets before windows of it
@@ -98,7 +98,7 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     s, sim, origin = best
     if origin not in ("milp", "windows", "coarser program"):
         notes.append(f"the schedule is the {origin}'s; the backend ended {res.status}")
-    gap = max(0.0, (sim.time_s - bound) / sim.time_s) if sim.time_s > 0 else 0.0
+    gap = gap_of(sim.time_s, bound)
     status = Status.OPTIMAL if res.status == "optimal" and \
         gap <= options.rel_gap + 1e-9 else Status.FEASIBLE
     return SolveResult(solver="milp", status=status, schedule=s, objective_s=sim.time_s,

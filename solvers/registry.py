@@ -10,7 +10,7 @@ from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
 from solvers.remembered import fitting, floor_of, lowest, with_known
-from solvers.schedule import Schedule, SolveResult, Status
+from solvers.schedule import Schedule, SolveResult, Status, gap_of
 from solvers.simulate import simulate
 from solvers.stages import build_stages
 
@@ -161,11 +161,9 @@ def without_unread(problem: Problem, result: SolveResult) -> SolveResult:
             sim = simulate(problem, schedule)
             dropped = len(result.schedule.backward) - len(schedule.backward)
             note = f"{dropped} unread recomputations dropped (NOTE [Unread recomputation])"
-            bound = result.bound_s
+            gap = None if result.gap is None else gap_of(sim.time_s, result.bound_s)
             changes.update(schedule=schedule, objective_s=sim.time_s, peak_bytes=sim.peak_bytes,
-                           gap=None if bound is None or result.gap is None else
-                           max(0.0, (sim.time_s - bound) / sim.time_s) if sim.time_s else 0.0,
-                           note=f"{result.note}; {note}" if result.note else note)
+                           gap=gap, note=f"{result.note}; {note}" if result.note else note)
     if result.floor_schedule is not None:
         floor = prune.drop_unread(problem, result.floor_schedule)
         if floor != result.floor_schedule:
@@ -309,7 +307,7 @@ def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
         # at stage starts only); a schedule from outside it beat that bound, so only the
         # no-recompute time is sure to hold.
         bound = problem.no_recompute_time_s
-    gap = max(0.0, (best.objective_s - bound) / best.objective_s) if best.objective_s else 0.0
+    gap = gap_of(best.objective_s, bound)
     return SolveResult(solver=f"auto:{best.solver}", status=best.status, schedule=best.schedule,
                        objective_s=best.objective_s, peak_bytes=best.peak_bytes,
                        bound_s=bound, gap=gap, solve_time_s=elapsed,

@@ -21,7 +21,7 @@ from typing import Iterable
 
 from solvers.errors import InvalidScheduleError
 from solvers.problem import Problem
-from solvers.schedule import Schedule, SolveResult, Status
+from solvers.schedule import Schedule, SolveResult, Status, gap_of
 from solvers.simulate import Simulation, simulate
 
 
@@ -68,8 +68,7 @@ def with_known(problem: Problem, budget_bytes: int, result: SolveResult,
         return result
     schedule, sim = min(fits, key=lambda r: (r[1].time_s, r[1].peak_bytes))
     bound = result.bound_s
-    gap = None if bound is None else max(0.0, (sim.time_s - bound) / sim.time_s) \
-        if sim.time_s > 0 else 0.0
+    gap = gap_of(sim.time_s, bound)
     note = "a least-peak schedule remembered from an earlier solve of this problem " \
            "(NOTE [Least peaks remembered])"
     return dataclasses.replace(result, status=Status.FEASIBLE, schedule=schedule,

@@ -33,6 +33,13 @@ class Schedule:
                         variants=frozenset(d.get("variants", ())))
 
 
+def gap_of(time_s: float, bound_s: float | None) -> float | None:
+    """(time - bound) / time, at least 0 (SolveResult.gap); None without a bound."""
+    if bound_s is None:
+        return None
+    return max(0.0, (time_s - bound_s) / time_s) if time_s > 0 else 0.0
+
+
 class Status(str, enum.Enum):
     OPTIMAL = "optimal"        # proven least step time within the budget
     FEASIBLE = "feasible"      # within the budget, optimality not proven

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Callable
 
 from solvers.problem import Problem
-from solvers.schedule import SolveResult, Status
+from solvers.schedule import SolveResult, Status, gap_of
 
 
 def lightest(problem: Problem) -> frozenset[int]:
@@ -76,7 +76,7 @@ def run_with(fn: Callable[[Problem, int, Any], SolveResult], problem: Problem, b
         bound = min(bound, result.bound_s)
     gap = result.gap
     if result.objective_s:
-        gap = max(0.0, (result.objective_s - bound) / result.objective_s)
+        gap = gap_of(result.objective_s, bound)
     status = result.status
     if status is Status.OPTIMAL and gap > 0:
         status = Status.FEASIBLE
