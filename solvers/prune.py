@@ -51,8 +51,9 @@ def prune(problem: Problem, schedule: Schedule, budget_bytes: int,
 def drop_unread(problem: Problem, schedule: Schedule) -> Schedule:
     """NOTE [Unread recomputation]
       A recomputation step whose outputs nothing reads before they are made again (or the step
-      ends) only reads its inputs: the memory-centric program and coarsened stages leave such
-      steps, and chains of steps feeding only them. The executor's dead-code pass drops them,
+      ends) only reads its inputs, and so do the steps that feed only it. Solvers leave such
+      steps (the memory-centric program's schedule below; two of four small random problems'
+      least-peak answers in tests/test_prune.py). The executor's dead-code pass drops them,
       but a forward tensor kept for them alone is still saved by the partitioner (a random op,
       which its own dead-code pass keeps, read it), and with no reader left in the backward it
       was held to the step's end, where the simulator had freed it at the dropped step: on
