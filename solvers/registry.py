@@ -159,8 +159,7 @@ def without_unread(problem: Problem, result: SolveResult) -> SolveResult:
         schedule = prune.drop_unread(problem, result.schedule)
         if schedule != result.schedule:
             sim = simulate(problem, schedule)
-            dropped = len(result.schedule.backward) - len(schedule.backward)
-            note = f"{dropped} unread recomputations dropped (NOTE [Unread recomputation])"
+            note = _unread_note(result.schedule, schedule)
             gap = None if result.gap is None else gap_of(sim.time_s, result.bound_s)
             changes.update(schedule=schedule, objective_s=sim.time_s, peak_bytes=sim.peak_bytes,
                            gap=gap, note=f"{result.note}; {note}" if result.note else note)
@@ -172,6 +171,15 @@ def without_unread(problem: Problem, result: SolveResult) -> SolveResult:
             changes.update(floor_schedule=floor,
                            min_feasible_bytes=peak if least is None else min(least, peak))
     return dataclasses.replace(result, **changes) if changes else result
+
+
+def _unread_note(before: Schedule, after: Schedule) -> str:
+    """What drop_unread took from `before`: recomputation steps, kept tensors, or both."""
+    steps = len(before.backward) - len(after.backward)
+    kept = len(before.kept) - len(after.kept)
+    parts = [f"{n} {what}" for n, what in ((steps, "unread recomputations"),
+                                            (kept, "kept tensors nothing reads")) if n]
+    return f"{' and '.join(parts)} dropped (NOTE [Unread recomputation])"
 
 
 _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")

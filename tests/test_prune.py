@@ -71,3 +71,29 @@ def test_every_solver_result_has_no_unread_recomputation(seed):
         for s in (r.schedule, r.floor_schedule):
             if s is not None:
                 assert drop_unread(p, s) is s, name
+
+
+def test_without_unread_says_what_it_dropped():
+    """The note names what went: recomputation steps, kept tensors nothing reads, or both,
+    and never "0 ... dropped"."""
+    from solvers import without_unread
+    from solvers.schedule import SolveResult, Status
+    p = Problem(ops=(Op("f0", False, 1.0, (), (0,)), Op("f1", False, 1.0, (0,), (1,)),
+                     Op("b1", True, 1.0, (2, 0), (3,))),
+                tensors=(Tensor("a0", 10, 0), Tensor("a1", 10, 1),
+                         Tensor("tangent", 10, NO_PRODUCER), Tensor("g", 10, 2)),
+                fixed_bytes=100, forward_outputs=(1,), backward_outputs=(3,))
+
+    def note(schedule):
+        sim = simulate(p, schedule)
+        r = SolveResult("hand", Status.FEASIBLE, schedule, sim.time_s, sim.peak_bytes,
+                        None, None, 0.0, None)
+        return without_unread(p, r).note
+
+    assert note(Schedule(frozenset({0, 1}), (2,))) == (
+        "1 kept tensors nothing reads dropped (NOTE [Unread recomputation])")
+    assert note(Schedule(frozenset({0}), (1, 2))) == (
+        "1 unread recomputations dropped (NOTE [Unread recomputation])")
+    assert note(Schedule(frozenset({0, 1}), (1, 2))) == (
+        "1 unread recomputations and 1 kept tensors nothing reads dropped "
+        "(NOTE [Unread recomputation])")
