@@ -44,9 +44,10 @@ from monet_opt.profile_budget import Budget, estimates
 # What a profile holds, in the profile directory's keys: a profile an older profiler made
 # (revision 1: no recomputation times; 2: variants measured without the op's keyword
 # arguments, their results' strides unchecked, variants that cannot pay still offered; 3: no
-# op workspace on CUDA, CUDA tensors' exact bytes rather than the allocator's blocks) is not
+# op workspace on CUDA, CUDA tensors' exact bytes rather than the allocator's blocks; 4: 1-bit
+# ReLU masks and pooling's shape-only variants refused after channels-last layers) is not
 # served to this one. Raise it when what the profiler measures changes meaning.
-PROFILER_REVISION = 4
+PROFILER_REVISION = 5
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):

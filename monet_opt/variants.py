@@ -15,7 +15,18 @@ NOTE [1-bit masks]
   A bool tensor takes a byte per element. `pack_bits` stores 8 per byte (uint8, padded to a
   multiple of 8); `unpack_bits` rebuilds the bool tensor exactly. The backward then holds a
   bool temporary the size of the mask while the op runs: that is the variant's workspace,
-  measured by the profiler.
+  measured by the profiler. The bits follow the masked tensor's order in memory (its
+  `memory_order`), and the rebuilt mask has its layout: after a channels-last ReLU,
+  threshold_backward lays its result out channels-last, and so must the variant (else the
+  profiler refuses it, as it did every ReLU's in channels-last GoogLeNet before).
+
+NOTE [Layouts a stand-in cannot show]
+  Pooling's backward allocates its result in its input's layout (channels-last in, channels-last
+  out). A shape-only variant gives the op a stand-in that holds one element, expanded, which
+  reads as contiguous: the result came out contiguous where the graph expects channels-last,
+  and the profiler refused the variant. Such families (`lays_out`) take the result's strides
+  as their params, and the op writes into a result allocated with them (its out= overload),
+  bitwise what it returns otherwise (tests/test_variants_layout.py).
 
 NOTE [Combining variants]
   The solver lets variants of one op that replace different arguments combine (solvers.Variant
@@ -47,7 +58,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from monet_opt import recompute, variants_bn, variants_impl, variants_pool
-from monet_opt.errors import internal_assert
+from monet_opt.errors import InternalError, internal_assert
 
 aten = torch.ops.aten
 
@@ -63,6 +74,9 @@ class Family:
     decode(encoded, *params) -> a tensor the op can read in the argument's place.
     exact: the result is bitwise the op's. max_rel_error (lossy families only): the largest
     relative error (max-abs, per output) of the op's result the profiler accepts.
+    params_to_run: run gets the family's params (a tuple) before the op's arguments.
+    lays_out (decode families only): params[0] are the strides of the op's result, which the
+    decoded stand-in cannot convey (NOTE [Layouts a stand-in cannot show]).
     draw(*params) (replaying families only, NOTE [Generator-state replay]): draws the argument
     afresh from the generator, as its producer does; such a family's encoded form is the
     generator state from just before the producer ran, and `decode` draws the argument again
@@ -81,6 +95,8 @@ class Family:
     accepts: Callable[[fx.Node], bool] = lambda node: True
     exact: bool = True
     max_rel_error: float = 0.0
+    params_to_run: bool = False
+    lays_out: bool = False
     draw: Callable[..., torch.Tensor] | None = None
     reads: Callable[[fx.Node], fx.Node | None] | None = None
 
@@ -108,6 +124,28 @@ def pack_bits(b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def memory_order(t: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions of `t` from the outermost in memory to the innermost: `t.permute(order)`
+    is contiguous for a dense tensor (channels-last NCHW: (0, 2, 3, 1)); the identity where no
+    permutation makes it so (an expanded or overlapping tensor)."""
+    order = tuple(sorted(range(t.dim()), key=lambda d: -t.stride(d)))
+    shape = [t.shape[d] for d in order]
+    stride = [t.stride(d) for d in order]
+    expected = 1
+    for size, st in reversed(list(zip(shape, stride))):
+        if size != 1 and st != expected:
+            return tuple(range(t.dim()))
+        expected *= size
+    return order
+
+
+def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(order)
+    for k, d in enumerate(order):
+        inv[d] = k
+    return tuple(inv)
+
+
 def unpack_bits(packed: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
     weights = torch.ones(8, dtype=torch.uint8, device=packed.device).bitwise_left_shift(
         torch.arange(8, dtype=torch.uint8, device=packed.device))
@@ -131,14 +169,21 @@ def _relu_bool_run(grad: torch.Tensor, zero: torch.Tensor, threshold) -> torch.T
     return torch.where(zero, 0.0, grad)
 
 
-def _relu_bit_encode(out: torch.Tensor, threshold) -> torch.Tensor:
-    return pack_bits(out.le(threshold))
+def _relu_bit_params(node: fx.Node) -> tuple:
+    return (node.args[2], memory_order(node.args[1].meta["val"]))
 
 
-def _relu_bit_run(grad: torch.Tensor, packed: torch.Tensor, threshold) -> torch.Tensor:
-    # The unpacked mask is contiguous, so after a channels-last ReLU the result is laid out
-    # otherwise than threshold_backward's, and the profiler refuses the variant there.
-    return torch.where(unpack_bits(packed, grad.shape), 0.0, grad)
+def _relu_bit_encode(out: torch.Tensor, threshold, order) -> torch.Tensor:
+    return pack_bits(out.le(threshold).permute(order))
+
+
+def _relu_bit_run(params: tuple, grad: torch.Tensor, packed: torch.Tensor,
+                  threshold) -> torch.Tensor:
+    # NOTE [1-bit masks]: the mask rebuilt in the ReLU output's layout, so `where` lays the
+    # result out as threshold_backward does (as in _relu_bool_run)
+    order = params[1]
+    mask = unpack_bits(packed, tuple(grad.shape[d] for d in order)).permute(_inverse(order))
+    return torch.where(mask, 0.0, grad)
 
 
 # ---- dropout: native_dropout_backward(grad, mask, scale) reads a bool mask ----
@@ -231,7 +276,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("relu.bool_mask", aten.threshold_backward.default, 1, _relu_bool_encode,
            run=_relu_bool_run, params=lambda node: (node.args[2],)),
     Family("relu.bit_mask", aten.threshold_backward.default, 1, _relu_bit_encode,
-           run=_relu_bit_run, params=lambda node: (node.args[2],)),
+           run=_relu_bit_run, params=_relu_bit_params, params_to_run=True),
     Family("dropout.bit_mask", aten.native_dropout_backward.default, 1, pack_bits,
            run=_dropout_bit_run),
     Family("dropout.replay", aten.native_dropout_backward.default, 1, _generator_state,
@@ -240,18 +285,20 @@ FAMILIES: tuple[Family, ...] = (
     # Pooling (monet_opt/variants_pool.py): the backward reads the input for its shape only;
     # max-pool's int64 indices are kept as in-window offsets (1 byte each up to 16x16 windows).
     Family("maxpool.shape_only", aten.max_pool2d_with_indices_backward.default, 1, None,
-           decode=pool.shape_only),
+           decode=pool.shape_only, params=pool.result_strides, lays_out=True),
     Family("maxpool.compact_indices", aten.max_pool2d_with_indices_backward.default, 7,
            pool.compact_indices, decode=pool.full_indices, params=pool.maxpool_geometry,
            accepts=pool.compactable),
     Family("avgpool.shape_only", aten.avg_pool2d_backward.default, 1, None,
-           decode=pool.shape_only),
+           decode=pool.shape_only, params=pool.result_strides, lays_out=True),
     Family("adaptive_avgpool.shape_only", aten._adaptive_avg_pool2d_backward.default, 1, None,
-           decode=pool.shape_only),
+           decode=pool.shape_only, params=pool.result_strides, lays_out=True),
     # A convolution whose weight gradient is not wanted (frozen weights) reads its input only
-    # for the shape.
+    # for the shape, where that input is contiguous (a channels-last one picks another kernel,
+    # whose grad_input differs in its last bits from the one the stand-in gets).
     Family("conv.shape_only", aten.convolution_backward.default, 1, None,
-           decode=pool.shape_only, accepts=lambda node: not node.args[10][1]),
+           decode=pool.shape_only, accepts=lambda node: not node.args[10][1]
+           and node.args[1].meta["val"].is_contiguous()),
     # Lossy, opt-in (NOTE [Lossy bound]): the kept input of a convolution whose weight
     # gradient is wanted, and the operands of the matrix products linear layers lower to.
     Family("conv.input_bf16", aten.convolution_backward.default, 1, _to_bf16,
@@ -314,10 +361,30 @@ def run(names: tuple[str, ...], params: tuple[tuple, ...], *args, **kwargs):
     (NOTE [Combining variants])."""
     fams = [_BY_NAME[n] for n in names]
     if len(fams) == 1 and fams[0].run is not None:
+        if fams[0].params_to_run:
+            return fams[0].run(params[0], *args, **kwargs)
         return fams[0].run(*args, **kwargs)
     args_ = list(args)
+    result = None
     for fam, p in zip(fams, params):
         internal_assert(fam.decode is not None and fam.op is fams[0].op,
                         f"variants {names} cannot combine (NOTE [Combining variants])")
+        if fam.lays_out:  # NOTE [Layouts a stand-in cannot show]
+            shape, dtype, device = args_[fam.arg]
+            result = torch.empty_strided(shape, p[0], dtype=dtype, device=device)
         args_[fam.arg] = fam.decode(args_[fam.arg], *p)
-    return fams[0].op(*args_, **kwargs)
+    if result is None:
+        return fams[0].op(*args_, **kwargs)
+    name, overload = _out_overload(fams[0].op)
+    return overload(*args_, **kwargs, **{name: result})
+
+
+def _out_overload(op: torch._ops.OpOverload) -> tuple[str, torch._ops.OpOverload]:
+    """The out= overload of `op` and the name of its one out argument."""
+    packet = op.overloadpacket
+    for name in packet.overloads():
+        overload = getattr(packet, name)
+        outs = [a.name for a in overload._schema.arguments if a.is_out]
+        if len(outs) == 1:
+            return outs[0], overload
+    raise InternalError(f"{op} has no out= overload with one result")

@@ -18,11 +18,18 @@ import torch
 import torch.fx as fx
 
 
-def shape_only(like: tuple) -> torch.Tensor:
+def shape_only(like: tuple, *_result_strides) -> torch.Tensor:
     """A stand-in with the (shape, dtype, device) `like` that allocates one element: for ops
-    that read an argument only for its shape (and dtype, device)."""
+    that read an argument only for its shape (and dtype, device). It reads as contiguous: the
+    result's strides, where a family takes them, are laid out apart (NOTE [Layouts a stand-in
+    cannot show] in monet_opt/variants.py)."""
     shape, dtype, device = like
     return torch.zeros((), dtype=dtype, device=device).expand(shape)
+
+
+def result_strides(node: fx.Node) -> tuple:
+    """(the strides of `node`'s one result,): pooling's backward lays it out as its input."""
+    return (tuple(node.meta["val"].stride()),)
 
 
 def _pair(v, default=None) -> tuple[int, int]:

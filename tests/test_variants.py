@@ -31,9 +31,9 @@ def test_each_family_reproduces_its_op_bitwise():
     y[0, 0, 0, :3] = torch.tensor([float("nan"), 0.0, -0.0])
     g = torch.randn_like(y)
     want = aten.threshold_backward(g, y, 0)
-    for name in ("relu.bool_mask", "relu.bit_mask"):
+    for name, params in (("relu.bool_mask", (0,)), ("relu.bit_mask", (0, (0, 1, 2, 3)))):
         fam = variants.family(name)
-        got = fam.run(g, fam.encode(y, 0), 0)
+        got = variants.run((name,), (params,), g, fam.encode(y, *params), 0)
         assert torch.equal(got.isnan(), want.isnan())
         assert torch.equal(got.nan_to_num(), want.nan_to_num()), name
     out, mask = aten.native_dropout(y, 0.3, True)
@@ -45,23 +45,42 @@ def test_each_family_reproduces_its_op_bitwise():
     rest = ([3, 3], [2, 2], [1, 1], [1, 1], False, idx)
     want = aten.max_pool2d_with_indices_backward(gp, y, *rest)
     like = (tuple(y.shape), y.dtype, y.device)
-    assert torch.equal(variants.run(("maxpool.shape_only",), ((),), gp, like, *rest), want)
+    got = variants.run(("maxpool.shape_only",), ((y.stride(),),), gp, like, *rest)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("grad_layout", ["channels_last", "contiguous", "expanded"])
-def test_relu_bool_mask_lays_out_its_result_as_the_op(grad_layout):
+@pytest.mark.parametrize("family", ["relu.bool_mask", "relu.bit_mask"])
+def test_relu_masks_lay_out_their_result_as_the_op(grad_layout, family):
     """After a channels-last ReLU, threshold_backward's result is channels-last whatever its
-    gradient's layout; the bool-mask variant's is too, so the profiler keeps it (masked_fill's
-    was contiguous: refused in channels-last networks)."""
+    gradient's layout; the mask variants' are too, so the profiler keeps them (masked_fill's
+    was contiguous, and so was the 1-bit mask unpacked: refused in channels-last networks)."""
     torch.manual_seed(0)
-    y = torch.relu(torch.randn(4, 16, 5, 5)).to(memory_format=torch.channels_last)
-    g = {"channels_last": torch.randn(4, 16, 5, 5).to(memory_format=torch.channels_last),
-         "contiguous": torch.randn(4, 16, 5, 5),
-         "expanded": torch.randn(4, 16, 1, 1).expand(4, 16, 5, 5)}[grad_layout]
+    y = torch.relu(torch.randn(4, 17, 5, 3)).to(memory_format=torch.channels_last)
+    g = {"channels_last": torch.randn(4, 17, 5, 3).to(memory_format=torch.channels_last),
+         "contiguous": torch.randn(4, 17, 5, 3),
+         "expanded": torch.randn(4, 17, 1, 1).expand(4, 17, 5, 3)}[grad_layout]
     want = aten.threshold_backward(g, y, 0)
-    fam = variants.family("relu.bool_mask")
-    got = fam.run(g, fam.encode(y, 0), 0)
+    params = (0,) if family == "relu.bool_mask" else (0, variants.memory_order(y))
+    got = variants.run((family,), (params,), g, variants.encode(family, y, *params), 0)
     assert torch.equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("make, order", [
+    (lambda: torch.empty(2, 3, 4, 5), (0, 1, 2, 3)),
+    (lambda: torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last), (0, 2, 3, 1)),
+    (lambda: torch.empty(5, 7).t(), (1, 0)),
+    (lambda: torch.empty(2, 1, 4, 5).to(memory_format=torch.channels_last), None),
+    (lambda: torch.empty(3, 1).expand(3, 4), (0, 1)),
+    (lambda: torch.empty(4, 6)[:, ::2], (0, 1))])
+def test_memory_order_makes_the_tensor_contiguous(make, order):
+    """memory_order: outermost to innermost in memory; the identity where nothing does."""
+    t = make()
+    got = variants.memory_order(t)
+    if order is not None:
+        assert got == order
+    dense = t.numel() == t.untyped_storage().nbytes() // t.element_size()
+    assert t.permute(got).is_contiguous() if dense else got == tuple(range(t.dim()))
 
 
 GEOMETRIES = [  # kernel, stride, padding, dilation, ceil_mode
@@ -93,26 +112,39 @@ def test_compact_maxpool_indices_rebuild_exactly(geometry, layout):
     rest = (kernel, stride, padding, dilation, ceil)
     want = aten.max_pool2d_with_indices_backward(g, x, *rest, idx)
     like = (tuple(x.shape), x.dtype, x.device)
-    both = variants.run(("maxpool.shape_only", "maxpool.compact_indices"), ((), params),
-                        g, like, *rest, offsets)
+    both = variants.run(("maxpool.shape_only", "maxpool.compact_indices"),
+                        ((want.stride(),), params), g, like, *rest, offsets)
     assert torch.equal(both.isnan(), want.isnan()) and torch.equal(both, want)
+    assert both.stride() == want.stride()  # NOTE [Layouts a stand-in cannot show]
 
 
-def test_shape_only_families_reproduce_their_ops_bitwise():
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_shape_only_families_reproduce_their_ops_bitwise(layout):
     """Average pooling, adaptive average pooling and a convolution without weight gradient
-    read the argument these families drop for its shape, dtype and device only."""
+    read the argument these families drop for its shape, dtype and device only; pooling's
+    result is laid out as its input was (NOTE [Layouts a stand-in cannot show])."""
     torch.manual_seed(0)
     x = torch.randn(2, 4, 11, 9)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
     like = (tuple(x.shape), x.dtype, x.device)
+
+    def same(got, want):
+        return torch.equal(got, want) and got.stride() == want.stride()
+
     for rest in [([2, 2], [2, 2], [0, 0], False, True, None),
                  ([3, 3], [2, 1], [1, 1], True, False, None), ([3, 2], [2, 2], [1, 0], True,
                                                                 True, 5)]:
         g = torch.randn_like(aten.avg_pool2d(x, *rest))
         want = aten.avg_pool2d_backward(g, x, *rest)
-        assert torch.equal(variants.run(("avgpool.shape_only",), ((),), g, like, *rest), want)
+        assert same(variants.run(("avgpool.shape_only",), ((want.stride(),),), g, like, *rest),
+                    want)
     g = torch.randn_like(aten._adaptive_avg_pool2d(x, [4, 3]))
     want = aten._adaptive_avg_pool2d_backward(g, x)
-    assert torch.equal(variants.run(("adaptive_avgpool.shape_only",), ((),), g, like), want)
+    assert same(variants.run(("adaptive_avgpool.shape_only",), ((want.stride(),),), g, like),
+                want)
+    if layout == "channels_last":  # conv.shape_only accepts contiguous inputs only
+        return
     w = torch.randn(6, 4, 3, 3)
     g = torch.randn_like(torch.conv2d(x, w, padding=1))
     for mask in ([True, False, True], [True, False, False], [False, False, True]):

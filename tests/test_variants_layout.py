@@ -1,0 +1,56 @@
+"""Variants in channels-last networks: NOTE [1-bit masks] and NOTE [Layouts a stand-in cannot
+show] (monet_opt/variants.py). Converting a CNN to channels-last is a user's one line (and what
+torch.compile does on CPU by itself); the variants must keep working there."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import monet_opt
+from tests import models
+from tests.test_executor import HUGE, _check_memory, assert_same, run_steps
+from tests.test_variants import _no_recompute_peak, free_variants  # noqa: F401 (a fixture)
+from solvers.variants import lightest
+
+def _channels_last(make):
+    torch.manual_seed(0)
+    base, x, loss_fn = make()
+    return (base.to(memory_format=torch.channels_last),
+            x.contiguous(memory_format=torch.channels_last), loss_fn)
+
+
+@pytest.mark.parametrize("make, wanted", [
+    (models.pool_cnn, {"relu.bit_mask", "maxpool.shape_only", "maxpool.compact_indices"}),
+    (lambda: models.shape_only_net("avgpool"), {"avgpool.shape_only"}),
+    (lambda: models.shape_only_net("adaptive_avgpool"), {"adaptive_avgpool.shape_only"})],
+    ids=["pool_cnn", "avgpool", "adaptive_avgpool"])
+def test_channels_last_network_keeps_every_exact_variant(make, wanted):
+    """The profiler refuses no variant of a channels-last network (before: every ReLU's 1-bit
+    mask and every pooling's shape-only stand-in, their results laid out contiguous)."""
+    base, x, _ = _channels_last(make)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        problem = monet_opt.lower_problem(copy.deepcopy(base), x, profile_repeats=1)
+    refused = [w for w in caught if "did not reproduce" in str(w.message)]
+    assert not refused, refused[0].message
+    offered = {v.name.split(":")[0] for v in problem.variants}
+    assert wanted <= offered, offered
+
+
+def test_channels_last_plan_with_the_variants_trains_bitwise(free_variants):
+    """At the peak of keeping everything with the lightest variants, the plan uses the 1-bit
+    masks and the max-pool's stand-in, and trains bitwise like store-all, within its limit."""
+    base, x, loss_fn = _channels_last(models.pool_cnn)
+    problem = monet_opt.lower_problem(copy.deepcopy(base), x, profile_repeats=1)
+    limit = _no_recompute_peak(problem, lightest(problem))
+    tight = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
+                               time_limit_s=10)
+    used = {name.split(":")[0] for name in tight.plan.variants}
+    assert {"relu.bit_mask", "maxpool.shape_only"} <= used, tight.plan.explain()
+    ref = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, variants=False)
+    assert_same(run_steps(tight, tight.model, x, loss_fn), run_steps(ref, ref.model, x, loss_fn),
+                exact=True, what="channels-last variants vs store-all")
+    _check_memory(tight, x, loss_fn, limit, "channels-last variants")
