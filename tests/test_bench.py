@@ -88,6 +88,24 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
         assert (tmp_path / name).read_bytes().startswith(PNG), name
 
 
+def test_channels_last_run_times_the_model_as_built_beside(tmp_path):
+    """--channels-last: every method on the channels-last model (ours exact against its
+    eager), eager on the model as built timed in the same block and reported."""
+    argv = ["--models", "tiny_cnn", "--quick", "--out", str(tmp_path), "--solvers", "auto",
+            "--limits", "100,min", "--compile-budgets", "none", "--rounds", "1",
+            "--channels-last", "--no-merge"]
+    assert run.main(argv) == 0
+    r = results.load(tmp_path / results.JSON_NAME)["tiny_cnn"]
+    assert r.meta.config.endswith("channels-last (model and input)")
+    assert r.meta.as_built_step_time_s is not None and r.meta.as_built_step_time_s > 0
+    ours = [p for p in r.points if p.family == "ours"]
+    assert ours and all(p.status == "ok" and p.grad_rel_diff == 0.0 for p in ours)
+    assert all(p.peak_bytes <= p.limit_bytes for p in ours)
+    assert "model as built (contiguous)" in (tmp_path / "bench.md").read_text()
+    with pytest.raises(SystemExit, match="gpt2 takes dict, not an image batch"):
+        run._channels_last("gpt2", nn.Linear(2, 2), {"input_ids": torch.zeros(1, 4)})
+
+
 def _tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)

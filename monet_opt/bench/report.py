@@ -79,6 +79,12 @@ def section(run: ModelRun) -> str:
     if m.timing_noise is not None:
         lines.append(f"Timing noise: eager timed twice in the same block came out "
                      f"{m.timing_noise:.1%} apart; overheads closer than that are ties.\n")
+    if m.as_built_step_time_s is not None:
+        lines.append(f"Every method ran on the model and input made channels-last; eager on the "
+                     f"model as built (contiguous), timed in the same block, took "
+                     f"{m.as_built_step_time_s:.3f} s a step, "
+                     f"{m.eager_step_time_s / m.as_built_step_time_s - 1:+.1%} for "
+                     f"channels-last eager. Overheads are against channels-last eager.\n")
     if m.skipped:
         lines.append("Not run: " + "; ".join(m.skipped) + ".\n")
     lines += summary(run, u) + ["", *table(run.points, m.floor_bytes, m.eager_peak_bytes, u)]

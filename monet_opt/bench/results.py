@@ -94,6 +94,9 @@ class Meta:
     timing_noise: float | None = None
     # NOTE [CPU allocator]; runs recorded before it was named used glibc's defaults
     allocator: str = "the C library's default malloc"
+    # `monet-opt bench --channels-last`: eager on the model as built (contiguous), timed in the
+    # same block as every method here, which ran on the model made channels-last
+    as_built_step_time_s: float | None = None
 
 
 @dataclass(frozen=True)

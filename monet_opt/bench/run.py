@@ -3,6 +3,7 @@ run. Writes bench.json (merged model by model), bench.md and PNG plots into --ou
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import platform
 import shlex
@@ -46,6 +47,7 @@ class Settings:
     git_commit: str  # taken when the run starts: commits made while it runs are not its code
     allocator: str = ""  # set when the run starts (NOTE [CPU allocator])
     size: dict[str, int] | None = None  # the factories' arguments, if not the regime's
+    channels_last: bool = False  # every method on the model and input made channels-last
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default="",
                    help="the models' factory arguments instead of the regime's, e.g. "
                         "batch=32,size=160 (with --out elsewhere: bench.json keys by model)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="run every method on the model and its input converted to channels-last "
+                        "(what torch.compile does inside on CPU); eager on the model as built "
+                        "is timed beside them")
     p.add_argument("--no-merge", action="store_true",
                    help="replace bench.json instead of merging these models into it")
 
@@ -98,7 +104,7 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
         time_limit_s=args.time_limit or (5.0 if args.quick else 30.0),
         out=Path(args.out), merge=not args.no_merge,
         command="monet-opt bench " + shlex.join(argv), git_commit=_git_commit(),
-        size=zoo.parse_size(args.size))
+        size=zoo.parse_size(args.size), channels_last=args.channels_last)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,6 +137,11 @@ def bench_model(spec: models.BenchModel, s: Settings) -> results.ModelRun:
     started = time.perf_counter()
     model, x, config = spec.build(s.regime, s.size)
     model, x = model.to(s.device), _to(x, s.device)
+    as_built = None
+    if s.channels_last:
+        as_built = _as_built(model)
+        model, x = _channels_last(spec.name, model, x)
+        config += ", channels-last (model and input)"
     print(f"\n== {spec.name}: {config} on {_device_name(s.device)}", flush=True)
     eager = measure.runner_for("eager", model, model, x)
     ref, _ = measure.first_step(eager, x, s.device)
@@ -149,21 +160,24 @@ def bench_model(spec: models.BenchModel, s: Settings) -> results.ModelRun:
             continue
         measured += methods.ours(ctx, solver, s.limits, s.time_limit_s)
     measured += [methods.checkpoint(ctx, peer) for peer in spec.checkpoint]
-    points, noise = _timed(ctx, eager_point, measured, s.rounds)
+    points, noise, as_built_s = _timed(ctx, eager_point, measured, s.rounds, as_built)
     points += [methods.compiled(ctx, s.compile_backend, b, s.rounds) for b in s.compile_budgets]
     meta = _meta(spec.name, config, s, ctx, points[0], tuple(skipped),
                  time.perf_counter() - started)
-    meta = replace(meta, timing_noise=noise)
+    meta = replace(meta, timing_noise=noise, as_built_step_time_s=as_built_s)
     return results.ModelRun(meta=meta, points=tuple(points),
                             timeline=_timeline(ctx, measured, s.device))
 
 
-def _timed(ctx: Context, eager_point: results.Point, measured: list[Measured],
-           rounds: int) -> tuple[list[results.Point], float]:
+def _timed(ctx: Context, eager_point: results.Point, measured: list[Measured], rounds: int,
+           as_built: measure.Runner | None = None
+           ) -> tuple[list[results.Point], float, float | None]:
     """Eager, ours and the checkpoint peers in one interleaved timing block, with eager once
-    more (NOTE [Timing noise]): the points, and |repeat / eager - 1|."""
+    more (NOTE [Timing noise]) and `as_built` if given: the points, |repeat / eager - 1| and
+    `as_built`'s step time."""
     repeat = replace(ctx.eager, name=ctx.eager.name + " (repeat)")
     runners = [ctx.eager, repeat] + [m.runner for m in measured if m.runner is not None]
+    runners += [as_built] if as_built is not None else []
     print(f"  timing {len(runners)} methods x {rounds} interleaved rounds", flush=True)
     times = measure.interleaved_times(runners, ctx.x, rounds, ctx.device)
     eager_s = times[ctx.eager.name]
@@ -178,7 +192,25 @@ def _timed(ctx: Context, eager_point: results.Point, measured: list[Measured],
         step = times[m.runner.name]
         out.append(replace(m.point, step_time_s=step, eager_step_time_s=eager_s,
                            overhead=step / eager_s - 1))
-    return out, noise
+    if as_built is not None:
+        print(f"  eager on the model as built {times[as_built.name]:.3f} s", flush=True)
+    return out, noise, None if as_built is None else times[as_built.name]
+
+
+def _as_built(model: nn.Module) -> measure.Runner:
+    """Eager on a copy of `model` as built, fed its input made contiguous (the input the bench
+    times every method with is channels-last)."""
+    copy_ = copy.deepcopy(model)
+    return measure.runner_for("eager (as built)", lambda x: copy_(x.contiguous()), copy_, ())
+
+
+def _channels_last(name: str, model: nn.Module, x) -> tuple[nn.Module, torch.Tensor]:
+    if not (isinstance(x, torch.Tensor) and x.dim() == 4):
+        what = f"a {x.dim()}-d tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise SystemExit(f"monet-opt bench --channels-last: {name} takes {what}, not an image "
+                         f"batch (N, C, H, W); run it without --channels-last")
+    return (model.to(memory_format=torch.channels_last),
+            x.contiguous(memory_format=torch.channels_last))
 
 
 def _timeline(ctx: Context, measured: list[Measured], device: torch.device):
