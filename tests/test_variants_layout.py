@@ -10,10 +10,14 @@ import pytest
 import torch
 
 import monet_opt
+from monet_opt import variants
+from monet_opt.memory import counted
 from tests import models
 from tests.test_executor import HUGE, _check_memory, assert_same, run_steps
 from tests.test_variants import _no_recompute_peak, free_variants  # noqa: F401 (a fixture)
 from solvers.variants import lightest
+
+aten = torch.ops.aten
 
 def _channels_last(make):
     torch.manual_seed(0)
@@ -54,3 +58,30 @@ def test_channels_last_plan_with_the_variants_trains_bitwise(free_variants):
     assert_same(run_steps(tight, tight.model, x, loss_fn), run_steps(ref, ref.model, x, loss_fn),
                 exact=True, what="channels-last variants vs store-all")
     _check_memory(tight, x, loss_fn, limit, "channels-last variants")
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last],
+                         ids=["nchw", "channels_last"])
+def test_combined_maxpool_variants_hold_no_more_than_their_parts(layout):
+    """The simulator adds the workspaces the profiler measured for each variant alone; the
+    two max-pool variants together must not hold more (their result was once allocated
+    before the indices were decoded, and held beside the decoding's temporaries: 8 MiB over
+    on GoogLeNet, over its limit)."""
+    x = torch.randn(4, 32, 16, 16).contiguous(memory_format=layout)
+    rest = ([3, 3], [1, 1], [1, 1], [1, 1], True)
+    out, idx = aten.max_pool2d_with_indices(x, *rest)
+    g = torch.randn_like(out)
+    geometry = (3, 3, 1, 1, 1, 1, 1, 1, 16)
+    offsets = variants.encode("maxpool.compact_indices", idx, *geometry)
+    like, strides = (tuple(x.shape), x.dtype, x.device), (x.stride(),)
+    want = aten.max_pool2d_with_indices_backward(g, x, *rest, idx)
+    shape_only, ws_shape = counted(lambda: variants.run(
+        ("maxpool.shape_only",), (strides,), g, like, *rest, idx), cuda=False)
+    compact, ws_compact = counted(lambda: variants.run(
+        ("maxpool.compact_indices",), (geometry,), g, x, *rest, offsets), cuda=False)
+    both, ws_both = counted(lambda: variants.run(
+        ("maxpool.shape_only", "maxpool.compact_indices"), (strides, geometry), g, like, *rest,
+        offsets), cuda=False)
+    for got in (shape_only, compact, both):
+        assert torch.equal(got, want) and got.stride() == want.stride()
+    assert ws_both <= ws_shape + ws_compact, (ws_both, ws_shape, ws_compact)
