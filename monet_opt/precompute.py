@@ -53,6 +53,9 @@ def add_precompute_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-name", metavar="NAME",
                    help="pass the input as this keyword argument (e.g. input_ids) instead of "
                         "positionally")
+    p.add_argument("--channels-last", action="store_true",
+                   help="make the model and its image batch (N, C, H, W) channels-last, for an "
+                        "optimize() of a model you train channels-last")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="where to profile: the device you will train on (default: %(default)s)")
     p.add_argument("--autocast", choices=sorted(AUTOCAST_DTYPES),
@@ -163,7 +166,14 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, Any]:
         raise UsageError(f"{args.factory!r} returned a model without a sample input: give "
                          "--input-shape, e.g. --input-shape 32x3x160x160")
     to_device = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
-    return model, pytree.tree_map(to_device, sample)
+    sample = pytree.tree_map(to_device, sample)
+    if args.channels_last:
+        if not (isinstance(sample, torch.Tensor) and sample.dim() == 4):
+            raise UsageError("--channels-last needs an image batch (N, C, H, W) as the input, "
+                             "e.g. --input-shape 32x3x160x160")
+        model = model.to(memory_format=torch.channels_last)
+        sample = sample.contiguous(memory_format=torch.channels_last)
+    return model, sample
 
 
 def requested_limits(args: argparse.Namespace) -> list[tuple[int, str]] | tuple[float, ...]:

@@ -15,6 +15,7 @@ import torch
 import monet_opt
 import solvers
 from monet_opt import api, cli, profile_budget, profiler
+from monet_opt import zoo as zoo_models
 from monet_opt.profiler import ProfileTimeLimitWarning
 from tests import models
 
@@ -86,6 +87,30 @@ def test_precompute_under_autocast_serves_optimize_under_autocast(tmp_path, monk
     monet_opt.optimize(models.tiny_mlp(), torch.randn(64, 8), HUGE, profile_repeats=1,
                        time_limit_s=5, profile_dir=root)
     assert counts == {"profile": 1}
+
+
+def test_precompute_channels_last_serves_a_channels_last_optimize(tmp_path, monkeypatch):
+    """--channels-last profiles the model and batch made channels-last; optimize() of the
+    channels-last model then neither profiles nor solves. A batch that is no image is refused."""
+    root = tmp_path / "profiles"
+    code, out, err = run_cli("precompute", "monet_opt.zoo:tiny_cnn", "--channels-last",
+                             "--profile-dir", str(root), "--profile-repeats", "1",
+                             "--time-limit-s", "5", "--fractions", "0.8")
+    assert code == 0, err
+    limit = int(next(line for line in out.splitlines() if "80% of" in line).split()[2])
+    counts = collections.Counter()
+    real_profile = api.profile
+    monkeypatch.setattr(api, "profile", lambda *a, **k: counts.update(["profile"]) or
+                        real_profile(*a, **k))
+    torch.manual_seed(0)
+    model, x = zoo_models.tiny_cnn()
+    monet_opt.optimize(model.to(memory_format=torch.channels_last),
+                       x.contiguous(memory_format=torch.channels_last), limit,
+                       profile_repeats=1, time_limit_s=5, profile_dir=root)
+    assert counts == {}
+    code, _, err = run_cli("precompute", FACTORY, "--input-shape", "4x8", "--channels-last",
+                           "--profile-dir", str(root))
+    assert code == 2 and "needs an image batch" in err
 
 
 def test_list_shows_profiles_and_schedules(zoo):
