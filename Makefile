@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test bench bench-solvers bench-near-floor bench-variants bench-coverage bench-replan bench-ops bench-late
+.PHONY: install demo test bench bench-channels-last bench-solvers bench-near-floor bench-variants bench-coverage bench-replan bench-ops bench-late
 install: $(VENV)/.installed
 
 # torch 2.14.1 / torchvision 0.29.1 come from this machine's local disk (see research/env.md).
@@ -62,6 +62,12 @@ bench-ops: $(VENV)/.bench-installed
 BENCH_ARGS ?=
 bench: $(VENV)/.bench-installed
 	$(VENV)/bin/monet-opt bench $(BENCH_ARGS)
+
+# The same on the image models made channels-last (what torch.compile does inside on CPU), with
+# eager on the models as built timed beside them: docs/benchmarks/channels_last/.
+CL_MODELS ?= googlenet,densenet121,resnet50,mobilenet_v2,vgg16,unet
+bench-channels-last: $(VENV)/.bench-installed
+	$(VENV)/bin/monet-opt bench --models $(CL_MODELS) --channels-last --out docs/benchmarks/channels_last
 
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,bench]'
