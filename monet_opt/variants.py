@@ -140,10 +140,7 @@ def memory_order(t: torch.Tensor) -> tuple[int, ...]:
 
 
 def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
-    inv = [0] * len(order)
-    for k, d in enumerate(order):
-        inv[d] = k
-    return tuple(inv)
+    return tuple(order.index(d) for d in range(len(order)))
 
 
 def unpack_bits(packed: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
