@@ -133,7 +133,7 @@ def timeline(ax, run: ModelRun) -> None:
 
 
 def _short(config: str) -> str:
-    return config.replace("monet_opt.zoo.", "")
+    return config.replace("monet_opt.zoo.", "").replace(", channels-last", ",\nchannels-last")
 
 
 def _footer(fig, runs: list[ModelRun]) -> None:
