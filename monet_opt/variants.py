@@ -49,6 +49,7 @@ NOTE [Backward from the output]
 """
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Callable
@@ -380,6 +381,7 @@ def run(names: tuple[str, ...], params: tuple[tuple, ...], *args, **kwargs):
     return overload(*args_, **kwargs, **{name: result})
 
 
+@functools.cache  # looked up on every backward run of a layout-keeping variant
 def _out_overload(op: torch._ops.OpOverload) -> tuple[str, torch._ops.OpOverload]:
     """The out= overload of `op` and the name of its one out argument."""
     packet = op.overloadpacket
