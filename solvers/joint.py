@@ -17,13 +17,34 @@ from solvers.schedule import Schedule, SolveResult, Status, gap_of
 from solvers.simulate import fastest_within, simulate
 
 # Of the time left after the warm start, the share the whole program gets before windows of it
-# are solved one at a time (NOTE [Windows of stages] in solvers/windows.py).
+# are solved one at a time (NOTE [Windows of stages] in solvers/windows.py); where nothing
+# could start it, the larger share (NOTE [No start, longer search]).
 WHOLE_PROGRAM_SHARE = 0.5
+NO_START_SHARE = 0.8
+
+# NOTE [No start, longer search]
+#   Where no heuristic schedule and no rounding of the LP fits the budget (near the least peak),
+#   windows of stages have nothing to refine until the whole program, or the coarser one aside
+#   (NOTE [A coarser program aside]), finds a schedule; with half the time left they often found
+#   none, or a poor one, and the memory-centric program's schedule, tight at every moment,
+#   went on instead. What came out varied from solve to solve: ResNet-50 made channels-last
+#   (b16 128², `make bench-channels-last`'s profile at 14b1782) at 289.9 MiB, auto in 30 s,
+#   five solves: +34/+124/+147/+39/+123 % predicted (the bench's own solve +147 %, measured
+#   +138 %), the MILP solver alone +22/+76 %. With 80 % of the time left to the whole program
+#   (and to the ladder aside, which runs as long): four solves, +17.3 % each; at 286.3 / 295 /
+#   305 MiB, one solve each, +31.0/+12.3/+62.1 % -> +17.5/+12.6/+13.9 %. `make
+#   bench-near-floor`'s ResNet-50 (auto in 30 s at the least peak and 2/5/10/20 % above it,
+#   two solves each) +20.6/+16.8-30.9/+171.8-173.7/+12.0/+5.5-5.7 % ->
+#   +18.9/+16.2/+12.5/+12.3/+6.3 %; its GoogLeNet, where annealing makes the plan near the
+#   least peak, alike: +35.3/+34.7/+32.1-32.3/+27.4/+21.1-24.6 % ->
+#   +35.3/+34.7/+30.5-31.8/+27.4/+21.8-22.9 %. Where a schedule starts the program, windows
+#   refine it and the share stays half.
 
 
 def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResult:
     """Least step time within the budget. Warm-started from the best heuristic schedule that
-    fits; the whole program gets half the time left, windows of it the rest (NOTE [Windows of
+    fits; the whole program gets half the time left (NO_START_SHARE of it where nothing fits to
+    start from: NOTE [No start, longer search]), windows of it the rest (NOTE [Windows of
     stages]); the fastest schedule any of them found is returned (FEASIBLE unless the whole
     program was proved optimal). min_feasible_bytes comes from the memory-centric program
     (solvers/least.py, whose schedule is the floor_schedule when it is the lower) and the
@@ -50,7 +71,8 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     # heuristics; rounded, it starts at +4.4 %. A cap, not a share: the LP stops when solved.
     warm = _best_start(problem, budget_bytes, program, heuristic, options.time_limit_s / 2)
     # the whole program gets a share of what is left; windows the rest (NOTE [Windows of stages])
-    share = (deadline - time.perf_counter()) * WHOLE_PROGRAM_SHARE
+    share = (deadline - time.perf_counter()) * (
+        WHOLE_PROGRAM_SHARE if warm is not None else NO_START_SHARE)
     # NOTE [A coarser program aside]
     aside = coarse.start(problem, budget_bytes, options, share) \
         if warm is None and stages.max_stages is not None else None

@@ -3,6 +3,7 @@ the joint MILP most of its time, since only the MILP can make a fast schedule th
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -65,3 +66,30 @@ def test_the_whole_program_is_not_run_again_from_a_schedule_it_did_not_find(monk
     assert r.feasible and r.peak_bytes <= least
     assert calls == [None], "the whole program ran again"
     assert "windows of stages" in r.note and "again" not in r.note
+
+
+def test_without_a_start_the_whole_program_gets_the_larger_share(monkeypatch):
+    """NOTE [No start, longer search]: the whole program's share of the time left is
+    NO_START_SHARE where nothing starts it, WHOLE_PROGRAM_SHARE where a schedule does."""
+    p = autodiff_problem(8, random.Random(3))
+    least = solve(p, 10 ** 12, "auto", time_limit_s=2).min_feasible_bytes
+    everything = registry._cheap(p, 10 ** 12)
+    cheap_fits = min(r.min_feasible_bytes for r in everything[1:])
+    calls = []
+
+    def finds_nothing(program, options, start):
+        calls.append((time.perf_counter(), options.time_limit_s, start))
+        return MipResult("timeout", None, None, None), None
+
+    monkeypatch.setattr(joint, "solve_program", finds_nothing)
+    shares = []
+    for budget in (least, cheap_fits):
+        calls.clear()
+        begun = time.perf_counter()
+        joint.milp(p, budget, MilpOptions(time_limit_s=LIMIT_S))
+        at, given, start = calls[0]
+        shares.append((start is None, given / (begun + LIMIT_S - at)))
+    (no_start, share_none), (with_start, share_start) = shares
+    assert no_start and not with_start
+    assert share_none == pytest.approx(joint.NO_START_SHARE, abs=0.05)
+    assert share_start == pytest.approx(joint.WHOLE_PROGRAM_SHARE, abs=0.05)
