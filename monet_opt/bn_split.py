@@ -23,9 +23,10 @@ NOTE [BatchNorm recomputed from its statistics]
   multiply-adds the build compiled in. Inference mode with running_var = 1 - eps (so that invstd
   = 1/sqrt(var + eps) is exactly 1), weight = rstd * weight (so alpha is the training alpha,
   bit for bit) and running_mean = mean runs that transform on the same numbers. The split is
-  made only where a check on random data of the node's own shape, layout, dtype and device
-  comes out bitwise equal (`exact`); elsewhere (CUDA's training and inference kernels differ)
-  the BatchNorm stays one op and recomputes whole.
+  made only where a check on random data of the node's own shape, layout, dtype and device,
+  with the training kernel the forward will run (cuDNN's where eager's is: NOTE [cuDNN's
+  BatchNorm]), comes out bitwise equal (`exact`); elsewhere (CUDA's training and inference
+  kernels differ) the BatchNorm stays one op and recomputes whole.
 
   The normalization allocates rstd * weight and the 1 - eps vector for a moment: the second op's
   workspace. The pass-through in the forward allocates them too, so the forward's memory is
@@ -38,6 +39,8 @@ import operator
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from monet_opt import cudnn_bn
 
 aten = torch.ops.aten
 NAME = "batchnorm.saved_stats"  # what optimize(variants=...) calls it
@@ -111,6 +114,9 @@ def exact(node: fx.Node) -> bool:
 def _check(x, weight, bias, momentum: float, eps: float) -> bool:
     if x is None or not x.dtype.is_floating_point:
         return False
+    # the training kernel the forward will run (NOTE [cuDNN's BatchNorm])
+    train = cudnn_bn.recompute if cudnn_bn.runs_cudnn(x, weight, bias, weight, weight, eps) \
+        else _BN_STATS
     with unset_fake_temporarily(), torch.no_grad():
         gen = torch.Generator(device=x.device).manual_seed(0)
 
@@ -121,7 +127,7 @@ def _check(x, weight, bias, momentum: float, eps: float) -> bool:
             return t.copy_(torch.randn(tuple(v.shape), generator=gen, device=v.device) * 2 + 0.5)
 
         xr, w, b = real(x), real(weight), real(bias)
-        out, mean, rstd = _BN_STATS(xr, w, b, True, momentum, eps)
+        out, mean, rstd = train(xr, w, b, True, momentum, eps)
         got = apply_stats(xr, w, b, mean, rstd, eps)
         return got.dtype == out.dtype and got.stride() == out.stride() and \
             got.untyped_storage().nbytes() == out.untyped_storage().nbytes() and torch.equal(got, out)

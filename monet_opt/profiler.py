@@ -35,7 +35,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from monet_opt import recompute, variants
+from monet_opt import cudnn_bn, recompute, variants
 from monet_opt.lower import Lowered
 from monet_opt.errors import VariantGuardError
 from monet_opt.memory import counted
@@ -264,7 +264,7 @@ def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> None:
       graph once untimed; then a ResNet-50's profiled adds measured 9 ms in every run, where
       a cold first profile measured 72-76 ms and later ones 9 ms."""
     def run(node, args, kwargs, env):
-        env[node.name] = node.target(*args, **kwargs)
+        env[node.name] = cudnn_bn.kernel(node)(*args, **kwargs)
     _walk(gm, inputs, run)
 
 
@@ -312,8 +312,9 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
                   workspace: dict[tuple, int]) -> None:
     """Run `node` for its value; if the problem schedules it, time it (or, for a signature
     timed already, add this run to its samples) and on CUDA take its workspace, and time its
-    recomputation where that runs otherwise; then its variants."""
-    target = node.target
+    recomputation where that runs otherwise; then its variants. It runs the kernel the
+    executor will (NOTE [cuDNN's BatchNorm])."""
+    target = cudnn_bn.kernel(node)
     if node.name not in wanted and node.name not in probe.at:
         env[node.name] = target(*args, **kwargs)
         return

@@ -20,9 +20,11 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 from torch.utils import _pytree as pytree
 
 import monet_opt
+from monet_opt import cudnn_bn
 from tests import models
 from tests.test_executor import HUGE, _check_memory, assert_same, run_steps
 from tests.test_variants_lossy import _families, assert_trains_within_bounds
@@ -108,3 +110,32 @@ def test_cuda_variants_are_offered_and_run():
     print(tight.plan.explain())
     assert_trains_within_bounds(tight, base, x, loss_fn)
     _check_memory(tight, x, loss_fn, limit, "50% with every family")
+
+
+def test_batchnorm_runs_cudnn_as_eager_does(monkeypatch):
+    """NOTE [cuDNN's BatchNorm]: the executed graphs run every training BatchNorm, its
+    backward and its reruns with cuDNN's kernels, as eager does, so the store-all plan and the
+    least plan (which reruns BatchNorms) give eager's losses, gradients and running statistics
+    bitwise."""
+    swapped = []
+    use = cudnn_bn.use_cudnn
+    monkeypatch.setattr(cudnn_bn, "use_cudnn", lambda gm: swapped.append(use(gm)) or swapped[-1])
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.BatchNorm2d(8), nn.ReLU(), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.BatchNorm2d(8)).cuda()
+    x = torch.randn(16, 8, 32, 32, device="cuda")
+    loss_fn = lambda out: out.square().sum()  # noqa: E731
+    eager = copy.deepcopy(base)
+    eager_run = run_steps(eager, eager, x, loss_fn)
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    assert_same(run_steps(full, full.model, x, loss_fn), eager_run, exact=True,
+                what="store-all plan vs eager")
+    assert sum(swapped) == 6, swapped  # three forwards, three backwards
+    least = monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
+                               profile_repeats=1, time_limit_s=10)
+    assert least.plan.recomputed_ops > 0
+    before = len(swapped)
+    assert_same(run_steps(least, least.model, x, loss_fn), eager_run, exact=True,
+                what="least plan vs eager")
+    assert sum(swapped[before:]) > 6, swapped  # and its reruns
+    _check_memory(least, x, loss_fn, full.plan.min_feasible_bytes, "least")
