@@ -1,7 +1,9 @@
 """Where our executor's step time goes against eager's (`make bench-ops`): eager, our store-all
 plan and a plan at a share of the activations, timed in interleaved rounds (seeded order), then
-one torch.profiler pass each over three steps, summed per top-level ATen op. Prints markdown.
-This is how NOTE [Writing into a dying input] was found: our ReLUs ran out of place."""
+one torch.profiler pass each over three steps, summed per top-level ATen op (on CUDA, the
+device time of the kernels each launched; eager with cudnn.benchmark on, as `monet-opt bench`
+runs it). Prints markdown. This is how NOTE [Writing into a dying input] was found: our ReLUs
+ran out of place."""
 from __future__ import annotations
 
 import argparse
@@ -18,17 +20,22 @@ from monet_opt import zoo
 from monet_opt.bench.allocator import keep_freed_memory
 
 
-def _profiled(step) -> tuple[dict[str, float], dict[str, int]]:
+def _profiled(step, cuda: bool) -> tuple[dict[str, float], dict[str, int]]:
     """ATen op -> seconds per step and calls per step, over three profiled steps."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
         for _ in range(3):
             step()
+        if cuda:
+            torch.cuda.synchronize()
     seconds: dict[str, float] = collections.Counter()
     calls: dict[str, int] = collections.Counter()
     for e in prof.events():
         parent = e.cpu_parent
         if e.name.startswith("aten::") and (parent is None or not parent.name.startswith("aten::")):
-            seconds[e.name] += e.cpu_time_total / 1e6 / 3
+            seconds[e.name] += (e.device_time_total if cuda else e.cpu_time_total) / 1e6 / 3
             calls[e.name] += 1
     return seconds, {k: v // 3 for k, v in calls.items()}
 
@@ -41,13 +48,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--profile-dir", default=None,
+                    help="where profiles and schedules are cached (default: a fresh folder)")
     args = ap.parse_args(argv)
-    allocator = keep_freed_memory()
-    torch.set_num_threads(2)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.backends.cudnn.benchmark = True
+        allocator = "CUDA's caching allocator"
+    else:
+        allocator = keep_freed_memory()
+        torch.set_num_threads(2)
     torch.manual_seed(0)
     model, x = zoo.ALL_MODELS[args.model](**(zoo.parse_size(args.size) or {}))
-    model.train()
-    folder = tempfile.mkdtemp(prefix="monet-ops-")
+    model.to(args.device).train()
+    x = x.to(args.device) if isinstance(x, torch.Tensor) else \
+        {k: v.to(args.device) for k, v in x.items()}
+    folder = args.profile_dir or tempfile.mkdtemp(prefix="monet-ops-")
     full = monet_opt.optimize(model, x, 1 << 40, profile_dir=folder)
     p = full.plan
     limit = p.fixed_bytes + p.gradient_bytes + int(args.share * p.store_all_activation_bytes)
@@ -68,14 +85,16 @@ def main(argv: list[str] | None = None) -> None:
         order = list(methods)
         rng.shuffle(order)
         for name in order:
+            _sync(cuda)
             start = time.perf_counter()
             step(methods[name])
+            _sync(cuda)
             times[name].append(time.perf_counter() - start)
     median = {name: statistics.median(v) for name, v in times.items()}
     print(f"# {args.model} ({args.size}): our executor's time against eager's, op by op\n")
     print(f"`python -m monet_opt.bench_ops --model {args.model} --size {args.size} --share "
-          f"{args.share:.3g} --rounds {args.rounds}`; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, {allocator}.\n")
+          f"{args.share:.3g} --rounds {args.rounds} --device {args.device}`; torch "
+          f"{torch.__version__}, {_where(cuda)}, {allocator}.\n")
     print("| method | step s (median) | vs eager | predicted vs store-all | steps (s) |")
     print("|---|---|---|---|---|")
     for name, m in methods.items():
@@ -84,18 +103,28 @@ def main(argv: list[str] | None = None) -> None:
             f"{plan.predicted_step_time_s / p.predicted_step_time_s - 1:+.1%}"
         print(f"| {name} | {median[name]:.3f} | {median[name] / median['eager'] - 1:+.1%} | "
               f"{predicted} | {' '.join(f'{t:.2f}' for t in times[name])} |")
-    profiles = {name: _profiled(lambda m=m: step(m)) for name, m in methods.items()}
+    profiles = {name: _profiled(lambda m=m: step(m), cuda) for name, m in methods.items()}
     ops = collections.Counter()
     for seconds, _ in profiles.values():
         ops.update(seconds)
     shown = [op for op, _ in ops.most_common(args.top)]
-    print("\nPer step under torch.profiler (one pass of three steps each; ms, calls):\n")
+    print(f"\nPer step under torch.profiler (one pass of three steps each; "
+          f"{'device' if cuda else 'CPU'} ms, calls):\n")
     print("| ATen op | " + " | ".join(methods) + " |")
     print("|---|" + "---|" * len(methods))
     for op in shown:
         cells = [f"{profiles[n][0].get(op, 0) * 1e3:.1f} ({profiles[n][1].get(op, 0)})"
                  for n in methods]
         print(f"| {op[6:]} | " + " | ".join(cells) + " |")
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def _where(cuda: bool) -> str:
+    return torch.cuda.get_device_name() if cuda else f"{torch.get_num_threads()} threads"
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
 #       --implementation cp --platform manylinux_2_28_x86_64 -d .whl highspy==1.12.0
 # (with /.whl/ in .git/info/exclude), then run this with .whl carried. It writes under $OUT:
 # the CUDA contract tests' log (the BatchNorm test first), ATen's BatchNorm kernels against
-# cuDNN's on ResNet-50's shapes (bn.md), and the side-by-side benchmark at MONeT's ResNet-50
-# batch (gpu/). Steps are capped so that the whole fits in about eight minutes.
+# cuDNN's on ResNet-50's shapes (bn.md), the side-by-side benchmark at MONeT's ResNet-50 batch
+# (gpu/), and where our executor's step time goes against eager's, op by op (ops.md, from the
+# benchmark's cached profile). Steps are capped so that the whole fits in nine minutes.
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
@@ -29,3 +30,7 @@ timeout 300 python3 -m monet_opt.cli bench --device cuda --models resnet50 \
     --no-merge --out "$OUT/gpu" 2>&1 | grep -v -i "warn" > "$OUT/bench_gpu.log"
 tail -n 40 "$OUT/bench_gpu.log"
 tests "${REST_S:-150}" -k "not batchnorm"
+timeout 90 python3 -m monet_opt.bench_ops --device cuda --size batch=184,size=224 --share 0.5 \
+    --rounds 5 --time-limit 20 --profile-dir profiles 2>&1 | grep -v -i "warn\|USDT" \
+    > "$OUT/ops.md"
+tail -n 25 "$OUT/ops.md"
