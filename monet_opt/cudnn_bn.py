@@ -65,24 +65,14 @@ def recompute(x, weight, bias, training, momentum, eps):
 
 def backward(grad, x, weight, running_mean, running_var, mean, invstd, train, eps, output_mask):
     """native_batch_norm_backward's outputs (train=True) from cuDNN's backward."""
+    if x.device not in _no_reserve:
+        _no_reserve[x.device] = torch.empty(0, dtype=torch.uint8, device=x.device)
     grads = aten.cudnn_batch_norm_backward(x, grad, weight, None, None, mean, invstd, eps,
-                                           _EMPTY.get(x.device))
+                                           _no_reserve[x.device])
     return tuple(g if wanted else None for g, wanted in zip(grads, output_mask))
 
 
-class _Empty:
-    """An empty reserve space per device, made once."""
-
-    def __init__(self) -> None:
-        self.made: dict[torch.device, torch.Tensor] = {}
-
-    def get(self, device: torch.device) -> torch.Tensor:
-        if device not in self.made:
-            self.made[device] = torch.empty(0, dtype=torch.uint8, device=device)
-        return self.made[device]
-
-
-_EMPTY = _Empty()
+_no_reserve: dict[torch.device, torch.Tensor] = {}  # an empty reserve space per device
 _KERNELS = {TRAIN: forward, RECOMPUTE: recompute, BACKWARD: backward}
 
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# What the next lent GPU should run (about seven minutes; nothing here has run yet), as one
+# command, with .whl carried as for device_run.sh:
+#   - the BatchNorm contract test as it now stands (its memory check with out.sum());
+#   - ResNet-50 (batch 184) lowered with cuDNN's BatchNorm, variants off and on, into
+#     problems_gpu.json.gz, for the solvers to be studied here (the committed file holds the
+#     H100's, with ATen's BatchNorm times);
+#   - GoogLeNet at MONeT's batch (320) beside checkpointing and torch.compile (budget 0.5): its
+#     run in 2026-11-26's session was cut before its report.
+# It keeps to the device tool's eight files: the log, the problems and one bench folder's JSON
+# and markdown (the plots are made here from the JSON: monet_opt.bench.plots.write).
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+log="$OUT/log.txt"
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,driver_version --format=csv,noheader \
+    | tee "$log"
+timeout 60 python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_cuda.py -k batchnorm \
+    >> "$log" 2>&1
+tail -n 3 "$log"
+timeout 90 python3 -m monet_opt.bench_variants --lower-only --device cuda --models resnet50 \
+    --problems "$OUT/problems_gpu.json.gz" >> "$log" 2>&1
+timeout 270 python3 -m monet_opt.cli bench --device cuda --models googlenet \
+    --limits 100,50,a33,min --solvers auto --compile-budgets 0.5 --rounds 5 --time-limit 15 \
+    --no-merge --out "$OUT/googlenet" 2>&1 | grep -v -i "warn" >> "$log"
+rm -f "$OUT"/googlenet/*.png
+tail -n 25 "$log"
