@@ -9,13 +9,7 @@
 # cuDNN's on ResNet-50's shapes (bn.md), the side-by-side benchmark at MONeT's ResNet-50 batch
 # (gpu/), and where our executor's step time goes against eager's, op by op (ops.md, from the
 # benchmark's cached profile). Steps are capped so that the whole fits in nine minutes.
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,driver_version --format=csv,noheader
+source docs/benchmarks/gpu/device_setup.sh
 git log -1 --format='commit %h %s' 2>/dev/null; git status --short 2>/dev/null | head
 tests() {
     timeout "$1" python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_cuda.py "${@:2}" \

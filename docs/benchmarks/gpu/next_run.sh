@@ -9,15 +9,8 @@
 #     run in 2026-11-26's session was cut before its report.
 # It keeps to the device tool's eight files: the log, the problems and one bench folder's JSON
 # and markdown (the plots are made here from the JSON: monet_opt.bench.plots.write).
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source docs/benchmarks/gpu/device_setup.sh
 log="$OUT/log.txt"
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,driver_version --format=csv,noheader \
-    | tee "$log"
 timeout 60 python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_cuda.py -k batchnorm \
     >> "$log" 2>&1
 tail -n 3 "$log"
