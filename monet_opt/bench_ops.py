@@ -18,6 +18,7 @@ import torch
 import monet_opt
 from monet_opt import zoo
 from monet_opt.bench.allocator import keep_freed_memory
+from monet_opt.bench.run import to_device
 
 
 def _profiled(step, cuda: bool) -> tuple[dict[str, float], dict[str, int]]:
@@ -61,9 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(2)
     torch.manual_seed(0)
     model, x = zoo.ALL_MODELS[args.model](**(zoo.parse_size(args.size) or {}))
-    model.to(args.device).train()
-    x = x.to(args.device) if isinstance(x, torch.Tensor) else \
-        {k: v.to(args.device) for k, v in x.items()}
+    model, x = model.to(args.device).train(), to_device(x, args.device)
     folder = args.profile_dir or tempfile.mkdtemp(prefix="monet-ops-")
     full = monet_opt.optimize(model, x, 1 << 40, profile_dir=folder)
     p = full.plan

@@ -136,7 +136,7 @@ def run(s: Settings) -> int:
 def bench_model(spec: models.BenchModel, s: Settings) -> results.ModelRun:
     started = time.perf_counter()
     model, x, config = spec.build(s.regime, s.size)
-    model, x = model.to(s.device), _to(x, s.device)
+    model, x = model.to(s.device), to_device(x, s.device)
     as_built = None
     if s.channels_last:
         as_built = _as_built(model)
@@ -251,7 +251,8 @@ def _floor(model: nn.Module, x) -> tuple[int, int, int, int, int]:
             param_bytes + buffer_bytes + input_bytes + grad_bytes)
 
 
-def _to(x, device: torch.device):
+def to_device(x, device: torch.device | str):
+    """A model's input (a tensor, or a dict of them) on `device`."""
     if isinstance(x, dict):
         return {k: v.to(device) for k, v in x.items()}
     return x.to(device)
