@@ -16,21 +16,16 @@ import torch
 import torch.nn.functional as F
 
 from monet_opt import cudnn_bn
+from monet_opt.profiler import _call
 
 aten = torch.ops.aten
 
 
 def _median_ms(fn, repeats: int) -> float:
+    """fn's median time in ms, timed as the profiler times an op (CUDA events), after a
+    warm-up call."""
     fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(_call(fn, (), {}, True)[1] for _ in range(repeats)) * 1e3
 
 
 def bn_shapes(batch: int, size: int) -> Counter:
