@@ -15,7 +15,7 @@ NOTE [A coarser program aside]
   shared by four programs found nothing at 0/5 % on ResNet-50 and 0/5/10 % on GoogLeNet).
   So where the MILP has no start and the platform can fork, the idle core runs a ladder
   aside for as long as the whole program runs: a quarter of the held variables, then half,
-  then half the recompute variables, each only when the one before it was proved unable to
+  (then two thirds: NOTE [The ladder's head start]) then half the recompute variables, each only when the one before it was proved unable to
   meet the budget (NOTE [Work aside] in solvers/aside.py). The faster of the two schedules
   goes on (windows of its own program). A coarser program searches part of the schedules
   only: its bound proves nothing and is not used. `make bench-near-floor` (auto in 30 s, two
@@ -25,6 +25,24 @@ NOTE [A coarser program aside]
   it, +35.2/+34.9/+22.2-32.3/+27.4/+21.0-28.0 % -> +35.2-39.8/+34.9-40.0/+29.9-30.1/+27.4/
   +26.7-27.6 %: within the 10 points its solves of one budget differ by (there annealing and
   fine windows make the plan, not the MILP).
+NOTE [The ladder's head start]
+  The ladder began once the MILP knew it had no start: after its bound (solvers/bound.py) and
+  its relaxation, which near the least peak find nothing to start from, and took 3.2 + 4.0 s of
+  auto's 20 on the H100's ResNet-50 problem (b184 224², docs/benchmarks/gpu/
+  problems_gpu.json.gz, solved on the 2-core CPU machine), while the idle core waited. The
+  ladder then had 6.5 s, where its half-held rung needs 8-11 s there to find a schedule, so at
+  10 % above the least peak auto gave the memory-centric schedule, pruned: +216 % and +230 %
+  predicted over two solves, the MILP solver alone +51 %. Whether a heuristic's schedule
+  fits is known before the bound, so where none does the ladder now begins there; it is
+  stopped where the relaxation's rounding fits. Same problem and budget, auto 20 s: +44.7 %. A rung at two thirds of the held
+  variables (16 stages where half gives 12 and the whole program 23) meets budgets nearer the
+  least peak that half cannot, given time: at 2 % above it, auto 45 s, +101.3 % without it,
+  +64.6 % with it. At 2 and 5 % above, auto in 20 or 30 s still finds nothing better than the
+  memory-centric schedule there (+198 to +241 %): the two-thirds rung needs 15-20 s to find its
+  first schedule on this machine. `make bench-near-floor` (two solves each, at the least peak
+  and 2/5/10/20 % above it), before -> after: ResNet-50 +18.9/+16.2/+12.5/+12.3/+6.3 % ->
+  +18.9/+14.9-16.2/+12.5/+11.0-12.3/+5.9-6.8 %; GoogLeNet +35.3/+34.7/+30.5-31.8/+27.4/
+  +21.8-22.9 % -> +35.3-35.7/+34.7/+31.7-35.4/+27.4/+22.5-25.1 %, within its spread.
 """
 from __future__ import annotations
 
@@ -47,7 +65,7 @@ def rungs(problem: Problem, options: MilpOptions) -> list[tuple[int, int]]:
     whole = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
     held, rv = options.max_held_vars, options.max_recompute_vars
     out, seen = [], [_shape(whole)]
-    for limits in ((rv, held // 4), (rv, held // 2), (rv // 2, held)):
+    for limits in ((rv, held // 4), (rv, held // 2), (rv, held * 2 // 3), (rv // 2, held)):
         shape = _shape(build_stages(problem, *limits))
         if shape not in seen:
             out.append(limits)
@@ -62,6 +80,12 @@ def start(problem: Problem, budget_bytes: int, options: MilpOptions,
     if not can_fork() or len(problem.ops) < MIN_OPS or not rungs(problem, options):
         return None
     return Aside(ladder, problem, budget_bytes, options, time_limit_s)
+
+
+def cancel(aside: Aside | None) -> None:
+    """The ladder stopped, if begun; its answer is then lost."""
+    if aside is not None:
+        aside.cancel()
 
 
 def collect(aside: Aside | None, problem: Problem, budget_bytes: int
@@ -99,4 +123,4 @@ def _shape(stages: Stages) -> tuple:
     return tuple(stages.groups), stages.window
 
 
-__all__ = ["collect", "ladder", "rungs", "start"]
+__all__ = ["cancel", "collect", "ladder", "rungs", "start"]

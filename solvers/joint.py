@@ -55,8 +55,14 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     deadline = start + options.time_limit_s
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
     heuristic = _heuristic(problem, budget_bytes)
+    # NOTE [A coarser program aside], begun before the bound and the relaxation where no
+    # heuristic fits (NOTE [The ladder's head start]); dropped if the relaxation's rounding fits
+    aside = coarse.start(problem, budget_bytes, options,
+                         (deadline - time.perf_counter()) * NO_START_SHARE) \
+        if not heuristic.feasible and stages.max_stages is not None else None
     valid = boundary_bound(problem, budget_bytes, min(10.0, options.time_limit_s / 5))
     if valid == math.inf:  # some moment of the backward cannot fit
+        coarse.cancel(aside)
         min_feasible, floor = _floor(problem, options, heuristic)
         return SolveResult(solver="milp", status=Status.INFEASIBLE, schedule=None,
                            objective_s=None, peak_bytes=None, bound_s=None, gap=None,
@@ -73,9 +79,9 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     # the whole program gets a share of what is left; windows the rest (NOTE [Windows of stages])
     share = (deadline - time.perf_counter()) * (
         WHOLE_PROGRAM_SHARE if warm is not None else NO_START_SHARE)
-    # NOTE [A coarser program aside]
-    aside = coarse.start(problem, budget_bytes, options, share) \
-        if warm is None and stages.max_stages is not None else None
+    if warm is not None:
+        coarse.cancel(aside)
+        aside = None
     res, sched = solve_program(program, _remaining(options, time.perf_counter() + share), warm)
     coarsened = _notes(stages)
     notes = list(coarsened)
