@@ -44,8 +44,6 @@ from monet_opt import cudnn_bn
 
 aten = torch.ops.aten
 NAME = "batchnorm.saved_stats"  # what optimize(variants=...) calls it
-_BN_TRAIN = aten._native_batch_norm_legit_functional.default
-_BN_STATS = aten._native_batch_norm_legit.no_stats
 _BN_INFERENCE = aten._native_batch_norm_legit_no_training.default
 FUSED_ARG = 6  # apply_stats's argument that is the forward's own output
 _exact_cache: dict[tuple, bool] = {}
@@ -76,7 +74,7 @@ def split_batch_norm(gm: fx.GraphModule) -> int:
     """Give every training BatchNorm of `gm` whose normalization reproduces its output bitwise
     an `apply_stats` node (NOTE [BatchNorm recomputed from its statistics]); returns how many."""
     count = 0
-    for node in list(gm.graph.find_nodes(op="call_function", target=_BN_TRAIN)):
+    for node in list(gm.graph.find_nodes(op="call_function", target=cudnn_bn.TRAIN)):
         outs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
         if not {0, 1, 2} <= outs.keys() or not exact(node):
             continue
@@ -116,7 +114,7 @@ def _check(x, weight, bias, momentum: float, eps: float) -> bool:
         return False
     # the training kernel the forward will run (NOTE [cuDNN's BatchNorm])
     train = cudnn_bn.recompute if cudnn_bn.runs_cudnn(x, weight, bias, weight, weight, eps) \
-        else _BN_STATS
+        else cudnn_bn.RECOMPUTE
     with unset_fake_temporarily(), torch.no_grad():
         gen = torch.Generator(device=x.device).manual_seed(0)
 

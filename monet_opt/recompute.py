@@ -25,13 +25,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from monet_opt import bn_split
+from monet_opt import bn_split, cudnn_bn
 
-aten = torch.ops.aten
-
-BN_TRAIN = aten._native_batch_norm_legit_functional.default
-BN_RECOMPUTE = aten._native_batch_norm_legit.no_stats
-BN_BACKWARD = aten.native_batch_norm_backward.default
 _BN_BACKWARD_STATS_ARGS = (3, 4)
 _BN_BACKWARD_TRAIN_ARG = 7
 
@@ -46,7 +41,7 @@ def dropped_args(node: fx.Node) -> tuple[int, ...]:
     """Positional args the executor replaces by None (NOTE [Recomputing BatchNorm] 3); a
     split BatchNorm's output read only by the forward's pass-through (NOTE [BatchNorm
     recomputed from its statistics])."""
-    if node.target is BN_BACKWARD and node.args[_BN_BACKWARD_TRAIN_ARG] is True:
+    if node.target is cudnn_bn.BACKWARD and node.args[_BN_BACKWARD_TRAIN_ARG] is True:
         return _BN_BACKWARD_STATS_ARGS
     if node.target is bn_split.apply_stats:
         return (bn_split.FUSED_ARG,)
@@ -79,9 +74,9 @@ def tensor_args(node: fx.Node) -> list[fx.Node]:
 def recompute_form(node: fx.Node) -> tuple[object, tuple, dict, int | None]:
     """(target, args, kwargs, number of outputs kept) for recomputing `node` in the backward."""
     args, kwargs = effective_args(node)
-    if node.target is BN_TRAIN:
+    if node.target is cudnn_bn.TRAIN:
         inp, weight, bias, _rm, _rv, training, momentum, eps = args
-        return BN_RECOMPUTE, (inp, weight, bias, training, momentum, eps), kwargs, 3
+        return cudnn_bn.RECOMPUTE, (inp, weight, bias, training, momentum, eps), kwargs, 3
     return node.target, args, kwargs, None
 
 
