@@ -48,6 +48,7 @@ from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
 from solvers.schedule import Schedule, SolveResult, Status, gap_of
 from solvers.simulate import fastest_within, simulate
+from solvers.stages import ancestors
 
 ROUNDING_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Checkmate's sweep
 
@@ -249,12 +250,7 @@ class CheckmateProgram:
 def _structure(p: Problem, reads: list[frozenset[int]]):
     """Per stage q: the forward ops that may run (ancestors of what stage q or a later one
     reads) and the forward tensors that may be held entering it (read at q or later)."""
-    anc: dict[int, frozenset[int]] = {}
-    for i in p.forward_ops:
-        a = {i}
-        for x in p.ops[i].inputs:
-            a |= anc[p.tensors[x].producer]
-        anc[i] = frozenset(a)
+    anc = ancestors(p)
     ops: set[int] = set()
     later: set[int] = set()
     cand: list[tuple[int, ...]] = []

@@ -165,6 +165,7 @@ def build_stages(problem: Problem, max_recompute_vars: int, max_held_vars: int) 
 
 
 def ancestors(p: Problem) -> dict[int, frozenset[int]]:
+    """Each forward op's ancestors among the forward ops, itself included."""
     anc: dict[int, frozenset[int]] = {}
     for i in p.forward_ops:
         a = {i}
