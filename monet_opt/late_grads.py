@@ -50,7 +50,8 @@ def make_results_late(gm: fx.GraphModule) -> int:
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     readers = {n: _readers(n) for n in nodes if _is_storage(n)}  # moves change no edges
-    peak = _store_all_peak(readers, order)
+    lives = _lives(readers)
+    peak = _store_all_peak(lives, order)
     for node in reversed([n for n in nodes if _movable(n)]):
         first = min((order[r] for r in readers[node]), default=None)
         if first is None or first <= order[node] + 1:
@@ -66,7 +67,7 @@ def make_results_late(gm: fx.GraphModule) -> int:
             before.prepend(n)
         nodes = list(graph.nodes)
         order = {n: i for i, n in enumerate(nodes)}
-        new_peak = _store_all_peak(readers, order)
+        new_peak = _store_all_peak(lives, order)
         if new_peak > peak:
             for n, prev in going:
                 prev.append(n)
@@ -82,17 +83,26 @@ def make_results_late(gm: fx.GraphModule) -> int:
     return count
 
 
-def _store_all_peak(readers: dict[fx.Node, list[fx.Node]], order: dict[fx.Node, int]) -> int:
+# A storage's life, as far as moves leave it unchanged: (node, readers, bytes, whether it is
+# an output gradient, alive from its first reader, and whether its one reader adds into it).
+_Life = tuple[fx.Node, list[fx.Node], int, bool, bool]
+
+
+def _lives(readers: dict[fx.Node, list[fx.Node]]) -> list[_Life]:
+    """Each storage's life but its place: moves change no edges, so this is worked out once."""
+    return [(n, reading, storage_bytes(n.meta.get("val")), n.op == "placeholder",
+             len(reading) == 1 and _adds_into(reading[0], n)) for n, reading in readers.items()]
+
+
+def _store_all_peak(lives: list[_Life], order: dict[fx.Node, int]) -> int:
     """The most bytes of op results and output gradients alive at once with nothing
-    recomputed, each alive from its node to its last reader (the graph's order, as lowered).
-    readers: each storage's readers."""
+    recomputed, each alive from its node to its last reader (the graph's order, as lowered)."""
     delta = [0] * (len(order) + 1)
-    for n, reading in readers.items():
+    for n, reading, nbytes, placeholder, adds in lives:
         at = [order[r] for r in reading]
-        nbytes = storage_bytes(n.meta.get("val"))
-        start = order[n] if n.op != "placeholder" else min(at, default=order[n])
+        start = min(at, default=order[n]) if placeholder else order[n]
         end = max(at, default=start)
-        if len(reading) == 1 and _adds_into(reading[0], n):
+        if adds:
             end -= 1  # the sum takes over its storage
         delta[start] += nbytes
         delta[max(end, start) + 1] -= nbytes
