@@ -50,10 +50,12 @@ bench-late: $(VENV)/.bench-installed
 bench-replan: $(VENV)/.bench-installed
 	$(PY) -m monet_opt.bench_replan
 
-# Our executor's step time against eager's, op by op, on ResNet-50 (minutes): writes
-# docs/benchmarks/ops.md.
+# Our executor's step time against eager's, op by op, on ResNet-50 and BERT-base (minutes):
+# writes docs/benchmarks/ops.md.
 bench-ops: $(VENV)/.bench-installed
 	$(PY) -m monet_opt.bench_ops > docs/benchmarks/ops.md
+	$(PY) -m monet_opt.bench_ops --model bert_base --size batch=8,seq=128 --share 0.5 \
+		--rounds 15 --top 20 >> docs/benchmarks/ops.md
 
 # The side-by-side benchmark: our frontier beside torch.utils.checkpoint and torch.compile on
 # every model (about an hour on 2 idle cores; MONeT's batch sizes when a GPU is present).

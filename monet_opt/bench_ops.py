@@ -18,7 +18,7 @@ import torch
 import monet_opt
 from monet_opt import zoo
 from monet_opt.bench.allocator import keep_freed_memory
-from monet_opt.bench.run import to_device
+from monet_opt.bench.run import device_name, git_commit, to_device
 
 
 def _profiled(step, cuda: bool) -> tuple[dict[str, float], dict[str, int]]:
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile-dir", default=None,
                     help="where profiles and schedules are cached (default: a fresh folder)")
     args = ap.parse_args(argv)
+    commit = git_commit()  # at the start: the code that ran, whatever is committed meanwhile
     cuda = args.device == "cuda"
     if cuda:
         torch.backends.cudnn.benchmark = True
@@ -92,8 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     median = {name: statistics.median(v) for name, v in times.items()}
     print(f"# {args.model} ({args.size}): our executor's time against eager's, op by op\n")
     print(f"`python -m monet_opt.bench_ops --model {args.model} --size {args.size} --share "
-          f"{args.share:.3g} --rounds {args.rounds} --device {args.device}`; torch "
-          f"{torch.__version__}, {_where(cuda)}, {allocator}.\n")
+          f"{args.share:.3g} --rounds {args.rounds} --device {args.device}`; "
+          f"{device_name(torch.device(args.device))}, torch {torch.__version__}, commit "
+          f"{commit}, {allocator}.\n")
     print("| method | step s (median) | vs eager | predicted vs store-all | steps (s) |")
     print("|---|---|---|---|---|")
     for name, m in methods.items():
@@ -120,10 +122,6 @@ def main(argv: list[str] | None = None) -> None:
 def _sync(cuda: bool) -> None:
     if cuda:
         torch.cuda.synchronize()
-
-
-def _where(cuda: bool) -> str:
-    return torch.cuda.get_device_name() if cuda else f"{torch.get_num_threads()} threads"
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
         rounds=args.rounds or (3 if args.quick else 11),
         time_limit_s=args.time_limit or (5.0 if args.quick else 30.0),
         out=Path(args.out), merge=not args.no_merge,
-        command="monet-opt bench " + shlex.join(argv), git_commit=_git_commit(),
+        command="monet-opt bench " + shlex.join(argv), git_commit=git_commit(),
         size=zoo.parse_size(args.size), channels_last=args.channels_last)
 
 
@@ -142,7 +142,7 @@ def bench_model(spec: models.BenchModel, s: Settings) -> results.ModelRun:
         as_built = _as_built(model)
         model, x = _channels_last(spec.name, model, x)
         config += ", channels-last (model and input)"
-    print(f"\n== {spec.name}: {config} on {_device_name(s.device)}", flush=True)
+    print(f"\n== {spec.name}: {config} on {device_name(s.device)}", flush=True)
     eager = measure.runner_for("eager", model, model, x)
     ref, _ = measure.first_step(eager, x, s.device)
     peak, instrument = measure.peak_bytes(eager, x, s.device, compiled=False)
@@ -231,7 +231,7 @@ def _meta(name: str, config: str, s: Settings, ctx: Context, eager: results.Poin
           skipped: tuple[str, ...], wall_s: float) -> results.Meta:
     param_bytes, buffer_bytes, input_bytes, grad_bytes, floor = _floor(ctx.model, ctx.x)
     return results.Meta(
-        model=name, config=config, device=_device_name(s.device),
+        model=name, config=config, device=device_name(s.device),
         torch_version=torch.__version__, command=s.command, git_commit=s.git_commit,
         date=datetime.datetime.now().isoformat(timespec="seconds"),
         threads=torch.get_num_threads(), param_bytes=param_bytes, buffer_bytes=buffer_bytes,
@@ -258,7 +258,7 @@ def to_device(x, device: torch.device | str):
     return x.to(device)
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
     cpu = platform.processor() or platform.machine()
@@ -271,7 +271,7 @@ def _device_name(device: torch.device) -> str:
     return f"CPU {cpu}, {torch.get_num_threads()} threads"
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
     root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, text=True,
