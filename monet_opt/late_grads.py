@@ -83,8 +83,8 @@ def make_results_late(gm: fx.GraphModule) -> int:
     return count
 
 
-# A storage's life, as far as moves leave it unchanged: (node, readers, bytes, whether it is
-# an output gradient, alive from its first reader, and whether its one reader adds into it).
+# A storage's life, as far as moves leave it unchanged: (node, its readers, its bytes, whether
+# it is an output gradient (alive from its first reader), whether its one reader adds into it).
 _Life = tuple[fx.Node, list[fx.Node], int, bool, bool]
 
 
