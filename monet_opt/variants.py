@@ -319,6 +319,11 @@ FAMILIES: tuple[Family, ...] = (
            run=variants_impl.attention_backward, reads=variants_impl.the_argument(1),
            accepts=variants_impl.accepts_attention, exact=False,
            max_rel_error=variants_impl.IMPL_BOUND),
+    Family("attention.efficient_math_backward",
+           aten._scaled_dot_product_efficient_attention_backward.default, 1, None,
+           run=variants_impl.efficient_attention_backward, reads=variants_impl.the_argument(1),
+           accepts=variants_impl.accepts_efficient_attention, exact=False,
+           max_rel_error=variants_impl.IMPL_BOUND),
 )
 _BY_NAME = {f.name: f for f in FAMILIES}
 

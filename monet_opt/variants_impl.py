@@ -15,8 +15,10 @@ NOTE [Other implementations]
   the same saved tensors (the logsumexp the forward kept rebuilds the probabilities, L x S per
   head, as workspace). On CPU that never paid where measured (causal, 64 per head: 1x12x256
   3.1 vs 4.7 ms, 4x12x256 14.0 vs 27.3 ms, 1x12x1024 39.1 vs 118.1 ms) and needs more memory,
-  so the profiler's figures keep it out of every plan; on CUDA the fused kernels' own backwards
-  are not offered here (untested without a GPU).
+  so the profiler's figures keep it out of every plan. On CUDA the same products stand in for
+  the memory-efficient kernel's backward (float32, no dropout: the kernel float32 attention
+  runs on a GPU); flash attention runs in half precision only, where the products' rounding
+  would not meet IMPL_BOUND, so it has no stand-in.
 
   The sums run in another order, so the results differ in the last bits (measured up to 6.5e-6
   relative on those shapes): not bitwise, so offered only with allow_lossy=True, within
@@ -94,6 +96,24 @@ def accepts_attention(node: fx.Node) -> bool:
     q = node.args[1]
     return isinstance(q, fx.Node) and q.meta["val"].dtype == torch.float32 and \
         float(node.args[6]) == 0.0
+
+
+def accepts_efficient_attention(node: fx.Node) -> bool:
+    """The memory-efficient CUDA kernel's backward, float32, without dropout (its mask comes
+    from a Philox stream no plain op replays), not asked for a gradient of its bias."""
+    q = node.args[1]
+    return isinstance(q, fx.Node) and q.meta["val"].dtype == torch.float32 and \
+        float(node.args[9]) == 0.0 and not node.args[10][3]
+
+
+def efficient_attention_backward(grad, q, k, v, attn_bias, out, logsumexp, philox_seed,
+                                 philox_offset, dropout_p, grad_input_mask, is_causal=False, *,
+                                 scale=None):
+    """The memory-efficient CUDA kernel's backward as plain products: its logsumexp holds each
+    query row's, padded to a multiple of 32 rows; its bias is additive; no bias gradient."""
+    grads = attention_backward(grad, q, k, v, out, logsumexp[..., :q.shape[-2]], 0.0, is_causal,
+                               attn_mask=attn_bias, scale=scale)
+    return (*grads, None)
 
 
 def attention_backward(grad, q, k, v, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,

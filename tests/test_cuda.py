@@ -29,10 +29,14 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import monet_opt
-from monet_opt import cudnn_bn
+from monet_opt import cudnn_bn, variants_impl
+from monet_opt.profiler import relative_error
 from tests import models
 from tests.test_executor import HUGE, _check_memory, assert_same, run_steps
 from tests.test_variants_lossy import _families, assert_trains_within_bounds
+from tests.test_variants_reads import _decree
+
+aten = torch.ops.aten
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -145,3 +149,40 @@ def test_batchnorm_runs_cudnn_as_eager_does(monkeypatch):
                 what="least plan vs eager")
     # out.sum(): the square's tensors are the loss's own, outside the plan (1 MiB over, seen)
     _check_memory(least, x, lambda out: out.sum(), full.plan.min_feasible_bytes, "least")
+
+
+EFFICIENT = "attention.efficient_math_backward"
+
+
+@pytest.mark.parametrize("n", [40, 64])
+def test_efficient_attention_stand_in_matches_the_kernel(n):
+    """float32 attention runs CUDA's memory-efficient kernel; its products stand-in gives the
+    kernel's gradients within IMPL_BOUND, in its layout, for q, k and v cut from one
+    projection (as GPT-2's are) with an additive bias, the logsumexp padded or not."""
+    torch.manual_seed(0)
+    b, h, d = 2, 4, 16
+    qkv = torch.randn(b, n, 3 * h * d, device="cuda")
+    q, k, v = (t.view(b, n, h, d).transpose(1, 2) for t in qkv.split(h * d, dim=2))
+    bias = torch.randn(b, 1, n, n, device="cuda")
+    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, True, 0.0, False, scale=0.3)
+    args = (torch.randn_like(out), q, k, v, bias, out, lse, seed, offset, 0.0,
+            [True, True, True, False], False)
+    want = aten._scaled_dot_product_efficient_attention_backward(*args, scale=0.3)
+    got = variants_impl.efficient_attention_backward(*args, scale=0.3)
+    assert relative_error(got, want) <= variants_impl.IMPL_BOUND
+
+
+def test_efficient_attention_stand_in_is_chosen_where_faster(monkeypatch):
+    """GPT-2 without dropout has the memory-efficient kernel in its graph on CUDA: profiled
+    faster (by decree), the stand-in is offered and chosen at every layer, and the plan trains
+    within the lossy bounds."""
+    _decree(monkeypatch, EFFICIENT, -1e-3)
+    base, x, loss_fn = on_cuda(lambda: models.gpt2_tiny(dropout=0.0))
+    problem = monet_opt.lower_problem(copy.deepcopy(base), x, profile_repeats=1,
+                                      allow_lossy=True, variants={EFFICIENT})
+    assert len(problem.variants) == 2, [v.name for v in problem.variants]
+    opt = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
+                             allow_lossy=True, variants={EFFICIENT}, time_limit_s=10)
+    assert len(opt.plan.variants) == 2, opt.plan.explain()
+    assert_trains_within_bounds(opt, base, x, loss_fn)

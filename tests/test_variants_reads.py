@@ -183,6 +183,28 @@ def test_attention_backward_as_plain_products_is_within_its_bound(causal, mask):
     assert relative_error(got, want) <= 1e-5
 
 
+@pytest.mark.parametrize("n", [24, 40])
+def test_efficient_attention_stand_in_reads_the_padded_logsumexp(n):
+    """The CUDA memory-efficient kernel's stand-in (run here on the CPU kernel's saved tensors,
+    with its logsumexp padded to a multiple of 32 rows as that kernel's is, the padding
+    garbage): the CPU kernel's gradients within 1e-5, and no bias gradient."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, n, 16), torch.randn(2, 4, n, 16), torch.randn(2, 4, n, 16)
+    bias = torch.randn(2, 1, n, n)
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, attn_mask=bias, scale=0.3)[:2]
+    padded = torch.cat([lse, torch.randn(2, 4, -n % 32)], dim=-1)
+    grad = torch.randn_like(out)
+    want = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, q, k, v, out, lse, 0.0, False, attn_mask=bias, scale=0.3)
+    seed = offset = torch.empty((), dtype=torch.long)
+    got = variants_impl.efficient_attention_backward(
+        grad, q, k, v, bias, out, padded, seed, offset, 0.0, [True, True, True, False],
+        False, scale=0.3)
+    assert got[3] is None
+    assert relative_error(got[:3], want) <= 1e-5
+
+
 @pytest.mark.parametrize("extra_s", [1e-3, -1e-3], ids=["slower", "faster"])
 def test_attention_products_are_offered_only_where_faster(extra_s, monkeypatch):
     """GPT-2 without dropout has the fused attention kernel in its graph. Its products form,
