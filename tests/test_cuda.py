@@ -163,7 +163,9 @@ def test_efficient_attention_stand_in_matches_the_kernel(n):
     b, h, d = 2, 4, 16
     qkv = torch.randn(b, n, 3 * h * d, device="cuda")
     q, k, v = (t.view(b, n, h, d).transpose(1, 2) for t in qkv.split(h * d, dim=2))
-    bias = torch.randn(b, 1, n, n, device="cuda")
+    # the kernel wants its bias's rows 16-aligned and gets it broadcast over heads, as
+    # scaled_dot_product_attention hands it over
+    bias = torch.randn(b, 1, n, -(-n // 16) * 16, device="cuda")[..., :n].expand(b, h, n, n)
     out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
         q, k, v, bias, True, 0.0, False, scale=0.3)
     args = (torch.randn_like(out), q, k, v, bias, out, lse, seed, offset, 0.0,
