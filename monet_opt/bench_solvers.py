@@ -13,9 +13,11 @@ each solver N times at the least peak and 2/5/10/20 % above it (docs/benchmarks/
 from __future__ import annotations
 
 import argparse
+import ast
 import gzip
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -52,13 +54,24 @@ class Lowerings:
         if self.path is not None and self.path.exists():
             with gzip.open(self.path, "rt") as f:
                 data = json.load(f)
-            self.saved = {k: (solvers.Problem.from_json(v["problem"]), v["lower_s"], v["where"])
+            self.saved = {_canonical(k): (solvers.Problem.from_json(v["problem"]), v["lower_s"],
+                                          v["where"])
                           for k, v in data["problems"].items()}
 
     def get(self, name: str, size: dict | None, options: dict):
-        """(problem, seconds to lower it, where it was profiled)."""
+        """(problem, seconds to lower it, where it was profiled). A file's problems are all
+        profiled on one kind of device: one missing from a file of another device's is an
+        error, not a profile made here and added to it."""
         key = f"{name} {sorted((size or {}).items())} {_describe(options)}"
         if key not in self.saved:
+            here = "CPU" if self.device == "cpu" else "GPU"
+            other = {w for _, _, w in self.saved.values() if w.startswith("CPU") != (here == "CPU")}
+            if other:
+                raise SystemExit(
+                    f"{self.path} holds problems profiled on {sorted(other)[0]}, but not {key!r}; "
+                    f"lowering it here ({here}) would mix devices in one file. Pass the device "
+                    f"its problems came from (--device), or another --problems file. It holds: "
+                    f"{sorted(self.saved)}")
             model, x = zoo.ALL_MODELS[name](**(size or {}))
             model = model.to(self.device)
             x = tree_map_only(torch.Tensor, lambda t: t.to(self.device), x)
@@ -84,10 +97,20 @@ class Lowerings:
 LOWERINGS = Lowerings()
 
 
+_DEFAULTS = {"variants": True, "allow_lossy": False}  # lower_problem's
+
+
 def _describe(options: dict) -> str:
-    """The same text for the same options in any process (sets in sorted order)."""
-    return repr(sorted((k, sorted(v) if isinstance(v, (set, frozenset)) else v)
-                       for k, v in options.items()))
+    """The same text for the same options in any process (sets in sorted order, lower_problem's
+    defaults left out, so that {} and {"allow_lossy": False} are one problem)."""
+    return repr(sorted((k, sorted(v) if isinstance(v, (set, frozenset, list)) else v)
+                       for k, v in options.items() if _DEFAULTS.get(k, ...) != v))
+
+
+def _canonical(key: str) -> str:
+    """A stored key as _describe writes it now (files written before it left defaults in)."""
+    name, size, options = re.fullmatch(r"(\S+) (\[.*?\]) (\[.*\])", key).groups()
+    return f"{name} {size} {_describe(dict(ast.literal_eval(options)))}"
 
 
 def lowered(name: str, out, size: dict | None = None, label: str | None = None, **options):

@@ -49,3 +49,20 @@ def test_lowered_problems_are_read_back_from_their_file(tmp_path, monkeypatch):
     assert got.to_json() == problem.to_json()
     with pytest.raises(AssertionError, match="lowered again"):
         again.get("tiny_cnn", {"batch": 4}, {"variants": families})
+
+
+def test_problem_files_match_default_options_and_keep_to_one_device(tmp_path, monkeypatch):
+    """A problem lowered with lower_problem's defaults spelt out is the one asked for without
+    them (bench_variants --lower-only writes allow_lossy=False; bench_solvers asks with no
+    options), and a file of another device's problems is never added to from here."""
+    path = tmp_path / "problems.json.gz"
+    first = bench_solvers.Lowerings()
+    first.use("cpu", str(path))
+    problem, _, _ = first.get("tiny_cnn", {"batch": 2}, {"allow_lossy": False, "variants": True})
+    monkeypatch.setattr(monet_opt, "lower_problem", lambda *a, **k: pytest.fail("lowered again"))
+    again = bench_solvers.Lowerings()
+    again.use("cpu", str(path))
+    assert again.get("tiny_cnn", {"batch": 2}, {})[0].to_json() == problem.to_json()
+    again.saved = {k: (p, s, "NVIDIA H200, torch 2.11") for k, (p, s, _) in again.saved.items()}
+    with pytest.raises(SystemExit, match="would mix devices"):
+        again.get("tiny_cnn", {"batch": 4}, {})

@@ -237,3 +237,19 @@ def test_other_backends_leave_the_settings_as_they_were():
         raise RuntimeError("a failing op")
     assert (torch._C._get_mkldnn_enabled(), cudnn.benchmark, cudnn.deterministic,
             cudnn.allow_tf32) == before
+
+
+def test_attention_bench_tables_what_each_backend_keeps(capsys):
+    """monet_opt.bench_attention on CPU: the math backend keeps the probabilities (12 heads of
+    128 x 128 float32: 0.75 MiB), the fused kernel only its logsumexp, and the stand-in gives
+    the kernel's gradients within IMPL_BOUND."""
+    from monet_opt import bench_attention
+    bench_attention.main(["--device", "cpu", "--batch", "1", "--lengths", "128",
+                          "--repeats", "1"])
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    kept = {tuple(r[:2]): r[-1] for r in rows if r[1] == "float32"}
+    assert float(kept[("math", "float32")]) >= 0.7, kept
+    assert float(kept[("flash_attention", "float32")]) == 0.0, kept
+    stand_in = next(r for r in rows if r[0] == "128")
+    assert float(stand_in[-1]) <= variants_impl.IMPL_BOUND, stand_in
