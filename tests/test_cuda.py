@@ -188,3 +188,26 @@ def test_efficient_attention_stand_in_is_chosen_where_faster(monkeypatch):
                              allow_lossy=True, variants={EFFICIENT}, time_limit_s=10)
     assert len(opt.plan.variants) == 2, opt.plan.explain()
     assert_trains_within_bounds(opt, base, x, loss_fn)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_gpt2_under_bfloat16_autocast_on_cuda(dropout):
+    """Under bfloat16 autocast, attention runs the fused half-precision kernels (flash or
+    cuDNN's, with dropout drawn inside them): the least plan, which reruns them, trains as the
+    store-all plan does (its reruns replay the dropout), the store-all plan's first step is
+    eager's within bfloat16 rounding, and both stay within their limits."""
+    base, x, loss_fn = on_cuda(lambda: models.gpt2_tiny(dropout=dropout))
+    cast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
+    loss_fp32 = lambda out: loss_fn(out).float()  # noqa: E731
+    with cast():
+        full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+        full_run = run_steps(full, full.model, x, loss_fp32)
+        eager = copy.deepcopy(base)
+        assert_close(full_run, run_steps(eager, eager, x, loss_fp32), "store-all vs eager",
+                     rtol=2e-2, atol=2e-2)
+        least = monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
+                                   profile_repeats=1, time_limit_s=10)
+        assert least.plan.recomputed_ops > 0
+        assert_same(run_steps(least, least.model, x, loss_fp32), full_run, exact=True,
+                    what="least plan vs store-all plan")
+        _check_memory(least, x, loss_fp32, full.plan.min_feasible_bytes, "least")
