@@ -10,7 +10,7 @@ from torch import nn
 
 import monet_opt
 from tests import models
-from tests.test_executor import HUGE
+from tests.test_executor import HUGE, _check_memory
 
 BF16 = dict(device_type="cpu", dtype=torch.bfloat16)
 
@@ -92,3 +92,16 @@ def test_step_under_another_autocast_state_is_refused():
     with torch.autocast(device_type="cpu", dtype=torch.float16):
         with pytest.raises(monet_opt.PlanMismatchError, match="torch.float16"):
             mixed(x)
+
+
+def test_gpt2_least_plan_under_autocast_stays_within_its_limit():
+    """GPT-2 under bfloat16 autocast (the fused CPU attention in bfloat16, weights cast in the
+    graph): the least plan's measured peak is within its limit, at its prediction."""
+    torch.manual_seed(0)
+    base, x, loss_fn = models.gpt2_tiny(dropout=0.0)
+    with torch.autocast(**BF16):
+        full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
+                                  profile_dir=None)
+        least = _optimize(base, x, full.plan.min_feasible_bytes)
+        assert least.plan.recomputed_ops > 0
+        _check_memory(least, x, loss_fn, full.plan.min_feasible_bytes, "least under autocast")
