@@ -266,7 +266,7 @@ def _read_profile(path: Path, folder: Path, key: ProfileKey | None,
         if not folder.name.endswith(f"-{stored.digest[:16]}"):
             raise Unusable(f"mismatched: its key's digest {stored.digest[:16]} is not in the "
                             f"folder name {folder.name!r}")
-        problem = Problem.from_json(json.dumps(data["problem"]))
+        problem = Problem.from_dict(data["problem"])
         labels = tuple(str(s) for s in data["op_labels"])
         name = str(data["name"])
     except Unusable:
