@@ -18,7 +18,12 @@ NOTE [Other implementations]
   so the profiler's figures keep it out of every plan. On CUDA the same products stand in for
   the memory-efficient kernel's backward (float32, no dropout: the kernel float32 attention
   runs on a GPU); flash attention runs in half precision only, where the products' rounding
-  would not meet IMPL_BOUND, so it has no stand-in.
+  would not meet IMPL_BOUND, so it has no stand-in. On an H200 (causal, batch 8, 12 heads of
+  64; docs/benchmarks/gpu/h200/attention.md) the products matched the kernel within 2.7e-6
+  but took 3x its time (3.79 vs 1.21 ms at 1,024 tokens) and 9x its extra memory, so the
+  profiler offered them at none of GPT-2's 12 attentions. Choosing the forward's backend
+  instead would not pay either: in float32 the math backend keeps the probabilities and is
+  slower both ways, and the fused kernels keep the same tensors (a logsumexp).
 
   The sums run in another order, so the results differ in the last bits (measured up to 6.5e-6
   relative on those shapes): not bitwise, so offered only with allow_lossy=True, within
