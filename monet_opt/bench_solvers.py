@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ast
 import gzip
+import inspect
 import json
 import platform
 import re
@@ -97,7 +98,8 @@ class Lowerings:
 LOWERINGS = Lowerings()
 
 
-_DEFAULTS = {"variants": True, "allow_lossy": False}  # lower_problem's
+_DEFAULTS = {k: p.default for k, p in inspect.signature(monet_opt.lower_problem).parameters.items()
+             if p.kind is p.KEYWORD_ONLY}
 
 
 def _describe(options: dict) -> str:
