@@ -13,24 +13,19 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from monet_opt import variants_impl
+from monet_opt.bench_bn import median_ms
 from monet_opt.bench.run import device_name, git_commit
-from monet_opt.profiler import _call, relative_error
+from monet_opt.profiler import relative_error
 
 aten = torch.ops.aten
 HEADS, HEAD_DIM = 12, 64
 STAND_IN = {"cpu": "attention.math_backward", "cuda": "attention.efficient_math_backward"}
-
-
-def _median_ms(fn, repeats: int, cuda: bool) -> float:
-    fn()  # warm-up
-    return statistics.median(_call(fn, (), {}, cuda)[1] for _ in range(repeats)) * 1e3
 
 
 def _peak_extra(fn, device: torch.device) -> int | None:
@@ -65,10 +60,10 @@ def backend_row(backend: SDPBackend, dtype: torch.dtype, shape: tuple, device: t
                 return t
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            forward = _median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            forward = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                                  repeats, cuda)
             grad = torch.randn_like(out)
-            backward = _median_ms(lambda: out.backward(grad, retain_graph=True), repeats, cuda)
+            backward = median_ms(lambda: out.backward(grad, retain_graph=True), repeats, cuda)
     except RuntimeError as exc:
         return f"| {backend.name.lower()} | {str(dtype)[6:]} | not offered here: " \
                f"{str(exc).splitlines()[0][:60]} | | |"
@@ -98,8 +93,8 @@ def stand_in_row(shape: tuple, device: torch.device, repeats: int) -> str:
         kernel = lambda: aten._scaled_dot_product_flash_attention_for_cpu_backward(*args)  # noqa
         stand_in = lambda: variants_impl.attention_backward(*args)  # noqa: E731
     err = relative_error(stand_in()[:3], kernel()[:3])
-    return f"| {n} | {_median_ms(kernel, repeats, cuda):.2f} | " \
-           f"{_median_ms(stand_in, repeats, cuda):.2f} | {_mib(_peak_extra(kernel, device))} | " \
+    return f"| {n} | {median_ms(kernel, repeats, cuda):.2f} | " \
+           f"{median_ms(stand_in, repeats, cuda):.2f} | {_mib(_peak_extra(kernel, device))} | " \
            f"{_mib(_peak_extra(stand_in, device))} | {err:.1e} |"
 
 

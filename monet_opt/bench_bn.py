@@ -21,11 +21,11 @@ from monet_opt.profiler import _call
 aten = torch.ops.aten
 
 
-def _median_ms(fn, repeats: int) -> float:
-    """fn's median time in ms, timed as the profiler times an op (CUDA events), after a
-    warm-up call."""
+def median_ms(fn, repeats: int, cuda: bool = True) -> float:
+    """fn's median time in ms, timed as the profiler times an op (CUDA events, or a monotonic
+    clock on CPU), after a warm-up call."""
     fn()
-    return statistics.median(_call(fn, (), {}, True)[1] for _ in range(repeats)) * 1e3
+    return statistics.median(_call(fn, (), {}, cuda)[1] for _ in range(repeats)) * 1e3
 
 
 def bn_shapes(batch: int, size: int) -> Counter:
@@ -48,13 +48,13 @@ def time_shape(shape: tuple, repeats: int) -> tuple[float, float, float, float]:
     mask = [True, True, True]
     _, mean, rstd, _, _ = aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1,
                                                                    1e-5)
-    native_f = _median_ms(lambda: aten._native_batch_norm_legit_functional(
+    native_f = median_ms(lambda: aten._native_batch_norm_legit_functional(
         x, w, b, rm, rv, True, 0.1, 1e-5), repeats)
-    native_b = _median_ms(lambda: aten.native_batch_norm_backward(
+    native_b = median_ms(lambda: aten.native_batch_norm_backward(
         grad, x, w, None, None, mean, rstd, True, 1e-5, mask), repeats)
     _, mean, invstd, _, _ = cudnn_bn.forward(x, w, b, rm, rv, True, 0.1, 1e-5)
-    cudnn_f = _median_ms(lambda: cudnn_bn.forward(x, w, b, rm, rv, True, 0.1, 1e-5), repeats)
-    cudnn_b = _median_ms(lambda: cudnn_bn.backward(grad, x, w, None, None, mean, invstd, True,
+    cudnn_f = median_ms(lambda: cudnn_bn.forward(x, w, b, rm, rv, True, 0.1, 1e-5), repeats)
+    cudnn_b = median_ms(lambda: cudnn_bn.backward(grad, x, w, None, None, mean, invstd, True,
                                                    1e-5, mask), repeats)
     return native_f, native_b, cudnn_f, cudnn_b
 
