@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test bench bench-channels-last bench-solvers bench-near-floor bench-variants bench-coverage bench-replan bench-ops bench-late
+.PHONY: install demo test bench bench-channels-last bench-solvers bench-near-floor bench-bounds bench-variants bench-coverage bench-replan bench-ops bench-late
 install: $(VENV)/.installed
 
 # torch 2.14.1 / torchvision 0.29.1 come from this machine's local disk (see research/env.md).
@@ -29,6 +29,18 @@ NEAR_FLOOR := $(PY) -m monet_opt.bench_solvers --near-floor 2 --time-limit 30 \
 bench-near-floor: install
 	$(NEAR_FLOOR) --models resnet50 --size batch=16,size=128 > docs/benchmarks/near_floor.md
 	$(NEAR_FLOOR) --models googlenet --size batch=32,size=128 >> docs/benchmarks/near_floor.md
+
+# The least overhead any schedule can have at half, a third and a quarter of the activations,
+# beside auto's, on the H200's ResNet-50 problem and this CPU's, then what the H200's schedules
+# recompute and the bound were a recomputed BatchNorm one pass (20 minutes): writes
+# docs/benchmarks/bounds.md.
+BOUNDS := $(PY) -m monet_opt.bench_solvers --bounds --time-limit 60 --models resnet50
+bench-bounds: install
+	$(BOUNDS) --size batch=184,size=224 --device cuda \
+		--problems docs/benchmarks/gpu/h200/problems_h200.json.gz > docs/benchmarks/bounds.md
+	$(BOUNDS) --size batch=16,size=128 --problems docs/benchmarks/problems_cpu.json.gz \
+		>> docs/benchmarks/bounds.md
+	$(PY) docs/benchmarks/gpu/bn_pass_bound.py --time-limit 60 >> docs/benchmarks/bounds.md
 
 # The operator-variant ablation (minutes): writes docs/benchmarks/variants.md, and with the
 # lossy families offered too, docs/benchmarks/variants_lossy.md.

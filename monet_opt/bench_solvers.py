@@ -4,11 +4,14 @@ the store-all activation memory. Prints a markdown report (docs/benchmarks/solve
     python -m monet_opt.bench_solvers [--time-limit 60] [--models resnet50,gpt2]
                                       [--solvers milp,checkmate]
                                       [--size batch=64,size=160] [--least-only]
-                                      [--near-floor REPEATS] [--problems F.json.gz]
+                                      [--near-floor REPEATS] [--bounds]
+                                      [--problems F.json.gz]
 
 --size: the models' factory arguments (zoo); --least-only: only the least peak "auto" reaches,
 against the store-all peak and its activations (Kusumoto et al.'s measure); --near-floor N:
-each solver N times at the least peak and 2/5/10/20 % above it (docs/benchmarks/near_floor.md).
+each solver N times at the least peak and 2/5/10/20 % above it (docs/benchmarks/near_floor.md);
+--bounds: at half, a third and a quarter of the activations, the least overhead any schedule
+can have (NOTE [The boundary bound]) beside auto's (docs/benchmarks/bounds.md).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import ast
 import gzip
 import inspect
 import json
+import math
 import platform
 import re
 import sys
@@ -30,6 +34,7 @@ import monet_opt
 import solvers
 from monet_opt import zoo
 from monet_opt.bench.allocator import keep_freed_memory
+from solvers.bound import boundary_bound
 
 FRACTIONS = (0.7, 0.5, 0.4)
 SOLVERS = ("store_all", "chen_sqrt", "chen_greedy", "evict", "dp", "milp", "checkmate", "auto")
@@ -177,6 +182,34 @@ def near_floor(name: str, time_limit_s: float, out, names=("auto",), size: dict 
         print(f"| {s} | " + " | ".join(cells) + " |", file=out, flush=True)
 
 
+# Activation shares the bound is taken at (--bounds): halved, MONeT's regime (3x less), a quarter.
+BOUND_SHARES = (0.5, 1 / 3, 0.25)
+
+
+def bounds(name: str, time_limit_s: float, out, size: dict | None = None,
+           shares: tuple[float, ...] = BOUND_SHARES) -> None:
+    """At budgets leaving `shares` of the store-all activations: NOTE [The boundary bound]
+    (the least step time any schedule of this problem can have there, with its ops and variants
+    at their profiled costs, or HiGHS's dual bound of it where `time_limit_s` ran out), beside
+    what "auto" finds in as long. Where the bound's overhead exceeds a target, no schedule
+    meets it on this profile, whatever the solver."""
+    problem, floor, act, store_all = lowered(name, out, size)
+    print("| limit (activations left) | bound: overhead at least | auto: overhead | gap "
+          "| bound time |\n|---|---|---|---|---|", file=out, flush=True)
+    for share in shares:
+        budget = floor + int(share * act)
+        start = time.perf_counter()
+        bound = boundary_bound(problem, budget, time_limit_s)
+        spent = time.perf_counter() - start
+        r = solvers.solve(problem, budget, "auto", time_limit_s=time_limit_s)
+        over = "infeasible" if bound == math.inf else "none proved" if bound is None else \
+            f"{bound / store_all.time_s - 1:+.1%}"
+        found = f"{r.objective_s / store_all.time_s - 1:+.1%}" if r.feasible else r.status.value
+        gap = f"{r.objective_s / bound - 1:.1%}" if r.feasible and bound else "-"
+        print(f"| {mib(budget)} MiB ({share:.0%}) | {over} | {found} | {gap} | {spent:.0f} s |",
+              file=out, flush=True)
+
+
 def bench_model(name: str, time_limit_s: float, out, names=SOLVERS,
                 size: dict | None = None) -> None:
     problem, floor, act, store_all = lowered(name, out, size)
@@ -208,6 +241,7 @@ def begin(title: str, module: str, args) -> None:
                      if getattr(args, k, None) and not (least and k == "solvers"))
     chosen += " --gpu-sizes" if getattr(args, "gpu_sizes", False) else ""
     chosen += " --least-only" if least else ""
+    chosen += " --bounds" if getattr(args, "bounds", False) else ""
     repeats = getattr(args, "near_floor", 0)
     chosen += f" --near-floor {repeats}" if repeats else ""
     chosen += " --lossy" if getattr(args, "lossy", False) else ""
@@ -237,6 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--solvers", help=f"default: {','.join(SOLVERS)} (--near-floor: auto)")
     ap.add_argument("--size", default="", help="factory arguments, e.g. batch=64,size=160")
     ap.add_argument("--least-only", action="store_true")
+    ap.add_argument("--bounds", action="store_true",
+                    help="the least overhead any schedule can have at 50/33/25 %% of the "
+                         "activations (NOTE [The boundary bound]), beside auto's")
     ap.add_argument("--near-floor", type=int, metavar="REPEATS", default=0,
                     help="solve at the least peak and a little above it, REPEATS times each "
                          "(--solvers: default auto)")
@@ -251,6 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.models.split(","):
         if args.least_only:
             least_only(name, args.time_limit, sys.stdout, size)
+        elif args.bounds:
+            bounds(name, args.time_limit, sys.stdout, size)
         elif args.near_floor:
             near_floor(name, args.time_limit, sys.stdout, chosen or ("auto",), size,
                        args.near_floor)

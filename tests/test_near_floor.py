@@ -32,3 +32,20 @@ def test_a_negative_count_of_solves_is_refused(capsys):
     with pytest.raises(SystemExit):
         bench_solvers.main(["--near-floor", "-1", "--models", "tiny_cnn"])
     assert "at least 1, got -1" in capsys.readouterr().err
+
+
+def test_bounds_hold_under_what_auto_finds_at_each_share():
+    out = io.StringIO()
+    bench_solvers.bounds("tiny_cnn", 2.0, out, {"batch": 2}, shares=(0.9, 0.7, 0.25))
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.getvalue().splitlines()
+            if line.startswith("| ") and "MiB (" in line]
+    assert [r[0][-5:] for r in rows] == ["(90%)", "(70%)", "(25%)"]
+    numbers = [r for r in rows if r[1] != "infeasible"]
+    assert len(numbers) >= 2, out.getvalue()
+    for limit, bound, found, gap, _ in numbers:
+        # a bound holds for every schedule, auto's included: auto is never below it
+        assert re.fullmatch(r"[+-]\d+\.\d%", bound) and re.fullmatch(r"[+-]\d+\.\d%", found)
+        assert float(found[:-1]) >= float(bound[:-1]) - 0.05, (limit, bound, found)
+        assert float(gap[:-1]) >= 0.0
+    # where the bound proves no schedule fits, auto finds none either
+    assert rows[-1][1:3] == ["infeasible", "infeasible"], rows[-1]
