@@ -159,21 +159,22 @@ NEAR_FLOOR = (0.0, 0.02, 0.05, 0.1, 0.2)  # budgets above the least peak, as its
 
 
 def near_floor(name: str, time_limit_s: float, out, names=("auto",), size: dict | None = None,
-               repeats: int = 2) -> None:
+               repeats: int = 2, above: tuple[float, ...] = NEAR_FLOOR) -> None:
     """Each solver `repeats` times at the least peak "auto" reaches and a little above it
-    (NEAR_FLOOR), the least peak known to every solve as an earlier call's (NOTE [Least peaks
-    remembered]): how far the predicted step time moves from solve to solve there."""
+    (`above`: shares of it), the least peak known to every solve as an earlier call's (NOTE
+    [Least peaks remembered]): how far the predicted step time moves from solve to solve
+    there."""
     problem, _floor, _act, store_all = lowered(name, out, size)
     first = solvers.solve(problem, store_all.peak_bytes, "auto", time_limit_s=time_limit_s)
     least = first.min_feasible_bytes
     known = [first.floor_schedule] if first.floor_schedule is not None else []
     print(f"Least peak {mib(least)} MiB. Predicted overhead vs store-all of each solve "
           f"({repeats} per cell):\n\n| solver | " +
-          " | ".join(f"least +{e:.0%}" if e else "least" for e in NEAR_FLOOR) +
-          " |\n|---|" + "---|" * len(NEAR_FLOOR), file=out, flush=True)
+          " | ".join(f"least +{e * 100:g}%" if e else "least" for e in above) +
+          " |\n|---|" + "---|" * len(above), file=out, flush=True)
     for s in names:
         cells = []
-        for extra in NEAR_FLOOR:
+        for extra in above:
             runs = [solvers.solve(problem, int(least * (1 + extra)), s,
                                   time_limit_s=time_limit_s, known=known)
                     for _ in range(repeats)]
@@ -244,6 +245,7 @@ def begin(title: str, module: str, args) -> None:
     chosen += " --bounds" if getattr(args, "bounds", False) else ""
     repeats = getattr(args, "near_floor", 0)
     chosen += f" --near-floor {repeats}" if repeats else ""
+    chosen += f" --above {args.above}" if getattr(args, "above", None) else ""
     chosen += " --lossy" if getattr(args, "lossy", False) else ""
     chosen += f" --device {args.device}" if getattr(args, "device", "cpu") != "cpu" else ""
     chosen += f" --problems {args.problems}" if getattr(args, "problems", None) else ""
@@ -277,10 +279,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--near-floor", type=int, metavar="REPEATS", default=0,
                     help="solve at the least peak and a little above it, REPEATS times each "
                          "(--solvers: default auto)")
+    ap.add_argument("--above", help="with --near-floor: the budgets as shares above the least "
+                                    f"peak (default {','.join(f'{e:g}' for e in NEAR_FLOOR)})")
     add_lowering_arguments(ap)
     args = ap.parse_args(argv)
     if args.near_floor < 0:
         ap.error(f"--near-floor: the solves per budget must be at least 1, got {args.near_floor}")
+    try:
+        above = tuple(float(e) for e in args.above.split(",")) if args.above else NEAR_FLOOR
+    except ValueError:
+        ap.error(f"--above: shares above the least peak, e.g. 0,0.02,0.05; got {args.above!r}")
+    if any(e < 0 for e in above):
+        ap.error(f"--above: the budgets must be at or above the least peak, got {args.above}")
     size = zoo.parse_size(args.size)
     chosen = args.solvers.split(",") if args.solvers else None
     LOWERINGS.use(args.device, args.problems)
@@ -292,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
             bounds(name, args.time_limit, sys.stdout, size)
         elif args.near_floor:
             near_floor(name, args.time_limit, sys.stdout, chosen or ("auto",), size,
-                       args.near_floor)
+                       args.near_floor, above)
         else:
             bench_model(name, args.time_limit, sys.stdout, chosen or SOLVERS, size)
 

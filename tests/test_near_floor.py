@@ -49,3 +49,16 @@ def test_bounds_hold_under_what_auto_finds_at_each_share():
         assert float(gap[:-1]) >= 0.0
     # where the bound proves no schedule fits, auto finds none either
     assert rows[-1][1:3] == ["infeasible", "infeasible"], rows[-1]
+
+
+def test_near_floor_takes_its_budgets_above_the_least_peak(capsys):
+    out = io.StringIO()
+    bench_solvers.near_floor("tiny_cnn", 2.0, out, ("auto",), {"batch": 2}, repeats=1,
+                             above=(0.0, 0.013))
+    assert "| solver | least | least +1.3% |" in out.getvalue()
+    with pytest.raises(SystemExit):
+        bench_solvers.main(["--near-floor", "1", "--above", "0,-0.1", "--models", "tiny_cnn"])
+    assert "at or above the least peak" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_solvers.main(["--near-floor", "1", "--above", "two", "--models", "tiny_cnn"])
+    assert "got 'two'" in capsys.readouterr().err
