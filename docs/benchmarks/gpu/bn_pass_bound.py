@@ -1,9 +1,10 @@
 """What a schedule recomputes on the H200, and what if a recomputed BatchNorm cost one elementwise
 pass there. On the H200's ResNet-50 problem: auto's schedule at half and a third of the
 activations, its recomputation time by op kind; then the boundary bound and auto's schedule with
-each BatchNorm that a ReLU reads given that ReLU's profiled time as its recompute time (an assumption, not a measurement: on CUDA the
-BatchNorm recomputes whole, since no kernel here normalizes from the saved statistics bitwise as
-cuDNN's training kernel does; NOTE [BatchNorm recomputed from its statistics]).
+each BatchNorm that a ReLU reads given that ReLU's profiled time as its recompute time (an
+assumption, not a measurement: on CUDA the BatchNorm recomputes whole, since no kernel here
+normalizes from the saved statistics bitwise as cuDNN's training kernel does; NOTE [BatchNorm
+recomputed from its statistics]).
 
     python docs/benchmarks/gpu/bn_pass_bound.py [--time-limit 60]
 """
