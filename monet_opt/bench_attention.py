@@ -61,7 +61,7 @@ def backend_row(backend: SDPBackend, dtype: torch.dtype, shape: tuple, device: t
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             forward = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                                 repeats, cuda)
+                                repeats, cuda)
             grad = torch.randn_like(out)
             backward = median_ms(lambda: out.backward(grad, retain_graph=True), repeats, cuda)
     except RuntimeError as exc:

@@ -55,7 +55,7 @@ def time_shape(shape: tuple, repeats: int) -> tuple[float, float, float, float]:
     _, mean, invstd, _, _ = cudnn_bn.forward(x, w, b, rm, rv, True, 0.1, 1e-5)
     cudnn_f = median_ms(lambda: cudnn_bn.forward(x, w, b, rm, rv, True, 0.1, 1e-5), repeats)
     cudnn_b = median_ms(lambda: cudnn_bn.backward(grad, x, w, None, None, mean, invstd, True,
-                                                   1e-5, mask), repeats)
+                                                  1e-5, mask), repeats)
     return native_f, native_b, cudnn_f, cudnn_b
 
 

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
-import json
+import io
 import re
 from collections import Counter
 from pathlib import Path
 
 import solvers
+from monet_opt import bench_solvers
 from solvers.bound import boundary_bound
 from solvers.problem import Problem
 
 PROBLEMS = Path(__file__).parent / "h200" / "problems_h200.json.gz"
-KEY = "resnet50 [('batch', 184), ('size', 224)] [('allow_lossy', False)]"
 
 
 def with_bn_as_one_pass(p: Problem) -> tuple[Problem, int]:
@@ -60,12 +59,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=60.0)
     args = ap.parse_args()
-    with gzip.open(PROBLEMS, "rt") as f:
-        problem = Problem.from_json(json.load(f)["problems"][KEY]["problem"])
-    store_all = solvers.simulate(problem, solvers.schedule_from_kept(
-        problem, problem.saved_for_backward))
-    floor = problem.fixed_bytes + sum(problem.tensors[t].bytes for t in problem.backward_outputs)
-    act = store_all.peak_bytes - floor
+    bench_solvers.LOWERINGS.use("cuda", str(PROBLEMS))  # read from the file, never profiled here
+    problem, floor, act, store_all = bench_solvers.lowered(
+        "resnet50", io.StringIO(), {"batch": 184, "size": 224})
     shares = (0.5, 1 / 3)
     print("\n# What a schedule recomputes on the H200, and a BatchNorm as one pass\n\nCommand: "
           f"`python docs/benchmarks/gpu/bn_pass_bound.py --time-limit {args.time_limit:g}` "
