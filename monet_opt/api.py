@@ -223,9 +223,11 @@ class _Planner:
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain
-        measure = lambda: _measured(joint, lowered, self.primals, self.repeats,  # noqa: E731
-                                    self.allow_lossy, self.profile_time_limit_s)
-        with capture.planning():  # NOTE [Tracing without the collector]
+        measure = capture.collecting(lambda: _measured(  # NOTE [Tracing without the collector]
+            joint, lowered, self.primals, self.repeats, self.allow_lossy,
+            self.profile_time_limit_s))
+        solve = capture.collecting(solvers.solve)
+        with capture.planning():
             if self.cache is None:
                 problem = measure()
             else:
@@ -239,11 +241,10 @@ class _Planner:
                                            self.resident_bytes)
             limit = self.limit if self.limit is not None else 2 ** 62
             if self.cache is None or self.limit is None:
-                result = solvers.solve(problem, limit, self.solver,
-                                       time_limit_s=self.time_limit_s)
+                result = solve(problem, limit, self.solver, time_limit_s=self.time_limit_s)
             else:
                 result = self.cache.solve(derived(self.profile, problem), limit, self.solver,
-                                          self.time_limit_s)
+                                          self.time_limit_s, solve=solve)
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
             result = solvers.without_unread(problem, result)
         if not result.feasible:

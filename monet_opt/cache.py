@@ -132,11 +132,12 @@ class ProfileCache:
             return _read_profile(path, folder, key, lowered.problem)
         return None
 
-    def solve(self, profile: Profile, limit_bytes: int, solver: str,
-              time_limit_s: float) -> SolveResult:
-        """The cached answer of `solver` at `limit_bytes` on `profile`, or a fresh one stored.
-        Results without a schedule are stored only when the solver proved infeasibility
-        (a time-limit stop may go otherwise next time)."""
+    def solve(self, profile: Profile, limit_bytes: int, solver: str, time_limit_s: float,
+              solve: Callable[..., SolveResult] | None = None) -> SolveResult:
+        """The cached answer of `solver` at `limit_bytes` on `profile`, or a fresh one stored
+        (made by `solve`, a wrapper of solvers.solve, or by solvers.solve). Results without a
+        schedule are stored only when the solver proved infeasibility (a time-limit stop may go
+        otherwise next time)."""
         key = ScheduleKey(profile.content_sha256, limit_bytes, solver,
                           (("time_limit_s", float(time_limit_s)),), library_version())
         path = profile.folder / f"schedule-{limit_bytes}-{_safe(solver)}-{key.digest[:12]}.json"
@@ -151,8 +152,9 @@ class ProfileCache:
             if path.exists():
                 return with_known(profile.problem, limit_bytes,
                                   _read_schedule(path, profile, key).result, known)
-        result = solvers.solve(profile.problem, limit_bytes, solver, time_limit_s=time_limit_s,
-                               known=known, candidates=self._held(profile, solver))
+        solve = solve or solvers.solve
+        result = solve(profile.problem, limit_bytes, solver, time_limit_s=time_limit_s,
+                       known=known, candidates=self._held(profile, solver))
         if result.floor_schedule is not None and (floor is None or
                                                   result.min_feasible_bytes < floor[0]):
             _write(floor_path, {"kind": FLOOR_KIND, "schema_version": SCHEMA_VERSION,

@@ -220,8 +220,11 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
 #   (22 of them for GPT-2), though only the final forward and backward ever run. Tracing with the
 #   collector paused and lazy GraphModules (code made on first call) cut a cached optimize() of the
 #   demo's GPT-2 from 4.7-5.7 s to 3.5-4.0 s. Profiling and solving, which run inside the trace
-#   (AOTAutograd calls our partition), run as outside it (`planning`): they are long and make
-#   garbage of their own.
+#   (AOTAutograd calls our partition), run with the collector as it was outside (`collecting`):
+#   they are long and make garbage of their own. Nothing else does: reading a cached profile and
+#   schedule with the collector on cost a cached call 0.18-0.5 s (the first collections then
+#   walk everything the trace has made so far, up to the whole heap, 0.37 s once, while the JSON
+#   is parsed), so `planning` leaves it paused.
 _outside = {"collector": True, "compiling": False}
 
 
@@ -242,13 +245,11 @@ def _tracing(as_compiling: bool = False):
 
 @contextlib.contextmanager
 def planning():
-    """Inside a trace, the world as outside it: the cyclic collector as it was,
+    """Inside a trace, the world as outside it but for the collector, which stays paused:
     torch.compiler.is_compiling() false and compiled graphs running (NOTE [Tracing without the
     collector], NOTE [Compiling, not running])."""
-    collector, compiling = gc.isenabled(), torch.compiler._is_compiling_flag
+    compiling = torch.compiler._is_compiling_flag
     only_compiling = _only_compiling["on"]
-    if _outside["collector"]:
-        gc.enable()
     torch.compiler._is_compiling_flag = _outside["compiling"]
     _only_compiling["on"] = False
     try:
@@ -256,8 +257,21 @@ def planning():
     finally:
         _only_compiling["on"] = only_compiling
         torch.compiler._is_compiling_flag = compiling
-        if not collector:
-            gc.disable()
+
+
+def collecting(fn: Callable) -> Callable:
+    """`fn`, run with the cyclic collector as it was outside the trace: for profiling and
+    solving, the long work inside it (NOTE [Tracing without the collector])."""
+    def run(*args, **kwargs):
+        collector = gc.isenabled()
+        if _outside["collector"]:
+            gc.enable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if not collector:
+                gc.disable()
+    return run
 
 
 def _compile_on_fakes(fn: Callable, primals: list[torch.Tensor]) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import operator
 
+import numpy as np
 import torch
 import torch.fx as fx
 
@@ -50,8 +51,8 @@ def make_results_late(gm: fx.GraphModule) -> int:
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     readers = {n: _readers(n) for n in nodes if _is_storage(n)}  # moves change no edges
-    lives = _lives(readers)
-    peak = _store_all_peak(lives, order)
+    lives = _Lives(readers, nodes)
+    peak = lives.store_all_peak(nodes)
     for node in reversed([n for n in nodes if _movable(n)]):
         first = min((order[r] for r in readers[node]), default=None)
         if first is None or first <= order[node] + 1:
@@ -67,7 +68,7 @@ def make_results_late(gm: fx.GraphModule) -> int:
             before.prepend(n)
         nodes = list(graph.nodes)
         order = {n: i for i, n in enumerate(nodes)}
-        new_peak = _store_all_peak(lives, order)
+        new_peak = lives.store_all_peak(nodes)
         if new_peak > peak:
             for n, prev in going:
                 prev.append(n)
@@ -83,34 +84,44 @@ def make_results_late(gm: fx.GraphModule) -> int:
     return count
 
 
-# A storage's life, as far as moves leave it unchanged: (node, its readers, its bytes, whether
-# it is an output gradient (alive from its first reader), whether its one reader adds into it).
-_Life = tuple[fx.Node, list[fx.Node], int, bool, bool]
+class _Lives:
+    """Each storage's life but its place (moves change no edges, so this is worked out once), as
+    arrays over the graph's nodes: a storage is alive from its node (an output gradient: from
+    its first reader) to its last reader (one before it, where that reader adds into it)."""
 
+    def __init__(self, readers: dict[fx.Node, list[fx.Node]], nodes: list[fx.Node]) -> None:
+        self.ids = {n: k for k, n in enumerate(nodes)}
+        self.node = np.array([self.ids[n] for n in readers], dtype=np.int64)
+        self.bytes = np.array([storage_bytes(n.meta.get("val")) for n in readers],
+                              dtype=np.int64)
+        self.early = np.array([n.op == "placeholder" for n in readers], dtype=bool)
+        self.adds = np.array([len(r) == 1 and _adds_into(r[0], n) for n, r in readers.items()],
+                             dtype=np.int64)
+        # the readers, flat: storage k's are read[first[k]:first[k] + count[k]]
+        self.count = np.array([len(r) for r in readers.values()], dtype=np.int64)
+        self.read = np.array([self.ids[r] for rs in readers.values() for r in rs],
+                             dtype=np.int64)
+        self.first = np.cumsum(self.count) - self.count
 
-def _lives(readers: dict[fx.Node, list[fx.Node]]) -> list[_Life]:
-    """Each storage's life but its place: moves change no edges, so this is worked out once."""
-    return [(n, reading, storage_bytes(n.meta.get("val")), n.op == "placeholder",
-             len(reading) == 1 and _adds_into(reading[0], n)) for n, reading in readers.items()]
-
-
-def _store_all_peak(lives: list[_Life], order: dict[fx.Node, int]) -> int:
-    """The most bytes of op results and output gradients alive at once with nothing
-    recomputed, each alive from its node to its last reader (the graph's order, as lowered)."""
-    delta = [0] * (len(order) + 1)
-    for n, reading, nbytes, placeholder, adds in lives:
-        at = [order[r] for r in reading]
-        start = min(at, default=order[n]) if placeholder else order[n]
-        end = max(at, default=start)
-        if adds:
-            end -= 1  # the sum takes over its storage
-        delta[start] += nbytes
-        delta[max(end, start) + 1] -= nbytes
-    live = peak = 0
-    for d in delta:
-        live += d
-        peak = max(peak, live)
-    return peak
+    def store_all_peak(self, nodes: list[fx.Node]) -> int:
+        """The most bytes of op results and output gradients alive at once with nothing
+        recomputed, in the order `nodes` (the graph's, as lowered)."""
+        pos = np.empty(len(nodes), dtype=np.int64)
+        pos[[self.ids[n] for n in nodes]] = np.arange(len(nodes))
+        own = pos[self.node]
+        start, end = own.copy(), own.copy()
+        read = self.count > 0
+        if self.read.size:
+            at = pos[self.read]
+            end[read] = np.maximum.reduceat(at, self.first[read])
+            first_read = np.minimum.reduceat(at, self.first[read])
+            early = read & self.early
+            start[early] = first_read[early[read]]
+        end = np.maximum(end - self.adds, start)
+        delta = np.zeros(len(nodes) + 1, dtype=np.int64)
+        np.add.at(delta, start, self.bytes)
+        np.add.at(delta, end + 1, -self.bytes)
+        return int(max(0, np.cumsum(delta).max(initial=0)))
 
 
 def _adds_into(add: fx.Node, arg: fx.Node) -> bool:
