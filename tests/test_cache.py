@@ -3,6 +3,7 @@ reported and rebuilt; concurrent writers leave only valid files."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import multiprocessing
 import re
@@ -96,6 +97,34 @@ def test_second_call_neither_profiles_nor_solves(calls, tmp_path):
     assert len(list(Path("profiles").glob("*/profile.json"))) == 2
     _optimize(model, x, least, profile_dir=None)
     assert calls.take() == (1, 1)
+
+
+def test_only_profiling_and_solving_run_with_the_collector(monkeypatch, tmp_path):
+    """NOTE [Tracing without the collector]: inside the trace the collector is on while the
+    profiler and the solver run (as it was outside), off while cached files are read; after
+    optimize() it is as it was."""
+    seen = {"profile": [], "solve": [], "read": []}
+    for owner, name, key in ((api, "profile", "profile"), (solvers, "solve", "solve"),
+                             (cache, "_read_profile", "read"), (cache, "_read_schedule", "read")):
+        real = getattr(owner, name)
+
+        def spy(*a, _real=real, _key=key, **k):
+            seen[_key].append(gc.isenabled())
+            return _real(*a, **k)
+        monkeypatch.setattr(owner, name, spy)
+    model, x = tiny()
+    assert gc.isenabled()
+    _optimize(model, x, HUGE, profile_dir=tmp_path)
+    _optimize(model, x, HUGE, profile_dir=tmp_path)
+    assert seen["profile"] == [True] and seen["solve"] == [True]
+    assert len(seen["read"]) == 2 and not any(seen["read"])
+    assert gc.isenabled()
+    gc.disable()
+    try:  # a collector the caller paused stays paused throughout
+        _optimize(model, x, HUGE + 1, profile_dir=tmp_path)
+        assert seen["solve"] == [True, False] and not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_infeasible_answer_is_cached_too(calls):
