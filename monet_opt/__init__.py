@@ -1,12 +1,12 @@
 """monet_opt: train PyTorch models in less memory at the least extra compute."""
 from monet_opt.api import lower_problem, optimize
-from monet_opt.errors import (CaptureError, InfeasibleBudgetError, MonetError, PlanMismatchError,
-                              UnsupportedGraphError)
+from monet_opt.errors import (CaptureError, InfeasibleBudgetError, MonetError, NoBackwardError,
+                              PlanMismatchError, UnsupportedGraphError)
 from monet_opt.memory import LiveBytes, measure_peak, resident_tensors
 from monet_opt.module import OptimizedModule, ReplanWarning
 from monet_opt.plan import Plan
 from monet_opt.units import format_bytes, parse_memory_limit
 
-__all__ = ["CaptureError", "InfeasibleBudgetError", "LiveBytes", "MonetError", "OptimizedModule",
-           "Plan", "PlanMismatchError", "ReplanWarning", "UnsupportedGraphError", "format_bytes",
+__all__ = ["CaptureError", "InfeasibleBudgetError", "LiveBytes", "MonetError", "NoBackwardError",
+           "OptimizedModule", "Plan", "PlanMismatchError", "ReplanWarning", "UnsupportedGraphError", "format_bytes",
            "lower_problem", "measure_peak", "optimize", "parse_memory_limit", "resident_tensors"]

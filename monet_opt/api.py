@@ -16,7 +16,7 @@ from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
-from monet_opt.errors import InfeasibleBudgetError, internal_assert
+from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
 from monet_opt.lower import Lowered, lower
 from monet_opt.memory import allocated_bytes, cuda_slack
 from monet_opt.lower_variants import attach_variants, with_costs
@@ -85,7 +85,10 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         InfeasibleBudgetError: memory_limit is below the least reachable peak (both numbers in
             the error).
         CaptureError: the model cannot be traced; the message names where.
+        NoBackwardError: the step has no backward to plan (gradients off, nothing requiring
+            grad, or outputs that depend on nothing that does).
     """
+    _check_module(model)
     limit = parse_memory_limit(memory_limit)
     if solver not in solvers.available_solvers():
         raise ValueError(f"monet_opt.optimize: unknown solver {solver!r}; choose one of "
@@ -155,7 +158,9 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     """Trace one step of `model` on inputs like (args, kwargs) through `planner.partition`
     (which plans it), leaving the model's state and the random stream as they were: the
     compiled step and its inputs' spec."""
+    _check_module(model)
     spec, inputs = capture.InputSpec.of(args, kwargs)
+    _check_backward(model, inputs)
     param_names, buffer_names = capture.state_names(model)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
@@ -167,7 +172,34 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     with torch.random.fork_rng(devices=devices):
         step = capture.first_call(model, spec, args, kwargs, planner.primals, planner.partition,
                                   planned=lambda: planner.problem is not None)
+    if planner.problem is None:  # AOTAutograd compiled it for inference: no output needs grad
+        raise NoBackwardError(
+            f"monet_opt.optimize: no output of {type(model).__name__} depends on a tensor that "
+            "requires grad (are they detached, or made under torch.no_grad() inside forward?), "
+            "so its step has no backward to plan. Return outputs that carry gradients.")
     return step, spec
+
+
+def _check_module(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"monet_opt.optimize: model must be a torch.nn.Module, got "
+                        f"{type(model).__name__}; wrap a function in a Module whose forward "
+                        "calls it.")
+
+
+def _check_backward(model: nn.Module, inputs: list[torch.Tensor]) -> None:
+    """NoBackwardError where the step cannot have a backward (checked before it is traced)."""
+    if not torch.is_grad_enabled():
+        raise NoBackwardError(
+            "monet_opt.optimize plans a training step (forward and backward), but gradients "
+            "are off here (under torch.no_grad() or torch.inference_mode()). Call optimize() "
+            "outside those blocks, where you train.")
+    if not any(p.requires_grad for p in model.parameters()) and \
+            not any(x.requires_grad for x in inputs):
+        raise NoBackwardError(
+            f"monet_opt.optimize: no parameter of {type(model).__name__} requires grad and no "
+            "input does, so its step has no backward to plan. Set requires_grad on what you "
+            "train, or run the model as it is.")
 
 
 class _Planner:

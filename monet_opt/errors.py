@@ -25,6 +25,11 @@ class CaptureError(MonetError):
     """The model could not be traced into a joint forward+backward graph."""
 
 
+class NoBackwardError(MonetError, ValueError):
+    """The step has no backward to plan: gradients are off, nothing requires grad, or no output
+    depends on anything that does."""
+
+
 class PlanMismatchError(MonetError, ValueError):
     """The optimized module was called with inputs that differ from the plan's."""
 

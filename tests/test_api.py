@@ -40,6 +40,36 @@ def test_optimize_rejects_bad_limit_and_solver():
         monet_opt.optimize(model, "an image", HUGE)
 
 
+class Detached(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(x).detach()
+
+
+def test_a_step_without_backward_is_refused_saying_why():
+    """Gradients off, nothing requiring grad, outputs that need none: each says what to do
+    (before, an internal error 'the partition function was never called'); nothing changes."""
+    model, x, _ = models.small_cnn()
+    before = copy.deepcopy(model.state_dict())
+    for off in (torch.no_grad, torch.inference_mode):
+        with off(), pytest.raises(monet_opt.NoBackwardError, match="gradients are off.*outside"):
+            monet_opt.optimize(model, x, HUGE, profile_dir=None)
+    frozen = copy.deepcopy(model).requires_grad_(False)
+    with pytest.raises(monet_opt.NoBackwardError, match="no parameter of .* requires grad"):
+        monet_opt.optimize(frozen, x, HUGE, profile_dir=None)
+    with pytest.raises(monet_opt.NoBackwardError, match="no output of Detached"):
+        monet_opt.optimize(Detached(), torch.randn(4, 8), HUGE, profile_dir=None)
+    with pytest.raises(TypeError, match="must be a torch.nn.Module, got function"):
+        monet_opt.optimize(lambda t: t * 2, x, HUGE, profile_dir=None)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    # an input that requires grad is enough to have a backward
+    opt = monet_opt.optimize(frozen, x.clone().requires_grad_(), HUGE, profile_dir=None)
+    assert opt.plan.predicted_peak_bytes > 0
+
+
 def test_infeasible_budget_error_states_both_numbers():
     model, x, _ = models.small_cnn()
     with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
