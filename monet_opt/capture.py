@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 from torch._functorch import config as functorch_config
+from torch._functorch._aot_autograd import graph_compile
 from torch._functorch.aot_autograd import aot_function
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
@@ -234,13 +235,34 @@ def _tracing(as_compiling: bool = False):
     gc.disable()
     torch.compiler._is_compiling_flag = as_compiling or _outside["compiling"]
     try:
-        with _use_lazy_graph_module(True), eager_kernels(), \
+        with _use_lazy_graph_module(True), eager_kernels(), _no_donated_buffers(), \
                 functorch_config.patch(backward_pass_autocast="off"):  # NOTE [Autocast is traced]
             yield
     finally:
         torch.compiler._is_compiling_flag = _outside["compiling"]
         if _outside["collector"]:
             gc.enable()
+
+
+# NOTE [Retained graphs]
+#   AOTAutograd marks the saved tensors that only its backward reads as "donated" (an inductor
+#   backward may write into them), and a backward compiled with donated buffers refuses
+#   `backward(retain_graph=True)` with an error that points at torch internals. Our backward
+#   graphs run eager's kernels and write into nothing they are handed (NOTE [Writing into a
+#   dying input] overwrites only values made in the same graph), so none is donated. With
+#   retain_graph=True autograd keeps the saved tensors in the graph's context, as eager does,
+#   and a second backward reads them again: it trains bitwise like eager's
+#   (tests/test_api.py), but those tensors are then held through the backward, past what the
+#   plan freed, so such a step can pass its memory limit: tests/models.py's MLP at its least
+#   peak measured 1,553,496 B (its limit and prediction) and 2,339,928 B with retain_graph.
+@contextlib.contextmanager
+def _no_donated_buffers():
+    saved = graph_compile.collect_bw_donated_buffer_idxs
+    graph_compile.collect_bw_donated_buffer_idxs = lambda *args, **kwargs: []
+    try:
+        yield
+    finally:
+        graph_compile.collect_bw_donated_buffer_idxs = saved
 
 
 @contextlib.contextmanager

@@ -70,6 +70,35 @@ def test_a_step_without_backward_is_refused_saying_why():
     assert opt.plan.predicted_peak_bytes > 0
 
 
+@pytest.mark.parametrize("make", [models.mlp, models.small_cnn])
+@pytest.mark.parametrize("tight", [False, True])
+def test_retain_graph_backwards_twice_like_eager(make, tight):
+    """NOTE [Retained graphs]: after a plain step, backward(retain_graph=True), then backward
+    again, gives eager's gradients bitwise each time, on the store-all plan and at the least
+    peak (recomputation, variants, dropout replayed). Before, the retained backward raised a
+    RuntimeError about donated buffers."""
+    torch.manual_seed(0)
+    model, x, loss_fn = make()
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    if tight:
+        opt = monet_opt.optimize(model, x, opt.plan.min_feasible_bytes, profile_repeats=1,
+                                 profile_dir=None)
+        assert opt.plan.recomputed_ops > 0
+    grads = []
+    for module, owner in ((eager, eager), (opt, model)):
+        torch.manual_seed(1)
+        loss_fn(module(x)).backward()
+        seen = [p.grad.clone() for p in owner.parameters()]
+        owner.zero_grad(set_to_none=True)
+        loss = loss_fn(module(x))
+        loss.backward(retain_graph=True)
+        seen += [p.grad.clone() for p in owner.parameters()]
+        loss.backward()
+        grads.append(seen + [p.grad.clone() for p in owner.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 def test_infeasible_budget_error_states_both_numbers():
     model, x, _ = models.small_cnn()
     with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
