@@ -2,11 +2,13 @@
 from monet_opt.api import lower_problem, optimize
 from monet_opt.errors import (CaptureError, InfeasibleBudgetError, MonetError, NoBackwardError,
                               PlanMismatchError, UnsupportedGraphError)
+from monet_opt.hooks import HookWarning
 from monet_opt.memory import LiveBytes, measure_peak, resident_tensors
 from monet_opt.module import OptimizedModule, ReplanWarning
 from monet_opt.plan import Plan
 from monet_opt.units import format_bytes, parse_memory_limit
 
-__all__ = ["CaptureError", "InfeasibleBudgetError", "LiveBytes", "MonetError", "NoBackwardError",
-           "OptimizedModule", "Plan", "PlanMismatchError", "ReplanWarning", "UnsupportedGraphError", "format_bytes",
-           "lower_problem", "measure_peak", "optimize", "parse_memory_limit", "resident_tensors"]
+__all__ = ["CaptureError", "HookWarning", "InfeasibleBudgetError", "LiveBytes", "MonetError",
+           "NoBackwardError", "OptimizedModule", "Plan", "PlanMismatchError", "ReplanWarning",
+           "UnsupportedGraphError", "format_bytes", "lower_problem", "measure_peak", "optimize",
+           "parse_memory_limit", "resident_tensors"]

@@ -17,6 +17,7 @@ from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
 from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
+from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
 from monet_opt.memory import allocated_bytes, cuda_slack
 from monet_opt.lower_variants import attach_variants, with_costs
@@ -117,6 +118,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
 
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     warn_if_lstm(model)  # NOTE [Eager's own kernels]
+    warn_if_hooks(model)  # NOTE [Module hooks]
     first = plan_step(*capture.InputSpec.split(sample_input))
     param_names, buffer_names = capture.state_names(model)
     flags = tuple(m.training for m in model.modules())

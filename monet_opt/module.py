@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from monet_opt.accumulate import GradientSlots
 from monet_opt.capture import InputSpec, LeafSpec, autocast_state
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError
+from monet_opt.hooks import changed, hooks_of
 from monet_opt.memory import resident_bytes
 from monet_opt.plan import Plan
 from monet_opt.units import format_bytes
@@ -97,6 +98,7 @@ class OptimizedModule(nn.Module):
         self._buffer_names = buffer_names
         self._training_flags = training_flags
         self._autocast = autocast
+        self._hooks = hooks_of(model)  # NOTE [Module hooks]
 
     @property
     def plans(self) -> Mapping[str, Plan]:
@@ -118,6 +120,12 @@ class OptimizedModule(nn.Module):
             raise PlanMismatchError(
                 "monet_opt: the model's train/eval flags differ from when it was optimized "
                 "(some submodules were switched). Restore them, or optimize() again in this mode.")
+        hooks = hooks_of(self.model)
+        if hooks != self._hooks:  # NOTE [Module hooks]
+            raise PlanMismatchError(
+                f"monet_opt: module hooks were added or removed since the model was optimized: "
+                f"{changed(self._hooks, hooks)}. The traced step has only those it was traced "
+                "with; restore them, or optimize() again with the hooks in place.")
         params = dict(self.model.named_parameters())
         buffers = dict(self.model.named_buffers())
         mine = [params[n] for n in self._param_names]

@@ -1,0 +1,66 @@
+"""Module hooks and the traced step (NOTE [Module hooks]).
+
+NOTE [Module hooks]
+  A model's module hooks (forward, forward-pre and backward hooks, registered on its modules or
+  globally with torch.nn.modules.module.register_module_forward_hook and its kind) run while
+  optimize() traces the step, on tracing tensors. What they compute on tensors (a hook that
+  scales an output) is then part of the traced step and runs at every step, bitwise eager's
+  (tests/test_hooks.py). Their Python side effects do not: a hook that prints, or keeps an
+  output in a dict for a distillation loss, runs only while optimize() traces, and the dict
+  then holds a tracing tensor, not the step's. So optimize() warns (HookWarning) where the model
+  has any. A hook added or removed after optimize() is not in the traced step at all: the
+  optimized module refuses a training step whose hooks differ from those it was traced with
+  (PlanMismatchError), rather than train without them; optimize() again with them in place.
+  In eval mode or without gradients the model itself runs, hooks and all.
+"""
+from __future__ import annotations
+
+import warnings
+
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+KINDS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+GLOBAL_KINDS = tuple(f"_global{kind}" for kind in KINDS)
+
+
+class HookWarning(RuntimeWarning):
+    """The model has module hooks: their Python side effects happen only while optimize()
+    traces (NOTE [Module hooks])."""
+
+
+Hooks = tuple[tuple[str, str, tuple[int, ...]], ...]
+
+
+def hooks_of(model: nn.Module) -> Hooks:
+    """(module name, kind, hook ids) of every module hook of `model`, then of every global
+    one (module name "*")."""
+    own = [(name, kind, tuple(getattr(m, kind))) for name, m in model.named_modules()
+           for kind in KINDS if getattr(m, kind)]
+    shared = [("*", kind, tuple(getattr(nn_module, kind))) for kind in GLOBAL_KINDS
+              if getattr(nn_module, kind)]
+    return tuple(own + shared)
+
+
+def where(hooks: Hooks) -> str:
+    """'encoder.0 (forward hooks), global (forward pre hooks)': the modules and kinds, a few."""
+    kind = lambda k: k.replace("_global_", "").strip("_").replace("_", " ")  # noqa: E731
+    names = [f"global ({kind(k)})" if name == "*" else f"{name or 'the model'} ({kind(k)})"
+             for name, k, _ in hooks]
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def warn_if_hooks(model: nn.Module) -> None:
+    hooks = hooks_of(model)
+    if hooks:
+        warnings.warn(HookWarning(
+            f"monet_opt: {type(model).__name__} has module hooks: {where(hooks)}. They run "
+            "while optimize() traces the step: what they compute on tensors is in the traced "
+            "step, but their Python side effects (printing, keeping outputs in a list or dict) "
+            "happen only then, never at a training step (NOTE [Module hooks] in "
+            "monet_opt/hooks.py)."), stacklevel=3)
+
+
+def changed(traced: Hooks, now: Hooks) -> str:
+    """Where the hooks `now` differ from those the step was `traced` with."""
+    return where(tuple(sorted(set(traced) ^ set(now))))
