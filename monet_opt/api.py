@@ -114,7 +114,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         run, spec = _trace(model, args, kwargs, planner)
         internal_assert(planner.plan is not None, "the partition function was never called")
         return Step(run, spec, planner.plan, planner.inputs, resident, resident_bytes,
-                    planner.slots)
+                    planner.slots, frozen=sum(not p.requires_grad for p in model.parameters()))
 
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     warn_if_lstm(model)  # NOTE [Eager's own kernels]

@@ -29,38 +29,38 @@ class HookWarning(RuntimeWarning):
     traces (NOTE [Module hooks])."""
 
 
-Hooks = tuple[tuple[str, str, tuple[int, ...]], ...]
+Hooks = tuple[tuple[int, str, tuple[int, ...]], ...]
 
 
-def hooks_of(model: nn.Module) -> Hooks:
-    """(module name, kind, hook ids) of every module hook of `model`, then of every global
-    one (module name "*")."""
-    own = [(name, kind, tuple(getattr(m, kind))) for name, m in model.named_modules()
-           for kind in KINDS if getattr(m, kind)]
-    shared = [("*", kind, tuple(getattr(nn_module, kind))) for kind in GLOBAL_KINDS
+def hooks_of(modules: list[nn.Module]) -> Hooks:
+    """(position in `modules`, a model's modules() in order, kind, hook ids) of every module
+    hook, then of every global one (position -1)."""
+    own = [(k, kind, tuple(hooks)) for k, m in enumerate(modules)
+           for kind in KINDS if (hooks := m.__dict__[kind])]
+    shared = [(-1, kind, tuple(getattr(nn_module, kind))) for kind in GLOBAL_KINDS
               if getattr(nn_module, kind)]
     return tuple(own + shared)
 
 
-def where(hooks: Hooks) -> str:
+def where(model: nn.Module, hooks: Hooks) -> str:
     """'encoder.0 (forward hooks), global (forward pre hooks)': the modules and kinds, a few."""
+    names = [name or "the model" for name, _ in model.named_modules()]
     kind = lambda k: k.replace("_global_", "").strip("_").replace("_", " ")  # noqa: E731
-    names = [f"global ({kind(k)})" if name == "*" else f"{name or 'the model'} ({kind(k)})"
-             for name, k, _ in hooks]
-    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    found = [f"{'global' if at < 0 else names[at]} ({kind(k)})" for at, k, _ in hooks]
+    return ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
 
 
 def warn_if_hooks(model: nn.Module) -> None:
-    hooks = hooks_of(model)
+    hooks = hooks_of(list(model.modules()))
     if hooks:
         warnings.warn(HookWarning(
-            f"monet_opt: {type(model).__name__} has module hooks: {where(hooks)}. They run "
-            "while optimize() traces the step: what they compute on tensors is in the traced "
-            "step, but their Python side effects (printing, keeping outputs in a list or dict) "
-            "happen only then, never at a training step (NOTE [Module hooks] in "
+            f"monet_opt: {type(model).__name__} has module hooks: {where(model, hooks)}. They "
+            "run while optimize() traces the step: what they compute on tensors is in the "
+            "traced step, but their Python side effects (printing, keeping outputs in a list or "
+            "dict) happen only then, never at a training step (NOTE [Module hooks] in "
             "monet_opt/hooks.py)."), stacklevel=3)
 
 
-def changed(traced: Hooks, now: Hooks) -> str:
+def changed(model: nn.Module, traced: Hooks, now: Hooks) -> str:
     """Where the hooks `now` differ from those the step was `traced` with."""
-    return where(tuple(sorted(set(traced) ^ set(now))))
+    return where(model, tuple(sorted(set(traced) ^ set(now))))

@@ -44,11 +44,13 @@ class Step:
     resident: tuple[int, ...] = ()
     resident_bytes: int = 0
     slots: GradientSlots | None = None
+    frozen: int = 0  # parameters traced without requires_grad
 
     @property
     def label(self) -> str:
         return self.inputs + (f", {format_bytes(self.resident_bytes)} of gradients resident"
-                              if self.resident_bytes else "")
+                              if self.resident_bytes else "") + \
+            (f", {self.frozen} parameters frozen" if self.frozen else "")
 
 
 # NOTE [New input shapes]
@@ -67,6 +69,14 @@ class Step:
 #   TorchDispatchMode the caller has around the step (a live-bytes counter, a FLOP counter):
 #   the mode is there to watch the step, and tracing under it failed (CaptureError on
 #   ResNet-50 inside monet_opt.measure_peak).
+#
+# NOTE [Parameters changed]
+#   A traced step also fixes which parameters get a gradient (those that required one when it
+#   was traced) and each parameter's shape, dtype and device. A parameter unfrozen after
+#   optimize() (gradual unfreezing, when fine-tuning) silently got no gradient: the step had
+#   none to give it. So these are part of a step's key, like the inputs' shapes: a change plans
+#   a step for the parameters as they are (ReplanWarning), once per combination met, and going
+#   back to an earlier one runs its step again (tests/test_new_shapes.py).
 class OptimizedModule(nn.Module):
     """Runs `model`'s training step under a memory plan.
 
@@ -90,15 +100,17 @@ class OptimizedModule(nn.Module):
         self.model = model
         self.plan = first.plan
         self._first = first
+        params = dict(model.named_parameters())
         self._steps: dict[tuple, Step] = {
-            (first.spec.leaves, first.resident, first.resident_bytes): first}
+            (first.spec.leaves, _param_key([params[n] for n in param_names]), first.resident,
+             first.resident_bytes): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
         self._param_names = param_names
         self._buffer_names = buffer_names
         self._training_flags = training_flags
         self._autocast = autocast
-        self._hooks = hooks_of(model)  # NOTE [Module hooks]
+        self._hooks = hooks_of(list(model.modules()))  # NOTE [Module hooks]
 
     @property
     def plans(self) -> Mapping[str, Plan]:
@@ -115,17 +127,18 @@ class OptimizedModule(nn.Module):
                 f"model was optimized with autocast {_describe(self._autocast)}: the plan's graph "
                 "holds the casts it was traced with. Call optimize() inside the same "
                 "torch.autocast context you train in (or outside autocast for both).")
-        flags = tuple(m.training for m in self.model.modules())
+        modules = list(self.model.modules())
+        flags = tuple(m.training for m in modules)
         if flags != self._training_flags:
             raise PlanMismatchError(
                 "monet_opt: the model's train/eval flags differ from when it was optimized "
                 "(some submodules were switched). Restore them, or optimize() again in this mode.")
-        hooks = hooks_of(self.model)
+        hooks = hooks_of(modules)
         if hooks != self._hooks:  # NOTE [Module hooks]
             raise PlanMismatchError(
                 f"monet_opt: module hooks were added or removed since the model was optimized: "
-                f"{changed(self._hooks, hooks)}. The traced step has only those it was traced "
-                "with; restore them, or optimize() again with the hooks in place.")
+                f"{changed(self.model, self._hooks, hooks)}. The traced step has only those it "
+                "was traced with; restore them, or optimize() again with the hooks in place.")
         params = dict(self.model.named_parameters())
         buffers = dict(self.model.named_buffers())
         mine = [params[n] for n in self._param_names]
@@ -140,16 +153,17 @@ class OptimizedModule(nn.Module):
         now if new), and the flat inputs."""
         inputs = self._first.spec.flatten(args, kwargs, any_shape=self._any_shape)
         resident = tuple(k for k, p in enumerate(params) if p.grad is not None)
-        key = (tuple(LeafSpec.of(x) for x in inputs), resident,
+        key = (tuple(LeafSpec.of(x) for x in inputs), _param_key(params), resident,
                _resident_gradient_bytes(self.model) if resident else 0)
         step = self._steps.get(key)
         if step is None:
-            step = self._plan_for(args, kwargs, resident, key[2])
+            step = self._plan_for(args, kwargs, resident, key[3],
+                                  params_changed=key[1] != next(iter(self._steps))[1])
             self._steps[key] = step
         return step, inputs
 
     def _plan_for(self, args: tuple, kwargs: dict, resident: tuple[int, ...],
-                  resident_bytes: int) -> Step:
+                  resident_bytes: int, params_changed: bool = False) -> Step:
         start = time.perf_counter()
         first = self._first.label
         if self._plan_step is None:
@@ -158,15 +172,16 @@ class OptimizedModule(nn.Module):
             with _disable_current_modes():  # the caller's dispatch modes watch the step only
                 step = self._plan_step(args, kwargs, resident, resident_bytes)
         except InfeasibleBudgetError as err:
-            err.add_note(f"monet_opt: while planning a step for {_situation(resident_bytes)}; "
-                         f"the first plan was for {first}.")
+            err.add_note(f"monet_opt: while planning a step for "
+                         f"{_situation(resident_bytes, params_changed)}; the first plan was for "
+                         f"{first}.")
             raise
         warnings.warn(ReplanWarning(
             f"monet_opt: planned a step for {step.label} (the first plan: {first}) under the "
             f"same memory limit, {format_bytes(self.plan.memory_limit_bytes)}, in "
             f"{time.perf_counter() - start:.1f} s: predicted peak "
             f"{format_bytes(step.plan.predicted_peak_bytes)}, {len(self._steps) + 1} plans so "
-            "far. Each is planned once. " + _what_to_do(resident_bytes)
+            "far. Each is planned once. " + _what_to_do(resident_bytes, params_changed)
             + _too_many(len(self._steps) + 1)),
             stacklevel=6)  # the caller of opt(...), through nn.Module.__call__
         return step
@@ -188,14 +203,25 @@ def _resident_gradient_bytes(model: nn.Module) -> int:
     return resident_bytes([p.grad for p in model.parameters() if p.grad is not None])
 
 
-def _situation(resident_bytes: int) -> str:
+def _param_key(params: list[torch.Tensor]) -> tuple:
+    """What a traced step fixes of the parameters (NOTE [Parameters changed])."""
+    return tuple((p.shape, p.dtype, p.device, p.requires_grad) for p in params)
+
+
+def _situation(resident_bytes: int, params_changed: bool = False) -> str:
     if resident_bytes:
         return (f"a step that begins with {format_bytes(resident_bytes)} of gradients resident "
                 "(accumulation, or zero_grad(set_to_none=False)), which the limit must hold too")
+    if params_changed:
+        return "parameters changed since optimize() (requires_grad, shape, dtype or device)"
     return "inputs of new shapes"
 
 
-def _what_to_do(resident_bytes: int) -> str:
+def _what_to_do(resident_bytes: int, params_changed: bool = False) -> str:
+    if params_changed:
+        return ("A parameter whose requires_grad, shape, dtype or device changed since "
+                "optimize() (layers frozen or unfrozen) needs a step traced for it (NOTE "
+                "[Parameters changed]).")
     if resident_bytes:
         return ("Gradients in place at a step's start (accumulating over micro-batches, or "
                 "zero_grad(set_to_none=False)) are held through the whole step, so less of the "

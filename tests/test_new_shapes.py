@@ -27,7 +27,8 @@ def epoch(module, owner, batches, loss_fn, seed=99):
         loss = loss_fn(module(x))
         loss.backward()
         record.append({"loss": loss.detach().clone(), "rng": torch.get_rng_state(),
-                       **{n: p.grad.clone() for n, p in owner.named_parameters()}})
+                       **{n: p.grad.clone() for n, p in owner.named_parameters()
+                          if p.grad is not None}})
         opt.step()
         opt.zero_grad(set_to_none=True)
     return record, {k: v.clone() for k, v in owner.state_dict().items()}
@@ -130,3 +131,29 @@ def test_many_shapes_get_advice_to_pad():
         messages += [str(w.message) for w in seen if w.category is monet_opt.ReplanWarning]
     assert len(messages) == 4 and len(opt.plans) == 5
     assert ["buckets" in m for m in messages] == [False, False, False, True]
+
+
+def test_layers_unfrozen_after_optimize_get_their_gradients():
+    """NOTE [Parameters changed]: a model optimized with its stem frozen, then unfrozen, then
+    frozen again: the unfrozen stem gets eager's gradients, bitwise (before: none, silently),
+    the step for it is planned once, and freezing again runs the first step again."""
+    torch.manual_seed(0)
+    base, x, loss_fn = models.small_cnn()
+    base.stem.requires_grad_(False)
+    eager = copy.deepcopy(base)
+    opt = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    runs = {}
+    for module, owner in ((opt, opt.model), (eager, eager)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            steps = []
+            for frozen in (True, False, False, True):
+                owner.stem.requires_grad_(not frozen)
+                steps.append(epoch(module, owner, [x], loss_fn)[0][0])
+        runs[module is opt] = steps, [w for w in seen
+                                      if issubclass(w.category, monet_opt.ReplanWarning)]
+    (ours, replans), (theirs, _) = runs[True], runs[False]
+    assert len(replans) == 1 and "layers frozen or unfrozen" in str(replans[0].message)
+    assert list(opt.plans) == ["float32[4x3x16x16], 4 parameters frozen", "float32[4x3x16x16]"]
+    assert "stem.0.weight" in ours[1] and "stem.0.weight" not in ours[3]
+    assert_same((ours, {}), (theirs, {}), exact=True)
