@@ -76,7 +76,9 @@ class Step:
 #   optimize() (gradual unfreezing, when fine-tuning) silently got no gradient: the step had
 #   none to give it. So these are part of a step's key, like the inputs' shapes: a change plans
 #   a step for the parameters as they are (ReplanWarning), once per combination met, and going
-#   back to an earlier one runs its step again (tests/test_new_shapes.py).
+#   back to an earlier one runs its step again (tests/test_new_shapes.py). With every parameter
+#   frozen (and no input needing a gradient) the step has no backward: the model itself runs,
+#   as without gradients.
 class OptimizedModule(nn.Module):
     """Runs `model`'s training step under a memory plan.
 
@@ -142,6 +144,9 @@ class OptimizedModule(nn.Module):
         params = dict(self.model.named_parameters())
         buffers = dict(self.model.named_buffers())
         mine = [params[n] for n in self._param_names]
+        if not any(p.requires_grad for p in mine) and \
+                not any(leaf.requires_grad for leaf in self._first.spec.leaves):
+            return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan
         step, inputs = self._step_for(args, kwargs, mine)
         if step.slots is not None:
             step.slots.bind(mine)

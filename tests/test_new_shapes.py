@@ -157,3 +157,11 @@ def test_layers_unfrozen_after_optimize_get_their_gradients():
     assert list(opt.plans) == ["float32[4x3x16x16], 4 parameters frozen", "float32[4x3x16x16]"]
     assert "stem.0.weight" in ours[1] and "stem.0.weight" not in ours[3]
     assert_same((ours, {}), (theirs, {}), exact=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing trains: the model runs, nothing is planned
+        opt.model.requires_grad_(False)
+        outs = []
+        for module in (opt, opt.model):
+            torch.manual_seed(5)
+            outs.append(module(x))
+        assert torch.equal(*outs) and len(opt.plans) == 2
