@@ -84,10 +84,11 @@ class OptimizedModule(nn.Module):
 
     It holds `model` as its only child, so it shares every parameter and buffer: optimizers,
     `.train()`/`.eval()` and `.to()` act on the model itself, and `state_dict()` has the model's
-    own keys. With gradients disabled or in eval mode it simply calls the model (nothing is kept
-    for a backward, so there is nothing to plan). `plan` is the sample input's plan; `plans`
-    has one per input shape met so far, and per amount of gradients resident at a step's start
-    (NOTE [New input shapes]).
+    own keys. With gradients disabled, in eval mode, or with nothing left to train (NOTE
+    [Parameters changed]) it simply calls the model (nothing is kept for a backward, so there is
+    nothing to plan). `plan` is the sample input's plan; `plans` has one per input shape met so
+    far, per amount of gradients resident at a step's start (NOTE [New input shapes]) and per
+    set of parameters that train.
     """
 
     def __init__(self, model: nn.Module, first: Step, param_names: list[str],
