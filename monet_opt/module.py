@@ -104,9 +104,10 @@ class OptimizedModule(nn.Module):
         self.plan = first.plan
         self._first = first
         params = dict(model.named_parameters())
+        self._first_params = _param_key([params[n] for n in param_names])
         self._steps: dict[tuple, Step] = {
-            (first.spec.leaves, _param_key([params[n] for n in param_names]), first.resident,
-             first.resident_bytes): first}
+            _step_key(first.spec.leaves, self._first_params, first.resident,
+                      first.resident_bytes): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
         self._param_names = param_names
@@ -159,12 +160,13 @@ class OptimizedModule(nn.Module):
         now if new), and the flat inputs."""
         inputs = self._first.spec.flatten(args, kwargs, any_shape=self._any_shape)
         resident = tuple(k for k, p in enumerate(params) if p.grad is not None)
-        key = (tuple(LeafSpec.of(x) for x in inputs), _param_key(params), resident,
-               _resident_gradient_bytes(self.model) if resident else 0)
+        now = _param_key(params)
+        resident_bytes = _resident_gradient_bytes(self.model) if resident else 0
+        key = _step_key(tuple(LeafSpec.of(x) for x in inputs), now, resident, resident_bytes)
         step = self._steps.get(key)
         if step is None:
-            step = self._plan_for(args, kwargs, resident, key[3],
-                                  params_changed=key[1] != next(iter(self._steps))[1])
+            step = self._plan_for(args, kwargs, resident, resident_bytes,
+                                  params_changed=now != self._first_params)
             self._steps[key] = step
         return step, inputs
 
@@ -207,6 +209,13 @@ class OptimizedModule(nn.Module):
 def _resident_gradient_bytes(model: nn.Module) -> int:
     """Bytes of the parameters' gradients in place now (storages counted once)."""
     return resident_bytes([p.grad for p in model.parameters() if p.grad is not None])
+
+
+def _step_key(leaves: tuple, params: tuple, resident: tuple[int, ...],
+              resident_bytes: int) -> tuple:
+    """What tells steps apart: the inputs' specs, the parameters' key, the gradients in place
+    (NOTE [New input shapes], NOTE [Parameters changed])."""
+    return leaves, params, resident, resident_bytes
 
 
 def _param_key(params: list[torch.Tensor]) -> tuple:
