@@ -257,7 +257,10 @@ def _tracing(as_compiling: bool = False):
 #   peak measured 1,553,496 B (its limit and prediction) and 2,339,928 B with retain_graph.
 @contextlib.contextmanager
 def _no_donated_buffers():
-    saved = graph_compile.collect_bw_donated_buffer_idxs
+    saved = getattr(graph_compile, "collect_bw_donated_buffer_idxs", None)
+    if saved is None:  # a torch without donated buffers
+        yield
+        return
     graph_compile.collect_bw_donated_buffer_idxs = lambda *args, **kwargs: []
     try:
         yield
