@@ -20,11 +20,14 @@ NOTE [Constant attention masks]
   padding attention_mask passed in), a parameter, or anything random is left as it is.
 
   Masked scores contribute exactly zero either way (exp(-inf) = 0 in the kernels' running
-  softmax), so the kernel computes the same sums over the same keys; for HF's models this is the
-  call eager makes, and their gradients are eager's bitwise (tests/test_attention_masks.py).
+  softmax), so the kernel computes the same sums over the same keys. For HF's models this is the
+  call eager makes, and their gradients are eager's bitwise (tests/test_attention_masks.py); a
+  model that hands SDPA an explicit causal mask in eager too gets its results bitwise from the
+  CPU's kernel (same tests), not yet checked on CUDA's.
 """
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -68,6 +71,7 @@ def drop_constant_masks(gm: fx.GraphModule) -> int:
     return count
 
 
+@functools.lru_cache(maxsize=None)
 def mask_arg(op) -> str | None:
     """The name of an attention op's mask argument; None if `op` is not such an op."""
     if not isinstance(op, torch._ops.OpOverload):
