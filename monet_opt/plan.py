@@ -55,6 +55,7 @@ class Plan:
     timeline: Timeline | None = None  # the predicted memory over the step
     in_place_runs: int = 0     # op runs writing into a dying input (NOTE [Writing into a dying
     #                            input] in solvers/simulate.py)
+    peak_op: str = ""          # the op run at the predicted peak, with its phase and workspace
 
     @property
     def store_all_activation_bytes(self) -> int:
@@ -77,7 +78,8 @@ class Plan:
             f"  memory limit      {format_bytes(self.memory_limit_bytes)}",
             f"  predicted peak    {format_bytes(self.predicted_peak_bytes)} "
             f"(store-all {format_bytes(self.store_all_peak_bytes)}, least reachable "
-            f"{format_bytes(self.min_feasible_bytes)})",
+            f"{format_bytes(self.min_feasible_bytes)})"
+            + (f"\n  at                {self.peak_op}" if self.peak_op else ""),
             f"  fixed             {format_bytes(self.fixed_bytes)} parameters/buffers/inputs "
             f"(CUDA: and the allocator's slack), "
             f"{format_bytes(self.gradient_bytes)} gradients",
@@ -117,9 +119,19 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
                 min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
                 variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
                 rows=op_rows(problem, result.schedule, sim, labels),
-                in_place_runs=len(sim.overwrites),
+                in_place_runs=len(sim.overwrites), peak_op=_peak_op(problem, result.schedule, sim),
                 timeline=Timeline(op_time_s=sim.step_time_s, live_bytes=sim.live_bytes,
                                   backward_start=len(problem.forward_ops)))
+
+
+def _peak_op(problem: Problem, schedule: Schedule, sim: Simulation) -> str:
+    """Which op runs at the predicted peak: its name, phase and workspace."""
+    if not sim.steps:
+        return ""
+    op = problem.with_variants(schedule.variants).ops[sim.steps[sim.peak_step]]
+    phase = "forward" if sim.peak_step < len(problem.forward_ops) else "backward"
+    rerun = " (recomputed)" if phase == "backward" and not op.is_backward else ""
+    return f"{op.name}{rerun}, {phase}, workspace {format_bytes(op.workspace_bytes)}"
 
 
 def op_rows(problem: Problem, schedule: Schedule, sim: Simulation,

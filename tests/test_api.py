@@ -306,6 +306,13 @@ def test_explain_lists_every_op():
     text = full.plan.explain()
     assert "predicted peak" in text and "recomputed x1" in text and "kept" in text
     assert len(text.splitlines()) >= len(full.plan.rows)
+    # the op at the peak, in the phase where the timeline puts it
+    tl = full.plan.timeline
+    at = max(range(len(tl.live_bytes)), key=tl.live_bytes.__getitem__)
+    phase = "backward" if at >= tl.backward_start else "forward"
+    name = full.plan.peak_op.split()[0].rstrip(",")
+    assert f", {phase}, workspace" in full.plan.peak_op and f"at                {name}" in text
+    assert name in {r.name for r in full.plan.rows}
 
 
 @pytest.mark.parametrize("variants", [True, False])

@@ -109,7 +109,8 @@ def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
         runner = measure.runner_for(f"{method} {label}", opt, ctx.model, ctx.x)
         gap = "" if plan.gap is None else f", gap {plan.gap:.1%}"
         note = (f"{plan.solver} {plan.status}{gap}; {plan.recomputed_ops} op runs recomputed"
-                + (f"; {plan.solver_note}" if plan.solver_note else ""))
+                + (f"; {plan.solver_note}" if plan.solver_note else "")
+                + (f"; peak at {plan.peak_op}" if plan.peak_op else ""))
         predicted_overhead = plan.predicted_step_time_s / plan.store_all_step_time_s - 1 \
             if plan.store_all_step_time_s else None
         point = replace(base, solve_time_s=plan.solve_time_s, plan_time_s=plan_s,
