@@ -115,6 +115,8 @@ def _set(node: fx.Node, name: str, value) -> None:
 def _constant(mask: fx.Node) -> torch.Tensor | None:
     """The mask's value, where it reads no placeholder's values and nothing random; else None."""
     order = _ancestors(mask)
+    among = set(order)
+    uses = {n: sum(u in among for u in n.users) for n in order}  # values freed after their last
     values: dict[fx.Node, Any] = {}
     stand_ins: set[fx.Node] = set()  # placeholders: real tensors of their shape, values unset
     with unset_fake_temporarily(), torch.no_grad():
@@ -134,6 +136,10 @@ def _constant(mask: fx.Node) -> torch.Tensor | None:
                 args, kwargs = pytree.tree_map(
                     lambda a: values[a] if isinstance(a, fx.Node) else a, (node.args, node.kwargs))
                 values[node] = node.target(*args, **kwargs)
+                for a in node.all_input_nodes:
+                    uses[a] -= 1
+                    if uses[a] == 0:
+                        del values[a]
             else:
                 return None
     value = values[mask]
