@@ -5,6 +5,21 @@ an input, plus `_unsafe_view` and `unsafe_split`), `getitem`s and detaches are f
 no storage and are re-created on demand by the executor. A Problem tensor is one storage: an
 op's output. Parameters, buffers and inputs (the `primals_*` placeholders) are fixed memory;
 output gradients (the `tangents_*` placeholders) exist from the start of the backward.
+
+NOTE [The output's gradient]
+  The step is planned for a loss whose backward hands it output gradients that cost nothing
+  (`out.sum()`: an expanded scalar, made contiguous inside the backward and freed after its
+  last read). A loss whose backward makes a full-size gradient (cross-entropy, a square, the
+  `.float()` of half-precision logits; CUDA autocast runs `sum` in float32, which is such a
+  cast) adds its own memory at the turn from forward to backward (what it saved, its
+  temporaries), and autograd holds the gradient it hands us for the whole backward (the
+  arguments of a Function's backward live until it returns), where the plan freed it after its
+  last read. Measured on tests/models.py's GPT-2 (logits 128,000 B float32): cross-entropy
+  +128,000 B over the store-all plan's prediction (eager's peak grows alike), +0 at the least
+  plan; `logits.square().sum()` +201,728 B at the least plan; under CPU autocast
+  `logits.float().sum()` +62,464 B (tests/test_loss_memory.py; on an H200 under CUDA autocast,
+  `sum` alone: +55,541 B). Leave that much room under the limit; tracing the loss into the step
+  would make it exact (not done).
 """
 from __future__ import annotations
 
