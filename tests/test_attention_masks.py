@@ -97,3 +97,26 @@ def test_explicit_masks(mask, expected):
     assert_same(run_steps(optimized, optimized.model, x, loss_fn),
                 run_steps(base, base, x, loss_fn), exact=mask != "from input",
                 what=f"{mask} mask")
+
+
+@pytest.mark.parametrize("op,n_args", [
+    ("_scaled_dot_product_efficient_attention", 7),
+    ("_scaled_dot_product_efficient_attention_backward", 12),
+    ("_scaled_dot_product_cudnn_attention", 8),
+    ("_scaled_dot_product_cudnn_attention_backward", 15)])
+def test_cuda_kernels_arguments_are_found_by_name(op, n_args):
+    """The CUDA kernels' mask and is_causal, given positionally as AOTAutograd writes them (no
+    GPU needed: only their schemas are read)."""
+    target = getattr(torch.ops.aten, op).default
+    mask = attention_masks.mask_arg(target)
+    assert mask == "attn_bias"
+    names = [a.name for a in target._schema.arguments]
+    g = torch.fx.Graph()
+    args = tuple(g.placeholder(n) if n in ("query", "key", "value", mask) else
+                 (False if n == "is_causal" else 0) for n in names[:n_args])
+    node = g.call_function(target, args)
+    assert attention_masks.argument(target, node.args, node.kwargs, "is_causal") is False
+    attention_masks._set(node, mask, None)
+    attention_masks._set(node, "is_causal", True)
+    assert node.args[names.index(mask)] is None and node.args[names.index("is_causal")] is True
+    assert len(node.args) == n_args and not node.kwargs
