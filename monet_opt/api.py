@@ -9,8 +9,8 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import (attention_masks, bn_split, capture, conv_split, grad_layout, late_grads,
-                       rewrite, saved_clones)
+from monet_opt import (attention_masks, bn_split, capture, conv_split, grad_layout,
+                       grouped_attention, late_grads, rewrite, saved_clones)
 from monet_opt import variants as variant_library
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.cache import Profile, ProfileCache, derived
@@ -245,7 +245,8 @@ class _Planner:
         self.slots: GradientSlots | None = None
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
-        attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
+        unmasked = attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
+        grouped_attention.use_grouped_keys(joint, unmasked)  # NOTE [Grouped-query attention]
         saved_clones.drop_saved_clones(joint)  # NOTE [Saved clones]
         # NOTE [Gradients in the parameter's layout]
         grad_layout.match_gradient_layouts(joint, num_fwd_outputs)

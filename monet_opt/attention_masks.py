@@ -46,29 +46,29 @@ _UNINITIALIZED = (aten.empty.memory_format, aten.empty_like.default, aten.new_em
                   aten.empty_strided.default, aten.new_empty_strided.default)
 
 
-def drop_constant_masks(gm: fx.GraphModule) -> int:
-    """NOTE [Constant attention masks], in place; returns how many attention ops were changed."""
-    count = 0
+def drop_constant_masks(gm: fx.GraphModule) -> list[fx.Node]:
+    """NOTE [Constant attention masks], in place; returns the attention ops changed."""
+    changed = []
     masks = {}
     for node in list(gm.graph.nodes):
         mask_arg = _mask_arg(node)
-        if mask_arg is None or _argument(node, "is_causal") is True:
+        if mask_arg is None or node_argument(node, "is_causal") is True:
             continue
-        mask = _argument(node, mask_arg)
+        mask = node_argument(node, mask_arg)
         if not isinstance(mask, fx.Node):
             continue
         if mask not in masks:
             masks[mask] = _kind(_constant(mask), node)
         if masks[mask] is not None:
-            _set(node, mask_arg, None)
+            set_argument(node, mask_arg, None)
             if masks[mask] == "causal":
-                _set(node, "is_causal", True)
-            count += 1
+                set_argument(node, "is_causal", True)
+            changed.append(node)
     for mask in masks:
         _erase_unread(gm, mask)
-    if count:
+    if changed:
         gm.recompile()
-    return count
+    return changed
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,7 +94,7 @@ def _mask_arg(node: fx.Node) -> str | None:
     return mask_arg(node.target) if node.op == "call_function" else None
 
 
-def _argument(node: fx.Node, name: str):
+def node_argument(node: fx.Node, name: str):
     return argument(node.target, node.args, node.kwargs, name)
 
 
@@ -104,7 +104,7 @@ def _position(op: torch._ops.OpOverload, name: str) -> tuple[int, Any]:
     return i, arguments[i]
 
 
-def _set(node: fx.Node, name: str, value) -> None:
+def set_argument(node: fx.Node, name: str, value) -> None:
     i, _ = _position(node.target, name)
     if i < len(node.args):
         node.args = (*node.args[:i], value, *node.args[i + 1:])
@@ -178,7 +178,7 @@ def _pure(target) -> bool:
 def _kind(mask: torch.Tensor | None, attention: fx.Node) -> str | None:
     """"causal" where the mask is SDPA's causal mask for this attention, "none" where it masks
     nothing, else None."""
-    q, k = (_argument(attention, n) for n in ("query", "key"))
+    q, k = (node_argument(attention, n) for n in ("query", "key"))
     if mask is None or not all(isinstance(t, fx.Node) for t in (q, k)):
         return None
     L, S = q.meta["val"].shape[-2], k.meta["val"].shape[-2]

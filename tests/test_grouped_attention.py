@@ -1,0 +1,118 @@
+"""NOTE [Grouped-query attention]: where HF repeats a grouped-query attention's keys and values
+only because it was traced, the step hands the kernel the unrepeated ones as eager does: eager's
+kernel calls, eager's gradients bitwise, and the repeated copies no longer kept. A model that
+repeats them in eager too is traced as it runs."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import monet_opt
+from monet_opt import grouped_attention
+from tests.test_attention_masks import _recorded
+from tests.test_executor import HUGE, assert_same, run_steps
+
+
+def _llama(kv_heads: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=500, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=kv_heads, use_cache=False)).train()
+    # a mean: with a sum, SGD's steps blow the logits up to NaN by the third step
+    return model, {"input_ids": torch.randint(0, 500, (2, 64))}, lambda out: out.logits.mean()
+
+
+class GroupedAttention(nn.Module):
+    """Grouped-query attention that repeats its keys and values itself (as HF's repeat_kv), then
+    calls the kernel with `mask`: "is_causal" (no mask) or "causal" (an explicit one)."""
+
+    def __init__(self, mask: str, dim: int = 64, heads: int = 4, kv_heads: int = 2):
+        super().__init__()
+        self.mask, self.heads, self.kv_heads = mask, heads, kv_heads
+        self.head_dim = dim // heads
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        r = self.heads // self.kv_heads
+        q = self.q(x).view(b, n, self.heads, -1).transpose(1, 2)
+        k, v = (t.view(b, n, self.kv_heads, -1).transpose(1, 2)
+                for t in self.kv(x).chunk(2, dim=-1))
+        k, v = (t[:, :, None].expand(b, self.kv_heads, r, n, self.head_dim)
+                .reshape(b, self.heads, n, self.head_dim) for t in (k, v))
+        if self.mask == "is_causal":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+        return self.out(y.transpose(1, 2).reshape(b, n, d))
+
+
+def _without_rewrite(monkeypatch):
+    monkeypatch.setattr(grouped_attention, "use_grouped_keys", lambda gm, unmasked: 0)
+
+
+def test_llama_runs_the_kernel_as_eager_does():
+    """HF Llama with 2 key/value heads for 4 query heads: the kernel gets 2-head keys as in
+    eager, and the gradients are eager's bitwise, at the store-all plan and at a third of its
+    activations."""
+    base, x, loss_fn = _llama()
+    eager = _recorded(base, x, loss_fn).key_shapes
+    assert eager and {s[1] for s in eager} == {2}, eager
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None, profile_repeats=1)
+    p = full.plan
+    third = monet_opt.optimize(
+        copy.deepcopy(base), x, p.fixed_bytes + p.gradient_bytes + p.store_all_activation_bytes // 3,
+        profile_dir=None, profile_repeats=1, time_limit_s=10)
+    assert third.plan.recomputed_ops > 0
+    reference = run_steps(base, base, x, loss_fn)
+    for optimized in (full, third):
+        assert set(_recorded(optimized, x, loss_fn).key_shapes) == set(eager)
+        assert_same(run_steps(optimized, optimized.model, x, loss_fn), reference, exact=True,
+                    what="Llama with grouped keys")
+
+
+def test_llama_keeps_the_unrepeated_keys(monkeypatch):
+    """The store-all plan keeps each layer's keys and values once, not once per query head: at
+    least (r - 1) times their bytes less per layer (r = 2 here)."""
+    base, x, _ = _llama()
+    ours = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
+                              profile_repeats=1).plan
+    _without_rewrite(monkeypatch)
+    before = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
+                                profile_repeats=1).plan
+    layers, kv_bytes = 2, 2 * (2 * 2 * 64 * 32 * 4)  # keys and values: [2, 2, 64, 32] float32
+    saved = before.store_all_activation_bytes - ours.store_all_activation_bytes
+    assert saved >= layers * kv_bytes, (saved, layers * kv_bytes)
+
+
+def test_llama_without_groups_is_unchanged():
+    """As many key/value heads as query heads: nothing is repeated; bitwise eager as before."""
+    base, x, loss_fn = _llama(kv_heads=4)
+    optimized = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
+                                   profile_repeats=1)
+    assert_same(run_steps(optimized, optimized.model, x, loss_fn),
+                run_steps(base, base, x, loss_fn), exact=True, what="Llama, 4 key/value heads")
+
+
+@pytest.mark.parametrize("mask,heads,exact", [("is_causal", 4, True), ("causal", 2, False)])
+def test_models_that_repeat_in_eager(mask, heads, exact):
+    """A model that repeats its keys and passes no mask runs as in eager (4-head keys, bitwise);
+    one that passes an explicit causal mask has it removed and its keys unrepeated (2-head keys,
+    the gradients within rounding of eager's)."""
+    torch.manual_seed(0)
+    base = GroupedAttention(mask)
+    x = torch.randn(2, 16, 64)
+    loss_fn = lambda out: out.square().sum()  # noqa: E731
+    optimized = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
+                                   profile_repeats=1)
+    assert {s[1] for s in _recorded(optimized, x, loss_fn).key_shapes} == {heads}
+    assert_same(run_steps(optimized, optimized.model, x, loss_fn),
+                run_steps(base, base, x, loss_fn), exact=exact, what=f"{mask}, repeated keys")
