@@ -27,12 +27,14 @@ NOTE [Grouped-query attention]
   in eager too (torchtitan's Llama: repeat_kv, then is_causal=True) is traced as it runs and left
   so, bitwise eager's. One that repeats them and passes an explicit causal mask in eager is
   rewritten: its results then differ from eager's in the last bits of the key and value
-  gradients (the kernel sums over the group in its own order) and it keeps 1/r of the bytes.
+  gradients (the kernel sums over the group in its own order), and it keeps the keys and values
+  once rather than once per query head.
 
   GROUPED holds the CPU's fused kernel, which eager calls with grouped keys (checked by the
-  test). CUDA's flash kernel takes them too, where eager picks it (half precision, no mask), but
-  that is not yet run on a GPU, so it is not in GROUPED; CUDA's memory-efficient kernel does not
-  take them (eager falls back to the math path there).
+  test). On CUDA the traced call is the memory-efficient kernel's (the mask HF builds when traced
+  selects it; with the mask dropped it runs is_causal), where eager, given no mask and grouped
+  keys, picks by its own rules (flash in half precision): making our call eager's there (another
+  op, with other outputs for the backward) is not done and not measured on a GPU.
 """
 from __future__ import annotations
 
