@@ -26,7 +26,8 @@ TORCHVISION = {  # name: image size
     "inception_v3": 96, "swin_t": 64, "vit_b_16": 64}
 SEGMENTATION = {"lraspp_mobilenet_v3_large": 64, "fcn_resnet50": 64}  # bilinear upsampling
 RECURRENT = ("gru", "lstm")
-HF = ("hf_llama", "hf_t5", "hf_vit")
+HF = ("hf_llama", "hf_llama_fused", "hf_t5", "hf_vit", "hf_qwen2", "hf_mistral", "hf_gemma", "hf_gpt_neox",
+      "hf_bert_padded")
 
 
 def build(name: str):
@@ -51,10 +52,15 @@ def build(name: str):
         return _Tagger(getattr(torch.nn, name.upper())).train(), torch.randint(0, 1000, (4, 48))
     import transformers as tf
     ids = torch.randint(0, 1000, (2, 64))
-    if name == "hf_llama":
+    if name in ("hf_llama", "hf_llama_fused"):
+        # fused: no attention dropout (the fused kernel) and no cache, as training scripts set it;
+        # traced, HF then builds a causal mask and repeats the keys and values (NOTE
+        # [Grouped-query attention]); with a cache it passes is_causal and grouped keys
+        fused = name == "hf_llama_fused"
         model = tf.LlamaForCausalLM(tf.LlamaConfig(
             vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1))
+            num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.0 if fused else 0.1,
+            use_cache=not fused))
         x = {"input_ids": ids}
     elif name == "hf_t5":
         model = tf.T5ForConditionalGeneration(tf.T5Config(
@@ -65,6 +71,33 @@ def build(name: str):
             hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
             image_size=64, patch_size=8, hidden_dropout_prob=0.1))
         x = {"pixel_values": torch.randn(2, 3, 64, 64)}
+    elif name == "hf_qwen2":  # grouped-query attention, no attention dropout: the fused kernel
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(
+            vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2))
+        x = {"input_ids": ids}
+    elif name == "hf_mistral":  # a sliding window shorter than the input: not a causal mask
+        model = tf.MistralForCausalLM(tf.MistralConfig(
+            vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, sliding_window=16))
+        x = {"input_ids": ids}
+    elif name == "hf_gemma":  # one key/value head for four query heads
+        model = tf.GemmaForCausalLM(tf.GemmaConfig(
+            vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=32))
+        x = {"input_ids": ids}
+    elif name == "hf_gpt_neox":
+        model = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(
+            vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
+            num_attention_heads=4, hidden_dropout=0.1))
+        x = {"input_ids": ids}
+    elif name == "hf_bert_padded":  # a padding mask read from an input's values
+        model = tf.BertForMaskedLM(tf.BertConfig(
+            vocab_size=1000, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+            intermediate_size=256))
+        mask = torch.ones_like(ids)
+        mask[0, 48:] = 0
+        x = {"input_ids": ids, "attention_mask": mask}
     else:
         raise ValueError(f"unknown model {name!r}; choose from "
                          f"{[*TORCHVISION, *SEGMENTATION, *RECURRENT, *HF]}")
