@@ -43,3 +43,20 @@ def test_a_sum_loss_peaks_at_the_plan(autocast):
 def test_a_loss_that_makes_its_gradient_peaks_at_the_plan():
     limit, measured = _least_measured(lambda out: out.logits.float().sum(), autocast=True)
     assert measured <= limit
+
+
+def test_a_loss_inside_the_model_peaks_at_its_prediction():
+    """The way round: a loss computed inside the model is part of the plan. HF's models compute
+    cross-entropy themselves when given `labels`; the least plan then measures its prediction to
+    the byte, whether the step backpropagates the loss alone or with the logits summed in."""
+    torch.manual_seed(0)
+    base, x, _ = models.gpt2_tiny(dropout=0.0)
+    x = {**x, "labels": x["input_ids"].clone()}
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
+    least = monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
+                               profile_repeats=1, profile_dir=None, time_limit_s=5)
+    resident = monet_opt.resident_tensors(least.model, x)
+    for loss_fn in (lambda out: out.loss, lambda out: out.loss + out.logits.sum()):
+        least.model.zero_grad(set_to_none=True)
+        measured = monet_opt.measure_peak(lambda: loss_fn(call(least, x)).backward(), resident)
+        assert measured == least.plan.predicted_peak_bytes <= full.plan.min_feasible_bytes
