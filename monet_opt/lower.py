@@ -18,8 +18,11 @@ NOTE [The output's gradient]
   +128,000 B over the store-all plan's prediction (eager's peak grows alike), +0 at the least
   plan; `logits.square().sum()` +201,728 B at the least plan; under CPU autocast
   `logits.float().sum()` +62,464 B (tests/test_loss_memory.py; on an H200 under CUDA autocast,
-  `sum` alone: +55,541 B). Leave that much room under the limit; tracing the loss into the step
-  would make it exact (not done).
+  `sum` alone: +55,541 B). Such a gradient is warned about when it arrives
+  (OutputGradientWarning, monet_opt/output_grad.py: a hook on each output looks at the
+  gradient's storage). Leave that much room under the limit, or compute the loss inside the
+  model, where the plan covers it (HF: `labels`; measured to the byte); tracing a separate loss
+  function into the step would make it exact too (not done).
 """
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
+from monet_opt import output_grad
 from monet_opt.accumulate import GradientSlots
 from monet_opt.capture import InputSpec, LeafSpec, autocast_state
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError
@@ -152,7 +153,9 @@ class OptimizedModule(nn.Module):
         step, inputs = self._step_for(args, kwargs, mine)
         if step.slots is not None:
             step.slots.bind(mine)
-        return step.run(*mine, *[buffers[n] for n in self._buffer_names], *inputs)
+        outputs = step.run(*mine, *[buffers[n] for n in self._buffer_names], *inputs)
+        output_grad.watch(outputs, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
+        return outputs
 
     def _step_for(self, args: tuple, kwargs: dict, params: list[torch.Tensor]
                   ) -> tuple[Step, list[torch.Tensor]]:

@@ -4,9 +4,11 @@ full-size gradient, which autograd then holds through the step's backward."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import monet_opt
 from tests import models
@@ -60,3 +62,33 @@ def test_a_loss_inside_the_model_peaks_at_its_prediction():
         least.model.zero_grad(set_to_none=True)
         measured = monet_opt.measure_peak(lambda: loss_fn(call(least, x)).backward(), resident)
         assert measured == least.plan.predicted_peak_bytes <= full.plan.min_feasible_bytes
+
+
+def test_a_full_output_gradient_is_warned_about():
+    """A loss that hands the step a full-size output gradient gets an OutputGradientWarning
+    naming its bytes, the most the step can peak over the plan (cross-entropy: exactly that at
+    the store-all plan); a sum loss (an expanded scalar, free) gets none."""
+    torch.manual_seed(0)
+    base, x, _ = models.gpt2_tiny(dropout=0.0)
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
+    resident = monet_opt.resident_tensors(full.model, x)
+    logits_bytes = 2 * 32 * 500 * 4
+    targets = x["input_ids"].flatten()
+    losses = {"sum": lambda out: out.logits.sum(),
+              "mean": lambda out: out.logits.mean(),
+              "cross-entropy": lambda out: F.cross_entropy(out.logits.flatten(0, 1), targets)}
+    for name, loss_fn in losses.items():
+        full.model.zero_grad(set_to_none=True)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            measured = monet_opt.measure_peak(lambda: loss_fn(call(full, x)).backward(),
+                                              resident)
+        warned = [str(w.message) for w in seen
+                  if issubclass(w.category, monet_opt.OutputGradientWarning)]
+        over = measured - full.plan.predicted_peak_bytes
+        if name == "sum":
+            assert not warned and over == 0, (warned, over)
+        else:
+            assert len(warned) == 1 and f"{logits_bytes:,} B output gradient" in warned[0]
+            assert 0 <= over <= logits_bytes, (name, over)
+    assert over == logits_bytes  # cross-entropy, last

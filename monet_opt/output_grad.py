@@ -1,0 +1,50 @@
+"""A warning where the loss hands the step an output gradient the plan does not count (NOTE
+[The output's gradient] in monet_opt/lower.py).
+
+The plan counts the output gradients as `out.sum()` hands them: an expanded scalar, free. A loss
+whose backward makes a full-size gradient (cross-entropy, a mean, a square, a cast) adds that
+gradient, which autograd holds until our backward returns, so such a step can peak over the
+plan by its bytes, and by what the loss's backward itself makes (a square's: 1.6x the logits'
+bytes on tests/models.py's GPT-2). Each output of the step that requires a gradient gets a
+tensor hook that looks at the gradient it is handed (its storage: an expanded scalar's is one
+element) and warns where it holds more than SHARE of the plan's predicted peak, saying how many
+bytes and what to do: compute the loss inside the model. The hook returns nothing: the gradient
+goes on as it came.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+SHARE = 0.01  # of the predicted peak: an output gradient above this is warned about
+
+
+class OutputGradientWarning(RuntimeWarning):
+    """The loss handed the step a full-size output gradient, which the plan does not count
+    (NOTE [The output's gradient] in monet_opt/lower.py)."""
+
+
+def watch(outputs: Any, predicted_peak_bytes: int) -> None:
+    """Hook every output tensor that requires a gradient (the step's outputs, before the user's
+    loss sees them)."""
+    for out in pytree.tree_leaves(outputs):
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(_hook(predicted_peak_bytes))
+
+
+def _hook(peak: int):
+    def check(grad: torch.Tensor | None) -> None:  # None: an output the loss did not read
+        held = 0 if grad is None else grad.untyped_storage().nbytes()
+        if held > SHARE * peak:
+            warnings.warn(
+                f"monet_opt: the loss handed the step a {held:,} B output gradient (a full-size "
+                f"one, as cross-entropy, a mean, a square or a cast make); the plan counts output "
+                f"gradients as free (as out.sum() hands them), so this step can peak over its "
+                f"predicted {peak:,} B by that much and by what the loss's own backward makes. "
+                f"Compute the loss inside the model to plan "
+                f"it too (HF models: pass labels, backpropagate out.loss). NOTE [The output's "
+                f"gradient] in monet_opt/lower.py.", OutputGradientWarning, stacklevel=2)
+    return check
