@@ -92,3 +92,37 @@ def test_a_full_output_gradient_is_warned_about():
             assert len(warned) == 1 and f"{logits_bytes:,} B output gradient" in warned[0]
             assert 0 <= over <= logits_bytes, (name, over)
     assert over == logits_bytes  # cross-entropy, last
+
+
+class _WithLoss(torch.nn.Module):
+    """A model and its loss in one module: forward(inputs, targets) returns the loss."""
+
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, inputs, targets):
+        return self.loss_fn(self.model(**inputs), targets)
+
+
+def test_a_loss_wrapped_with_the_model_peaks_at_its_prediction():
+    """Any loss, planned: a module that calls the model and the loss (cross-entropy here) and
+    returns the loss scalar; the least plan measures its prediction to the byte, and the
+    gradients are eager's bitwise."""
+    torch.manual_seed(0)
+    base, x, _ = models.gpt2_tiny(dropout=0.0)
+    loss = lambda out, t: F.cross_entropy(out.logits.flatten(0, 1), t.flatten())  # noqa: E731
+    wrapped = _WithLoss(base, loss)
+    sample = (x, x["input_ids"].clone())
+    full = monet_opt.optimize(copy.deepcopy(wrapped), sample, HUGE, profile_repeats=1,
+                              profile_dir=None)
+    least = monet_opt.optimize(copy.deepcopy(wrapped), sample, full.plan.min_feasible_bytes,
+                               profile_repeats=1, profile_dir=None, time_limit_s=5)
+    resident = monet_opt.resident_tensors(least.model, sample)
+    measured = monet_opt.measure_peak(lambda: least(*sample).backward(), resident)
+    assert measured == least.plan.predicted_peak_bytes <= full.plan.min_feasible_bytes
+    least.model.zero_grad(set_to_none=True)
+    least(*sample).backward()
+    wrapped(*sample).backward()
+    for (name, ours), theirs in zip(least.model.named_parameters(), wrapped.parameters()):
+        assert torch.equal(ours.grad, theirs.grad), name
