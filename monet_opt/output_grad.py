@@ -44,7 +44,8 @@ def _hook(peak: int):
                 f"one, as cross-entropy, a mean, a square or a cast make); the plan counts output "
                 f"gradients as free (as out.sum() hands them), so this step can peak over its "
                 f"predicted {peak:,} B by that much and by what the loss's own backward makes. "
-                f"Compute the loss inside the model to plan "
-                f"it too (HF models: pass labels, backpropagate out.loss). NOTE [The output's "
-                f"gradient] in monet_opt/lower.py.", OutputGradientWarning, stacklevel=2)
+                f"To plan it too, optimize a module that computes the loss and returns it "
+                f"(forward(inputs, targets); HF models: pass labels, backpropagate out.loss). "
+                f"NOTE [The output's gradient] in monet_opt/lower.py.", OutputGradientWarning,
+                stacklevel=2)
     return check
