@@ -21,7 +21,11 @@ NOTE [Grouped-query attention]
   kernel's gradients instead: the call eager makes, with eager's results bitwise
   (tests/test_grouped_attention.py). The copies and sums are then read by nothing and go. The
   rewrite is made only where the whole pattern is there: the repeat read by nothing but these
-  attention ops, and each gradient read only by its group sum; otherwise nothing changes.
+  attention ops, and each gradient read only by its group sum; otherwise nothing changes. Under
+  autocast the repeat is cast before the kernel and the gradient cast back before its sum; the
+  kernel then reads the unrepeated keys cast (a new cast node) and the gradient is cast back
+  after it, as eager does (the group sum in float32 of bfloat16 gradients had put Llama's
+  gradients 6e-3 relative from eager's, which sums in the kernel and rounds once).
 
   Only where a mask was removed: a model that repeats its keys and calls the kernel with no mask
   in eager too (torchtitan's Llama: repeat_kv, then is_causal=True) is traced as it runs and left
@@ -74,8 +78,8 @@ def _rewrite(gm: fx.GraphModule, forward: fx.Node) -> int:
     repeats = [_repeated(key), _repeated(value)]
     if None in repeats or repeats[0][1] != repeats[1][1]:
         return 0
-    (k, group, k_chain), (v, _, v_chain) = repeats
-    chains = [k_chain, v_chain]
+    group = repeats[0][1]
+    chains = [chain for _, _, chain in repeats]
     backward_op = GROUPED[forward.target]
     readers = set(key.users) | set(value.users)
     backwards = [n for n in readers if n is not forward]
@@ -85,18 +89,21 @@ def _rewrite(gm: fx.GraphModule, forward: fx.Node) -> int:
         return 0
     sums = []  # (a kernel gradient, the nodes summing it over each group, the sum last)
     for backward in backwards:
-        for index, source in ((_GRAD_KEY, k), (_GRAD_VALUE, v)):
+        for index, (source, _, _) in zip((_GRAD_KEY, _GRAD_VALUE), repeats):
             for grad in _outputs(backward, index):
                 chain = _group_sum(grad, source, group)
                 if chain is None:
                     return 0
                 sums.append((grad, chain))
+    with gm.graph.inserting_before(forward):  # the kernel's inputs: cast as the repeats were
+        k, v = (_cast_as(gm, x, chain[-1]) for x, _, chain in repeats)
     for node in (forward, *backwards):
         set_argument(node, "key", k)
         set_argument(node, "value", v)
         _refresh(node)
     for grad, chain in sums:
-        chain[-1].replace_all_uses_with(grad)
+        with gm.graph.inserting_after(grad):  # the gradient cast back as the sum's input was
+            chain[-1].replace_all_uses_with(_cast_as(gm, grad, chain[0]))
         chains.append(chain)
     for chain in chains:
         for node in reversed(chain):
@@ -108,10 +115,16 @@ def _rewrite(gm: fx.GraphModule, forward: fx.Node) -> int:
 def _repeated(node) -> tuple[fx.Node, int, list[fx.Node]] | None:
     """(x, r, the repeat's nodes in order) where `node` is x ([b, h, s, d]) with each head
     repeated r > 1 times in place: reshape(clone(expand(unsqueeze(x, 2), [b, h, r, s, d])),
-    [b, h * r, s, d]); else None."""
-    if not isinstance(node, fx.Node) or node.target not in _RESHAPES:
+    [b, h * r, s, d]), possibly then cast (`_to_copy`: autocast's, before the kernel); else
+    None."""
+    if not isinstance(node, fx.Node):
         return None
     chain = [node]
+    if node.target is aten._to_copy.default:
+        node = node.args[0]
+        chain.append(node)
+    if node.target not in _RESHAPES:
+        return None
     expanded = node.args[0]
     if expanded.target is aten.clone.default:
         chain.append(expanded)
@@ -133,16 +146,32 @@ def _repeated(node) -> tuple[fx.Node, int, list[fx.Node]] | None:
     return x, r, [unsqueezed, expanded, *reversed(chain)]
 
 
+def _cast_as(gm: fx.GraphModule, x: fx.Node, node: fx.Node) -> fx.Node:
+    """x, cast as `node` casts where it is a `_to_copy` (a new node, at the graph's insertion
+    point); else x itself."""
+    if node.target is not aten._to_copy.default:
+        return x
+    cast = gm.graph.call_function(aten._to_copy.default, (x,), dict(node.kwargs))
+    cast.meta = dict(node.meta)  # its phase (partitioner_tag), its place in the model
+    _refresh(cast)
+    return cast
+
+
 def _outputs(node: fx.Node, index: int) -> list[fx.Node]:
     return [u for u in node.users if u.target is operator.getitem and u.args[1] == index]
 
 
 def _group_sum(grad: fx.Node, source: fx.Node, group: int) -> list[fx.Node] | None:
     """The nodes that sum `grad` (a gradient of the repeated tensor) over each group back to
-    `source`'s shape, in order, where that is all `grad` is read by: reshape to [b, h, r, s, d],
-    sum over dim 2, then squeeze or reshape if the sum kept the dim; else None."""
+    `source`'s shape and dtype, in order, where that is all `grad` is read by: possibly a cast
+    (`_to_copy`, back from autocast's), reshape to [b, h, r, s, d], sum over dim 2, then squeeze
+    or reshape if the sum kept the dim; else None."""
     b, h, s, d = source.meta["val"].shape
+    chain = []
     split = _only_user(grad)
+    if split is not None and split.target is aten._to_copy.default:
+        chain.append(split)
+        split = _only_user(split)
     if split is None or split.target not in _RESHAPES \
             or tuple(split.meta["val"].shape) != (b, h, group, s, d):
         return None
@@ -150,7 +179,7 @@ def _group_sum(grad: fx.Node, source: fx.Node, group: int) -> list[fx.Node] | No
     if total is None or total.target is not aten.sum.dim_IntList \
             or list(total.args[1]) not in ([2], [-3]) or len(total.args) > 3 or total.kwargs:
         return None
-    chain = [split, total]
+    chain += [split, total]
     if tuple(total.meta["val"].shape) == (b, h, 1, s, d):
         total = _only_user(total)
         if total is None or not (total.target in _RESHAPES or (
@@ -158,7 +187,7 @@ def _group_sum(grad: fx.Node, source: fx.Node, group: int) -> list[fx.Node] | No
             return None
         chain.append(total)
     val = total.meta["val"]
-    if tuple(val.shape) != (b, h, s, d) or val.dtype != grad.meta["val"].dtype:
+    if tuple(val.shape) != (b, h, s, d) or val.dtype != source.meta["val"].dtype:
         return None
     return chain
 

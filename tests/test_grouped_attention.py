@@ -79,6 +79,32 @@ def test_llama_runs_the_kernel_as_eager_does():
                     what="Llama with grouped keys")
 
 
+def _under_autocast(module):
+    """`module` called under bfloat16 autocast, entered per step as in PyTorch's AMP recipe
+    (autocast caches its casts of the parameters until its block ends)."""
+    def run(**kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return module(**kwargs)
+    return run
+
+
+def test_llama_under_autocast_runs_the_kernel_as_eager_does():
+    """Under bfloat16 autocast the traced keys are repeated in float32 and then cast, and their
+    gradients cast back before the group sums: the kernel gets the 2-head keys cast, as in
+    eager, and the gradients are eager's bitwise (repeated, 6e-3 relative off)."""
+    base, x, _ = _llama()
+    loss_fn = lambda out: out.logits.float().mean()  # noqa: E731
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        optimized = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
+                                       profile_repeats=1)
+        eager = _recorded(base, x, loss_fn).key_shapes
+        assert {s[1] for s in eager} == {2}
+        assert set(_recorded(optimized, x, loss_fn).key_shapes) == set(eager)
+    assert_same(run_steps(_under_autocast(optimized), optimized.model, x, loss_fn),
+                run_steps(_under_autocast(base), base, x, loss_fn), exact=True,
+                what="Llama under autocast with grouped keys")
+
+
 def test_llama_keeps_the_unrepeated_keys(monkeypatch):
     """The store-all plan keeps each layer's keys and values once, not once per query head: at
     least (r - 1) times their bytes less per layer (r = 2 here)."""
