@@ -49,6 +49,16 @@ def _kernel_calls(module, x, loss_fn):
     return _recorded(module, x, loss_fn).calls
 
 
+def store_all(base, x):
+    """`base` optimized (a copy) with no memory limit: the store-all plan."""
+    return monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None, profile_repeats=1)
+
+
+def assert_trains_as_eager(optimized, base, x, loss_fn, exact: bool, what: str):
+    assert_same(run_steps(optimized, optimized.model, x, loss_fn),
+                run_steps(base, base, x, loss_fn), exact=exact, what=what)
+
+
 class MaskedSelfAttention(nn.Module):
     """One attention layer that passes scaled_dot_product_attention an explicit mask: `mask`
     "causal" (boolean, lower-triangular), "additive" (0 / -inf), "nothing" (all True) or
@@ -79,7 +89,7 @@ def test_gpt2_attention_runs_causal_as_eager_does():
     base, x, loss_fn = models.gpt2_tiny(dropout=0.0)
     eager_calls = _kernel_calls(base, x, loss_fn)
     assert eager_calls and all(c == (True, False) for c in eager_calls), eager_calls
-    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None, profile_repeats=1)
+    full = store_all(base, x)
     least = monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
                                profile_dir=None, profile_repeats=1, time_limit_s=10)
     reference = run_steps(base, base, x, loss_fn)
@@ -99,12 +109,10 @@ def test_explicit_masks(mask, expected):
     base = MaskedSelfAttention(mask)
     x = torch.randn(2, 16, 32)
     loss_fn = lambda out: out.square().sum()  # noqa: E731
-    optimized = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
-                                   profile_repeats=1)
+    optimized = store_all(base, x)
     assert set(_kernel_calls(optimized, x, loss_fn)) == {expected}
-    assert_same(run_steps(optimized, optimized.model, x, loss_fn),
-                run_steps(base, base, x, loss_fn), exact=mask != "from input",
-                what=f"{mask} mask")
+    assert_trains_as_eager(optimized, base, x, loss_fn, exact=mask != "from input",
+                           what=f"{mask} mask")
 
 
 @pytest.mark.parametrize("op,n_args", [

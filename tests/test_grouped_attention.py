@@ -13,8 +13,8 @@ from torch import nn
 
 import monet_opt
 from monet_opt import grouped_attention
-from tests.test_attention_masks import _recorded
-from tests.test_executor import HUGE, assert_same, run_steps
+from tests.test_attention_masks import _recorded, assert_trains_as_eager, store_all
+from tests.test_executor import assert_same, run_steps
 
 
 def _llama(kv_heads: int = 2):
@@ -66,7 +66,7 @@ def test_llama_runs_the_kernel_as_eager_does():
     base, x, loss_fn = _llama()
     eager = _recorded(base, x, loss_fn).key_shapes
     assert eager and {s[1] for s in eager} == {2}, eager
-    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None, profile_repeats=1)
+    full = store_all(base, x)
     p = full.plan
     third = monet_opt.optimize(
         copy.deepcopy(base), x, p.fixed_bytes + p.gradient_bytes + p.store_all_activation_bytes // 3,
@@ -95,8 +95,7 @@ def test_llama_under_autocast_runs_the_kernel_as_eager_does():
     base, x, _ = _llama()
     loss_fn = lambda out: out.logits.float().mean()  # noqa: E731
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        optimized = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
-                                       profile_repeats=1)
+        optimized = store_all(base, x)
         eager = _recorded(base, x, loss_fn).key_shapes
         assert {s[1] for s in eager} == {2}
         assert set(_recorded(optimized, x, loss_fn).key_shapes) == set(eager)
@@ -109,11 +108,9 @@ def test_llama_keeps_the_unrepeated_keys(monkeypatch):
     """The store-all plan keeps each layer's keys and values once, not once per query head: at
     least (r - 1) times their bytes less per layer (r = 2 here)."""
     base, x, _ = _llama()
-    ours = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
-                              profile_repeats=1).plan
+    ours = store_all(base, x).plan
     _without_rewrite(monkeypatch)
-    before = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
-                                profile_repeats=1).plan
+    before = store_all(base, x).plan
     layers, kv_bytes = 2, 2 * (2 * 2 * 64 * 32 * 4)  # keys and values: [2, 2, 64, 32] float32
     saved = before.store_all_activation_bytes - ours.store_all_activation_bytes
     assert saved >= layers * kv_bytes, (saved, layers * kv_bytes)
@@ -122,10 +119,8 @@ def test_llama_keeps_the_unrepeated_keys(monkeypatch):
 def test_llama_without_groups_is_unchanged():
     """As many key/value heads as query heads: nothing is repeated; bitwise eager as before."""
     base, x, loss_fn = _llama(kv_heads=4)
-    optimized = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
-                                   profile_repeats=1)
-    assert_same(run_steps(optimized, optimized.model, x, loss_fn),
-                run_steps(base, base, x, loss_fn), exact=True, what="Llama, 4 key/value heads")
+    assert_trains_as_eager(store_all(base, x), base, x, loss_fn, exact=True,
+                           what="Llama, 4 key/value heads")
 
 
 @pytest.mark.parametrize("mask,heads,exact", [("is_causal", 4, True), ("causal", 2, False)])
@@ -137,8 +132,7 @@ def test_models_that_repeat_in_eager(mask, heads, exact):
     base = GroupedAttention(mask)
     x = torch.randn(2, 16, 64)
     loss_fn = lambda out: out.square().sum()  # noqa: E731
-    optimized = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
-                                   profile_repeats=1)
+    optimized = store_all(base, x)
     assert {s[1] for s in _recorded(optimized, x, loss_fn).key_shapes} == {heads}
-    assert_same(run_steps(optimized, optimized.model, x, loss_fn),
-                run_steps(base, base, x, loss_fn), exact=exact, what=f"{mask}, repeated keys")
+    assert_trains_as_eager(optimized, base, x, loss_fn, exact=exact,
+                           what=f"{mask}, repeated keys")
