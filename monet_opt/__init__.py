@@ -5,11 +5,12 @@ from monet_opt.errors import (CaptureError, InfeasibleBudgetError, MonetError, N
 from monet_opt.hooks import HookWarning
 from monet_opt.memory import LiveBytes, measure_peak, resident_tensors
 from monet_opt.module import OptimizedModule, ReplanWarning
-from monet_opt.output_grad import OutputGradientWarning
+from monet_opt.output_grad import OutputGradientWarning, WithLoss
 from monet_opt.plan import Plan
 from monet_opt.units import format_bytes, parse_memory_limit
 
 __all__ = ["CaptureError", "HookWarning", "InfeasibleBudgetError", "LiveBytes", "MonetError",
-           "NoBackwardError", "OptimizedModule", "OutputGradientWarning", "Plan", "PlanMismatchError", "ReplanWarning",
-           "UnsupportedGraphError", "format_bytes", "lower_problem", "measure_peak", "optimize",
-           "parse_memory_limit", "resident_tensors"]
+           "NoBackwardError", "OptimizedModule", "OutputGradientWarning", "Plan",
+           "PlanMismatchError", "ReplanWarning", "UnsupportedGraphError", "WithLoss",
+           "format_bytes", "lower_problem", "measure_peak", "optimize", "parse_memory_limit",
+           "resident_tensors"]

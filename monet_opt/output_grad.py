@@ -8,8 +8,8 @@ plan by its bytes, and by what the loss's backward itself makes (a square's: 1.6
 bytes on tests/models.py's GPT-2). Each output of the step that requires a gradient gets a
 tensor hook that looks at the gradient it is handed (its storage: an expanded scalar's is one
 element) and warns where it holds more than SHARE of the plan's predicted peak, saying how many
-bytes and what to do: compute the loss inside the model. The hook returns nothing: the gradient
-goes on as it came.
+bytes and what to do: compute the loss inside the module optimized (WithLoss). The hook returns
+nothing: the gradient goes on as it came.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils import _pytree as pytree
 
 SHARE = 0.01  # of the predicted peak: an output gradient above this is warned about
@@ -44,8 +45,34 @@ def _hook(peak: int):
                 f"one, as cross-entropy, a mean, a square or a cast make); the plan counts output "
                 f"gradients as free (as out.sum() hands them), so this step can peak over its "
                 f"predicted {peak:,} B by that much and by what the loss's own backward makes. "
-                f"To plan it too, optimize a module that computes the loss and returns it "
-                f"(forward(inputs, targets); HF models: pass labels, backpropagate out.loss). "
+                f"To plan it too, optimize the model with its loss: monet_opt.WithLoss(model, "
+                f"loss_fn), called as (inputs, targets) (HF models: pass labels and "
+                f"backpropagate out.loss). "
                 f"NOTE [The output's gradient] in monet_opt/lower.py.", OutputGradientWarning,
                 stacklevel=2)
     return check
+
+
+class WithLoss(nn.Module):
+    """The model and its loss as one module, so that the plan covers the loss too (NOTE [The
+    output's gradient] in monet_opt/lower.py): forward(inputs, targets) returns
+    loss_fn(model(inputs), targets), with `inputs` a tensor, a tuple of positional arguments or
+    a dict of keyword arguments. The model is held, not copied: the optimized module trains its
+    parameters.
+
+        opt = monet_opt.optimize(monet_opt.WithLoss(model, F.cross_entropy), (x, y), "2GiB")
+        opt(x, y).backward()
+    """
+
+    def __init__(self, model: nn.Module, loss_fn) -> None:
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, inputs: Any, targets: Any) -> torch.Tensor:
+        if isinstance(inputs, dict):
+            out = self.model(**inputs)
+        elif isinstance(inputs, tuple):
+            out = self.model(*inputs)
+        else:
+            out = self.model(inputs)
+        return self.loss_fn(out, targets)

@@ -94,25 +94,14 @@ def test_a_full_output_gradient_is_warned_about():
     assert over == logits_bytes  # cross-entropy, last
 
 
-class _WithLoss(torch.nn.Module):
-    """A model and its loss in one module: forward(inputs, targets) returns the loss."""
-
-    def __init__(self, model, loss_fn):
-        super().__init__()
-        self.model, self.loss_fn = model, loss_fn
-
-    def forward(self, inputs, targets):
-        return self.loss_fn(self.model(**inputs), targets)
-
-
 def test_a_loss_wrapped_with_the_model_peaks_at_its_prediction():
-    """Any loss, planned: a module that calls the model and the loss (cross-entropy here) and
-    returns the loss scalar; the least plan measures its prediction to the byte, and the
+    """Any loss, planned: monet_opt.WithLoss calls the model and the loss (cross-entropy here)
+    and returns the loss scalar; the least plan measures its prediction to the byte, and the
     gradients are eager's bitwise."""
     torch.manual_seed(0)
     base, x, _ = models.gpt2_tiny(dropout=0.0)
     loss = lambda out, t: F.cross_entropy(out.logits.flatten(0, 1), t.flatten())  # noqa: E731
-    wrapped = _WithLoss(base, loss)
+    wrapped = monet_opt.WithLoss(base, loss)
     sample = (x, x["input_ids"].clone())
     full = monet_opt.optimize(copy.deepcopy(wrapped), sample, HUGE, profile_repeats=1,
                               profile_dir=None)
@@ -126,3 +115,28 @@ def test_a_loss_wrapped_with_the_model_peaks_at_its_prediction():
     wrapped(*sample).backward()
     for (name, ours), theirs in zip(least.model.named_parameters(), wrapped.parameters()):
         assert torch.equal(ours.grad, theirs.grad), name
+
+
+def test_with_loss_takes_a_tensor_and_trains_the_model():
+    """WithLoss with a tensor input: the least plan measures its prediction, and a step through
+    the optimized wrapper trains the original model's own parameters as eager does."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(1024, 32), torch.randint(0, 10, (1024,))
+    wrapped = monet_opt.WithLoss(model, F.cross_entropy)
+    full = monet_opt.optimize(copy.deepcopy(wrapped), (x, y), HUGE, profile_repeats=1,
+                              profile_dir=None)
+    least = monet_opt.optimize(wrapped, (x, y), full.plan.min_feasible_bytes,
+                               profile_repeats=1, profile_dir=None, time_limit_s=5)
+    assert least.plan.recomputed_ops > 0
+    resident = monet_opt.resident_tensors(least.model, (x, y))
+    assert monet_opt.measure_peak(lambda: least(x, y).backward(), resident) \
+        == least.plan.predicted_peak_bytes
+    model.zero_grad(set_to_none=True)
+    least(x, y).backward()
+    F.cross_entropy(reference(x), y).backward()
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(ours.grad, theirs.grad)
