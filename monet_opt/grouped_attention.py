@@ -105,10 +105,12 @@ def _rewrite(gm: fx.GraphModule, forward: fx.Node) -> int:
         with gm.graph.inserting_after(grad):  # the gradient cast back as the sum's input was
             chain[-1].replace_all_uses_with(_cast_as(gm, grad, chain[0]))
         chains.append(chain)
+    erased: set[fx.Node] = set()  # keys and values may be one repeat
     for chain in chains:
         for node in reversed(chain):
-            if not node.users:
+            if node not in erased and not node.users:
                 gm.graph.erase_node(node)
+                erased.add(node)
     return 1 + len(backwards)
 
 

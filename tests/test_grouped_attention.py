@@ -5,6 +5,7 @@ repeats them in eager too is traced as it runs."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -29,11 +30,13 @@ def _llama(kv_heads: int = 2):
 
 class GroupedAttention(nn.Module):
     """Grouped-query attention that repeats its keys and values itself (as HF's repeat_kv), then
-    calls the kernel with `mask`: "is_causal" (no mask) or "causal" (an explicit one)."""
+    calls the kernel with `mask`: "is_causal" (no mask) or "causal" (an explicit one); `shared`:
+    the keys serve as the values too."""
 
-    def __init__(self, mask: str, dim: int = 64, heads: int = 4, kv_heads: int = 2):
+    def __init__(self, mask: str, dim: int = 64, heads: int = 4, kv_heads: int = 2,
+                 shared: bool = False):
         super().__init__()
-        self.mask, self.heads, self.kv_heads = mask, heads, kv_heads
+        self.mask, self.heads, self.kv_heads, self.shared = mask, heads, kv_heads, shared
         self.head_dim = dim // heads
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim)
@@ -47,6 +50,8 @@ class GroupedAttention(nn.Module):
                 for t in self.kv(x).chunk(2, dim=-1))
         k, v = (t[:, :, None].expand(b, self.kv_heads, r, n, self.head_dim)
                 .reshape(b, self.heads, n, self.head_dim) for t in (k, v))
+        if self.shared:
+            v = k
         if self.mask == "is_causal":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -123,16 +128,36 @@ def test_llama_without_groups_is_unchanged():
                            what="Llama, 4 key/value heads")
 
 
-@pytest.mark.parametrize("mask,heads,exact", [("is_causal", 4, True), ("causal", 2, False)])
-def test_models_that_repeat_in_eager(mask, heads, exact):
+@pytest.mark.parametrize("mask,shared,heads,exact", [("is_causal", False, 4, True),
+                                                     ("causal", False, 2, False),
+                                                     ("causal", True, 4, True)])
+def test_models_that_repeat_in_eager(mask, shared, heads, exact):
     """A model that repeats its keys and passes no mask runs as in eager (4-head keys, bitwise);
     one that passes an explicit causal mask has it removed and its keys unrepeated (2-head keys,
-    the gradients within rounding of eager's)."""
+    the gradients within rounding of eager's); where its keys are its values, their two
+    gradients meet before the group sum, and the keys stay repeated (bitwise)."""
     torch.manual_seed(0)
-    base = GroupedAttention(mask)
+    base = GroupedAttention(mask, shared=shared)
     x = torch.randn(2, 16, 64)
     loss_fn = lambda out: out.square().sum()  # noqa: E731
     optimized = store_all(base, x)
     assert {s[1] for s in _recorded(optimized, x, loss_fn).key_shapes} == {heads}
     assert_trains_as_eager(optimized, base, x, loss_fn, exact=exact,
                            what=f"{mask}, repeated keys")
+
+
+def test_shared_keys_whose_gradients_are_not_needed():
+    """Keys that are the values too, from a frozen projection: no gradient of theirs is summed,
+    the one repeat is replaced once (and removed once), and the step trains as eager does
+    within rounding."""
+    torch.manual_seed(0)
+    base = GroupedAttention("causal", shared=True)
+    base.kv.requires_grad_(False)
+    x = torch.randn(2, 16, 64)
+    loss_fn = lambda out: out.square().sum()  # noqa: E731
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        optimized = store_all(base, x)
+    assert not [w for w in seen if "erase_node" in str(w.message)]  # FX: erased twice
+    assert {s[1] for s in _recorded(optimized, x, loss_fn).key_shapes} == {2}
+    assert_trains_as_eager(optimized, base, x, loss_fn, exact=False, what="shared, frozen keys")
