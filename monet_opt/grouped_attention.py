@@ -7,8 +7,9 @@ NOTE [Grouped-query attention]
   kernel share each among its group of query heads (`enable_gqa=True`), or repeats them itself
   to one per query head first (HF's `repeat_kv`: unsqueeze, expand, clone, reshape). HF does the
   first only when it passes no mask (`use_gqa_in_sdpa`), which in eager is whenever no token is
-  padded, and traced it always builds a mask (NOTE [Constant attention masks]); so our trace
-  holds the second where eager does the first. The step then keeps the repeated keys and values
+  padded, and traced it builds a mask where a check would read values (with use_cache=False, as
+  training sets it, the check for packed sequences in the position ids; NOTE [Constant attention
+  masks]); so our trace holds the second where eager does the first. The step then keeps the repeated keys and values
   for the attention's backward (the group's size times their bytes: 4x for Llama-3-8B's 32
   query and 8 key/value heads), copies them in the forward, and sums the kernel's per-head
   gradients over each group in another order than the kernel does: HF Llama (4 query heads, 2
