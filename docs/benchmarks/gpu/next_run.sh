@@ -3,6 +3,7 @@
 # as for device_run.sh, most wanted first:
 #   - NOTE [Constant attention masks] on the GPU: HF GPT-2 (no dropout, batch 8 x 1,024) with
 #     the traced causal mask kept and dropped, against eager (attention_masks.md);
+#   - HF Llama with grouped-query attention, the same way (about a minute);
 #   - every CUDA contract test (tests/test_cuda.py; the last two were cut at 170 s before);
 #   - `monet-opt bench` of GPT-2 again (before the note: +10.8 % at eager's peak, predicted
 #     +0.1 %), without torch.compile (measured then: 142 s to compile), then U-Net, DenseNet-121
@@ -18,6 +19,12 @@ END=${END_S:-560}
 timeout 120 python3 docs/benchmarks/attention_masks.py --device cuda --batch 8 \
     --seq 1024 --rounds 7 2>&1 | grep -v -i "warn\|^monet_opt:" > "$OUT/attention_masks.md"
 cat "$OUT/attention_masks.md"
+# HF Llama, 4 query heads per key/value head: on CUDA our traced call stays the memory-efficient
+# kernel with repeated keys (NOTE [Grouped-query attention]); how far that is from eager's
+timeout 100 python3 docs/benchmarks/attention_masks.py --device cuda --batch 4 --seq 1024 \
+    --rounds 5 --width 1024 --heads 16 --vocab 32000 --kv-heads 4 --layers 8 2>&1 \
+    | grep -v -i "warn\|^monet_opt:" > "$OUT/grouped_attention.md"
+cat "$OUT/grouped_attention.md"
 timeout 200 python3 -m pytest -q -rxX --tb=short -p no:cacheprovider tests/test_cuda.py \
     > "$OUT/test_cuda.log" 2>&1
 tail -n 12 "$OUT/test_cuda.log"
