@@ -26,8 +26,8 @@ TORCHVISION = {  # name: image size
     "inception_v3": 96, "swin_t": 64, "vit_b_16": 64}
 SEGMENTATION = {"lraspp_mobilenet_v3_large": 64, "fcn_resnet50": 64}  # bilinear upsampling
 RECURRENT = ("gru", "lstm")
-HF = ("hf_llama", "hf_llama_fused", "hf_t5", "hf_vit", "hf_qwen2", "hf_mistral", "hf_gemma", "hf_gpt_neox",
-      "hf_bert_padded")
+HF = ("hf_llama", "hf_llama_fused", "hf_t5", "hf_vit", "hf_qwen2", "hf_mistral", "hf_gemma",
+      "hf_gpt_neox", "hf_bert_padded")
 
 
 def build(name: str):

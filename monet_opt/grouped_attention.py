@@ -9,11 +9,12 @@ NOTE [Grouped-query attention]
   first only when it passes no mask (`use_gqa_in_sdpa`), which in eager is whenever no token is
   padded, and traced it builds a mask where a check would read values (with use_cache=False, as
   training sets it, the check for packed sequences in the position ids; NOTE [Constant attention
-  masks]); so our trace holds the second where eager does the first. The step then keeps the repeated keys and values
-  for the attention's backward (the group's size times their bytes: 4x for Llama-3-8B's 32
-  query and 8 key/value heads), copies them in the forward, and sums the kernel's per-head
-  gradients over each group in another order than the kernel does: HF Llama (4 query heads, 2
-  key/value heads, 128 wide) had gradients up to 4.4e-7 relative from eager's.
+  masks]); so our trace holds the second where eager does the first. The step then keeps the
+  repeated keys and values for the attention's backward (the group's size times their bytes: 4x
+  for Llama-3-8B's 32 query and 8 key/value heads), copies them in the forward, and sums the
+  kernel's per-head gradients over each group in another order than the kernel does: HF Llama
+  (4 query heads, 2 key/value heads, 128 wide) had gradients up to 4.4e-7 relative from
+  eager's.
 
   So where NOTE [Constant attention masks] has just removed an attention's mask, and that
   attention reads repeated keys and values, and its kernel takes grouped ones itself (GROUPED

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from monet_opt.capture import InputSpec
+
 SHARE = 0.01  # of the predicted peak: an output gradient above this is warned about
 
 
@@ -69,10 +71,5 @@ class WithLoss(nn.Module):
         self.model, self.loss_fn = model, loss_fn
 
     def forward(self, inputs: Any, targets: Any) -> torch.Tensor:
-        if isinstance(inputs, dict):
-            out = self.model(**inputs)
-        elif isinstance(inputs, tuple):
-            out = self.model(*inputs)
-        else:
-            out = self.model(inputs)
-        return self.loss_fn(out, targets)
+        args, kwargs = InputSpec.split(inputs)  # what a sample_input means to optimize()
+        return self.loss_fn(self.model(*args, **kwargs), targets)

@@ -73,9 +73,9 @@ def test_llama_runs_the_kernel_as_eager_does():
     assert eager and {s[1] for s in eager} == {2}, eager
     full = store_all(base, x)
     p = full.plan
-    third = monet_opt.optimize(
-        copy.deepcopy(base), x, p.fixed_bytes + p.gradient_bytes + p.store_all_activation_bytes // 3,
-        profile_dir=None, profile_repeats=1, time_limit_s=10)
+    limit = p.fixed_bytes + p.gradient_bytes + p.store_all_activation_bytes // 3
+    third = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_dir=None,
+                               profile_repeats=1, time_limit_s=10)
     assert third.plan.recomputed_ops > 0
     reference = run_steps(base, base, x, loss_fn)
     for optimized in (full, third):
