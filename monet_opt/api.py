@@ -19,7 +19,7 @@ from monet_opt.eager_kernels import warn_if_lstm
 from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
-from monet_opt.memory import allocated_bytes, cuda_slack
+from monet_opt.memory import allocated_bytes, cuda_slack, shared_bytes, storage_groups
 from monet_opt.lower_variants import attach_variants, with_costs
 from monet_opt.module import OptimizedModule, Step
 from monet_opt.plan import Plan, make_plan
@@ -113,8 +113,10 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
                            resident_bytes=resident_bytes)
         run, spec = _trace(model, args, kwargs, planner)
         internal_assert(planner.plan is not None, "the partition function was never called")
+        inputs = planner.primals[len(planner.primals) - len(spec.leaves):]
         return Step(run, spec, planner.plan, planner.inputs, resident, resident_bytes,
-                    planner.slots, frozen=sum(not p.requires_grad for p in model.parameters()))
+                    planner.slots, frozen=sum(not p.requires_grad for p in model.parameters()),
+                    shared=storage_groups(inputs))  # NOTE [Inputs that share a storage]
 
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     warn_if_lstm(model)  # NOTE [Eager's own kernels]
@@ -269,6 +271,9 @@ class _Planner:
             else:
                 self.profile = self._cached_profile(joint, lowered, measure)
                 problem = self.profile.problem
+            shared = shared_bytes(self.primals)  # NOTE [Inputs that share a storage]
+            if shared:
+                problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes - shared)
             self.problem = problem
             lowered = _matching(lowered, problem)
             slots = GradientSlots(self.resident, self.primals) if self.resident else None

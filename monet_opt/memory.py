@@ -87,6 +87,34 @@ def resident_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
+# NOTE [Inputs that share a storage]
+#   The lowering counts each placeholder of the traced step as its own storage (it sees fake
+#   tensors, not what they share), so a tensor passed twice, or with a view of itself (HF's
+#   `labels=input_ids`), was counted twice in the plan's fixed bytes: the prediction came out
+#   over the measured peak by the second copy's bytes (2,048 B of a 313,608 B step for int64
+#   ids of 8 x 32). The planner takes `shared_bytes` of the step's real tensors off the fixed
+#   bytes after the profile is found or made (the profile, keyed by graph and shapes, stays the
+#   same either way; a schedule is keyed by its problem, so it follows). The plan then holds
+#   only while the inputs share as the sample's did: the optimized module plans a step apart
+#   for inputs that share storages otherwise (`storage_groups` is part of a step's key, NOTE
+#   [New input shapes] in monet_opt/module.py).
+def shared_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """What counting each tensor's storage once per tensor counts more than once."""
+    tensors = list(tensors)
+    each = sum(allocated_bytes(t.untyped_storage().nbytes(), t.device) for t in tensors)
+    return each - resident_bytes(tensors)
+
+
+def storage_groups(tensors: Iterable[torch.Tensor]) -> tuple[tuple[int, ...], ...]:
+    """The positions of tensors that share a storage, grouped (groups of one left out)."""
+    groups: dict[tuple, list[int]] = {}
+    for k, t in enumerate(tensors):
+        storage = t.untyped_storage()
+        if storage.nbytes():  # empty storages all sit at address 0
+            groups.setdefault((t.device, storage.data_ptr()), []).append(k)
+    return tuple(tuple(g) for g in groups.values() if len(g) > 1)
+
+
 CUDA_BLOCK = 512  # NOTE [CUDA blocks]
 CUDA_LARGE = 1 << 20  # the allocator's large blocks: over this, cut from segments
 

@@ -16,7 +16,7 @@ from monet_opt.accumulate import GradientSlots
 from monet_opt.capture import InputSpec, LeafSpec, autocast_state
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError
 from monet_opt.hooks import changed, hooks_of
-from monet_opt.memory import resident_bytes
+from monet_opt.memory import resident_bytes, storage_groups
 from monet_opt.plan import Plan
 from monet_opt.units import format_bytes
 
@@ -46,12 +46,14 @@ class Step:
     resident_bytes: int = 0
     slots: GradientSlots | None = None
     frozen: int = 0  # parameters traced without requires_grad
+    shared: tuple[tuple[int, ...], ...] = ()  # inputs sharing a storage (storage_groups)
 
     @property
     def label(self) -> str:
         return self.inputs + (f", {format_bytes(self.resident_bytes)} of gradients resident"
                               if self.resident_bytes else "") + \
-            (f", {self.frozen} parameters frozen" if self.frozen else "")
+            (f", {self.frozen} parameters frozen" if self.frozen else "") + \
+            "".join(f", inputs {' and '.join(map(str, g))} share a storage" for g in self.shared)
 
 
 # NOTE [New input shapes]
@@ -108,7 +110,7 @@ class OptimizedModule(nn.Module):
         self._first_params = _param_key([params[n] for n in param_names])
         self._steps: dict[tuple, Step] = {
             _step_key(first.spec.leaves, self._first_params, first.resident,
-                      first.resident_bytes): first}
+                      first.resident_bytes, first.shared): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
         self._param_names = param_names
@@ -165,18 +167,23 @@ class OptimizedModule(nn.Module):
         resident = tuple(k for k, p in enumerate(params) if p.grad is not None)
         now = _param_key(params)
         resident_bytes = _resident_gradient_bytes(self.model) if resident else 0
-        key = _step_key(tuple(LeafSpec.of(x) for x in inputs), now, resident, resident_bytes)
+        shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
+        key = _step_key(tuple(LeafSpec.of(x) for x in inputs), now, resident, resident_bytes,
+                        shared)
         step = self._steps.get(key)
         if step is None:
             step = self._plan_for(args, kwargs, resident, resident_bytes,
-                                  params_changed=now != self._first_params)
+                                  params_changed=now != self._first_params,
+                                  sharing_changed=shared != self._first.shared)
             self._steps[key] = step
         return step, inputs
 
     def _plan_for(self, args: tuple, kwargs: dict, resident: tuple[int, ...],
-                  resident_bytes: int, params_changed: bool = False) -> Step:
+                  resident_bytes: int, params_changed: bool = False,
+                  sharing_changed: bool = False) -> Step:
         start = time.perf_counter()
         first = self._first.label
+        why = _why(resident_bytes, params_changed, sharing_changed)
         if self._plan_step is None:
             raise PlanMismatchError(f"monet_opt: this module runs only its first plan ({first})")
         try:
@@ -184,15 +191,14 @@ class OptimizedModule(nn.Module):
                 step = self._plan_step(args, kwargs, resident, resident_bytes)
         except InfeasibleBudgetError as err:
             err.add_note(f"monet_opt: while planning a step for "
-                         f"{_situation(resident_bytes, params_changed)}; the first plan was for "
-                         f"{first}.")
+                         f"{_situation(why, resident_bytes)}; the first plan was for {first}.")
             raise
         warnings.warn(ReplanWarning(
             f"monet_opt: planned a step for {step.label} (the first plan: {first}) under the "
             f"same memory limit, {format_bytes(self.plan.memory_limit_bytes)}, in "
             f"{time.perf_counter() - start:.1f} s: predicted peak "
             f"{format_bytes(step.plan.predicted_peak_bytes)}, {len(self._steps) + 1} plans so "
-            "far. Each is planned once. " + _what_to_do(resident_bytes, params_changed)
+            "far. Each is planned once. " + _WHAT_TO_DO[why]
             + _too_many(len(self._steps) + 1)),
             stacklevel=6)  # the caller of opt(...), through nn.Module.__call__
         return step
@@ -215,10 +221,11 @@ def _resident_gradient_bytes(model: nn.Module) -> int:
 
 
 def _step_key(leaves: tuple, params: tuple, resident: tuple[int, ...],
-              resident_bytes: int) -> tuple:
-    """What tells steps apart: the inputs' specs, the parameters' key, the gradients in place
-    (NOTE [New input shapes], NOTE [Parameters changed])."""
-    return leaves, params, resident, resident_bytes
+              resident_bytes: int, shared: tuple) -> tuple:
+    """What tells steps apart: the inputs' specs, the parameters' key, the gradients in place,
+    the inputs that share a storage (NOTE [New input shapes], NOTE [Parameters changed], NOTE
+    [Inputs that share a storage] in monet_opt/memory.py)."""
+    return leaves, params, resident, resident_bytes, shared
 
 
 def _param_key(params: list[torch.Tensor]) -> tuple:
@@ -226,26 +233,37 @@ def _param_key(params: list[torch.Tensor]) -> tuple:
     return tuple((p.shape, p.dtype, p.device, p.requires_grad) for p in params)
 
 
-def _situation(resident_bytes: int, params_changed: bool = False) -> str:
-    if resident_bytes:
-        return (f"a step that begins with {format_bytes(resident_bytes)} of gradients resident "
-                "(accumulation, or zero_grad(set_to_none=False)), which the limit must hold too")
+def _why(resident_bytes: int, params_changed: bool, sharing_changed: bool) -> str:
+    """Why a step is planned apart: "params", "resident", "sharing" or "shapes"."""
     if params_changed:
-        return "parameters changed since optimize() (requires_grad, shape, dtype or device)"
-    return "inputs of new shapes"
+        return "params"
+    if resident_bytes:
+        return "resident"
+    return "sharing" if sharing_changed else "shapes"
 
 
-def _what_to_do(resident_bytes: int, params_changed: bool = False) -> str:
-    if params_changed:
-        return ("A parameter whose requires_grad, shape, dtype or device changed since "
-                "optimize() (layers frozen or unfrozen) needs a step traced for it (NOTE "
-                "[Parameters changed]).")
-    if resident_bytes:
-        return ("Gradients in place at a step's start (accumulating over micro-batches, or "
+def _situation(why: str, resident_bytes: int) -> str:
+    return {"resident": f"a step that begins with {format_bytes(resident_bytes)} of gradients "
+                        "resident (accumulation, or zero_grad(set_to_none=False)), which the "
+                        "limit must hold too",
+            "params": "parameters changed since optimize() (requires_grad, shape, dtype or "
+                      "device)",
+            "sharing": "inputs that share storages otherwise than the sample's",
+            "shapes": "inputs of new shapes"}[why]
+
+
+_WHAT_TO_DO = {
+    "params": "A parameter whose requires_grad, shape, dtype or device changed since optimize() "
+              "(layers frozen or unfrozen) needs a step traced for it (NOTE [Parameters "
+              "changed]).",
+    "resident": "Gradients in place at a step's start (accumulating over micro-batches, or "
                 "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
-                "limit is left for activations.")
-    return ("DataLoader(drop_last=True) keeps every batch the sample's shape; "
-            "optimize(..., new_shapes='error') refuses other shapes.")
+                "limit is left for activations.",
+    "sharing": "A plan counts an input passed twice (labels=input_ids) once, so inputs that "
+               "share storages otherwise than the sample's hold other bytes; pass them as the "
+               "sample did.",
+    "shapes": "DataLoader(drop_last=True) keeps every batch the sample's shape; "
+              "optimize(..., new_shapes='error') refuses other shapes."}
 
 
 def _too_many(plans: int) -> str:

@@ -47,13 +47,17 @@ def test_a_loss_that_makes_its_gradient_peaks_at_the_plan():
     assert measured <= limit
 
 
-def test_a_loss_inside_the_model_peaks_at_its_prediction():
+@pytest.mark.parametrize("labels", ["a copy", "the input ids"])
+def test_a_loss_inside_the_model_peaks_at_its_prediction(labels):
     """The way round: a loss computed inside the model is part of the plan. HF's models compute
     cross-entropy themselves when given `labels`; the least plan then measures its prediction to
-    the byte, whether the step backpropagates the loss alone or with the logits summed in."""
+    the byte, whether the step backpropagates the loss alone or with the logits summed in, and
+    whether the labels are a tensor of their own or the input ids themselves (NOTE [Inputs that
+    share a storage] in monet_opt/memory.py)."""
     torch.manual_seed(0)
     base, x, _ = models.gpt2_tiny(dropout=0.0)
-    x = {**x, "labels": x["input_ids"].clone()}
+    ids = x["input_ids"]
+    x = {**x, "labels": ids.clone() if labels == "a copy" else ids}
     full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
     least = monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
                                profile_repeats=1, profile_dir=None, time_limit_s=5)
@@ -140,3 +144,31 @@ def test_with_loss_takes_a_tensor_and_trains_the_model():
     F.cross_entropy(reference(x), y).backward()
     for ours, theirs in zip(model.parameters(), reference.parameters()):
         assert torch.equal(ours.grad, theirs.grad)
+
+
+def test_inputs_sharing_otherwise_than_the_sample_get_their_own_plan():
+    """A plan made for labels=input_ids counts the ids once; a step given a copy as labels holds
+    one more int64 tensor, so it is planned apart (ReplanWarning saying why), and each plan
+    measures its prediction to the byte, the two a copy's bytes apart."""
+    torch.manual_seed(0)
+    base, x, _ = models.gpt2_tiny(dropout=0.0)
+    ids = x["input_ids"]
+    same, copied = {**x, "labels": ids}, {**x, "labels": ids.clone()}
+    opt = monet_opt.optimize(base, same, HUGE, profile_repeats=1, profile_dir=None)
+    measured, warned = {}, {}
+    for name, inputs in (("same", same), ("copied", copied), ("same again", same)):
+        base.zero_grad(set_to_none=True)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            measured[name] = monet_opt.measure_peak(
+                lambda: call(opt, inputs).loss.backward(),
+                monet_opt.resident_tensors(base, inputs))
+        warned[name] = [str(w.message) for w in seen
+                        if issubclass(w.category, monet_opt.ReplanWarning)]
+    assert not warned["same"] and not warned["same again"]
+    assert len(warned["copied"]) == 1 and "share storages otherwise" in warned["copied"][0]
+    plans = list(opt.plans.values())
+    assert len(plans) == 2 and "inputs 0 and 1 share a storage" in list(opt.plans)[0]
+    assert measured["same"] == measured["same again"] == plans[0].predicted_peak_bytes
+    assert measured["copied"] == plans[1].predicted_peak_bytes
+    assert plans[1].fixed_bytes - plans[0].fixed_bytes == ids.untyped_storage().nbytes()
