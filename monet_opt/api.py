@@ -9,7 +9,7 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import (attention_masks, bn_split, capture, conv_split, grad_layout,
+from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
                        grouped_attention, late_grads, rewrite, saved_clones)
 from monet_opt import variants as variant_library
 from monet_opt.accumulate import GradientSlots, in_place_problem
@@ -250,6 +250,7 @@ class _Planner:
         unmasked = attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
         grouped_attention.use_grouped_keys(joint, unmasked)  # NOTE [Grouped-query attention]
         saved_clones.drop_saved_clones(joint)  # NOTE [Saved clones]
+        dropout_scale.round_dropout_scales(joint)  # NOTE [Dropout's scale]
         # NOTE [Gradients in the parameter's layout]
         grad_layout.match_gradient_layouts(joint, num_fwd_outputs)
         devices = {t.device.type for t in self.primals}

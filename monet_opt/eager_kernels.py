@@ -14,7 +14,8 @@ from torch._C import DispatchKey
 #   AOTAutograd traces with PyTorch's Python dispatcher on, and under it some ATen ops run a
 #   Python decomposition registered for their Autograd or CompositeImplicitAutograd key in
 #   place of the C++ kernel eager calls. For most such ops the decomposition computes what the
-#   kernel does, bit for bit (dropout, batch norm, matmul, nearest upsampling: checked). For the
+#   kernel does, bit for bit (batch norm, matmul, nearest upsampling: checked; dropout's forward,
+#   and its backward with the scale NOTE [Dropout's scale] gives it). For the
 #   ops named here it does not:
 #   - linear, bilinear, bicubic and trilinear upsampling (F.interpolate, nn.Upsample): the
 #     decomposition's pointwise arithmetic rounds otherwise than the native kernel (outputs up

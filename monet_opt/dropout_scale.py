@@ -1,0 +1,56 @@
+"""Dropout's backward scaled as eager's scales it (a rewrite of the joint graph).
+
+NOTE [Dropout's scale]
+  On the CPU eager's dropout is not the fused `native_dropout` (ATen takes that only on CUDA,
+  XPU and backends' own devices: `is_fused_kernel_acceptable` in Dropout.cpp) but its composite:
+  noise drawn with `bernoulli_(1 - p)` in the input's dtype, divided in place by 1 - p and
+  multiplied into the input; autograd's backward multiplies the gradient by that noise. The
+  trace records `native_dropout` instead (PyTorch's Python decomposition of dropout). Its
+  forward is eager's bitwise on the CPU (float16, bfloat16, float32, float64 at p = 0.1, 0.3,
+  0.37, 0.5: checked), but its backward multiplies by 1 / (1 - p) as the double it is, where
+  eager multiplies by the noise, 1 / (1 - p) rounded to the input's dtype. In float32 and
+  float64 these are one number; in bfloat16 1.1111 is 1.109375, so under CPU autocast the traced
+  step's gradients were not eager's (GPT-2 with dropout 0.1 after its residual projections:
+  up to 4 apart). Each CPU `native_dropout_backward` is given here the scale eager's noise
+  holds, computed as eager computes it, and the step's gradients are eager's bitwise
+  (tests/test_autocast.py).
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+aten = torch.ops.aten
+FUSED_DEVICES = ("cuda", "xpu", "lazy", "privateuseone")  # where eager runs native_dropout
+
+
+def eager_scale(p: float, dtype: torch.dtype) -> float:
+    """The value of eager's kept noise: one, divided in place by 1 - p, in `dtype`."""
+    with unset_fake_temporarily():  # called while AOTAutograd traces
+        return torch.ones((), dtype=dtype).div_(1 - p).item()
+
+
+def round_dropout_scales(gm: fx.GraphModule) -> int:
+    """NOTE [Dropout's scale], in place; returns how many backward ops it changed."""
+    changed = 0
+    backward = aten.native_dropout_backward.default
+    for node in gm.graph.find_nodes(op="call_function", target=backward):
+        grad, mask, scale = node.args
+        drop = mask.args[0] if isinstance(mask, fx.Node) and mask.target is operator.getitem \
+            else None
+        if drop is None or drop.target is not aten.native_dropout.default:
+            continue
+        val = drop.args[0].meta.get("val")  # the input: eager's noise has its dtype
+        p = float(drop.args[1])
+        if val is None or val.device.type in FUSED_DEVICES or not 0 < p < 1:
+            continue
+        rounded = eager_scale(p, val.dtype)
+        if rounded != scale:
+            node.args = (grad, mask, rounded)
+            changed += 1
+    if changed:
+        gm.recompile()
+    return changed
