@@ -4,6 +4,7 @@
 #   - NOTE [Constant attention masks] on the GPU: HF GPT-2 (no dropout, batch 8 x 1,024) with
 #     the traced causal mask kept and dropped, against eager (attention_masks.md);
 #   - HF Llama with grouped-query attention, the same way (about a minute);
+#   - which attention kernels eager and our step run under bfloat16 autocast (sdpa_kernels.py);
 #   - every CUDA contract test (tests/test_cuda.py; the last two were cut at 170 s before);
 #   - `monet-opt bench` of GPT-2 again (before the note: +10.8 % at eager's peak, predicted
 #     +0.1 %), without torch.compile (measured then: 142 s to compile), then U-Net, DenseNet-121
@@ -25,6 +26,11 @@ timeout 100 python3 docs/benchmarks/attention_masks.py --device cuda --batch 4 -
     --rounds 5 --width 1024 --heads 16 --vocab 32000 --kv-heads 4 --layers 8 2>&1 \
     | grep -v -i "warn\|^monet_opt:" > "$OUT/grouped_attention.md"
 cat "$OUT/grouped_attention.md"
+# Which attention kernel eager and our step run under bfloat16 autocast, dropout off and on,
+# and whether the gradients agree (sdpa_kernels.py; about a minute)
+timeout 90 python3 docs/benchmarks/gpu/sdpa_kernels.py 2>&1 | grep "^torch\|^dropout" \
+    > "$OUT/sdpa_kernels.txt"
+cat "$OUT/sdpa_kernels.txt"
 timeout 200 python3 -m pytest -q -rxX --tb=short -p no:cacheprovider tests/test_cuda.py \
     > "$OUT/test_cuda.log" 2>&1
 tail -n 12 "$OUT/test_cuda.log"
