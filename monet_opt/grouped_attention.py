@@ -40,7 +40,12 @@ NOTE [Grouped-query attention]
   test). On CUDA the traced call is the memory-efficient kernel's (the mask HF builds when traced
   selects it; with the mask dropped it runs is_causal), where eager, given no mask and grouped
   keys, picks by its own rules (flash in half precision): making our call eager's there (another
-  op, with other outputs for the backward) is not done and not measured on a GPU.
+  op, with other outputs for the backward) is not done and not measured on a GPU. With attention
+  dropout the CPU runs SDPA's math path, which the trace decomposes into its ops, so there is no
+  kernel call to rewrite: eager's math path repeats the keys itself (enable_gqa), and under
+  bfloat16 autocast its key and value gradients round otherwise than through HF's repeat_kv
+  (eager alone gives other gradients for the two; the xfail in tests/test_grouped_attention.py).
+  Llama-family configs default to no attention dropout.
 """
 from __future__ import annotations
 

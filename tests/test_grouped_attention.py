@@ -18,12 +18,13 @@ from tests.test_attention_masks import _recorded, assert_trains_as_eager, store_
 from tests.test_executor import assert_same, run_steps
 
 
-def _llama(kv_heads: int = 2):
+def _llama(kv_heads: int = 2, attention_dropout: float = 0.0):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(
         vocab_size=500, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=kv_heads, use_cache=False)).train()
+        num_attention_heads=4, num_key_value_heads=kv_heads, use_cache=False,
+        attention_dropout=attention_dropout)).train()
     # a mean: with a sum, SGD's steps blow the logits up to NaN by the third step
     return model, {"input_ids": torch.randint(0, 500, (2, 64))}, lambda out: out.logits.mean()
 
@@ -107,6 +108,21 @@ def test_llama_under_autocast_runs_the_kernel_as_eager_does():
     assert_same(run_steps(_under_autocast(optimized), optimized.model, x, loss_fn),
                 run_steps(_under_autocast(base), base, x, loss_fn), exact=True,
                 what="Llama under autocast with grouped keys")
+
+
+@pytest.mark.xfail(strict=True, reason="with attention dropout the CPU runs SDPA's math path, "
+                   "which the trace decomposes, so NOTE [Grouped-query attention] does not "
+                   "apply; eager's math path repeats the keys itself (enable_gqa) and sums "
+                   "their bfloat16 gradients otherwise than HF's repeat_kv (eager alone: "
+                   "enable_gqa vs repeated keys give other key gradients)")
+def test_llama_with_attention_dropout_under_autocast_trains_as_eager():
+    base, x, _ = _llama(attention_dropout=0.1)
+    loss_fn = lambda out: out.logits.float().mean()  # noqa: E731
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        optimized = store_all(base, x)
+    assert_same(run_steps(_under_autocast(optimized), optimized.model, x, loss_fn),
+                run_steps(_under_autocast(base), base, x, loss_fn), exact=True,
+                what="Llama under autocast with attention dropout")
 
 
 def test_llama_keeps_the_unrepeated_keys(monkeypatch):
