@@ -82,16 +82,30 @@ class Step:
 #   back to an earlier one runs its step again (tests/test_new_shapes.py). With every parameter
 #   frozen (and no input needing a gradient) the step has no backward: the model itself runs,
 #   as without gradients.
+#
+# NOTE [Optimized in eval mode]
+#   A step is traced with the modules' train/eval flags as they are at optimize(), and runs its
+#   plan whenever they are so again, in eval mode too: fine-tuning with BatchNorm frozen, or a
+#   model loaded with HF's from_pretrained (which leaves it in eval mode) and trained without
+#   .train(), as eager would train it (dropout off, BatchNorm's running statistics). It used to
+#   run the model itself whenever the wrapper was in eval mode, so such a step, after opt.eval(),
+#   silently ran without its plan (tests/models.py's small CNN at its least plan: eager's
+#   415,024 B measured against the plan's 174,064 B, no warning); and the wrapper began in train
+#   mode whatever the model's (nn.Module's default), now in the model's. In
+#   eval mode with other flags than the plan's (validation with gradients on, after a plan made
+#   for training) it runs the model itself, as before; in train mode with other flags it refuses
+#   (PlanMismatchError).
 class OptimizedModule(nn.Module):
     """Runs `model`'s training step under a memory plan.
 
     It holds `model` as its only child, so it shares every parameter and buffer: optimizers,
     `.train()`/`.eval()` and `.to()` act on the model itself, and `state_dict()` has the model's
-    own keys. With gradients disabled, in eval mode, or with nothing left to train (NOTE
-    [Parameters changed]) it simply calls the model (nothing is kept for a backward, so there is
-    nothing to plan). `plan` is the sample input's plan; `plans` has one per input shape met so
-    far, per amount of gradients resident at a step's start (NOTE [New input shapes]) and per
-    set of parameters that train.
+    own keys. With gradients disabled, in eval mode unless the plan was made in it (NOTE
+    [Optimized in eval mode]), or with nothing left to train (NOTE [Parameters changed]) it
+    simply calls the model (nothing is kept for a backward, so there is nothing to plan).
+    `plan` is the sample input's plan; `plans` has one per input shape met so far, per amount of
+    gradients resident at a step's start (NOTE [New input shapes]) and per set of parameters
+    that train.
     """
 
     def __init__(self, model: nn.Module, first: Step, param_names: list[str],
@@ -104,6 +118,7 @@ class OptimizedModule(nn.Module):
         planned, not refused."""
         super().__init__()
         self.model = model
+        self.training = model.training  # the wrapper's mode is the model's, not nn.Module's True
         self.plan = first.plan
         self._first = first
         params = dict(model.named_parameters())
@@ -126,16 +141,18 @@ class OptimizedModule(nn.Module):
         return MappingProxyType({s.label: s.plan for s in self._steps.values()})
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled() or not self.training:
+        if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
+        modules = list(self.model.modules())
+        flags = tuple(m.training for m in modules)
+        if flags != self._training_flags and not self.training:
+            return self.model(*args, **kwargs)  # NOTE [Optimized in eval mode]
         if autocast_state() != self._autocast:
             raise PlanMismatchError(
                 f"monet_opt: this step runs with autocast {_describe(autocast_state())}, but the "
                 f"model was optimized with autocast {_describe(self._autocast)}: the plan's graph "
                 "holds the casts it was traced with. Call optimize() inside the same "
                 "torch.autocast context you train in (or outside autocast for both).")
-        modules = list(self.model.modules())
-        flags = tuple(m.training for m in modules)
         if flags != self._training_flags:
             raise PlanMismatchError(
                 "monet_opt: the model's train/eval flags differ from when it was optimized "
