@@ -21,7 +21,7 @@ from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
 from monet_opt.memory import allocated_bytes, cuda_slack, shared_bytes, storage_groups
 from monet_opt.lower_variants import attach_variants, with_costs
-from monet_opt.module import OptimizedModule, Step
+from monet_opt.module import OptimizedModule, Step, for_model
 from monet_opt.plan import Plan, make_plan
 from monet_opt.profiler import PROFILER_REVISION, profile
 from monet_opt.units import parse_memory_limit
@@ -76,10 +76,11 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             not reached are not offered. See `monet_opt.profiler`, NOTE [The profiling time
             limit]. A time-limited profile is cached apart from complete ones (NOTE [The time
             limit in the cache key], in `_Planner._cached_profile`).
-        new_shapes: what the module does with inputs whose shapes differ from
-            `sample_input`'s (a smaller last batch): "plan" plans a step for them when first
-            met, under the same limit and options, with a `ReplanWarning` (NOTE [New input
-            shapes] in monet_opt/module.py); "error" raises PlanMismatchError.
+        new_shapes: what the module does with inputs whose shapes or structure differ from
+            `sample_input`'s (a smaller last batch; other keyword arguments): "plan" plans a
+            step for them when first met, under the same limit and options, with a
+            `ReplanWarning` (NOTE [New input shapes] in monet_opt/module.py); "error" raises
+            PlanMismatchError.
 
     Raises:
         ValueError: memory_limit is not a positive size.
@@ -124,8 +125,9 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     first = plan_step(*capture.InputSpec.split(sample_input))
     param_names, buffer_names = capture.state_names(model)
     flags = tuple(m.training for m in model.modules())
-    return OptimizedModule(model, first, param_names, buffer_names, flags, autocast, plan_step,
-                           any_shape=new_shapes == "plan")
+    optimized = for_model(model)  # NOTE [The model's signature]
+    return optimized(model, first, param_names, buffer_names, flags, autocast, plan_step,
+                     any_shape=new_shapes == "plan")
 
 
 def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int = 3,

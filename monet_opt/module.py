@@ -1,6 +1,8 @@
 """The module optimize() returns."""
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 import warnings
 from dataclasses import dataclass
@@ -9,6 +11,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from monet_opt import output_grad
@@ -61,12 +64,14 @@ class Step:
 #   schedule, depends on them. A DataLoader with drop_last=False ends each epoch on a smaller
 #   batch, so refusing other shapes would stop a default training loop at the end of its first
 #   epoch. Inputs that differ from the sample only in shape (dtype, device, requires_grad and
-#   structure equal) are planned when first met, under the same memory limit and options, and
-#   kept, one Step per shape: optimize()'s work again (tracing on fake tensors, profiling and
-#   solving, or reading both from the profile directory), with a ReplanWarning saying how long
-#   it took; optimize(..., new_shapes="error") refuses them instead (PlanMismatchError). A
-#   step that begins with gradients in place is planned apart in the same way (NOTE
-#   [Gradients resident at the start] in monet_opt/api.py), whatever new_shapes says.
+#   structure equal), or in their structure (other arguments: HF's Trainer adds
+#   num_items_in_batch for a model whose forward takes **kwargs), are planned when first met,
+#   under the same memory limit and options, and kept, one Step per shape and structure:
+#   optimize()'s work again (tracing on fake tensors, profiling and solving, or reading both
+#   from the profile directory), with a ReplanWarning saying how long it took;
+#   optimize(..., new_shapes="error") refuses them instead (PlanMismatchError). A step that
+#   begins with gradients in place is planned apart in the same way (NOTE [Gradients resident
+#   at the start] in monet_opt/api.py), whatever new_shapes says.
 #   Planning leaves the random stream and BatchNorm's statistics as they were, so the step then
 #   trains like the model on that batch, bitwise, like every plan. It runs outside any
 #   TorchDispatchMode the caller has around the step (a live-bytes counter, a FLOP counter):
@@ -124,8 +129,8 @@ class OptimizedModule(nn.Module):
         params = dict(model.named_parameters())
         self._first_params = _param_key([params[n] for n in param_names])
         self._steps: dict[tuple, Step] = {
-            _step_key(first.spec.leaves, self._first_params, first.resident,
-                      first.resident_bytes, first.shared): first}
+            _step_key(first.spec.treedef, first.spec.leaves, self._first_params,
+                      first.resident, first.resident_bytes, first.shared): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
         self._param_names = param_names
@@ -178,29 +183,33 @@ class OptimizedModule(nn.Module):
 
     def _step_for(self, args: tuple, kwargs: dict, params: list[torch.Tensor]
                   ) -> tuple[Step, list[torch.Tensor]]:
-        """The step planned for these inputs' shapes and the gradients now in place (planned
-        now if new), and the flat inputs."""
-        inputs = self._first.spec.flatten(args, kwargs, any_shape=self._any_shape)
+        """The step planned for these inputs (their structure and shapes) and the gradients now
+        in place (planned now if new), and the flat inputs."""
+        treedef = pytree.tree_structure((args, kwargs))
+        new_structure = self._any_shape and treedef != self._first.spec.treedef
+        inputs = InputSpec.of(args, kwargs)[1] if new_structure else \
+            self._first.spec.flatten(args, kwargs, any_shape=self._any_shape)
         resident = tuple(k for k, p in enumerate(params) if p.grad is not None)
         now = _param_key(params)
         resident_bytes = _resident_gradient_bytes(self.model) if resident else 0
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
-        key = _step_key(tuple(LeafSpec.of(x) for x in inputs), now, resident, resident_bytes,
-                        shared)
+        key = _step_key(treedef, tuple(LeafSpec.of(x) for x in inputs), now, resident,
+                        resident_bytes, shared)
         step = self._steps.get(key)
         if step is None:
-            step = self._plan_for(args, kwargs, resident, resident_bytes,
-                                  params_changed=now != self._first_params,
-                                  sharing_changed=shared != self._first.shared)
+            why = ("params" if now != self._first_params else "resident" if resident_bytes
+                   else "structure" if new_structure
+                   else "sharing" if shared != self._first.shared else "shapes")
+            step = self._plan_for(args, kwargs, resident, resident_bytes, why)
             self._steps[key] = step
         return step, inputs
 
     def _plan_for(self, args: tuple, kwargs: dict, resident: tuple[int, ...],
-                  resident_bytes: int, params_changed: bool = False,
-                  sharing_changed: bool = False) -> Step:
+                  resident_bytes: int, why: str) -> Step:
+        """A step planned for these inputs and gradients in place; `why`: what differs from
+        the first step ("params", "resident", "structure", "sharing" or "shapes")."""
         start = time.perf_counter()
         first = self._first.label
-        why = _why(resident_bytes, params_changed, sharing_changed)
         if self._plan_step is None:
             raise PlanMismatchError(f"monet_opt: this module runs only its first plan ({first})")
         try:
@@ -232,31 +241,47 @@ class OptimizedModule(nn.Module):
                 f"predicted_peak={self.plan.predicted_peak_bytes}")
 
 
+# NOTE [The model's signature]
+#   Code that calls a model often reads its forward's signature first: HF's Trainer drops every
+#   batch column the signature does not name (`remove_unused_columns`, from the instance's
+#   forward) and finds the label columns from the class's, so with a forward of (*args,
+#   **kwargs) it dropped every column and stopped ("The batch received was empty"). So
+#   optimize() returns an instance of a subclass made for the model, whose forward is
+#   OptimizedModule's under the model's forward's signature, on the class as on the instance.
+#   Nothing of it is per instance: a deep copy shares the class, as it would OptimizedModule.
+def for_model(model: nn.Module) -> type[OptimizedModule]:
+    """OptimizedModule, or a subclass whose forward has `model`'s forward's signature."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # a forward Python cannot describe: the step's own
+        return OptimizedModule
+
+    @functools.wraps(OptimizedModule.forward, assigned=("__doc__",))
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return OptimizedModule.forward(self, *args, **kwargs)
+    me = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    forward.__signature__ = signature.replace(parameters=[me, *signature.parameters.values()])
+    return type("OptimizedModule", (OptimizedModule,),
+                {"forward": forward, "__module__": __name__,
+                 "__qualname__": f"OptimizedModule[{type(model).__qualname__}]"})
+
+
 def _resident_gradient_bytes(model: nn.Module) -> int:
     """Bytes of the parameters' gradients in place now (storages counted once)."""
     return resident_bytes([p.grad for p in model.parameters() if p.grad is not None])
 
 
-def _step_key(leaves: tuple, params: tuple, resident: tuple[int, ...],
+def _step_key(treedef, leaves: tuple, params: tuple, resident: tuple[int, ...],
               resident_bytes: int, shared: tuple) -> tuple:
-    """What tells steps apart: the inputs' specs, the parameters' key, the gradients in place,
-    the inputs that share a storage (NOTE [New input shapes], NOTE [Parameters changed], NOTE
-    [Inputs that share a storage] in monet_opt/memory.py)."""
-    return leaves, params, resident, resident_bytes, shared
+    """What tells steps apart: the inputs' structure and specs, the parameters' key, the
+    gradients in place, the inputs that share a storage (NOTE [New input shapes], NOTE
+    [Parameters changed], NOTE [Inputs that share a storage] in monet_opt/memory.py)."""
+    return treedef, leaves, params, resident, resident_bytes, shared
 
 
 def _param_key(params: list[torch.Tensor]) -> tuple:
     """What a traced step fixes of the parameters (NOTE [Parameters changed])."""
     return tuple((p.shape, p.dtype, p.device, p.requires_grad) for p in params)
-
-
-def _why(resident_bytes: int, params_changed: bool, sharing_changed: bool) -> str:
-    """Why a step is planned apart: "params", "resident", "sharing" or "shapes"."""
-    if params_changed:
-        return "params"
-    if resident_bytes:
-        return "resident"
-    return "sharing" if sharing_changed else "shapes"
 
 
 def _situation(why: str, resident_bytes: int) -> str:
@@ -265,6 +290,7 @@ def _situation(why: str, resident_bytes: int) -> str:
                         "limit must hold too",
             "params": "parameters changed since optimize() (requires_grad, shape, dtype or "
                       "device)",
+            "structure": "inputs structured otherwise than the sample (other arguments)",
             "sharing": "inputs that share storages otherwise than the sample's",
             "shapes": "inputs of new shapes"}[why]
 
@@ -276,6 +302,9 @@ _WHAT_TO_DO = {
     "resident": "Gradients in place at a step's start (accumulating over micro-batches, or "
                 "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
                 "limit is left for activations.",
+    "structure": "Each structure of inputs (which arguments, keywords included) is a step of "
+                 "its own: HF's Trainer passes num_items_in_batch to a model whose forward "
+                 "takes **kwargs; put it in sample_input to plan that step first.",
     "sharing": "A plan counts an input passed twice (labels=input_ids) once, so inputs that "
                "share storages otherwise than the sample's hold other bytes; pass them as the "
                "sample did.",

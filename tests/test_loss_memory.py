@@ -135,7 +135,9 @@ def test_with_loss_takes_a_tensor_and_trains_the_model():
                               profile_dir=None)
     least = monet_opt.optimize(wrapped, (x, y), full.plan.min_feasible_bytes,
                                profile_repeats=1, profile_dir=None, time_limit_s=5)
-    assert least.plan.recomputed_ops > 0
+    # at this peak some schedules recompute and some do not (a busy machine's solve once chose
+    # one of the second kind, at the same peak)
+    assert least.plan.predicted_peak_bytes < full.plan.predicted_peak_bytes
     resident = monet_opt.resident_tensors(least.model, (x, y))
     assert monet_opt.measure_peak(lambda: least(x, y).backward(), resident) \
         == least.plan.predicted_peak_bytes
