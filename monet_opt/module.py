@@ -303,8 +303,8 @@ _WHAT_TO_DO = {
                 "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
                 "limit is left for activations.",
     "structure": "Each structure of inputs (which arguments, keywords included) is a step of "
-                 "its own: HF's Trainer passes num_items_in_batch to a model whose forward "
-                 "takes **kwargs; put it in sample_input to plan that step first.",
+                 "its own (HF's Trainer adds num_items_in_batch for a model whose forward "
+                 "takes **kwargs).",
     "sharing": "A plan counts an input passed twice (labels=input_ids) once, so inputs that "
                "share storages otherwise than the sample's hold other bytes; pass them as the "
                "sample did.",
