@@ -259,7 +259,7 @@ def for_model(model: nn.Module) -> type[OptimizedModule]:
     @functools.wraps(OptimizedModule.forward, assigned=("__doc__",))
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return OptimizedModule.forward(self, *args, **kwargs)
-    me = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    me = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)  # first, whatever follows
     forward.__signature__ = signature.replace(parameters=[me, *signature.parameters.values()])
     return type("OptimizedModule", (OptimizedModule,),
                 {"forward": forward, "__module__": __name__,

@@ -3,6 +3,7 @@ alone, and the module behaving like the model outside training steps."""
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 
 import pytest
@@ -255,6 +256,27 @@ def test_a_plan_made_in_eval_mode_runs_in_eval_mode():
     least.train()
     with pytest.raises(monet_opt.PlanMismatchError, match="train/eval flags"):
         least(x)
+
+
+class PositionalOnly(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, /, scale=1.0, *rest, **options):
+        return self.lin(x) * scale
+
+
+def test_forward_has_the_models_signature():
+    """NOTE [The model's signature]: on the instance and on the class (with self first), for a
+    forward with positional-only, variadic and keyword parameters too; the step still runs."""
+    model, x = PositionalOnly(), torch.randn(2, 4)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None,
+                             time_limit_s=1)
+    assert inspect.signature(opt.forward) == inspect.signature(model.forward)
+    assert str(inspect.signature(type(opt).forward)) == "(self, x, /, scale=1.0, *rest, **options)"
+    opt(x).sum().backward()
+    assert model.lin.weight.grad is not None
 
 
 def test_shares_parameters_and_state_dict_keys():
