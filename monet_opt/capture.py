@@ -64,12 +64,13 @@ class InputSpec:
                         f"dict of keyword arguments; got {type(sample_input).__name__}")
 
     @staticmethod
-    def of(args: tuple, kwargs: dict) -> tuple[InputSpec, list[torch.Tensor]]:
+    def of(args: tuple, kwargs: dict, what: str = "monet_opt.optimize: every leaf of "
+           "sample_input") -> tuple[InputSpec, list[torch.Tensor]]:
         leaves, treedef = pytree.tree_flatten((args, kwargs))
         bad = [type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)]
         if bad:
-            raise TypeError("monet_opt.optimize: every leaf of sample_input must be a tensor; "
-                            f"found {bad}. Bind other arguments with functools.partial or a wrapper.")
+            raise TypeError(f"{what} must be a tensor; found {bad}. Bind other arguments with "
+                            "functools.partial or a wrapper.")
         return InputSpec(treedef, tuple(LeafSpec.of(x) for x in leaves)), leaves
 
     def flatten(self, args: tuple, kwargs: dict, any_shape: bool = False) -> list[torch.Tensor]:

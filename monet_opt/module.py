@@ -187,7 +187,8 @@ class OptimizedModule(nn.Module):
         in place (planned now if new), and the flat inputs."""
         treedef = pytree.tree_structure((args, kwargs))
         new_structure = self._any_shape and treedef != self._first.spec.treedef
-        inputs = InputSpec.of(args, kwargs)[1] if new_structure else \
+        inputs = InputSpec.of(args, kwargs, "monet_opt: every argument of a training step")[1] \
+            if new_structure else \
             self._first.spec.flatten(args, kwargs, any_shape=self._any_shape)
         resident = tuple(k for k, p in enumerate(params) if p.grad is not None)
         now = _param_key(params)

@@ -94,6 +94,8 @@ def test_new_shapes_error_and_other_mismatches_refuse():
         planning(x.double())
     with pytest.raises(monet_opt.PlanMismatchError, match="requires_grad"):
         planning(x.clone().requires_grad_(True))
+    with pytest.raises(TypeError, match=r"argument of a training step .*\['int'\]"):
+        planning(x, 3)
     assert len(planning.plans) == 1
 
 
