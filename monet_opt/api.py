@@ -11,11 +11,11 @@ from torch import nn
 
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
                        grouped_attention, late_grads, rewrite, saved_clones)
-from monet_opt import variants as variant_library
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
+from monet_opt.families import acceptable, offered_families
 from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
@@ -104,7 +104,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         raise ValueError(f"monet_opt.optimize: new_shapes must be 'plan' or 'error', got "
                          f"{new_shapes!r}")
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
-    families = _families(variants, allow_lossy)  # checked before anything is traced
+    families = offered_families(variants, allow_lossy)  # checked before anything is traced
 
     def plan_step(args: tuple, kwargs: dict, resident: tuple[int, ...] = (),
                   resident_bytes: int = 0) -> Step:
@@ -236,7 +236,7 @@ class _Planner:
         resident at the start])."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
-        self.families = _families(variants, allow_lossy)
+        self.families = offered_families(variants, allow_lossy)
         self.variants = bool(self.families)
         self.allow_lossy = self.variants and allow_lossy
         self.profile_time_limit_s = profile_time_limit_s
@@ -336,7 +336,7 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
     problem = with_costs(lowered, measured.variant_costs).problem if lowered.variant_sites \
         else lowered.problem
     useless = useless_variants(problem)  # NOTE [Variants that cannot pay]
-    exact = [measured.variant_measured[v] and _acceptable(site, err, allow_lossy)
+    exact = [measured.variant_measured[v] and acceptable(site, err, allow_lossy)
              and v not in useless
              for v, (site, err) in enumerate(zip(lowered.variant_sites,
                                                  measured.variant_error))]
@@ -357,34 +357,6 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
         problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes
                                       + cuda_slack(store_all.peak_bytes, largest))
     return problem
-
-
-def _families(variants: bool | Collection[str], allow_lossy: bool) -> frozenset[str]:
-    """The family names `optimize(variants=..., allow_lossy=...)` offers: the library's, and
-    BatchNorm's recomputation from its statistics (NOTE [BatchNorm recomputed from its
-    statistics]), exact."""
-    lossy_ok = lambda f: f.exact or allow_lossy  # noqa: E731
-    if variants is True or variants is False:
-        return frozenset([f.name for f in variant_library.FAMILIES if lossy_ok(f)]
-                         + [bn_split.NAME]) if variants else frozenset()
-    names = frozenset(variants)
-    known = {f.name for f in variant_library.FAMILIES} | {bn_split.NAME}
-    if names - known:
-        raise ValueError(f"monet_opt.optimize: unknown variant families {sorted(names - known)}; "
-                         f"choose from {sorted(known)}")
-    lossy = sorted(n for n in names - {bn_split.NAME}
-                   if not lossy_ok(variant_library.family(n)))
-    if lossy:
-        raise ValueError(f"monet_opt.optimize: variant families {lossy} are lossy; pass "
-                         f"allow_lossy=True to use them")
-    return names
-
-
-def _acceptable(site, error: float, allow_lossy: bool) -> bool:
-    fam = variant_library.family(site.family)
-    if fam.exact or not allow_lossy:
-        return error == 0.0
-    return error <= fam.max_rel_error
 
 
 def _matching(lowered: Lowered, problem: solvers.Problem) -> Lowered:

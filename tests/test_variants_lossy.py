@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import monet_opt
-from monet_opt import api, variants
+from monet_opt import families, variants
 from monet_opt.cache import ProfileCache
 from solvers.variants import lightest
 from tests import models
@@ -86,9 +86,9 @@ def test_lossy_variants_are_never_offered_by_default(tmp_path):
     with pytest.raises(ValueError, match="allow_lossy=True"):
         monet_opt.optimize(base, x, HUGE, variants={"mm.arg1_bf16"})
     site = type("Site", (), {"family": "mm.arg1_bf16"})
-    assert not api._acceptable(site, 1e-4, allow_lossy=False)
-    assert api._acceptable(site, 1e-4, allow_lossy=True)
-    assert not api._acceptable(site, 0.5, allow_lossy=True)
+    assert not families.acceptable(site, 1e-4, allow_lossy=False)
+    assert families.acceptable(site, 1e-4, allow_lossy=True)
+    assert not families.acceptable(site, 0.5, allow_lossy=True)
     for allow in (False, True):
         monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, allow_lossy=allow,
                            profile_dir=tmp_path)
