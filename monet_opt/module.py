@@ -96,10 +96,9 @@ class Step:
 #   run the model itself whenever the wrapper was in eval mode, so such a step, after opt.eval(),
 #   silently ran without its plan (tests/models.py's small CNN at its least plan: eager's
 #   415,024 B measured against the plan's 174,064 B, no warning); and the wrapper began in train
-#   mode whatever the model's (nn.Module's default), now in the model's. In
-#   eval mode with other flags than the plan's (validation with gradients on, after a plan made
-#   for training) it runs the model itself, as before; in train mode with other flags it refuses
-#   (PlanMismatchError).
+#   mode whatever the model's (nn.Module's default), now in the model's. In eval mode with other
+#   flags than the plan's (validation with gradients on, after a plan made for training) it runs
+#   the model itself, as before; in train mode with other flags it refuses (PlanMismatchError).
 class OptimizedModule(nn.Module):
     """Runs `model`'s training step under a memory plan.
 
