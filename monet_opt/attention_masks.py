@@ -58,7 +58,7 @@ def drop_constant_masks(gm: fx.GraphModule) -> list[fx.Node]:
         if not isinstance(mask, fx.Node):
             continue
         if mask not in masks:
-            masks[mask] = _kind(_constant(mask), node)
+            masks[mask] = _kind(constant(mask), node)
         if masks[mask] is not None:
             set_argument(node, mask_arg, None)
             if masks[mask] == "causal":
@@ -112,7 +112,7 @@ def set_argument(node: fx.Node, name: str, value) -> None:
         node.kwargs = {**node.kwargs, name: value}
 
 
-def _constant(mask: fx.Node) -> torch.Tensor | None:
+def constant(mask: fx.Node) -> torch.Tensor | None:
     """The mask's value, where it reads no placeholder's values and nothing random; else None."""
     order = _ancestors(mask)
     among = set(order)
@@ -179,9 +179,16 @@ def _kind(mask: torch.Tensor | None, attention: fx.Node) -> str | None:
     """"causal" where the mask is SDPA's causal mask for this attention, "none" where it masks
     nothing, else None."""
     q, k = (node_argument(attention, n) for n in ("query", "key"))
-    if mask is None or not all(isinstance(t, fx.Node) for t in (q, k)):
+    if not all(isinstance(t, fx.Node) for t in (q, k)):
         return None
-    L, S = q.meta["val"].shape[-2], k.meta["val"].shape[-2]
+    return kind(mask, q.meta["val"].shape[-2], k.meta["val"].shape[-2])
+
+
+def kind(mask: torch.Tensor | None, L: int, S: int) -> str | None:
+    """"causal" where `mask` is SDPA's causal mask for L queries and S keys, "none" where it
+    masks nothing, else None."""
+    if mask is None:
+        return None
     with unset_fake_temporarily():
         if mask.dtype == torch.bool:
             allowed = mask

@@ -42,10 +42,8 @@ NOTE [Grouped-query attention]
   keys, picks by its own rules (flash in half precision): making our call eager's there (another
   op, with other outputs for the backward) is not done and not measured on a GPU. With attention
   dropout the CPU runs SDPA's math path, which the trace decomposes into its ops, so there is no
-  kernel call to rewrite: eager's math path repeats the keys itself (enable_gqa), and under
-  bfloat16 autocast its key and value gradients round otherwise than through HF's repeat_kv
-  (eager alone gives other gradients for the two; the xfail in tests/test_grouped_attention.py).
-  Llama-family configs default to no attention dropout.
+  kernel call to rewrite here: NOTE [Grouped keys on the math path] (monet_opt/grouped_math.py)
+  puts that path's casts where eager has them.
 """
 from __future__ import annotations
 
@@ -82,7 +80,7 @@ def _rewrite(gm: fx.GraphModule, forward: fx.Node) -> int:
     if node_argument(forward, mask_arg(forward.target)) is not None:
         return 0
     key, value = (node_argument(forward, n) for n in ("key", "value"))
-    repeats = [_repeated(key), _repeated(value)]
+    repeats = [repeated(key), repeated(value)]
     if None in repeats or repeats[0][1] != repeats[1][1]:
         return 0
     group = repeats[0][1]
@@ -107,7 +105,7 @@ def _rewrite(gm: fx.GraphModule, forward: fx.Node) -> int:
     for node in (forward, *backwards):
         set_argument(node, "key", k)
         set_argument(node, "value", v)
-        _refresh(node)
+        refresh(node)
     for grad, chain in sums:
         with gm.graph.inserting_after(grad):  # the gradient cast back as the sum's input was
             chain[-1].replace_all_uses_with(_cast_as(gm, grad, chain[0]))
@@ -121,7 +119,7 @@ def _rewrite(gm: fx.GraphModule, forward: fx.Node) -> int:
     return 1 + len(backwards)
 
 
-def _repeated(node) -> tuple[fx.Node, int, list[fx.Node]] | None:
+def repeated(node) -> tuple[fx.Node, int, list[fx.Node]] | None:
     """(x, r, the repeat's nodes in order) where `node` is x ([b, h, s, d]) with each head
     repeated r > 1 times in place: reshape(clone(expand(unsqueeze(x, 2), [b, h, r, s, d])),
     [b, h * r, s, d]), possibly then cast (`_to_copy`: autocast's, before the kernel); else
@@ -162,7 +160,7 @@ def _cast_as(gm: fx.GraphModule, x: fx.Node, node: fx.Node) -> fx.Node:
         return x
     cast = gm.graph.call_function(aten._to_copy.default, (x,), dict(node.kwargs))
     cast.meta = dict(node.meta)  # its phase (partitioner_tag), its place in the model
-    _refresh(cast)
+    refresh(cast)
     return cast
 
 
@@ -177,20 +175,20 @@ def _group_sum(grad: fx.Node, source: fx.Node, group: int) -> list[fx.Node] | No
     or reshape if the sum kept the dim; else None."""
     b, h, s, d = source.meta["val"].shape
     chain = []
-    split = _only_user(grad)
+    split = only_user(grad)
     if split is not None and split.target is aten._to_copy.default:
         chain.append(split)
-        split = _only_user(split)
+        split = only_user(split)
     if split is None or split.target not in _RESHAPES \
             or tuple(split.meta["val"].shape) != (b, h, group, s, d):
         return None
-    total = _only_user(split)
+    total = only_user(split)
     if total is None or total.target is not aten.sum.dim_IntList \
             or list(total.args[1]) not in ([2], [-3]) or len(total.args) > 3 or total.kwargs:
         return None
     chain += [split, total]
     if tuple(total.meta["val"].shape) == (b, h, 1, s, d):
-        total = _only_user(total)
+        total = only_user(total)
         if total is None or not (total.target in _RESHAPES or (
                 total.target is aten.squeeze.dim and total.args[1] in (2, -3))):
             return None
@@ -201,11 +199,11 @@ def _group_sum(grad: fx.Node, source: fx.Node, group: int) -> list[fx.Node] | No
     return chain
 
 
-def _only_user(node: fx.Node) -> fx.Node | None:
+def only_user(node: fx.Node) -> fx.Node | None:
     return next(iter(node.users)) if len(node.users) == 1 else None
 
 
-def _refresh(node: fx.Node) -> None:
+def refresh(node: fx.Node) -> None:
     """Work out the node's (fake) value and its getitems' again from its new arguments."""
     args, kwargs = pytree.tree_map_only(fx.Node, lambda a: a.meta["val"], (node.args, node.kwargs))
     with detect_fake_mode((args, kwargs)):

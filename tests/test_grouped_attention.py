@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import monet_opt
-from monet_opt import grouped_attention
+from monet_opt import grouped_attention, grouped_math
 from tests.test_attention_masks import _recorded, assert_trains_as_eager, store_all
 from tests.test_executor import assert_same, run_steps
 
@@ -32,12 +32,13 @@ def _llama(kv_heads: int = 2, attention_dropout: float = 0.0):
 class GroupedAttention(nn.Module):
     """Grouped-query attention that repeats its keys and values itself (as HF's repeat_kv), then
     calls the kernel with `mask`: "is_causal" (no mask) or "causal" (an explicit one); `shared`:
-    the keys serve as the values too."""
+    the keys serve as the values too; `dropout`: the attention's."""
 
     def __init__(self, mask: str, dim: int = 64, heads: int = 4, kv_heads: int = 2,
-                 shared: bool = False):
+                 shared: bool = False, dropout: float = 0.0):
         super().__init__()
         self.mask, self.heads, self.kv_heads, self.shared = mask, heads, kv_heads, shared
+        self.dropout = dropout
         self.head_dim = dim // heads
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim)
@@ -53,11 +54,12 @@ class GroupedAttention(nn.Module):
                 .reshape(b, self.heads, n, self.head_dim) for t in (k, v))
         if self.shared:
             v = k
+        p = self.dropout if self.training else 0.0
         if self.mask == "is_causal":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         else:
             causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, dropout_p=p)
         return self.out(y.transpose(1, 2).reshape(b, n, d))
 
 
@@ -110,19 +112,51 @@ def test_llama_under_autocast_runs_the_kernel_as_eager_does():
                 what="Llama under autocast with grouped keys")
 
 
-@pytest.mark.xfail(strict=True, reason="with attention dropout the CPU runs SDPA's math path, "
-                   "which the trace decomposes, so NOTE [Grouped-query attention] does not "
-                   "apply; eager's math path repeats the keys itself (enable_gqa) and sums "
-                   "their bfloat16 gradients otherwise than HF's repeat_kv (eager alone: "
-                   "enable_gqa vs repeated keys give other key gradients)")
-def test_llama_with_attention_dropout_under_autocast_trains_as_eager():
+def _counting_math_rewrites(monkeypatch) -> list[int]:
+    """How many repeats NOTE [Grouped keys on the math path] moved, per traced step."""
+    counts = []
+    rewrite = grouped_math.cast_before_repeat
+    monkeypatch.setattr(grouped_math, "cast_before_repeat",
+                        lambda gm: counts.append(rewrite(gm)) or counts[-1])
+    return counts
+
+
+@pytest.mark.parametrize("share", [None, 3])
+def test_llama_with_attention_dropout_under_autocast_trains_as_eager(monkeypatch, share):
+    """With attention dropout the CPU runs SDPA's math path: the traced keys and values are cast
+    before they are repeated, as in eager, and the gradients are eager's bitwise (without: 0.44
+    off), at the store-all plan and at a third of its activations."""
+    counts = _counting_math_rewrites(monkeypatch)
     base, x, _ = _llama(attention_dropout=0.1)
     loss_fn = lambda out: out.logits.float().mean()  # noqa: E731
     with torch.autocast("cpu", dtype=torch.bfloat16):
         optimized = store_all(base, x)
+        if share is not None:
+            p = optimized.plan
+            limit = p.fixed_bytes + p.gradient_bytes + p.store_all_activation_bytes // share
+            optimized = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_dir=None,
+                                           profile_repeats=1, time_limit_s=10)
+            assert optimized.plan.recomputed_ops > 0
+    assert counts[-1] == 4  # keys and values in each of 2 layers
     assert_same(run_steps(_under_autocast(optimized), optimized.model, x, loss_fn),
                 run_steps(_under_autocast(base), base, x, loss_fn), exact=True,
                 what="Llama under autocast with attention dropout")
+
+
+def test_model_that_repeats_in_eager_on_the_math_path(monkeypatch):
+    """A model that repeats its keys itself and passes is_causal=True, with attention dropout,
+    under autocast: eager repeats and then casts too, so nothing is moved, bitwise eager's."""
+    counts = _counting_math_rewrites(monkeypatch)
+    torch.manual_seed(0)
+    base = GroupedAttention("is_causal", dropout=0.1)
+    x = torch.randn(2, 16, 64)
+    loss_fn = lambda out: out.float().square().sum()  # noqa: E731
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        optimized = store_all(base, x)
+    assert counts == [0]
+    assert_same(run_steps(_under_autocast(optimized), optimized.model, {"x": x}, loss_fn),
+                run_steps(_under_autocast(base), base, {"x": x}, loss_fn), exact=True,
+                what="repeated keys, is_causal, attention dropout")
 
 
 def test_llama_keeps_the_unrepeated_keys(monkeypatch):

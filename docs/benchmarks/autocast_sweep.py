@@ -1,9 +1,12 @@
 """Our plans under CPU bfloat16 autocast against eager under the same autocast: the largest
 gradient difference after one step, at the store-all plan and at the least peak, for small
-torchvision and HF models (dropout left at each model's default). `--without-dropout-scale`
-turns NOTE [Dropout's scale] off, for the figures before it. Writes markdown to stdout.
+torchvision and HF models (dropout left at each model's default; the Llama-family ones, with
+grouped-query attention, given attention dropout 0.1). `--without-dropout-scale` turns NOTE
+[Dropout's scale] off, `--without-grouped-math` NOTE [Grouped keys on the math path], for the
+figures before them. Writes markdown to stdout.
 
-    python docs/benchmarks/autocast_sweep.py [--without-dropout-scale] [--models a,b]
+    python docs/benchmarks/autocast_sweep.py [--without-dropout-scale] [--without-grouped-math]
+        [--models a,b]
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import copy
 import torch
 
 import monet_opt
-from monet_opt import dropout_scale
+from monet_opt import dropout_scale, grouped_math
 
 HUGE = 1 << 40
 
@@ -49,6 +52,12 @@ def _hf(kind: str):
             cfg = T.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=300,
                                use_cache=False)
             return T.GPT2LMHeadModel(cfg).train(), {"input_ids": ids}
+        if kind in ("llama", "mistral", "qwen2"):  # 4 query heads, 2 key/value heads
+            name = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[kind]
+            cfg = getattr(T, f"{name}Config")(hidden_size=64, num_key_value_heads=2,
+                                                attention_dropout=0.1, use_cache=False,
+                                                **small)
+            return getattr(T, f"{name}ForCausalLM")(cfg).train(), {"input_ids": ids}
         raise ValueError(kind)
     return build
 
@@ -57,7 +66,8 @@ MODELS = {"resnet18": _torchvision("resnet18"), "mobilenet_v2": _torchvision("mo
           "efficientnet_b0": _torchvision("efficientnet_b0"), "swin_t": _torchvision("swin_t"),
           "convnext_tiny": _torchvision("convnext_tiny"),
           "googlenet": _torchvision("googlenet", aux_logits=False, init_weights=True),
-          "gpt2": _hf("gpt2"), "bert": _hf("bert"), "t5": _hf("t5"), "hf_vit": _hf("vit")}
+          "gpt2": _hf("gpt2"), "bert": _hf("bert"), "t5": _hf("t5"), "hf_vit": _hf("vit"),
+          "llama": _hf("llama"), "mistral": _hf("mistral"), "qwen2": _hf("qwen2")}
 
 
 def _step(module, x) -> None:
@@ -89,10 +99,13 @@ def worst_difference(build, least: bool) -> tuple[float, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--without-dropout-scale", action="store_true")
+    ap.add_argument("--without-grouped-math", action="store_true")
     ap.add_argument("--models", default=",".join(MODELS))
     args = ap.parse_args()
     if args.without_dropout_scale:
         dropout_scale.round_dropout_scales = lambda gm: 0
+    if args.without_grouped_math:
+        grouped_math.cast_before_repeat = lambda gm: 0
     torch.set_num_threads(1)
     print("| model | store-all: max abs gradient difference | least peak: max abs gradient "
           "difference (op runs recomputed) |\n|---|---|---|")
