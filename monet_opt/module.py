@@ -1,6 +1,7 @@
 """The module optimize() returns."""
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import time
@@ -99,6 +100,16 @@ class Step:
 #   mode whatever the model's (nn.Module's default), now in the model's. In eval mode with other
 #   flags than the plan's (validation with gradients on, after a plan made for training) it runs
 #   the model itself, as before; in train mode with other flags it refuses (PlanMismatchError).
+#
+# NOTE [Compiled around]
+#   The step is already compiled (AOTAutograd's graphs, running eager's kernels under the plan),
+#   so torch.compile around the optimized module has nothing to add, and what it did was harmful:
+#   Dynamo traced our Python, and a step planned under it (a new batch shape, gradients in
+#   place) was traced inside Dynamo's trace and failed (CaptureError on tests/models.py's small
+#   CNN at a batch of 3 after 4). So forward is torch.compiler.disable'd: torch.compile(opt)
+#   runs opt as it is, the code around it compiled (tests/test_wrapping.py). The steps are
+#   compiled in this process and cannot be pickled: torch.save(opt) raises a TypeError saying
+#   what to save instead; a deep copy shares them, as any deep copy shares functions.
 class OptimizedModule(nn.Module):
     """Runs `model`'s training step under a memory plan.
 
@@ -144,6 +155,7 @@ class OptimizedModule(nn.Module):
         first."""
         return MappingProxyType({s.label: s.plan for s in self._steps.values()})
 
+    @torch.compiler.disable  # NOTE [Compiled around]
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
@@ -228,6 +240,19 @@ class OptimizedModule(nn.Module):
             + _too_many(len(self._steps) + 1)),
             stacklevel=6)  # the caller of opt(...), through nn.Module.__call__
         return step
+
+    def __reduce_ex__(self, protocol):  # NOTE [Compiled around]
+        raise TypeError(
+            "monet_opt: an optimized module cannot be pickled (torch.save(opt), pickle): its "
+            "steps are graphs compiled in this process. Save the model's weights, "
+            "torch.save(opt.state_dict(), path) (the model's own keys), or the model, opt.model; "
+            "after loading, call monet_opt.optimize() again: with its profile directory (the "
+            "default) it neither profiles nor solves again.")
+
+    def __deepcopy__(self, memo: dict) -> OptimizedModule:
+        """A copy of the module and its model; the steps' compiled code is shared, as functions
+        are in any deep copy."""
+        return copy._reconstruct(self, memo, *object.__reduce_ex__(self, 4))
 
     # state_dict keys are the model's own, not prefixed with "model."
     def state_dict(self, *args: Any, **kwargs: Any):

@@ -1,0 +1,77 @@
+"""The optimized module inside torch.compile, pickle and deepcopy (NOTE [Compiled around] in
+monet_opt/module.py)."""
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import warnings
+
+import pytest
+import torch
+
+import monet_opt
+from monet_opt.module import ReplanWarning
+from tests.models import small_cnn
+
+HUGE = 1 << 40
+
+
+def _least(base, x) -> monet_opt.OptimizedModule:
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None, profile_repeats=1)
+    return monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
+                              profile_dir=None, profile_repeats=1, time_limit_s=5,
+                              new_shapes="plan")
+
+
+def _step(module, params, x, loss_fn):
+    """(measured peak, gradients) of one step; gradients cleared after."""
+    peak = monet_opt.measure_peak(lambda: loss_fn(module(x)).backward(),
+                                  monet_opt.resident_tensors(params, x))
+    grads = [p.grad.clone() for p in params.parameters()]
+    params.zero_grad(set_to_none=True)
+    return peak, grads
+
+
+def test_torch_compile_around_runs_the_plan():
+    """torch.compile(opt) runs the least plan at its prediction with eager's gradients, and a
+    batch of a new shape is planned under it (before: CaptureError, traced inside Dynamo)."""
+    torch.manual_seed(0)
+    base, x, loss_fn = small_cnn()
+    opt = _least(base, x)
+    assert opt.plan.recomputed_ops > 0
+    compiled = torch.compile(opt)
+    for batch in (x, x[:3]):
+        eager = copy.deepcopy(base)
+        torch.manual_seed(1)
+        _, want = _step(eager, eager, batch, loss_fn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ReplanWarning)
+            torch.manual_seed(1)
+            peak, grads = _step(compiled, opt.model, batch, loss_fn)
+        plan = opt.plans[f"float32[{'x'.join(map(str, batch.shape))}]"]
+        assert peak == plan.predicted_peak_bytes, (batch.shape, peak, plan.predicted_peak_bytes)
+        assert all(torch.equal(g, w) for g, w in zip(grads, want)), batch.shape
+    assert len(opt.plans) == 2
+
+
+def test_pickling_says_what_to_save():
+    base, x, loss_fn = small_cnn()
+    opt = monet_opt.optimize(base, x, HUGE, profile_dir=None, profile_repeats=1)
+    for save in (lambda: torch.save(opt, io.BytesIO()), lambda: pickle.dumps(opt)):
+        with pytest.raises(TypeError, match=r"cannot be pickled.*opt\.state_dict\(\)"):
+            save()
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)  # what it says to save instead
+    buffer.seek(0)
+    assert torch.load(buffer).keys() == base.state_dict().keys()
+
+
+def test_deep_copy_trains_its_own_parameters():
+    base, x, loss_fn = small_cnn()
+    opt = monet_opt.optimize(base, x, HUGE, profile_dir=None, profile_repeats=1)
+    twin = copy.deepcopy(opt)
+    assert type(twin) is type(opt) and twin.model is not opt.model
+    loss_fn(twin(x)).backward()
+    assert all(p.grad is not None for p in twin.model.parameters())
+    assert all(p.grad is None for p in opt.model.parameters())
