@@ -122,6 +122,21 @@ def state_names(model: torch.nn.Module) -> tuple[list[str], list[str]]:
     return ([n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()])
 
 
+def check_dense_gradients(model: torch.nn.Module) -> None:
+    """CaptureError where a module of `model` makes a sparse gradient (an Embedding or
+    EmbeddingBag with sparse=True that trains), which AOTAutograd's traced backward cannot make
+    (it failed deep inside with "memory format option is only supported by strided
+    tensors")."""
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse \
+                and module.weight.requires_grad:
+            raise CaptureError(
+                f"monet_opt.optimize: {type(module).__name__} {name or '(the model)'!r} has "
+                "sparse=True, so its weight's gradient is a sparse tensor, which a traced "
+                "backward cannot make. Build it with sparse=False (a dense gradient, which "
+                "torch.optim's SGD and Adam take), or freeze its weight.")
+
+
 def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable,
                  export_example: tuple[tuple, dict] | None = None) -> Callable:
     """A function of (*params, *buffers, *inputs) that runs the model under our partition.
