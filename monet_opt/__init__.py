@@ -3,6 +3,7 @@ from monet_opt.api import lower_problem, optimize
 from monet_opt.errors import (CaptureError, InfeasibleBudgetError, MonetError, NoBackwardError,
                               PlanMismatchError, UnsupportedGraphError)
 from monet_opt.hooks import HookWarning
+from monet_opt.in_flight import StepsInFlightWarning
 from monet_opt.memory import LiveBytes, measure_peak, resident_tensors
 from monet_opt.module import OptimizedModule, ReplanWarning
 from monet_opt.output_grad import OutputGradientWarning, WithLoss
@@ -11,6 +12,7 @@ from monet_opt.units import format_bytes, parse_memory_limit
 
 __all__ = ["CaptureError", "HookWarning", "InfeasibleBudgetError", "LiveBytes", "MonetError",
            "NoBackwardError", "OptimizedModule", "OutputGradientWarning", "Plan",
-           "PlanMismatchError", "ReplanWarning", "UnsupportedGraphError", "WithLoss",
+           "PlanMismatchError", "ReplanWarning", "StepsInFlightWarning", "UnsupportedGraphError",
+           "WithLoss",
            "format_bytes", "lower_problem", "measure_peak", "optimize", "parse_memory_limit",
            "resident_tensors"]

@@ -1,6 +1,26 @@
 """One exception hierarchy. Messages say what, how much, and what to do next."""
 from __future__ import annotations
 
+import os
+import sys
+
+import torch
+
+_INTERNAL = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+             os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+
+
+def user_stacklevel() -> int:
+    """warnings.warn's stacklevel, from the function that warns, for the first caller outside
+    monet_opt and torch (a training step's warning then names the line that called the module or
+    ran the backward, through nn.Module.__call__, torch.compiler.disable's wrapper and autograd's
+    engine); the outermost frame if every frame is theirs."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+            _INTERNAL):
+        frame, level = frame.f_back, level + 1
+    return level
+
 
 class MonetError(Exception):
     """Base class of every error monet_opt raises on purpose."""

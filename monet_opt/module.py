@@ -18,8 +18,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 from monet_opt import output_grad
 from monet_opt.accumulate import GradientSlots
 from monet_opt.capture import InputSpec, LeafSpec, autocast_state
-from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError
+from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError, user_stacklevel
 from monet_opt.hooks import changed, hooks_of
+from monet_opt.in_flight import InFlight
 from monet_opt.memory import resident_bytes, storage_groups
 from monet_opt.plan import Plan
 from monet_opt.units import format_bytes
@@ -148,6 +149,7 @@ class OptimizedModule(nn.Module):
         self._training_flags = training_flags
         self._autocast = autocast
         self._hooks = hooks_of(list(model.modules()))  # NOTE [Module hooks]
+        self._in_flight = InFlight()
 
     @property
     def plans(self) -> Mapping[str, Plan]:
@@ -188,7 +190,9 @@ class OptimizedModule(nn.Module):
         step, inputs = self._step_for(args, kwargs, mine)
         if step.slots is not None:
             step.slots.bind(mine)
+        self._in_flight.starting()  # NOTE [Steps in flight]
         outputs = step.run(*mine, *[buffers[n] for n in self._buffer_names], *inputs)
+        self._in_flight.started(outputs)
         output_grad.watch(outputs, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         return outputs
 
@@ -238,7 +242,7 @@ class OptimizedModule(nn.Module):
             f"{format_bytes(step.plan.predicted_peak_bytes)}, {len(self._steps) + 1} plans so "
             "far. Each is planned once. " + _WHAT_TO_DO[why]
             + _too_many(len(self._steps) + 1)),
-            stacklevel=6)  # the caller of opt(...), through nn.Module.__call__
+            stacklevel=user_stacklevel())  # the caller of opt(...)
         return step
 
     def __reduce_ex__(self, protocol):  # NOTE [Compiled around]

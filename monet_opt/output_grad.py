@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from monet_opt.capture import InputSpec
+from monet_opt.errors import user_stacklevel
 
 SHARE = 0.01  # of the predicted peak: an output gradient above this is warned about
 
@@ -51,7 +52,7 @@ def _hook(peak: int):
                 f"loss_fn), called as (inputs, targets) (HF models: pass labels and "
                 f"backpropagate out.loss). "
                 f"NOTE [The output's gradient] in monet_opt/lower.py.", OutputGradientWarning,
-                stacklevel=2)
+                stacklevel=user_stacklevel())  # the line that ran the backward
     return check
 
 

@@ -35,7 +35,8 @@ def _step(module, params, x, loss_fn):
 
 def test_torch_compile_around_runs_the_plan():
     """torch.compile(opt) runs the least plan at its prediction with eager's gradients, and a
-    batch of a new shape is planned under it (before: CaptureError, traced inside Dynamo)."""
+    batch of a new shape is planned under it (before: CaptureError, traced inside Dynamo), its
+    ReplanWarning naming the caller's line (not torch's)."""
     torch.manual_seed(0)
     base, x, loss_fn = small_cnn()
     opt = _least(base, x)
@@ -45,10 +46,13 @@ def test_torch_compile_around_runs_the_plan():
         eager = copy.deepcopy(base)
         torch.manual_seed(1)
         _, want = _step(eager, eager, batch, loss_fn)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ReplanWarning)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
             torch.manual_seed(1)
             peak, grads = _step(compiled, opt.model, batch, loss_fn)
+        replans = [w for w in seen if w.category is ReplanWarning]
+        assert len(replans) == (batch is not x)
+        assert all(w.filename == __file__ for w in replans)  # the line that called the module
         plan = opt.plans[f"float32[{'x'.join(map(str, batch.shape))}]"]
         assert peak == plan.predicted_peak_bytes, (batch.shape, peak, plan.predicted_peak_bytes)
         assert all(torch.equal(g, w) for g, w in zip(grads, want)), batch.shape

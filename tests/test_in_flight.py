@@ -1,0 +1,76 @@
+"""NOTE [Steps in flight]: a step that begins while an earlier one waits for its backward
+warns, since the plan covers one step; otherwise nothing is said."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+
+import monet_opt
+from tests.models import small_cnn
+
+HUGE = 1 << 40
+
+
+def _half(base, x) -> monet_opt.OptimizedModule:
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None, profile_repeats=1)
+    p = full.plan
+    return monet_opt.optimize(copy.deepcopy(base), x, p.fixed_bytes + p.gradient_bytes
+                              + p.store_all_activation_bytes // 2, profile_dir=None,
+                              profile_repeats=1, time_limit_s=5)
+
+
+def _in_flight_warnings(fn) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fn()
+    return [w for w in seen if w.category is monet_opt.StepsInFlightWarning]
+
+
+def test_two_forwards_before_a_backward_warn():
+    """Two forwards, then one backward: warned, at the second forward's line; the peak passes
+    the plan's prediction (what the warning is about) and the gradients are eager's."""
+    torch.manual_seed(0)
+    base, x, loss_fn = small_cnn()
+    opt, eager = _half(base, x), copy.deepcopy(base)
+    x2 = torch.randn_like(x)
+    resident = monet_opt.resident_tensors(opt.model, x)
+    peaks = []
+
+    def two_forwards():
+        torch.manual_seed(1)
+        peaks.append(monet_opt.measure_peak(
+            lambda: (loss_fn(opt(x)) + loss_fn(opt(x2))).backward(), resident))
+    seen = _in_flight_warnings(two_forwards)
+    assert len(seen) == 1 and seen[0].filename == __file__, [str(w.message) for w in seen]
+    assert "1 earlier step(s)" in str(seen[0].message)
+    assert peaks[0] > opt.plan.predicted_peak_bytes
+    torch.manual_seed(1)
+    (loss_fn(eager(x)) + loss_fn(eager(x2))).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(opt.model.parameters(),
+                                                          eager.parameters()))
+
+
+def test_steps_one_after_another_are_quiet():
+    """Each backward before the next forward, a forward whose graph was dropped, one under
+    no_grad, and a retained graph's second backward: no warning. An output kept alive without
+    its backward: warned at the next step."""
+    base, x, loss_fn = small_cnn()
+    opt = monet_opt.optimize(base, x, HUGE, profile_dir=None, profile_repeats=1)
+
+    def quiet():
+        for _ in range(2):
+            loss_fn(opt(x)).backward()
+        opt(x)  # dropped at once
+        with torch.no_grad():
+            opt(x)
+        loss = loss_fn(opt(x))
+        loss.backward(retain_graph=True)
+        loss_fn(opt(x)).backward()
+        loss.backward()
+    assert not _in_flight_warnings(quiet)
+    kept = opt(x)
+    assert len(_in_flight_warnings(lambda: loss_fn(opt(x)).backward())) == 1
+    del kept
+    assert not _in_flight_warnings(lambda: loss_fn(opt(x)).backward())
