@@ -129,19 +129,6 @@ def test_untraceable_model_names_the_line():
         monet_opt.optimize(DataDependent(), torch.randn(2, 4), HUGE)
 
 
-def test_sparse_embedding_says_so():
-    """A sparse gradient cannot come out of a traced backward: said before tracing (it failed
-    deep inside AOTAutograd), and a frozen sparse embedding, which makes none, trains."""
-    model = nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Linear(8, 2))
-    ids = torch.randint(0, 50, (4, 6))
-    with pytest.raises(monet_opt.CaptureError, match=r"Embedding '0' has sparse=True"):
-        monet_opt.optimize(model, ids, HUGE, profile_dir=None)
-    model[0].weight.requires_grad_(False)
-    opt = monet_opt.optimize(model, ids, HUGE, profile_dir=None, profile_repeats=1)
-    opt(ids).sum().backward()
-    assert model[1].weight.grad is not None and model[0].weight.grad is None
-
-
 def test_second_capture_takes_the_route_that_worked(monkeypatch):
     """NOTE [The capture route]: GPT-2's masking reads a mask's values, so the direct trace
     fails and the trace with torch.compiler.is_compiling() true succeeds; a second optimize()

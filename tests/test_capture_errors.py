@@ -1,0 +1,23 @@
+"""Models a traced step cannot hold are refused before tracing, saying what to do."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import monet_opt
+
+HUGE = 1 << 40
+
+
+def test_sparse_embedding_says_so():
+    """A sparse gradient cannot come out of a traced backward: said before tracing (it failed
+    deep inside AOTAutograd), and a frozen sparse embedding, which makes none, trains."""
+    model = nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Linear(8, 2))
+    ids = torch.randint(0, 50, (4, 6))
+    with pytest.raises(monet_opt.CaptureError, match=r"Embedding '0' has sparse=True"):
+        monet_opt.optimize(model, ids, HUGE, profile_dir=None)
+    model[0].weight.requires_grad_(False)
+    opt = monet_opt.optimize(model, ids, HUGE, profile_dir=None, profile_repeats=1)
+    opt(ids).sum().backward()
+    assert model[1].weight.grad is not None and model[0].weight.grad is None
