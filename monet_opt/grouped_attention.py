@@ -62,7 +62,7 @@ aten = torch.ops.aten
 GROUPED = {aten._scaled_dot_product_flash_attention_for_cpu.default:
            aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
 _GRAD_KEY, _GRAD_VALUE = 1, 2
-_RESHAPES = (aten._unsafe_view.default, aten.view.default, aten.reshape.default)
+RESHAPES = (aten._unsafe_view.default, aten.view.default, aten.reshape.default)
 
 
 def use_grouped_keys(gm: fx.GraphModule, unmasked: list[fx.Node]) -> int:
@@ -130,7 +130,7 @@ def repeated(node) -> tuple[fx.Node, int, list[fx.Node]] | None:
     if node.target is aten._to_copy.default:
         node = node.args[0]
         chain.append(node)
-    if node.target not in _RESHAPES:
+    if node.target not in RESHAPES:
         return None
     expanded = node.args[0]
     if expanded.target is aten.clone.default:
@@ -179,7 +179,7 @@ def _group_sum(grad: fx.Node, source: fx.Node, group: int) -> list[fx.Node] | No
     if split is not None and split.target is aten._to_copy.default:
         chain.append(split)
         split = only_user(split)
-    if split is None or split.target not in _RESHAPES \
+    if split is None or split.target not in RESHAPES \
             or tuple(split.meta["val"].shape) != (b, h, group, s, d):
         return None
     total = only_user(split)
@@ -189,7 +189,7 @@ def _group_sum(grad: fx.Node, source: fx.Node, group: int) -> list[fx.Node] | No
     chain += [split, total]
     if tuple(total.meta["val"].shape) == (b, h, 1, s, d):
         total = only_user(total)
-        if total is None or not (total.target in _RESHAPES or (
+        if total is None or not (total.target in RESHAPES or (
                 total.target is aten.squeeze.dim and total.args[1] in (2, -3))):
             return None
         chain.append(total)

@@ -33,16 +33,15 @@ import torch
 import torch.fx as fx
 
 from monet_opt.attention_masks import constant, kind
-from monet_opt.grouped_attention import only_user, refresh, repeated
+from monet_opt.grouped_attention import RESHAPES, only_user, refresh, repeated
 
 aten = torch.ops.aten
-_RESHAPES = (aten._unsafe_view.default, aten.view.default, aten.reshape.default)
 # What the math path does to a key or value between its casts and its batched products.
 _TO_PRODUCT = (aten.mul.Scalar, aten.transpose.int, aten.expand.default, aten.clone.default,
-               *_RESHAPES)
+               *RESHAPES)
 # What it does to the softmax's output before the product with the values.
 _FROM_SOFTMAX = (aten.native_dropout.default, operator.getitem, aten.expand.default,
-                 aten.clone.default, *_RESHAPES)
+                 aten.clone.default, *RESHAPES)
 
 
 def cast_before_repeat(gm: fx.GraphModule) -> int:
@@ -56,7 +55,7 @@ def cast_before_repeat(gm: fx.GraphModule) -> int:
             backward.setdefault(node.meta["seq_nr"], []).append(node)
     count = 0
     for node in list(gm.graph.nodes):
-        match = _match(node, softmaxes, backward) if node.target in _RESHAPES else None
+        match = _match(node, softmaxes, backward) if node.target in RESHAPES else None
         if match is not None:
             _move_casts(*match)
             count += 1
@@ -133,7 +132,7 @@ def _scores_of(product: fx.Node) -> fx.Node | None:
     """The softmax reading `product`'s output (query times keys) through a reshape and the
     mask's addition, if that is all that reads it."""
     node = only_user(product)
-    if node is None or node.target not in _RESHAPES:
+    if node is None or node.target not in RESHAPES:
         return None
     node = only_user(node)
     if node is None or node.target is not aten.add.Tensor:
@@ -163,8 +162,8 @@ def _backward_of(chain: list[fx.Node], casts: list[fx.Node], backward):
 
     unsqueeze, expand, *_, reshape = chain
     nodes = [one(c, (aten._to_copy.default,)) for c in reversed(casts)]
-    nodes += [one(reshape, _RESHAPES), one(expand, (aten.sum.dim_IntList,)),
-              one(unsqueeze, (aten.squeeze.dim, *_RESHAPES))]
+    nodes += [one(reshape, RESHAPES), one(expand, (aten.sum.dim_IntList,)),
+              one(unsqueeze, (aten.squeeze.dim, *RESHAPES))]
     if None in nodes:
         return None
     for before, after in zip(nodes, nodes[1:]):
