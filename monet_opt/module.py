@@ -255,8 +255,12 @@ class OptimizedModule(nn.Module):
 
     def __deepcopy__(self, memo: dict) -> OptimizedModule:
         """A copy of the module and its model; the steps' compiled code is shared, as functions
-        are in any deep copy."""
-        return copy._reconstruct(self, memo, *object.__reduce_ex__(self, 4))
+        are in any deep copy; none of its steps is in flight."""
+        twin = type(self).__new__(type(self))
+        memo[id(self)] = twin
+        twin.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        twin._in_flight = InFlight()
+        return twin
 
     # state_dict keys are the model's own, not prefixed with "model."
     def state_dict(self, *args: Any, **kwargs: Any):
