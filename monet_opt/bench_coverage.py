@@ -28,6 +28,8 @@ SEGMENTATION = {"lraspp_mobilenet_v3_large": 64, "fcn_resnet50": 64}  # bilinear
 RECURRENT = ("gru", "lstm")
 HF = ("hf_llama", "hf_llama_fused", "hf_t5", "hf_vit", "hf_qwen2", "hf_mistral", "hf_gemma",
       "hf_gpt_neox", "hf_bert_padded")
+MORE_HF = ("hf_albert", "hf_bart", "hf_opt", "hf_bloom", "hf_falcon", "hf_distilbert",
+           "hf_roberta", "hf_clip_vision", "hf_whisper")  # 4 layers (2 + 2) 128 wide, dropout 0.1
 
 
 def build(name: str):
@@ -91,6 +93,8 @@ def build(name: str):
             vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
             num_attention_heads=4, hidden_dropout=0.1))
         x = {"input_ids": ids}
+    elif name in MORE_HF:
+        return _more_hf(name, tf, ids)
     elif name == "hf_bert_padded":  # a padding mask read from an input's values
         model = tf.BertForMaskedLM(tf.BertConfig(
             vocab_size=1000, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -100,8 +104,56 @@ def build(name: str):
         x = {"input_ids": ids, "attention_mask": mask}
     else:
         raise ValueError(f"unknown model {name!r}; choose from "
-                         f"{[*TORCHVISION, *SEGMENTATION, *RECURRENT, *HF]}")
+                         f"{[*TORCHVISION, *SEGMENTATION, *RECURRENT, *HF, *MORE_HF]}")
     return zoo._LogitsOnly(model).train(), x
+
+
+def _more_hf(name: str, tf, ids: torch.Tensor):
+    """MORE_HF's models: ALBERT shares one layer's parameters among all four, BART and Whisper
+    are encoder-decoders (Whisper's encoder convolves mel features), BLOOM adds ALiBi biases to
+    its attention scores."""
+    wide = dict(vocab_size=1000, hidden_size=128, num_attention_heads=4)
+    two = dict(vocab_size=1000, d_model=128, encoder_layers=2, decoder_layers=2,
+               encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=256,
+               decoder_ffn_dim=256, dropout=0.1, attention_dropout=0.1)
+    text = {"input_ids": ids}
+    # the encoder-decoders' input: longer, so that their activations outweigh their gradients
+    longer = torch.randint(0, 1000, (4, 128))
+    if name == "hf_albert":
+        model = tf.AlbertForMaskedLM(tf.AlbertConfig(
+            embedding_size=64, num_hidden_layers=4, intermediate_size=256, **wide))
+    elif name == "hf_bart":
+        model = tf.BartForConditionalGeneration(tf.BartConfig(**two))
+        text = {"input_ids": longer, "decoder_input_ids": longer[:, :64]}
+    elif name == "hf_opt":
+        model = tf.OPTForCausalLM(tf.OPTConfig(
+            num_hidden_layers=4, ffn_dim=256, word_embed_proj_dim=128, dropout=0.1,
+            attention_dropout=0.1, **wide))
+    elif name == "hf_bloom":
+        model = tf.BloomForCausalLM(tf.BloomConfig(
+            vocab_size=1000, hidden_size=128, n_layer=4, n_head=4, hidden_dropout=0.1,
+            attention_dropout=0.1))
+    elif name == "hf_falcon":
+        model = tf.FalconForCausalLM(tf.FalconConfig(
+            num_hidden_layers=4, hidden_dropout=0.1, attention_dropout=0.1, **wide))
+    elif name == "hf_distilbert":
+        model = tf.DistilBertForMaskedLM(tf.DistilBertConfig(
+            vocab_size=1000, dim=128, n_layers=4, n_heads=4, hidden_dim=256))
+    elif name == "hf_roberta":  # position ids counted from the input's non-padding tokens
+        model = tf.RobertaForMaskedLM(tf.RobertaConfig(
+            num_hidden_layers=4, intermediate_size=256, **wide))
+        text = {"input_ids": ids % 990 + 2}  # no padding token (1)
+    elif name == "hf_clip_vision":
+        model = tf.CLIPVisionModel(tf.CLIPVisionConfig(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+            image_size=64, patch_size=8, attention_dropout=0.1))
+        return _Field("last_hidden_state", model).train(), torch.randn(2, 3, 64, 64)
+    else:  # hf_whisper
+        model = tf.WhisperForConditionalGeneration(tf.WhisperConfig(
+            num_mel_bins=16, max_source_positions=128, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, decoder_start_token_id=1, **two))
+        text = {"input_features": torch.randn(4, 16, 256), "decoder_input_ids": longer[:, :64]}
+    return zoo._LogitsOnly(model).train(), text
 
 
 class _Field(torch.nn.Module):
@@ -166,7 +218,8 @@ def check(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m monet_opt.bench_coverage")
-    p.add_argument("--models", default=",".join([*TORCHVISION, *SEGMENTATION, *RECURRENT, *HF]))
+    p.add_argument("--models", default=",".join([*TORCHVISION, *SEGMENTATION, *RECURRENT, *HF,
+                                                 *MORE_HF]))
     args = p.parse_args(argv)
     print(f"Command: `python -m monet_opt.bench_coverage {' '.join(argv or sys.argv[1:])}`, "
           f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads.\n")
