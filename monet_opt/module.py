@@ -110,7 +110,8 @@ class Step:
 #   CNN at a batch of 3 after 4). So forward is torch.compiler.disable'd: torch.compile(opt)
 #   runs opt as it is, the code around it compiled (tests/test_wrapping.py). The steps are
 #   compiled in this process and cannot be pickled: torch.save(opt) raises a TypeError saying
-#   what to save instead; a deep copy shares them, as any deep copy shares functions.
+#   what to save instead; a copy, shallow or deep, shares them, as any copy shares functions
+#   (both are written out, since pickling's __reduce_ex__ is what copy would call).
 class OptimizedModule(nn.Module):
     """Runs `model`'s training step under a memory plan.
 
@@ -252,6 +253,12 @@ class OptimizedModule(nn.Module):
             "torch.save(opt.state_dict(), path) (the model's own keys), or the model, opt.model; "
             "after loading, call monet_opt.optimize() again: with its profile directory (the "
             "default) it neither profiles nor solves again.")
+
+    def __copy__(self) -> OptimizedModule:
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin._in_flight = InFlight()
+        return twin
 
     def __deepcopy__(self, memo: dict) -> OptimizedModule:
         """A copy of the module and its model; the steps' compiled code is shared, as functions

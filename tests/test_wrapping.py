@@ -71,6 +71,15 @@ def test_pickling_says_what_to_save():
     assert torch.load(buffer).keys() == base.state_dict().keys()
 
 
+def test_shallow_copy_shares_the_model():
+    base, x, loss_fn = small_cnn()
+    opt = monet_opt.optimize(base, x, HUGE, profile_dir=None, profile_repeats=1)
+    twin = copy.copy(opt)
+    assert type(twin) is type(opt) and twin.model is opt.model
+    loss_fn(twin(x)).backward()
+    assert all(p.grad is not None for p in opt.model.parameters())
+
+
 def test_deep_copy_trains_its_own_parameters():
     base, x, loss_fn = small_cnn()
     opt = monet_opt.optimize(base, x, HUGE, profile_dir=None, profile_repeats=1)
