@@ -55,8 +55,10 @@ bench-variants: install
 	$(PY) -m monet_opt.bench_variants --lossy --time-limit 15 > docs/benchmarks/variants_lossy.md
 
 # The contract on models beyond the bench's (minutes): writes docs/benchmarks/coverage.md.
+# Every model in monet_opt/bench_coverage.py (about half an hour): writes coverage_run.md, beside
+# docs/benchmarks/coverage.md, which holds the runs so far with what each showed.
 bench-coverage: $(VENV)/.bench-installed
-	$(PY) -m monet_opt.bench_coverage > docs/benchmarks/coverage.md
+	$(PY) -m monet_opt.bench_coverage > docs/benchmarks/coverage_run.md
 
 # Results made late, off and on, on the bench models at their CPU sizes (minutes): writes
 # docs/benchmarks/late_grads.md's table.

@@ -29,7 +29,8 @@ RECURRENT = ("gru", "lstm")
 HF = ("hf_llama", "hf_llama_fused", "hf_t5", "hf_vit", "hf_qwen2", "hf_mistral", "hf_gemma",
       "hf_gpt_neox", "hf_bert_padded")
 MORE_HF = ("hf_albert", "hf_bart", "hf_opt", "hf_bloom", "hf_falcon", "hf_distilbert",
-           "hf_roberta", "hf_clip_vision", "hf_whisper")  # 4 layers (2 + 2) 128 wide, dropout 0.1
+           "hf_roberta", "hf_clip_vision", "hf_whisper",  # 4 layers (2 + 2) 128 wide, dropout 0.1
+           "hf_gpt2_lora")
 
 
 def build(name: str):
@@ -111,13 +112,13 @@ def build(name: str):
 def _more_hf(name: str, tf, ids: torch.Tensor):
     """MORE_HF's models: ALBERT shares one layer's parameters among all four, BART and Whisper
     are encoder-decoders (Whisper's encoder convolves mel features), BLOOM adds ALiBi biases to
-    its attention scores."""
+    its attention scores, GPT-2 with LoRA adapters trains only those."""
     wide = dict(vocab_size=1000, hidden_size=128, num_attention_heads=4)
     two = dict(vocab_size=1000, d_model=128, encoder_layers=2, decoder_layers=2,
                encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=256,
                decoder_ffn_dim=256, dropout=0.1, attention_dropout=0.1)
     text = {"input_ids": ids}
-    # the encoder-decoders' input: longer, so that their activations outweigh their gradients
+    # the encoder-decoders' and LoRA's input: longer, so that activations outweigh gradients
     longer = torch.randint(0, 1000, (4, 128))
     if name == "hf_albert":
         model = tf.AlbertForMaskedLM(tf.AlbertConfig(
@@ -148,6 +149,14 @@ def _more_hf(name: str, tf, ids: torch.Tensor):
             hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
             image_size=64, patch_size=8, attention_dropout=0.1))
         return _Field("last_hidden_state", model).train(), torch.randn(2, 3, 64, 64)
+    elif name == "hf_gpt2_lora":  # LoRA fine-tuning (peft): the base frozen, adapters trained
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(
+            tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=4, n_embd=128, n_head=4, n_positions=128,
+                                             vocab_size=1000, use_cache=False)),
+            LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["c_attn", "c_proj"],
+                       fan_in_fan_out=True))
+        text = {"input_ids": longer}
     else:  # hf_whisper
         model = tf.WhisperForConditionalGeneration(tf.WhisperConfig(
             num_mel_bins=16, max_source_positions=128, pad_token_id=0, bos_token_id=1,
