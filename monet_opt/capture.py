@@ -27,6 +27,7 @@ from torch.utils import _pytree as pytree
 
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, PlanMismatchError, internal_assert
+from monet_opt.reentrant import plain_checkpoints
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,7 @@ def _tracing(as_compiling: bool = False):
     torch.compiler._is_compiling_flag = as_compiling or _outside["compiling"]
     try:
         with _use_lazy_graph_module(True), eager_kernels(), _no_donated_buffers(), \
+                plain_checkpoints(), \
                 functorch_config.patch(backward_pass_autocast="off"):  # NOTE [Autocast is traced]
             yield
     finally:

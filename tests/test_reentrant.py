@@ -1,0 +1,91 @@
+"""NOTE [Reentrant checkpoints]: a model that checkpoints its blocks with use_reentrant=True (HF's
+gradient_checkpointing_enable) trains as eager trains it; before, the traced step gave the
+checkpointed blocks no gradient."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import monet_opt
+from tests.models import gpt2_tiny
+
+HUGE = 1 << 40
+
+
+def _checkpointed(frozen_embeddings: bool):
+    torch.manual_seed(0)
+    model, x, loss_fn = gpt2_tiny()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    model.train()
+    if frozen_embeddings:  # the embeddings' output then needs no gradient, nor the blocks'
+        model.transformer.wte.requires_grad_(False)
+        model.transformer.wpe.requires_grad_(False)
+    return model, x, loss_fn
+
+
+def _grads(module, owner, x, loss_fn) -> dict[str, torch.Tensor | None]:
+    owner.zero_grad(set_to_none=True)
+    torch.manual_seed(3)
+    loss_fn(module(**x)).backward()
+    return {n: None if p.grad is None else p.grad.clone() for n, p in owner.named_parameters()}
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        (u is None and v is None) or (u is not None and v is not None and torch.equal(u, v))
+        for u, v in zip(a.values(), b.values()))
+
+
+@pytest.mark.parametrize("share", [None, 3])
+def test_reentrant_checkpoints_train_as_eager(share):
+    """Every parameter gets eager's gradient, bitwise, with dropout, at the store-all plan and at
+    a third of its activations (the checkpoints' own recomputation left to the plan)."""
+    model, x, loss_fn = _checkpointed(frozen_embeddings=False)
+    opt = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_dir=None, profile_repeats=1)
+    if share is not None:
+        p = opt.plan
+        opt = monet_opt.optimize(copy.deepcopy(model), x, p.fixed_bytes + p.gradient_bytes
+                                 + p.store_all_activation_bytes // share, profile_dir=None,
+                                 profile_repeats=1, time_limit_s=10)
+        assert opt.plan.recomputed_ops > 0
+    eager = copy.deepcopy(model)
+    want = _grads(eager, eager, x, loss_fn)
+    assert all(g is not None for g in want.values())
+    assert _same(_grads(opt, opt.model, x, loss_fn), want)
+
+
+class _Checkpointed(nn.Module):
+    """A frozen input layer, two reentrant-checkpointed blocks with dropout, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 32).requires_grad_(False)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Dropout(0.2))
+                                    for _ in range(2))
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = checkpoint(block, h, use_reentrant=True)
+        return self.head(h)
+
+
+def test_checkpoints_whose_inputs_need_no_gradient():
+    """Nothing a checkpoint is handed needs a gradient: eager's backward never runs it, so the
+    blocks get no gradient and the head does; the same here."""
+    torch.manual_seed(0)
+    model, x = _Checkpointed(), {"x": torch.randn(16, 8)}
+    loss_fn = lambda out: out.square().sum()  # noqa: E731
+    opt = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_dir=None, profile_repeats=1)
+    eager = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch: none of the inputs have requires_grad
+        want = _grads(eager, eager, x, loss_fn)
+    assert want["blocks.0.0.weight"] is None and want["head.weight"] is not None
+    assert _same(_grads(opt, opt.model, x, loss_fn), want)
