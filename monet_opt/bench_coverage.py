@@ -30,7 +30,7 @@ HF = ("hf_llama", "hf_llama_fused", "hf_t5", "hf_vit", "hf_qwen2", "hf_mistral",
       "hf_gpt_neox", "hf_bert_padded")
 MORE_HF = ("hf_albert", "hf_bart", "hf_opt", "hf_bloom", "hf_falcon", "hf_distilbert",
            "hf_roberta", "hf_clip_vision", "hf_whisper",  # 4 layers (2 + 2) 128 wide, dropout 0.1
-           "hf_gpt2_lora")
+           "hf_gpt2_lora", "hf_gpt2_lora_checkpointed")
 
 
 def build(name: str):
@@ -149,13 +149,15 @@ def _more_hf(name: str, tf, ids: torch.Tensor):
             hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
             image_size=64, patch_size=8, attention_dropout=0.1))
         return _Field("last_hidden_state", model).train(), torch.randn(2, 3, 64, 64)
-    elif name == "hf_gpt2_lora":  # LoRA fine-tuning (peft): the base frozen, adapters trained
+    elif name.startswith("hf_gpt2_lora"):  # LoRA fine-tuning (peft): adapters trained
         from peft import LoraConfig, get_peft_model
-        model = get_peft_model(
-            tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=4, n_embd=128, n_head=4, n_positions=128,
-                                             vocab_size=1000, use_cache=False)),
-            LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["c_attn", "c_proj"],
-                       fan_in_fan_out=True))
+        gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=4, n_embd=128, n_head=4, n_positions=128,
+                                                vocab_size=1000, use_cache=False))
+        if name.endswith("checkpointed"):  # NOTE [Reentrant checkpoints]
+            gpt2.gradient_checkpointing_enable({"use_reentrant": True})
+        model = get_peft_model(gpt2, LoraConfig(
+            r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["c_attn", "c_proj"],
+            fan_in_fan_out=True))
         text = {"input_ids": longer}
     else:  # hf_whisper
         model = tf.WhisperForConditionalGeneration(tf.WhisperConfig(
