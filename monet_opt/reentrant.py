@@ -1,10 +1,11 @@
 """Reentrant activation checkpoints are traced as the plain calls they stand for.
 
 NOTE [Reentrant checkpoints]
-  `torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=True)` (HF's
-  gradient_checkpointing_enable() passes it so unless told otherwise; peft's LoRA recipes call it
-  with enable_input_require_grads()) is an autograd.Function: its forward runs `fn` under
-  no_grad and its backward runs `fn` again and backpropagates through it. Traced, only the
+  `torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=True)` (torch's default when
+  use_reentrant is not given, with a warning; HF's gradient_checkpointing_enable({"use_reentrant":
+  True}), as LoRA recipes written for older transformers pass it) is an autograd.Function: its
+  forward runs `fn` under no_grad and its backward runs `fn` again and backpropagates through
+  it. Traced, only the
   forward is seen, and it makes nothing that needs a gradient: GPT-2 with LoRA adapters and
   reentrant checkpointing was optimized into a step that gave its adapters no gradient at all,
   where eager gave all 24 theirs, and nothing said so. The plan recomputes what it chooses by
