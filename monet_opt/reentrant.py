@@ -5,18 +5,18 @@ NOTE [Reentrant checkpoints]
   use_reentrant is not given, with a warning; HF's gradient_checkpointing_enable({"use_reentrant":
   True}), as LoRA recipes written for older transformers pass it) is an autograd.Function: its
   forward runs `fn` under no_grad and its backward runs `fn` again and backpropagates through
-  it. Traced, only the
-  forward is seen, and it makes nothing that needs a gradient: GPT-2 with LoRA adapters and
-  reentrant checkpointing was optimized into a step that gave its adapters no gradient at all,
-  where eager gave all 24 theirs, and nothing said so. The plan recomputes what it chooses by
-  itself, so the checkpoint has nothing to add to the traced step: while a step is traced, the
-  checkpoint calls `fn(*args)`, as eager's forward and backward together compute it. Where no
-  tensor argument requires a gradient eager's backward never runs (what `fn` reads gets no
-  gradient, and PyTorch warns so), and the call is made under no_grad, as eager's forward is.
-  Its random draws are the forward's (eager's recomputation replays them from the saved
-  generator state and leaves the stream as it found it). Non-reentrant checkpoints trace as
-  plain calls already. GPT-2 with LoRA adapters, reentrant checkpointing and dropout: gradients
-  bitwise eager's (tests/test_reentrant.py).
+  it. Traced, only the forward is seen, and it makes nothing that needs a gradient: GPT-2 with
+  LoRA adapters and reentrant checkpointing was optimized into a step that gave its adapters no
+  gradient at all, where eager gave all 24 theirs, and nothing said so. The plan recomputes what
+  it chooses by itself, so the checkpoint has nothing to add to the traced step: while a step is
+  traced, the checkpoint calls `fn(*args)`, as eager's forward and backward together compute
+  it. Where no tensor argument requires a gradient eager's backward never runs (what `fn` reads
+  gets no gradient), and the call is made under no_grad, as eager's forward is. Its random draws
+  are the forward's (eager's recomputation replays them from the saved generator state and
+  leaves the stream as it found it). Non-reentrant checkpoints trace as plain calls already.
+  GPT-2 with reentrant checkpointing and dropout: every gradient bitwise eager's, at the
+  store-all plan and at a third of its activations (tests/test_reentrant.py); with LoRA adapters
+  too (docs/benchmarks/coverage.md).
 """
 from __future__ import annotations
 
