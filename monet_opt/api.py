@@ -255,6 +255,7 @@ class _Planner:
         grouped_math.cast_before_repeat(joint)  # NOTE [Grouped keys on the math path]
         saved_clones.drop_saved_clones(joint)  # NOTE [Saved clones]
         dropout_scale.round_dropout_scales(joint)  # NOTE [Dropout's scale]
+        dropout_scale.match_kernel_layouts(joint)  # NOTE [Dropout backward's layout]
         # NOTE [Gradients in the parameter's layout]
         grad_layout.match_gradient_layouts(joint, num_fwd_outputs)
         devices = {t.device.type for t in self.primals}

@@ -14,6 +14,20 @@ NOTE [Dropout's scale]
   up to 4 apart). Each CPU `native_dropout_backward` is given here the scale eager's noise
   holds, computed as eager computes it, and the step's gradients are eager's bitwise
   (tests/test_autocast.py).
+
+NOTE [Dropout backward's layout]
+  The trace works out `native_dropout_backward`'s output layout from PyTorch's decomposition,
+  which follows the gradient's memory format ("mimicking CUDA kernel's behavior": contiguous for
+  any 3-D gradient), while the CPU kernel computes grad * mask * scale with TensorIterator's
+  layout, the gradient's own strides. Where the gradient is permuted (a norm_first
+  nn.TransformerEncoder followed by a batch_first nn.MultiheadAttention, which transposes its
+  input: the encoder's last dropout gets a transposed gradient), the graph then reads the
+  kernel's output as if contiguous: a `view` that the real strides do not allow, and
+  optimize() failed (CaptureError, from the profiler). So where the CPU kernel's layout
+  (TensorIterator's, worked out on the trace's fake values) is not the one the trace assumed,
+  the op's value is recorded as the kernel makes it and a copy into the assumed layout follows
+  it: what eager does too (its backward of the view is a reshape, which copies a permuted
+  gradient), its values the same (tests/test_dropout_layout.py).
 """
 from __future__ import annotations
 
@@ -21,6 +35,7 @@ import operator
 
 import torch
 import torch.fx as fx
+from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 aten = torch.ops.aten
@@ -54,3 +69,33 @@ def round_dropout_scales(gm: fx.GraphModule) -> int:
     if changed:
         gm.recompile()
     return changed
+
+
+def match_kernel_layouts(gm: fx.GraphModule) -> int:
+    """NOTE [Dropout backward's layout], in place; returns how many copies it added."""
+    added = 0
+    backward = aten.native_dropout_backward.default
+    for node in gm.graph.find_nodes(op="call_function", target=backward):
+        grad, mask, scale = node.args
+        val = node.meta.get("val")
+        if not all(isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+                   for a in (grad, mask)) or val is None or val.device.type in FUSED_DEVICES:
+            continue
+        g, m = grad.meta["val"], mask.meta["val"]
+        with detect_fake_mode((g, m)):
+            kernel = aten.mul.Tensor(aten.mul.Tensor(g, m), scale)  # as the CPU kernel does
+        if kernel.stride() == val.stride() or kernel.shape != val.shape:
+            continue
+        formats = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
+        fmt = next((f for f in formats if val.is_contiguous(memory_format=f)), None)
+        if fmt is None:
+            continue
+        with gm.graph.inserting_after(node):
+            copy = gm.graph.call_function(aten.clone.default, (node,), {"memory_format": fmt})
+        node.replace_all_uses_with(copy, delete_user_cb=lambda user: user is not copy)
+        copy.meta = dict(node.meta)
+        node.meta["val"] = kernel
+        added += 1
+    if added:
+        gm.recompile()
+    return added
