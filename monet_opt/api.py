@@ -165,7 +165,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     (which plans it), leaving the model's state and the random stream as they were: the
     compiled step and its inputs' spec."""
     _check_module(model)
-    capture.check_dense_gradients(model)
+    capture.refuse_untraceable(model)
     spec, inputs = capture.InputSpec.of(args, kwargs)
     _check_backward(model, inputs)
     param_names, buffer_names = capture.state_names(model)

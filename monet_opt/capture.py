@@ -123,19 +123,28 @@ def state_names(model: torch.nn.Module) -> tuple[list[str], list[str]]:
     return ([n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()])
 
 
-def check_dense_gradients(model: torch.nn.Module) -> None:
-    """CaptureError where a module of `model` makes a sparse gradient (an Embedding or
-    EmbeddingBag with sparse=True that trains), which AOTAutograd's traced backward cannot make
-    (it failed deep inside with "memory format option is only supported by strided
-    tensors")."""
+def refuse_untraceable(model: torch.nn.Module) -> None:
+    """CaptureError, before tracing, for modules a traced step cannot hold, naming the module
+    and what to do (traced, each failed deep inside AOTAutograd without naming a line):
+    an Embedding or EmbeddingBag with sparse=True that trains (a sparse gradient; "memory format
+    option is only supported by strided tensors"), and a BatchNorm in training with
+    momentum=None (its cumulative average's factor, 1 / num_batches_tracked, is read as a
+    Python number every step; "DataDependentOutputException")."""
     for name, module in model.named_modules():
+        what = f"{type(module).__name__} {name or '(the model)'!r}"
         if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse \
                 and module.weight.requires_grad:
             raise CaptureError(
-                f"monet_opt.optimize: {type(module).__name__} {name or '(the model)'!r} has "
-                "sparse=True, so its weight's gradient is a sparse tensor, which a traced "
-                "backward cannot make. Build it with sparse=False (a dense gradient, which "
-                "torch.optim's SGD and Adam take), or freeze its weight.")
+                f"monet_opt.optimize: {what} has sparse=True, so its weight's gradient is a "
+                "sparse tensor, which a traced backward cannot make. Build it with sparse=False "
+                "(a dense gradient, which torch.optim's SGD and Adam take), or freeze its weight.")
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training \
+                and module.momentum is None and module.track_running_stats:
+            raise CaptureError(
+                f"monet_opt.optimize: {what} has momentum=None (a cumulative average of the "
+                "batch statistics, weighted by 1 / num_batches_tracked, a number its forward "
+                "reads from a buffer every step), which a traced step cannot read. Give it a "
+                "momentum (PyTorch's default is 0.1), or optimize() with it in eval mode.")
 
 
 def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable,

@@ -21,3 +21,16 @@ def test_sparse_embedding_says_so():
     opt = monet_opt.optimize(model, ids, HUGE, profile_dir=None, profile_repeats=1)
     opt(ids).sum().backward()
     assert model[1].weight.grad is not None and model[0].weight.grad is None
+
+
+def test_cumulative_batch_norm_says_so():
+    """BatchNorm with momentum=None reads 1 / num_batches_tracked as a number each step: said
+    before tracing, naming the module (it failed with a DataDependentOutputException and no
+    line); in eval mode it has nothing to update, and trains."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, momentum=None), nn.ReLU())
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.raises(monet_opt.CaptureError, match=r"BatchNorm2d '1' has momentum=None"):
+        monet_opt.optimize(model.train(), x, HUGE, profile_dir=None)
+    opt = monet_opt.optimize(model.eval(), x, HUGE, profile_dir=None, profile_repeats=1)
+    opt(x).sum().backward()
+    assert model[0].weight.grad is not None
