@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
-                       grouped_attention, grouped_math, late_grads, rewrite, saved_clones)
+                       grouped_attention, grouped_math, host_random, late_grads, rewrite,
+                       saved_clones)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
@@ -250,6 +251,7 @@ class _Planner:
         self.slots: GradientSlots | None = None
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
+        host_random.refuse_drawn()  # NOTE [Random numbers drawn in Python]
         unmasked = attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
         grouped_attention.use_grouped_keys(joint, unmasked)  # NOTE [Grouped-query attention]
         grouped_math.cast_before_repeat(joint)  # NOTE [Grouped keys on the math path]

@@ -25,6 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.utils import _pytree as pytree
 
+from monet_opt import host_random
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, PlanMismatchError, internal_assert
 from monet_opt.reentrant import plain_checkpoints
@@ -222,7 +223,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
     for route in routes:
         export_example = (args, kwargs) if route == "export" else None
         try:
-            with _tracing(as_compiling=route == "as compiling"):
+            with _tracing(as_compiling=route == "as compiling"), host_random.watching(model):
                 fn = compile_step(model, spec, partition_fn, export_example)
                 _compile_on_fakes(fn, primals)
             _ROUTE[type(model)] = route
@@ -237,7 +238,8 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         f"monet_opt.optimize could not trace {type(model).__name__} into a joint forward+backward "
         "graph.\n  " + "\n  ".join(errors) + "\nWhat to try: avoid data-dependent Python on "
         "tensor values at that line (.item(), if on a tensor, .tolist()), pass use_cache=False to "
-        "HF models, or check that the model runs eagerly on sample_input.")
+        "HF models, or check that the model runs eagerly on sample_input."
+        + host_random.drawn_hint() + host_random.layerdrop_hint(model))
 
 
 # NOTE [Tracing without the collector]

@@ -1,0 +1,153 @@
+"""Random numbers a model draws in Python while it is traced.
+
+NOTE [Random numbers drawn in Python]
+  A traced step keeps whatever the model's Python computed while it was traced: a number drawn
+  from Python's `random` or NumPy's generator then becomes a constant of the graph, so every
+  step repeats the one draw made at optimize() where eager draws anew each step. A block skipped
+  when `random.random() < p` was skipped (or run) on every step: outputs 0.7-1.5 apart from
+  eager's over three steps of six such blocks, with no word. HF's SpecAugment masks
+  (`_compute_mask_indices`, NumPy), BigBird's random attention blocks (NumPy) and some
+  LayerDrops (`random.uniform`) draw this way. torch's own generators are part of the graph
+  (dropout, `torch.rand`) and are drawn anew each step, as eager does.
+  While a model is traced (`watching`), the global `random` and `numpy.random` functions note
+  the line that called them, and the states of those generators, and of any `random.Random`,
+  NumPy `RandomState` or `Generator` a module holds, are kept; the partition, which runs once
+  the forward and backward are traced and before anything is profiled, compares them
+  (`refuse_drawn`) and raises CaptureError naming the lines and what to do. Not seen: a
+  generator neither global nor held by a module (made inside forward, or held elsewhere).
+"""
+from __future__ import annotations
+
+import contextlib
+import linecache
+import random
+import sys
+from typing import Any, Callable
+
+import torch
+
+from monet_opt.errors import CaptureError
+
+_UNPATCHED = ("seed", "getstate", "setstate", "get_state", "set_state", "get_bit_generator",
+              "set_bit_generator")
+_OURS = ("/torch/", "/monet_opt/", "/numpy/", "/random.py")
+_watch: dict[str, Any] = {}
+_last: dict[str, list[str]] = {}  # the last watch's draws, for drawn_hint
+
+
+def _numpy():
+    return sys.modules.get("numpy")
+
+
+def _globals() -> list[tuple[Any, Any]]:
+    """(module, the generator its functions are bound to) for `random` and `numpy.random`."""
+    found = [(random, random._inst)]
+    np = _numpy()
+    if np is not None:
+        found.append((np.random, np.random.mtrand._rand))
+    return found
+
+
+def _state(rng: Any) -> Any:
+    if isinstance(rng, random.Random):
+        return rng.getstate()
+    if hasattr(rng, "bit_generator"):  # numpy.random.Generator
+        return repr(rng.bit_generator.state)
+    return repr(rng.get_state(legacy=False))  # numpy.random.RandomState
+
+
+def _held(model: torch.nn.Module) -> dict[str, Any]:
+    """Python and NumPy generators the model's modules hold as attributes, by name."""
+    np = _numpy()
+    kinds = (random.Random,) if np is None else \
+        (random.Random, np.random.RandomState, np.random.Generator)
+    return {f"model.{name}.{attr}" if name else f"model.{attr}": value
+            for name, module in model.named_modules()
+            for attr, value in vars(module).items() if isinstance(value, kinds)}
+
+
+def _noting(fn: Callable, where: str) -> Callable:
+    def drawn(*args, **kwargs):
+        frame = sys._getframe(1)
+        while frame is not None and any(part in frame.f_code.co_filename for part in _OURS):
+            frame = frame.f_back
+        if frame is not None and len(_watch["lines"]) < 3:
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+            _watch["lines"].setdefault(
+                f"{where} at {frame.f_code.co_filename}:{frame.f_lineno}: {line}", None)
+        return fn(*args, **kwargs)
+    return drawn
+
+
+@contextlib.contextmanager
+def watching(model: torch.nn.Module):
+    """Note the Python and NumPy draws the model makes while traced, for `refuse_drawn`."""
+    rngs = {module.__name__: rng for module, rng in _globals()} | _held(model)
+    patched = []
+    for module, rng in _globals():
+        for name in dir(module):
+            fn = getattr(module, name)
+            if getattr(fn, "__self__", None) is rng and name not in _UNPATCHED:
+                patched.append((module, name, fn))
+                setattr(module, name, _noting(fn, f"{module.__name__}.{name}"))
+    outer = dict(_watch)
+    _watch.update(model=type(model).__name__, rngs=rngs, lines={},
+                  states={name: _state(rng) for name, rng in rngs.items()})
+    try:
+        yield
+    finally:
+        for module, name, fn in patched:
+            setattr(module, name, fn)
+        _last["lines"] = _drawn()
+        _watch.clear()
+        _watch.update(outer)
+
+
+def _drawn() -> list[str]:
+    """Where the watched model drew from a Python or NumPy generator (empty if it did not)."""
+    drawn = [name for name, rng in _watch["rngs"].items()
+             if _state(rng) != _watch["states"][name]]
+    if not drawn:
+        return []
+    return list(_watch["lines"]) or [f"from {', '.join(drawn)} (the line was not seen)"]
+
+
+def refuse_drawn() -> None:
+    """CaptureError where the model drew from a Python or NumPy generator since `watching`
+    began (NOTE [Random numbers drawn in Python]); nothing outside `watching`."""
+    lines = _drawn() if _watch else []
+    if lines:
+        raise CaptureError(f"monet_opt.optimize: {_watch['model']}'s forward drew random numbers "
+                           "in Python while it was traced:" + _listed(lines) + _ADVICE)
+
+
+def drawn_hint() -> str:
+    """For a trace that failed: where the last watched trace drew in Python, if it did."""
+    lines = _last.get("lines")
+    return f"\nIt also drew random numbers in Python:{_listed(lines)}{_ADVICE}" if lines else ""
+
+
+def _listed(lines: list[str]) -> str:
+    return "\n  " + "\n  ".join(lines)
+
+
+_ADVICE = (
+    "\nA traced step keeps what was drawn then as constants, so every step would repeat that one "
+    "draw where eager draws anew (a layer skipped at random, a random mask). Draw with torch "
+    "instead, as a tensor the step uses (torch.rand(...) < p as a mask, "
+    "torchvision.ops.stochastic_depth), or draw outside the model and pass the result as an "
+    "input; for HF models, turn the option off in the config (SpecAugment: mask_time_prob=0.0, "
+    "mask_feature_prob=0.0; LayerDrop: layerdrop, encoder_layerdrop, decoder_layerdrop=0.0; "
+    "BigBird's random blocks: attention_type='original_full').")
+
+
+def layerdrop_hint(model: torch.nn.Module) -> str:
+    """What to set where the model is an HF one with LayerDrop on in training (each step draws
+    which layers run, with torch.rand(()) read as a number, so no one graph is its step)."""
+    on = sorted({f"{attr}={value}" for module in model.modules() if module.training
+                 for attr, value in getattr(getattr(module, "config", None), "__dict__", {}).items()
+                 if attr.endswith("layerdrop") and isinstance(value, (int, float)) and value > 0})
+    if not on:
+        return ""
+    return (f"\nIts config has LayerDrop on ({', '.join(on)}): each training step draws which "
+            "layers run, so no one graph is its step; set it to 0.0 to optimize it.")

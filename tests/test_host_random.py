@@ -1,0 +1,107 @@
+"""Random numbers drawn in Python while traced are refused, naming the line (NOTE [Random numbers
+drawn in Python]): the traced step kept them as constants, silently."""
+from __future__ import annotations
+
+import copy
+import random
+import types
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import monet_opt
+
+HUGE = 1 << 40
+
+
+class Skipped(nn.Module):
+    """A residual block skipped at random, drawn from Python's `random`."""
+
+    def __init__(self, torch_draw: bool = False) -> None:
+        super().__init__()
+        self.f, self.torch_draw = nn.Linear(16, 16), torch_draw
+
+    def forward(self, x):
+        if self.torch_draw:  # the same, as a mask drawn by torch: part of the step
+            return x + torchvision.ops.stochastic_depth(torch.tanh(self.f(x)), 0.5, "row",
+                                                        self.training)
+        if self.training and random.random() < 0.5:
+            return x
+        return x + torch.tanh(self.f(x))
+
+
+class HeldGenerator(nn.Module):
+    """Noise from a NumPy generator the module holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f, self.rng = nn.Linear(16, 16), np.random.default_rng(0)
+
+    def forward(self, x):
+        return self.f(x) * float(self.rng.random())
+
+
+def test_python_draw_is_refused_naming_the_line():
+    """Traced, each step skipped (or ran) the blocks the one draw at optimize() chose: outputs
+    0.7-1.5 from eager's over three steps, with no word."""
+    model = nn.Sequential(Skipped(), Skipped(), nn.Linear(16, 1))
+    with pytest.raises(monet_opt.CaptureError,
+                       match=r"(?s)random\.random at .*test_host_random\.py:\d+: if self\.training "
+                             r"and random\.random\(\) < 0\.5.*stochastic_depth"):
+        monet_opt.optimize(model, torch.randn(4, 16), HUGE, profile_dir=None)
+    assert random.random.__self__ is random._inst  # the functions are as they were
+
+
+def test_torch_draw_trains_like_eager():
+    """The same blocks with torch's draw: each step draws anew, as eager does, bitwise."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Skipped(torch_draw=True), Skipped(torch_draw=True), nn.Linear(16, 1))
+    eager, x = copy.deepcopy(model), torch.randn(4, 16)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    for step in range(3):
+        torch.manual_seed(step)
+        expected = eager(x)
+        torch.manual_seed(step)
+        assert torch.equal(opt(x), expected)
+
+
+def test_held_generator_is_refused_naming_it():
+    with pytest.raises(monet_opt.CaptureError, match=r"from model\.0\.rng \(the line was not"):
+        monet_opt.optimize(nn.Sequential(HeldGenerator()), torch.randn(4, 16), HUGE,
+                           profile_dir=None)
+
+
+def test_failed_trace_says_what_was_drawn():
+    """A trace that fails (here on a value read as a number) also names the Python draws, as
+    HF's SpecAugment makes before its boolean indexing fails."""
+    class Masked(nn.Module):
+        def forward(self, x):
+            keep = torch.tensor(np.random.rand(x.shape[0]) < 0.5)
+            return x[keep] * 2
+
+    with pytest.raises(monet_opt.CaptureError,
+                       match=r"(?s)It also drew random numbers in Python:\n  numpy\.random\.rand "
+                             r"at .*test_host_random\.py"):
+        monet_opt.optimize(Masked(), torch.randn(4, 16, requires_grad=True), HUGE,
+                           profile_dir=None)
+
+
+def test_layerdrop_is_named():
+    """HF's LayerDrop draws with torch but reads the draw as a number: the trace fails, and the
+    error says which config setting to turn off."""
+    class LayerDrop(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = types.SimpleNamespace(encoder_layerdrop=0.1, hidden_size=16)
+            self.f = nn.Linear(16, 16)
+
+        def forward(self, x):
+            if torch.rand([]) < self.config.encoder_layerdrop:
+                return x
+            return self.f(x)
+
+    with pytest.raises(monet_opt.CaptureError, match=r"LayerDrop on \(encoder_layerdrop=0\.1\)"):
+        monet_opt.optimize(LayerDrop(), torch.randn(4, 16), HUGE, profile_dir=None)
