@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 import time
 import warnings
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from monet_opt import output_grad
 from monet_opt.accumulate import GradientSlots
+from monet_opt.attributes import Watched
 from monet_opt.capture import InputSpec, LeafSpec, autocast_state
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError, user_stacklevel
 from monet_opt.hooks import changed, hooks_of
@@ -35,7 +36,7 @@ class ReplanWarning(RuntimeWarning):
     start] in monet_opt/api.py)."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Step:
     """One traced training step and its plan, for inputs of one shape and a step that begins
     with `resident_bytes` of gradients in place, those of the parameters at positions
@@ -52,13 +53,15 @@ class Step:
     slots: GradientSlots | None = None
     frozen: int = 0  # parameters traced without requires_grad
     shared: tuple[tuple[int, ...], ...] = ()  # inputs sharing a storage (storage_groups)
+    changed: str = ""  # module attributes changed since optimize() (Watched.changed)
 
     @property
     def label(self) -> str:
         return self.inputs + (f", {format_bytes(self.resident_bytes)} of gradients resident"
                               if self.resident_bytes else "") + \
             (f", {self.frozen} parameters frozen" if self.frozen else "") + \
-            "".join(f", inputs {' and '.join(map(str, g))} share a storage" for g in self.shared)
+            "".join(f", inputs {' and '.join(map(str, g))} share a storage" for g in self.shared) \
+            + (f", with {self.changed}" if self.changed else "")
 
 
 # NOTE [New input shapes]
@@ -140,9 +143,12 @@ class OptimizedModule(nn.Module):
         self._first = first
         params = dict(model.named_parameters())
         self._first_params = _param_key([params[n] for n in param_names])
+        self._watched = Watched.of(model)  # NOTE [Attributes read as constants]
+        self._first_values = self._watched.values(list(model.modules()))
         self._steps: dict[tuple, Step] = {
             _step_key(first.spec.treedef, first.spec.leaves, self._first_params,
-                      first.resident, first.resident_bytes, first.shared): first}
+                      first.resident, first.resident_bytes, first.shared,
+                      self._first_values): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
         self._param_names = param_names
@@ -188,7 +194,7 @@ class OptimizedModule(nn.Module):
         if not any(p.requires_grad for p in mine) and \
                 not any(leaf.requires_grad for leaf in self._first.spec.leaves):
             return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan
-        step, inputs = self._step_for(args, kwargs, mine)
+        step, inputs = self._step_for(args, kwargs, mine, modules)
         if step.slots is not None:
             step.slots.bind(mine)
         self._in_flight.starting()  # NOTE [Steps in flight]
@@ -197,10 +203,10 @@ class OptimizedModule(nn.Module):
         output_grad.watch(outputs, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         return outputs
 
-    def _step_for(self, args: tuple, kwargs: dict, params: list[torch.Tensor]
-                  ) -> tuple[Step, list[torch.Tensor]]:
-        """The step planned for these inputs (their structure and shapes) and the gradients now
-        in place (planned now if new), and the flat inputs."""
+    def _step_for(self, args: tuple, kwargs: dict, params: list[torch.Tensor],
+                  modules: list[nn.Module]) -> tuple[Step, list[torch.Tensor]]:
+        """The step planned for these inputs (their structure and shapes), the gradients now
+        in place and the modules' watched values (planned now if new), and the flat inputs."""
         treedef = pytree.tree_structure((args, kwargs))
         new_structure = self._any_shape and treedef != self._first.spec.treedef
         inputs = InputSpec.of(args, kwargs, "monet_opt: every argument of a training step")[1] \
@@ -210,39 +216,49 @@ class OptimizedModule(nn.Module):
         now = _param_key(params)
         resident_bytes = _resident_gradient_bytes(self.model) if resident else 0
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
+        values = self._watched.values(modules)
         key = _step_key(treedef, tuple(LeafSpec.of(x) for x in inputs), now, resident,
-                        resident_bytes, shared)
+                        resident_bytes, shared, values)
         step = self._steps.get(key)
         if step is None:
             why = ("params" if now != self._first_params else "resident" if resident_bytes
                    else "structure" if new_structure
-                   else "sharing" if shared != self._first.shared else "shapes")
-            step = self._plan_for(args, kwargs, resident, resident_bytes, why)
+                   else "sharing" if shared != self._first.shared
+                   else "attributes" if values != self._first_values else "shapes")
+            changed = self._watched.changed(self.model, self._first_values, values) \
+                if why == "attributes" else ""
+            step = self._plan_for(args, kwargs, resident, resident_bytes, why, changed)
             self._steps[key] = step
+            traced = self._watched.values(list(self.model.modules()))
+            if traced != values:  # the forward changed some while traced: the step holds those
+                self._steps[key[:-1] + (traced,)] = step
         return step, inputs
 
     def _plan_for(self, args: tuple, kwargs: dict, resident: tuple[int, ...],
-                  resident_bytes: int, why: str) -> Step:
+                  resident_bytes: int, why: str, changed: str = "") -> Step:
         """A step planned for these inputs and gradients in place; `why`: what differs from
-        the first step ("params", "resident", "structure", "sharing" or "shapes")."""
+        the first step ("params", "resident", "structure", "sharing", "attributes" (`changed`
+        says which) or "shapes")."""
         start = time.perf_counter()
         first = self._first.label
         if self._plan_step is None:
             raise PlanMismatchError(f"monet_opt: this module runs only its first plan ({first})")
         try:
             with _disable_current_modes():  # the caller's dispatch modes watch the step only
-                step = self._plan_step(args, kwargs, resident, resident_bytes)
+                step = dataclasses.replace(self._plan_step(args, kwargs, resident, resident_bytes),
+                                           changed=changed)
         except InfeasibleBudgetError as err:
             err.add_note(f"monet_opt: while planning a step for "
                          f"{_situation(why, resident_bytes)}; the first plan was for {first}.")
             raise
         warnings.warn(ReplanWarning(
-            f"monet_opt: planned a step for {step.label} (the first plan: {first}) under the "
-            f"same memory limit, {format_bytes(self.plan.memory_limit_bytes)}, in "
+            f"monet_opt: planned a step for {step.label} "
+            f"(the first plan: {first}) under the same memory limit, "
+            f"{format_bytes(self.plan.memory_limit_bytes)}, in "
             f"{time.perf_counter() - start:.1f} s: predicted peak "
             f"{format_bytes(step.plan.predicted_peak_bytes)}, {len(self._steps) + 1} plans so "
             "far. Each is planned once. " + _WHAT_TO_DO[why]
-            + _too_many(len(self._steps) + 1)),
+            + _too_many(len(self._steps) + 1, why)),
             stacklevel=user_stacklevel())  # the caller of opt(...)
         return step
 
@@ -312,11 +328,12 @@ def _resident_gradient_bytes(model: nn.Module) -> int:
 
 
 def _step_key(treedef, leaves: tuple, params: tuple, resident: tuple[int, ...],
-              resident_bytes: int, shared: tuple) -> tuple:
+              resident_bytes: int, shared: tuple, values: tuple) -> tuple:
     """What tells steps apart: the inputs' structure and specs, the parameters' key, the
-    gradients in place, the inputs that share a storage (NOTE [New input shapes], NOTE
-    [Parameters changed], NOTE [Inputs that share a storage] in monet_opt/memory.py)."""
-    return treedef, leaves, params, resident, resident_bytes, shared
+    gradients in place, the inputs that share a storage, the modules' watched values, last
+    (NOTE [New input shapes], NOTE [Parameters changed], NOTE [Inputs that share a storage] in
+    monet_opt/memory.py, NOTE [Attributes read as constants] in monet_opt/attributes.py)."""
+    return treedef, leaves, params, resident, resident_bytes, shared, values
 
 
 def _param_key(params: list[torch.Tensor]) -> tuple:
@@ -332,6 +349,7 @@ def _situation(why: str, resident_bytes: int) -> str:
                       "device)",
             "structure": "inputs structured otherwise than the sample (other arguments)",
             "sharing": "inputs that share storages otherwise than the sample's",
+            "attributes": "module attributes changed since optimize()",
             "shapes": "inputs of new shapes"}[why]
 
 
@@ -348,14 +366,22 @@ _WHAT_TO_DO = {
     "sharing": "A plan counts an input passed twice (labels=input_ids) once, so inputs that "
                "share storages otherwise than the sample's hold other bytes; pass them as the "
                "sample did.",
+    "attributes": "A module attribute its forward reads as a number or flag is a constant of "
+                  "the traced step, so each value is a step of its own (NOTE [Attributes read "
+                  "as constants]); to change one every step without a plan each time, keep it "
+                  "in a buffer (register_buffer) and change that: buffers are inputs of the "
+                  "step.",
     "shapes": "DataLoader(drop_last=True) keeps every batch the sample's shape; "
               "optimize(..., new_shapes='error') refuses other shapes."}
 
 
-def _too_many(plans: int) -> str:
+def _too_many(plans: int, why: str) -> str:
     """Advice once a module has planned more shapes than a last batch explains."""
     if plans <= MANY_SHAPES:
         return ""
+    if why == "attributes":
+        return (f" {plans} plans: a value changed every step makes one each; keep it in a "
+                "buffer.")
     return (f" {plans} plans: inputs of varying length (dynamic padding) make one each; pad "
             "them to a few fixed lengths (buckets) so that each is planned once.")
 

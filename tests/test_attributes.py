@@ -1,0 +1,103 @@
+"""Numbers a module's forward reads are constants of the traced step: changing one plans a step
+for the new value (NOTE [Attributes read as constants] in monet_opt/attributes.py); before, the
+change did nothing, silently."""
+from __future__ import annotations
+
+import copy
+import types
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import monet_opt
+from monet_opt.module import ReplanWarning
+
+HUGE = 1 << 40
+pytestmark = pytest.mark.filterwarnings("ignore::monet_opt.OutputGradientWarning")
+
+
+class Tempered(nn.Module):
+    """A softmax at temperature `tau` (an attribute, or a buffer), then dropout; `config.scale`
+    as an HF model reads its config."""
+
+    def __init__(self, in_buffer: bool = False) -> None:
+        super().__init__()
+        self.f, self.drop = nn.Linear(16, 16), nn.Dropout(0.1)
+        self.config = types.SimpleNamespace(scale=1.0)
+        if in_buffer:
+            self.register_buffer("tau", torch.tensor(1.0))
+        else:
+            self.tau = 1.0
+
+    def forward(self, x):
+        return self.drop(torch.softmax(self.f(x) / self.tau, -1)) * self.config.scale
+
+
+def _step(module, owner, x, seed):
+    owner.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out = module(x)
+    out.square().sum().backward()
+    return out.detach(), [p.grad.clone() for p in owner.parameters()]
+
+
+def _set(model, tau, p, scale):
+    model.drop.p, model.config.scale = p, scale
+    if isinstance(model.tau, torch.Tensor):
+        model.tau.fill_(tau)
+    else:
+        model.tau = tau
+
+
+def test_changed_attributes_plan_a_step_and_train_like_eager():
+    torch.manual_seed(0)
+    model, x = Tempered().train(), torch.randn(4, 16)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    settings = [(1.0, 0.1, 1.0), (0.5, 0.1, 1.0), (0.5, 0.5, 1.0), (0.5, 0.5, 3.0),
+                (1.0, 0.1, 1.0)]
+    for seed, (tau, p, scale) in enumerate(settings):
+        _set(eager, tau, p, scale)
+        _set(model, tau, p, scale)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours = _step(opt, model, x, seed)
+        expected = _step(eager, eager, x, seed)
+        assert torch.equal(ours[0], expected[0])
+        assert all(torch.equal(a, b) for a, b in zip(ours[1], expected[1]))
+        replans = [str(w.message) for w in caught if issubclass(w.category, ReplanWarning)]
+        assert len(replans) == (seed in (1, 2, 3))  # back to the first values: its step again
+        if seed == 2:
+            assert "with tau 1.0 -> 0.5, drop.p 0.1 -> 0.5" in replans[0]
+        if seed == 3:
+            assert "config.scale 1.0 -> 3.0" in replans[0]
+    assert len(opt._steps) == 4
+
+
+def test_a_buffer_changes_with_no_plan():
+    """The advice the warning gives: a number in a buffer is an input of the step."""
+    torch.manual_seed(0)
+    model, x = Tempered(in_buffer=True).train(), torch.randn(4, 16)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReplanWarning)
+        for seed, tau in enumerate((1.0, 0.7, 0.3)):
+            _set(eager, tau, 0.1, 1.0)
+            _set(model, tau, 0.1, 1.0)
+            ours, expected = _step(opt, model, x, seed), _step(eager, eager, x, seed)
+            assert torch.equal(ours[0], expected[0])
+            assert all(torch.equal(a, b) for a, b in zip(ours[1], expected[1]))
+
+
+def test_new_values_refused_when_asked():
+    """new_shapes="error" refuses inputs of other shapes; a changed attribute is planned
+    whatever it says, as changed parameters are."""
+    model, x = Tempered().train(), torch.randn(4, 16)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1,
+                             new_shapes="error")
+    model.tau = 2.0
+    with pytest.warns(ReplanWarning, match=r"with tau 1\.0 -> 2\.0"):
+        opt(x).sum().backward()
