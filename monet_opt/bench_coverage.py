@@ -17,7 +17,7 @@ import time
 import torch
 
 import monet_opt
-from monet_opt import zoo
+from monet_opt import bench_coverage_more, zoo
 from monet_opt.bench_solvers import mib
 
 TORCHVISION = {  # name: image size
@@ -31,6 +31,7 @@ HF = ("hf_llama", "hf_llama_fused", "hf_t5", "hf_vit", "hf_qwen2", "hf_mistral",
 MORE_HF = ("hf_albert", "hf_bart", "hf_opt", "hf_bloom", "hf_falcon", "hf_distilbert",
            "hf_roberta", "hf_clip_vision", "hf_whisper",  # 4 layers (2 + 2) 128 wide, dropout 0.1
            "hf_gpt2_lora", "hf_gpt2_lora_checkpointed")
+MORE = (*bench_coverage_more.DIFFUSION, *(f"timm_{n}" for n in bench_coverage_more.TIMM))
 
 
 def build(name: str):
@@ -53,6 +54,8 @@ def build(name: str):
         return _Field("out", model).train(), torch.randn(2, 3, size, size)
     if name in RECURRENT:
         return _Tagger(getattr(torch.nn, name.upper())).train(), torch.randint(0, 1000, (4, 48))
+    if name in MORE:
+        return bench_coverage_more.build(name)
     import transformers as tf
     ids = torch.randint(0, 1000, (2, 64))
     if name in ("hf_llama", "hf_llama_fused"):
@@ -105,7 +108,7 @@ def build(name: str):
         x = {"input_ids": ids, "attention_mask": mask}
     else:
         raise ValueError(f"unknown model {name!r}; choose from "
-                         f"{[*TORCHVISION, *SEGMENTATION, *RECURRENT, *HF, *MORE_HF]}")
+                         f"{[*TORCHVISION, *SEGMENTATION, *RECURRENT, *HF, *MORE_HF, *MORE]}")
     return zoo._LogitsOnly(model).train(), x
 
 
@@ -192,7 +195,9 @@ class _Tagger(torch.nn.Module):
 
 
 def _call(module, x):
-    return module(**x) if isinstance(x, dict) else module(x)
+    if isinstance(x, dict):
+        return module(**x)
+    return module(*x) if isinstance(x, tuple) else module(x)
 
 
 def _grads(module, owner: torch.nn.Module, x) -> list[torch.Tensor]:
@@ -230,7 +235,7 @@ def check(name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m monet_opt.bench_coverage")
     p.add_argument("--models", default=",".join([*TORCHVISION, *SEGMENTATION, *RECURRENT, *HF,
-                                                 *MORE_HF]))
+                                                 *MORE_HF, *MORE]))
     args = p.parse_args(argv)
     print(f"Command: `python -m monet_opt.bench_coverage {' '.join(argv or sys.argv[1:])}`, "
           f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads.\n")
