@@ -349,7 +349,7 @@ def _situation(why: str, resident_bytes: int) -> str:
                       "device)",
             "structure": "inputs structured otherwise than the sample (other arguments)",
             "sharing": "inputs that share storages otherwise than the sample's",
-            "attributes": "module attributes changed since optimize()",
+            "attributes": "modules or their attributes changed since optimize()",
             "shapes": "inputs of new shapes"}[why]
 
 
@@ -366,8 +366,8 @@ _WHAT_TO_DO = {
     "sharing": "A plan counts an input passed twice (labels=input_ids) once, so inputs that "
                "share storages otherwise than the sample's hold other bytes; pass them as the "
                "sample did.",
-    "attributes": "A module attribute its forward reads as a number or flag is a constant of "
-                  "the traced step, so each value is a step of its own (NOTE [Attributes read "
+    "attributes": "A module's class, and each number or flag its forward reads, is a "
+                  "constant of the traced step, so each value is a step of its own (NOTE [Attributes read "
                   "as constants]); to change one every step without a plan each time, keep it "
                   "in a buffer (register_buffer) and change that: buffers are inputs of the "
                   "step.",
