@@ -1,5 +1,6 @@
 """monet_opt: train PyTorch models in less memory at the least extra compute."""
 from monet_opt.api import lower_problem, optimize
+from monet_opt.attributes import SideEffectWarning
 from monet_opt.errors import (CaptureError, InfeasibleBudgetError, MonetError, NoBackwardError,
                               PlanMismatchError, UnsupportedGraphError)
 from monet_opt.hooks import HookWarning
@@ -12,7 +13,8 @@ from monet_opt.units import format_bytes, parse_memory_limit
 
 __all__ = ["CaptureError", "HookWarning", "InfeasibleBudgetError", "LiveBytes", "MonetError",
            "NoBackwardError", "OptimizedModule", "OutputGradientWarning", "Plan",
-           "PlanMismatchError", "ReplanWarning", "StepsInFlightWarning", "UnsupportedGraphError",
+           "PlanMismatchError", "ReplanWarning", "SideEffectWarning", "StepsInFlightWarning",
+           "UnsupportedGraphError",
            "WithLoss",
            "format_bytes", "lower_problem", "measure_peak", "optimize", "parse_memory_limit",
            "resident_tensors"]

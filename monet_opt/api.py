@@ -13,6 +13,7 @@ from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_s
                        grouped_attention, grouped_math, host_random, late_grads, rewrite,
                        saved_clones)
 from monet_opt.accumulate import GradientSlots, in_place_problem
+from monet_opt.attributes import Watched, warn_if_forward_changed
 from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
@@ -123,7 +124,10 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     warn_if_lstm(model)  # NOTE [Eager's own kernels]
     warn_if_hooks(model)  # NOTE [Module hooks]
+    watched = Watched.of(model)  # NOTE [Attributes read as constants]
+    before = watched.values(list(model.modules()))
     first = plan_step(*capture.InputSpec.split(sample_input))
+    warn_if_forward_changed(model, watched, before)
     param_names, buffer_names = capture.state_names(model)
     flags = tuple(m.training for m in model.modules())
     optimized = for_model(model)  # NOTE [The model's signature]

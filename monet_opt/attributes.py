@@ -7,21 +7,27 @@ NOTE [Attributes read as constants]
   and dropout 0.1 -> 0.5 on a small model: outputs 0.17 and 0.44 from eager's; torch.compile
   guards on such values and compiles again). So the plain values (bool, int, float, str, None,
   and tuples of them) of every module's public attributes, and of an HF `config` a module
-  holds, and each module's class (a Tanh replaced by a Sigmoid after optimize() ran as a Tanh:
-  outputs 0.58 apart) are part of a step's key, like the inputs' shapes: a change plans a step with the
+  holds, each module's class (a Tanh replaced by a Sigmoid after optimize() ran as a Tanh:
+  outputs 0.58 apart) and its train/eval flag (NOTE [Optimized in eval mode]) are part of a
+  step's key, like the inputs' shapes: a change plans a step with the
   values as they are (ReplanWarning naming what changed), once per combination met. A number
   meant to change every step belongs in a buffer (`register_buffer`), changed in place or
   reassigned: buffers are inputs of the step, so no plan is made for it. Not watched: private
   attributes (a leading underscore), attributes added after optimize(), values of other types,
   and anything not held by a module (a global the forward reads).
+  A forward that changes such a value itself (a counter it increments) changes it while traced
+  and never at a step: optimize() warns (SideEffectWarning), naming it.
   Where they are is noted once; reading them is 47 us a step on a 12-layer GPT-2 (435 values and
   164 classes).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from torch import nn
+
+from monet_opt.errors import user_stacklevel
 
 _PLAIN = (bool, int, float, str, type(None))
 _MISSING = object()
@@ -62,7 +68,7 @@ class Watched:
     def values(self, modules: list[nn.Module]) -> tuple:
         """The modules' classes and the watched values now (`modules`: model.modules(), as a
         list)."""
-        out: list = [tuple(map(type, modules))]
+        out: list = [tuple(map(type, modules)), tuple(m.training for m in modules)]
         for position, in_config, names in self.where:
             if position >= len(modules):
                 out.extend([_MISSING] * len(names))
@@ -76,9 +82,15 @@ class Watched:
     def changed(self, model: nn.Module, before: tuple, now: tuple) -> str:
         """'drop.p 0.1 -> 0.5, ...': the values that differ, named by module."""
         names = [name for name, _ in model.named_modules()]
-        swapped = [f"module {name!r} {old.__name__} -> {new.__name__}"
+        who = lambda name: f"module {name!r}" if name else "the model"  # noqa: E731
+        swapped = [f"{who(name)} {old.__name__} -> {new.__name__}"
                    for name, old, new in zip(names, before[0], now[0]) if old is not new]
-        before, now = before[1:], now[1:]
+        mode = {True: "train", False: "eval"}
+        swapped += [f"{who(name)} {mode[old]} -> {mode[new]}"
+                    for name, old, new in zip(names, before[1], now[1]) if old != new]
+        if len(before[0]) != len(now[0]):
+            swapped.insert(0, f"{len(before[0])} -> {len(now[0])} modules")
+        before, now = before[2:], now[2:]
         labels = [".".join(filter(None, (names[position], "config" * in_config, name)))
                   for position, in_config, attrs in self.where if position < len(names)
                   for name in attrs]
@@ -89,3 +101,22 @@ class Watched:
 
 def _shown(value: object) -> str:
     return "(removed)" if value is _MISSING else repr(value)
+
+
+class SideEffectWarning(UserWarning):
+    """The model's forward changed a module attribute while optimize() traced it, which a
+    training step, running no Python, will not do again (NOTE [Attributes read as constants])."""
+
+
+def warn_if_forward_changed(model: nn.Module, watched: Watched, before: tuple) -> None:
+    """SideEffectWarning where tracing changed watched values (a counter the forward
+    increments): eager changes them every step, the traced step never."""
+    now = watched.values(list(model.modules()))
+    if now != before:
+        warnings.warn(SideEffectWarning(
+            f"monet_opt: {type(model).__name__}'s forward changed module attributes while "
+            f"optimize() traced it: {watched.changed(model, before, now)}. A training step runs "
+            "the traced graph, not the forward's Python, so it will not change them again as "
+            "eager would each step. If the forward's result depends on one (a step counter "
+            "that anneals a value), keep it in a buffer and update it in place "
+            "(self.count.add_(1)): the step does that each time."), stacklevel=user_stacklevel())

@@ -103,7 +103,10 @@ class Step:
 #   415,024 B measured against the plan's 174,064 B, no warning); and the wrapper began in train
 #   mode whatever the model's (nn.Module's default), now in the model's. In eval mode with other
 #   flags than the plan's (validation with gradients on, after a plan made for training) it runs
-#   the model itself, as before; in train mode with other flags it refuses (PlanMismatchError).
+#   the model itself, as before; in train mode with other flags (a BatchNorm frozen after
+#   optimize(), a model optimized in eval mode then trained after .train()) it plans a step for
+#   them (ReplanWarning), as for any module changed (NOTE [Attributes read as constants] in
+#   monet_opt/attributes.py); it used to refuse (PlanMismatchError).
 #
 # NOTE [Compiled around]
 #   The step is already compiled (AOTAutograd's graphs, running eager's kernels under the plan),
@@ -178,10 +181,6 @@ class OptimizedModule(nn.Module):
                 f"model was optimized with autocast {_describe(self._autocast)}: the plan's graph "
                 "holds the casts it was traced with. Call optimize() inside the same "
                 "torch.autocast context you train in (or outside autocast for both).")
-        if flags != self._training_flags:
-            raise PlanMismatchError(
-                "monet_opt: the model's train/eval flags differ from when it was optimized "
-                "(some submodules were switched). Restore them, or optimize() again in this mode.")
         hooks = hooks_of(modules)
         if hooks != self._hooks:  # NOTE [Module hooks]
             raise PlanMismatchError(
@@ -226,7 +225,7 @@ class OptimizedModule(nn.Module):
                    else "sharing" if shared != self._first.shared
                    else "attributes" if values != self._first_values else "shapes")
             changed = self._watched.changed(self.model, self._first_values, values) \
-                if why == "attributes" else ""
+                if values != self._first_values else ""
             step = self._plan_for(args, kwargs, resident, resident_bytes, why, changed)
             self._steps[key] = step
             traced = self._watched.values(list(self.model.modules()))
@@ -248,8 +247,8 @@ class OptimizedModule(nn.Module):
                 step = dataclasses.replace(self._plan_step(args, kwargs, resident, resident_bytes),
                                            changed=changed)
         except InfeasibleBudgetError as err:
-            err.add_note(f"monet_opt: while planning a step for "
-                         f"{_situation(why, resident_bytes)}; the first plan was for {first}.")
+            err.add_note(f"monet_opt: while planning a step for {_situation(why, resident_bytes)}"
+                         f"{f' ({changed})' if changed else ''}; the first plan was for {first}.")
             raise
         warnings.warn(ReplanWarning(
             f"monet_opt: planned a step for {step.label} "
@@ -366,11 +365,11 @@ _WHAT_TO_DO = {
     "sharing": "A plan counts an input passed twice (labels=input_ids) once, so inputs that "
                "share storages otherwise than the sample's hold other bytes; pass them as the "
                "sample did.",
-    "attributes": "A module's class, and each number or flag its forward reads, is a "
-                  "constant of the traced step, so each value is a step of its own (NOTE [Attributes read "
-                  "as constants]); to change one every step without a plan each time, keep it "
-                  "in a buffer (register_buffer) and change that: buffers are inputs of the "
-                  "step.",
+    "attributes": "A module's class, train/eval flag and each number or flag its forward "
+                  "reads are constants of the traced step, so each value is a step of its own "
+                  "(NOTE [Attributes read as constants]); to change a number every step "
+                  "without a plan each time, keep it in a buffer (register_buffer) and change "
+                  "that: buffers are inputs of the step.",
     "shapes": "DataLoader(drop_last=True) keeps every batch the sample's shape; "
               "optimize(..., new_shapes='error') refuses other shapes."}
 

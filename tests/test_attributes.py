@@ -113,3 +113,60 @@ def test_a_replaced_module_plans_a_step():
     with pytest.warns(ReplanWarning, match=r"with module '1' Tanh -> Sigmoid"):
         out = opt(x)
     assert torch.equal(out, model(x))
+
+
+def test_a_batch_norm_frozen_after_optimize_plans_a_step():
+    """Freezing a BatchNorm (eval mode in a training model) after optimize() plans a step for
+    it (it was refused); its running statistics stay, gradients bitwise eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    x = torch.randn(2, 3, 10, 10)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model.train(), x, HUGE, profile_dir=None, profile_repeats=1)
+    for m in (model, eager):
+        m[1].eval()
+    with pytest.warns(ReplanWarning, match=r"with module '1' train -> eval"):
+        ours = _step(opt, model, x, 0)
+    expected = _step(eager, eager, x, 0)
+    assert torch.equal(ours[0], expected[0])
+    assert all(torch.equal(a, b) for a, b in zip(ours[1], expected[1]))
+    assert torch.equal(model[1].running_mean, eager[1].running_mean)
+    assert int(model[1].num_batches_tracked) == 0
+
+
+class Counted(nn.Module):
+    """Anneals a temperature by a count its forward increments: a Python attribute, or a
+    buffer updated in place."""
+
+    def __init__(self, in_buffer: bool) -> None:
+        super().__init__()
+        self.f, self.in_buffer = nn.Linear(16, 16), in_buffer
+        if in_buffer:
+            self.register_buffer("calls", torch.zeros(()))
+        else:
+            self.calls = 0
+
+    def forward(self, x):
+        if self.in_buffer:
+            self.calls.add_(1)
+        else:
+            self.calls += 1
+        return torch.softmax(self.f(x) / (1 + self.calls), -1)
+
+
+def test_a_count_the_forward_keeps_is_warned_and_a_buffer_counts():
+    """The forward's own Python runs only while traced: optimize() says so, naming the line
+    that called it; kept in a buffer, the count is updated by every step, as eager's is."""
+    x = torch.randn(4, 16)
+    with pytest.warns(monet_opt.SideEffectWarning, match=r"calls 0 -> \d") as seen:
+        monet_opt.optimize(Counted(False), x, HUGE, profile_dir=None, profile_repeats=1)
+    assert any(w.filename == __file__ for w in seen)
+    torch.manual_seed(0)
+    model = Counted(True)
+    eager = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.SideEffectWarning)
+        opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    for _ in range(3):
+        assert torch.equal(opt(x), eager(x))
+    assert int(model.calls) == int(eager.calls) == 3
