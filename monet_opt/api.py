@@ -128,10 +128,9 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     before = watched.values(list(model.modules()))
     first = plan_step(*capture.InputSpec.split(sample_input))
     warn_if_forward_changed(model, watched, before)
-    param_names, buffer_names = capture.state_names(model)
     flags = tuple(m.training for m in model.modules())
     optimized = for_model(model)  # NOTE [The model's signature]
-    return optimized(model, first, param_names, buffer_names, flags, autocast, plan_step,
+    return optimized(model, first, flags, autocast, plan_step,
                      any_shape=new_shapes == "plan")
 
 

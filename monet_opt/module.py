@@ -87,7 +87,9 @@ class Step:
 #   A traced step also fixes which parameters get a gradient (those that required one when it
 #   was traced) and each parameter's shape, dtype and device. A parameter unfrozen after
 #   optimize() (gradual unfreezing, when fine-tuning) silently got no gradient: the step had
-#   none to give it. So these are part of a step's key, like the inputs' shapes: a change plans
+#   none to give it. So these are part of a step's key, with every parameter's and buffer's
+#   name (weights tied after optimize(), as HF's tie_weights() after resizing an embedding,
+#   raised a KeyError naming the parameter that went), like the inputs' shapes: a change plans
 #   a step for the parameters as they are (ReplanWarning), once per combination met, and going
 #   back to an earlier one runs its step again (tests/test_new_shapes.py). With every parameter
 #   frozen (and no input needing a gradient) the step has no backward: the model itself runs,
@@ -131,8 +133,7 @@ class OptimizedModule(nn.Module):
     that train.
     """
 
-    def __init__(self, model: nn.Module, first: Step, param_names: list[str],
-                 buffer_names: list[str], training_flags: tuple[bool, ...],
+    def __init__(self, model: nn.Module, first: Step, training_flags: tuple[bool, ...],
                  autocast: tuple = (),
                  plan_step: Callable[[tuple, dict, tuple[int, ...], int], Step] | None = None,
                  any_shape: bool = False) -> None:
@@ -144,8 +145,8 @@ class OptimizedModule(nn.Module):
         self.training = model.training  # the wrapper's mode is the model's, not nn.Module's True
         self.plan = first.plan
         self._first = first
-        params = dict(model.named_parameters())
-        self._first_params = _param_key([params[n] for n in param_names])
+        self._first_params = _param_key(dict(model.named_parameters()),
+                                        dict(model.named_buffers()))
         self._watched = Watched.of(model)  # NOTE [Attributes read as constants]
         self._first_values = self._watched.values(list(model.modules()))
         self._steps: dict[tuple, Step] = {
@@ -154,8 +155,6 @@ class OptimizedModule(nn.Module):
                       self._first_values): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
-        self._param_names = param_names
-        self._buffer_names = buffer_names
         self._training_flags = training_flags
         self._autocast = autocast
         self._hooks = hooks_of(list(model.modules()))  # NOTE [Module hooks]
@@ -187,23 +186,24 @@ class OptimizedModule(nn.Module):
                 f"monet_opt: module hooks were added or removed since the model was optimized: "
                 f"{changed(self.model, self._hooks, hooks)}. The traced step has only those it "
                 "was traced with; restore them, or optimize() again with the hooks in place.")
-        params = dict(self.model.named_parameters())
+        params = dict(self.model.named_parameters())  # in the order the steps take them
         buffers = dict(self.model.named_buffers())
-        mine = [params[n] for n in self._param_names]
+        mine = list(params.values())
         if not any(p.requires_grad for p in mine) and \
                 not any(leaf.requires_grad for leaf in self._first.spec.leaves):
             return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan
-        step, inputs = self._step_for(args, kwargs, mine, modules)
+        step, inputs = self._step_for(args, kwargs, params, buffers, modules)
         if step.slots is not None:
             step.slots.bind(mine)
         self._in_flight.starting()  # NOTE [Steps in flight]
-        outputs = step.run(*mine, *[buffers[n] for n in self._buffer_names], *inputs)
+        outputs = step.run(*mine, *buffers.values(), *inputs)
         self._in_flight.started(outputs)
         output_grad.watch(outputs, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         return outputs
 
-    def _step_for(self, args: tuple, kwargs: dict, params: list[torch.Tensor],
-                  modules: list[nn.Module]) -> tuple[Step, list[torch.Tensor]]:
+    def _step_for(self, args: tuple, kwargs: dict, named: dict[str, torch.Tensor],
+                  buffers: dict[str, torch.Tensor], modules: list[nn.Module]
+                  ) -> tuple[Step, list[torch.Tensor]]:
         """The step planned for these inputs (their structure and shapes), the gradients now
         in place and the modules' watched values (planned now if new), and the flat inputs."""
         treedef = pytree.tree_structure((args, kwargs))
@@ -211,8 +211,8 @@ class OptimizedModule(nn.Module):
         inputs = InputSpec.of(args, kwargs, "monet_opt: every argument of a training step")[1] \
             if new_structure else \
             self._first.spec.flatten(args, kwargs, any_shape=self._any_shape)
-        resident = tuple(k for k, p in enumerate(params) if p.grad is not None)
-        now = _param_key(params)
+        resident = tuple(k for k, p in enumerate(named.values()) if p.grad is not None)
+        now = _param_key(named, buffers)
         resident_bytes = _resident_gradient_bytes(self.model) if resident else 0
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
         values = self._watched.values(modules)
@@ -335,17 +335,19 @@ def _step_key(treedef, leaves: tuple, params: tuple, resident: tuple[int, ...],
     return treedef, leaves, params, resident, resident_bytes, shared, values
 
 
-def _param_key(params: list[torch.Tensor]) -> tuple:
-    """What a traced step fixes of the parameters (NOTE [Parameters changed])."""
-    return tuple((p.shape, p.dtype, p.device, p.requires_grad) for p in params)
+def _param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> tuple:
+    """What a traced step fixes of the parameters and buffers, by name (NOTE [Parameters
+    changed])."""
+    return (tuple((n, p.shape, p.dtype, p.device, p.requires_grad) for n, p in params.items()),
+            tuple((n, b.shape, b.dtype, b.device) for n, b in buffers.items()))
 
 
 def _situation(why: str, resident_bytes: int) -> str:
     return {"resident": f"a step that begins with {format_bytes(resident_bytes)} of gradients "
                         "resident (accumulation, or zero_grad(set_to_none=False)), which the "
                         "limit must hold too",
-            "params": "parameters changed since optimize() (requires_grad, shape, dtype or "
-                      "device)",
+            "params": "parameters or buffers changed since optimize() (added, removed, tied, "
+                      "requires_grad, shape, dtype or device)",
             "structure": "inputs structured otherwise than the sample (other arguments)",
             "sharing": "inputs that share storages otherwise than the sample's",
             "attributes": "modules or their attributes changed since optimize()",
@@ -353,9 +355,9 @@ def _situation(why: str, resident_bytes: int) -> str:
 
 
 _WHAT_TO_DO = {
-    "params": "A parameter whose requires_grad, shape, dtype or device changed since optimize() "
-              "(layers frozen or unfrozen) needs a step traced for it (NOTE [Parameters "
-              "changed]).",
+    "params": "Parameters or buffers added, removed or tied, or whose requires_grad, shape, "
+              "dtype or device changed since optimize() (layers frozen or unfrozen), need a "
+              "step traced for them (NOTE [Parameters changed]).",
     "resident": "Gradients in place at a step's start (accumulating over micro-batches, or "
                 "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
                 "limit is left for activations.",

@@ -170,3 +170,28 @@ def test_a_count_the_forward_keeps_is_warned_and_a_buffer_counts():
     for _ in range(3):
         assert torch.equal(opt(x), eager(x))
     assert int(model.calls) == int(eager.calls) == 3
+
+
+class Untied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = nn.Embedding(50, 16), nn.Linear(16, 50, bias=False)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids)))
+
+
+def test_weights_tied_after_optimize_plan_a_step():
+    """Tying weights after optimize() (HF's tie_weights()) removes a parameter's name: it raised
+    a KeyError; now a step is planned for the parameters as they are, gradients eager's."""
+    torch.manual_seed(0)
+    model, ids = Untied(), torch.randint(0, 50, (4, 8))
+    opt = monet_opt.optimize(model, ids, HUGE, profile_dir=None, profile_repeats=1)
+    eager = copy.deepcopy(model)
+    for m in (model, eager):
+        m.head.weight = m.emb.weight
+    with pytest.warns(ReplanWarning, match="added, removed or tied"):
+        ours = _step(opt, model, ids, 0)
+    expected = _step(eager, eager, ids, 0)
+    assert torch.equal(ours[0], expected[0])
+    assert len(ours[1]) == len(expected[1]) == 1 and torch.equal(ours[1][0], expected[1][0])
