@@ -47,12 +47,25 @@ class LeafSpec:
         return f"{self.dtype} {list(self.shape)} on {self.device}{grad}"
 
 
+_CONSTANT = (bool, int, float, str, type(None))  # traced as constants: NOTE [Constant arguments]
+
+
+# NOTE [Constant arguments]
+#   A number, flag, string or None passed to the forward (opt(x, 2.0), act="relu",
+#   attention_mask=None: a pytree leaf, refused like the others) is read by the
+#   forward's Python while traced and is a constant of the step, as a module attribute is (NOTE
+#   [Attributes read as constants] in monet_opt/attributes.py). They were refused (TypeError:
+#   bind them with functools.partial). They are now part of the input spec, by position among
+#   the leaves, and of a step's key: the step takes only the tensors, and another value plans a
+#   step for it (ReplanWarning), once per value met.
 @dataclass(frozen=True)
 class InputSpec:
-    """The structure and tensor metadata of the sample input a plan was made for."""
+    """The structure and tensor metadata of the sample input a plan was made for, and its
+    constant (non-tensor) leaves as (position among the leaves, value)."""
 
     treedef: pytree.TreeSpec
     leaves: tuple[LeafSpec, ...]
+    constants: tuple[tuple[int, type, Any], ...] = ()
 
     @staticmethod
     def split(sample_input: Any) -> tuple[tuple, dict]:
@@ -69,21 +82,35 @@ class InputSpec:
     def of(args: tuple, kwargs: dict, what: str = "monet_opt.optimize: every leaf of "
            "sample_input") -> tuple[InputSpec, list[torch.Tensor]]:
         leaves, treedef = pytree.tree_flatten((args, kwargs))
-        bad = [type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)]
+        bad = [type(x).__name__ for x in leaves
+               if not isinstance(x, torch.Tensor) and type(x) not in _CONSTANT]
         if bad:
-            raise TypeError(f"{what} must be a tensor; found {bad}. Bind other arguments with "
+            raise TypeError(f"{what} must be a tensor, or a bool, int, float, str or None (NOTE "
+                            f"[Constant arguments]); found {bad}. Bind other arguments with "
                             "functools.partial or a wrapper.")
-        return InputSpec(treedef, tuple(LeafSpec.of(x) for x in leaves)), leaves
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        return InputSpec(treedef, tuple(LeafSpec.of(x) for x in tensors),
+                         constants_of(leaves)), tensors
+
+    def rebuild(self, tensors: list) -> tuple[tuple, dict]:
+        """(args, kwargs) from the flat input tensors and the constants."""
+        leaves, given = [], iter(tensors)
+        constants = {k: x for k, _, x in self.constants}
+        for k in range(len(self.leaves) + len(self.constants)):
+            leaves.append(constants[k] if k in constants else next(given))
+        return pytree.tree_unflatten(leaves, self.treedef)
 
     def flatten(self, args: tuple, kwargs: dict, any_shape: bool = False) -> list[torch.Tensor]:
         """The flat input tensors, checked against the plan's shapes, dtypes and devices
         (any_shape: all but the shapes; NOTE [New input shapes] in monet_opt/module.py)."""
         leaves, treedef = pytree.tree_flatten((args, kwargs))
-        if treedef != self.treedef:
+        if treedef != self.treedef or constants_of(leaves) != self.constants:
             raise PlanMismatchError(
                 "monet_opt: the optimized module was planned for inputs structured as "
-                f"{self.treedef} but received {treedef}. Call it like the sample_input given to "
+                f"{self.treedef} (constants {self.constants}) but received {treedef} "
+                f"(constants {constants_of(leaves)}). Call it like the sample_input given to "
                 "optimize(), or optimize again for this input.")
+        leaves = [x for x in leaves if isinstance(x, torch.Tensor)]
         for k, (x, spec) in enumerate(zip(leaves, self.leaves)):
             got = LeafSpec.of(x) if isinstance(x, torch.Tensor) else None
             same = got is not None and (dataclasses.replace(got, shape=spec.shape) if any_shape
@@ -111,6 +138,12 @@ class InputSpec:
 #   (PlanMismatchError) rather than train in a precision the user did not ask for. Under the
 #   same state it trains like the model under autocast, bitwise (tests/test_autocast.py).
 AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def constants_of(leaves: list) -> tuple[tuple[int, type, Any], ...]:
+    """The non-tensor leaves, by position, with their types (1 and True are equal, but trace
+    apart) (NOTE [Constant arguments])."""
+    return tuple((k, type(x), x) for k, x in enumerate(leaves) if not isinstance(x, torch.Tensor))
 
 
 def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
@@ -162,7 +195,7 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
 
     def flat_model(*flat):
         state = dict(zip(names, flat[:n_state]))
-        args, kwargs = pytree.tree_unflatten(list(flat[n_state:]), spec.treedef)
+        args, kwargs = spec.rebuild(list(flat[n_state:]))
         return torch.func.functional_call(target, state, args, kwargs)
 
     boxed = lambda gm, _inputs: _boxed(gm)  # noqa: E731

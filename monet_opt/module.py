@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from monet_opt import output_grad
 from monet_opt.accumulate import GradientSlots
 from monet_opt.attributes import Watched
-from monet_opt.capture import InputSpec, LeafSpec, autocast_state
+from monet_opt.capture import InputSpec, LeafSpec, autocast_state, constants_of
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError, user_stacklevel
 from monet_opt.hooks import changed, hooks_of
 from monet_opt.in_flight import InFlight
@@ -150,8 +150,8 @@ class OptimizedModule(nn.Module):
         self._watched = Watched.of(model)  # NOTE [Attributes read as constants]
         self._first_values = self._watched.values(list(model.modules()))
         self._steps: dict[tuple, Step] = {
-            _step_key(first.spec.treedef, first.spec.leaves, self._first_params,
-                      first.resident, first.resident_bytes, first.shared,
+            _step_key((first.spec.treedef, first.spec.constants), first.spec.leaves,
+                      self._first_params, first.resident, first.resident_bytes, first.shared,
                       self._first_values): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
@@ -206,8 +206,10 @@ class OptimizedModule(nn.Module):
                   ) -> tuple[Step, list[torch.Tensor]]:
         """The step planned for these inputs (their structure and shapes), the gradients now
         in place and the modules' watched values (planned now if new), and the flat inputs."""
-        treedef = pytree.tree_structure((args, kwargs))
-        new_structure = self._any_shape and treedef != self._first.spec.treedef
+        leaves, treedef = pytree.tree_flatten((args, kwargs))
+        structure = (treedef, constants_of(leaves))  # NOTE [Constant arguments] in capture.py
+        new_structure = self._any_shape and \
+            structure != (self._first.spec.treedef, self._first.spec.constants)
         inputs = InputSpec.of(args, kwargs, "monet_opt: every argument of a training step")[1] \
             if new_structure else \
             self._first.spec.flatten(args, kwargs, any_shape=self._any_shape)
@@ -216,7 +218,7 @@ class OptimizedModule(nn.Module):
         resident_bytes = _resident_gradient_bytes(self.model) if resident else 0
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
         values = self._watched.values(modules)
-        key = _step_key(treedef, tuple(LeafSpec.of(x) for x in inputs), now, resident,
+        key = _step_key(structure, tuple(LeafSpec.of(x) for x in inputs), now, resident,
                         resident_bytes, shared, values)
         step = self._steps.get(key)
         if step is None:
@@ -326,13 +328,14 @@ def _resident_gradient_bytes(model: nn.Module) -> int:
     return resident_bytes([p.grad for p in model.parameters() if p.grad is not None])
 
 
-def _step_key(treedef, leaves: tuple, params: tuple, resident: tuple[int, ...],
+def _step_key(structure: tuple, leaves: tuple, params: tuple, resident: tuple[int, ...],
               resident_bytes: int, shared: tuple, values: tuple) -> tuple:
-    """What tells steps apart: the inputs' structure and specs, the parameters' key, the
-    gradients in place, the inputs that share a storage, the modules' watched values, last
-    (NOTE [New input shapes], NOTE [Parameters changed], NOTE [Inputs that share a storage] in
-    monet_opt/memory.py, NOTE [Attributes read as constants] in monet_opt/attributes.py)."""
-    return treedef, leaves, params, resident, resident_bytes, shared, values
+    """What tells steps apart: the inputs' structure (treedef and constants) and specs, the
+    parameters' key, the gradients in place, the inputs that share a storage, the modules'
+    watched values, last (NOTE [New input shapes], NOTE [Parameters changed], NOTE [Inputs
+    that share a storage] in monet_opt/memory.py, NOTE [Attributes read as constants] in
+    monet_opt/attributes.py)."""
+    return structure, leaves, params, resident, resident_bytes, shared, values
 
 
 def _param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> tuple:
@@ -361,9 +364,9 @@ _WHAT_TO_DO = {
     "resident": "Gradients in place at a step's start (accumulating over micro-batches, or "
                 "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
                 "limit is left for activations.",
-    "structure": "Each structure of inputs (which arguments, keywords included) is a step of "
-                 "its own (HF's Trainer adds num_items_in_batch for a model whose forward "
-                 "takes **kwargs).",
+    "structure": "Each structure of inputs (which arguments, keywords included, and the "
+                 "value of each that is not a tensor) is a step of its own (HF's Trainer adds "
+                 "num_items_in_batch for a model whose forward takes **kwargs).",
     "sharing": "A plan counts an input passed twice (labels=input_ids) once, so inputs that "
                "share storages otherwise than the sample's hold other bytes; pass them as the "
                "sample did.",

@@ -94,7 +94,10 @@ def test_new_shapes_error_and_other_mismatches_refuse():
         planning(x.double())
     with pytest.raises(monet_opt.PlanMismatchError, match="requires_grad"):
         planning(x.clone().requires_grad_(True))
-    with pytest.raises(TypeError, match=r"argument of a training step .*\['int'\]"):
+    with pytest.raises(TypeError, match=r"argument of a training step .*\['object'\]"):
+        planning(x, object())
+    # a number is traced as a constant (NOTE [Constant arguments]); this forward takes none
+    with pytest.raises(monet_opt.CaptureError, match="takes 2 positional arguments but 3"):
         planning(x, 3)
     assert len(planning.plans) == 1
 

@@ -1,0 +1,70 @@
+"""Numbers, flags, strings and None passed to the forward are constants of the step: another value
+plans a step for it (NOTE [Constant arguments] in monet_opt/capture.py); they were refused."""
+from __future__ import annotations
+
+import copy
+import re
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import monet_opt
+from monet_opt.module import ReplanWarning
+
+HUGE = 1 << 40
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f, self.drop = nn.Linear(16, 16), nn.Dropout(0.2)
+
+    def forward(self, x, scale=1.0, act="tanh"):
+        y = self.drop(self.f(x)) * scale
+        return torch.tanh(y) if act == "tanh" else torch.relu(y)
+
+
+def _step(module, owner, args, kwargs, seed):
+    owner.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out = module(*args, **kwargs)
+    out.sum().backward()
+    return out.detach(), [p.grad.clone() for p in owner.parameters()]
+
+
+def test_constant_arguments_plan_a_step_each_and_train_like_eager():
+    torch.manual_seed(0)
+    model, x = Scaled().train(), torch.randn(4, 16)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, (x, 2.0), HUGE, profile_dir=None, profile_repeats=1)
+    calls = [((x, 2.0), {}, None), ((x, 3.0), {}, r"float32\[4x16\], 3\.0"),
+             ((x, 2.0), {"act": "relu"}, r"act='relu'"), ((x, 2.0), {}, None),
+             ((x, 2), {}, r"float32\[4x16\], 2 "),  # an int traces apart from a float
+             ((x, 2.0), {"act": None}, r"act=None")]  # None is a leaf too
+    for seed, (args, kwargs, replanned) in enumerate(calls):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours = _step(opt, model, args, kwargs, seed)
+        expected = _step(eager, eager, args, kwargs, seed)
+        assert torch.equal(ours[0], expected[0])
+        assert all(torch.equal(a, b) for a, b in zip(ours[1], expected[1]))
+        replans = [str(w.message) for w in caught if issubclass(w.category, ReplanWarning)]
+        assert len(replans) == (replanned is not None)
+        if replanned:
+            assert any(re.search(replanned, r) for r in replans)
+
+
+def test_another_constant_is_refused_when_asked():
+    model, x = Scaled().train(), torch.randn(4, 16)
+    opt = monet_opt.optimize(model, (x, 2.0), HUGE, profile_dir=None, profile_repeats=1,
+                             new_shapes="error")
+    with pytest.raises(monet_opt.PlanMismatchError, match="constants"):
+        opt(x, 3.0)
+
+
+def test_other_arguments_are_refused_saying_what_to_do():
+    model, x = Scaled().train(), torch.randn(4, 16)
+    with pytest.raises(TypeError, match=r"bool, int, float, str or None .*found \['object'\]"):
+        monet_opt.optimize(model, (x, object()), HUGE, profile_dir=None)
