@@ -61,7 +61,7 @@ _CONSTANT = (bool, int, float, str, type(None))  # traced as constants: NOTE [Co
 @dataclass(frozen=True)
 class InputSpec:
     """The structure and tensor metadata of the sample input a plan was made for, and its
-    constant (non-tensor) leaves as (position among the leaves, value)."""
+    constant (non-tensor) leaves as (position among the leaves, type, value)."""
 
     treedef: pytree.TreeSpec
     leaves: tuple[LeafSpec, ...]
