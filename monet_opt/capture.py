@@ -82,15 +82,21 @@ class InputSpec:
     def of(args: tuple, kwargs: dict, what: str = "monet_opt.optimize: every leaf of "
            "sample_input") -> tuple[InputSpec, list[torch.Tensor]]:
         leaves, treedef = pytree.tree_flatten((args, kwargs))
+        tensors = InputSpec.tensors_of(leaves, what)
+        return InputSpec(treedef, tuple(LeafSpec.of(x) for x in tensors),
+                         constants_of(leaves)), tensors
+
+    @staticmethod
+    def tensors_of(leaves: list, what: str) -> list[torch.Tensor]:
+        """The tensors among a call's flattened (args, kwargs); TypeError for a leaf that is
+        neither a tensor nor a constant."""
         bad = [type(x).__name__ for x in leaves
                if not isinstance(x, torch.Tensor) and type(x) not in _CONSTANT]
         if bad:
             raise TypeError(f"{what} must be a tensor, or a bool, int, float, str or None (NOTE "
                             f"[Constant arguments]); found {bad}. Bind other arguments with "
                             "functools.partial or a wrapper.")
-        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-        return InputSpec(treedef, tuple(LeafSpec.of(x) for x in tensors),
-                         constants_of(leaves)), tensors
+        return [x for x in leaves if isinstance(x, torch.Tensor)]
 
     def rebuild(self, tensors: list) -> tuple[tuple, dict]:
         """(args, kwargs) from the flat input tensors and the constants."""
@@ -100,28 +106,28 @@ class InputSpec:
             leaves.append(constants[k] if k in constants else next(given))
         return pytree.tree_unflatten(leaves, self.treedef)
 
-    def flatten(self, args: tuple, kwargs: dict, any_shape: bool = False) -> list[torch.Tensor]:
-        """The flat input tensors, checked against the plan's shapes, dtypes and devices
-        (any_shape: all but the shapes; NOTE [New input shapes] in monet_opt/module.py)."""
-        leaves, treedef = pytree.tree_flatten((args, kwargs))
-        if treedef != self.treedef or constants_of(leaves) != self.constants:
+    def check(self, leaves: list, structure: tuple, any_shape: bool = False
+              ) -> list[torch.Tensor]:
+        """The input tensors among `leaves` (a call's flattened (args, kwargs), whose treedef
+        and constants are `structure`), checked against the plan's structure, shapes, dtypes,
+        devices and requires_grad (any_shape: all but the shapes and requires_grad, which plan
+        steps of their own; NOTE [New input shapes] in monet_opt/module.py)."""
+        if structure != (self.treedef, self.constants):
             raise PlanMismatchError(
                 "monet_opt: the optimized module was planned for inputs structured as "
-                f"{self.treedef} (constants {self.constants}) but received {treedef} "
-                f"(constants {constants_of(leaves)}). Call it like the sample_input given to "
+                f"{self.treedef} (constants {self.constants}) but received {structure[0]} "
+                f"(constants {structure[1]}). Call it like the sample_input given to "
                 "optimize(), or optimize again for this input.")
         leaves = [x for x in leaves if isinstance(x, torch.Tensor)]
         for k, (x, spec) in enumerate(zip(leaves, self.leaves)):
-            got = LeafSpec.of(x) if isinstance(x, torch.Tensor) else None
-            same = got is not None and (dataclasses.replace(got, shape=spec.shape) if any_shape
-                                        else got) == spec
-            if not same:
+            got = LeafSpec.of(x)
+            if (dataclasses.replace(got, shape=spec.shape, requires_grad=spec.requires_grad)
+                    if any_shape else got) != spec:
                 raise PlanMismatchError(
                     f"monet_opt: input {k} does not match the plan: expected {spec}, received "
-                    f"{got if got is not None else type(x).__name__}. The plan (and its memory "
-                    "limit) holds only for the sample_input's "
-                    f"{'dtypes and devices' if any_shape else 'shapes'}; run optimize() again "
-                    "with a sample like the new input.")
+                    f"{got}. The plan (and its memory limit) holds only for the sample_input's "
+                    f"{'dtypes and devices' if any_shape else 'shapes and requires_grad'}; run "
+                    "optimize() again with a sample like the new input.")
         return leaves
 
 

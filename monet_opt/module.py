@@ -24,10 +24,8 @@ from monet_opt.hooks import changed, hooks_of
 from monet_opt.in_flight import InFlight
 from monet_opt.memory import resident_bytes, storage_groups
 from monet_opt.plan import Plan
+from monet_opt.replan_text import WHAT_TO_DO, situation, too_many
 from monet_opt.units import format_bytes
-
-
-MANY_SHAPES = 4  # more plans than this, and the warning suggests padding to a few lengths
 
 
 class ReplanWarning(RuntimeWarning):
@@ -57,8 +55,10 @@ class Step:
 
     @property
     def label(self) -> str:
-        return self.inputs + (f", {format_bytes(self.resident_bytes)} of gradients resident"
-                              if self.resident_bytes else "") + \
+        grads = [str(k) for k, leaf in enumerate(self.spec.leaves) if leaf.requires_grad]
+        return self.inputs + (f", input {' and '.join(grads)} requiring grad" if grads else "") \
+            + (f", {format_bytes(self.resident_bytes)} of gradients resident"
+               if self.resident_bytes else "") + \
             (f", {self.frozen} parameters frozen" if self.frozen else "") + \
             "".join(f", inputs {' and '.join(map(str, g))} share a storage" for g in self.shared) \
             + (f", with {self.changed}" if self.changed else "")
@@ -68,10 +68,11 @@ class Step:
 #   A plan holds for the shapes it was traced with: every activation's size, and so the
 #   schedule, depends on them. A DataLoader with drop_last=False ends each epoch on a smaller
 #   batch, so refusing other shapes would stop a default training loop at the end of its first
-#   epoch. Inputs that differ from the sample only in shape (dtype, device, requires_grad and
-#   structure equal), or in their structure (other arguments: HF's Trainer adds
-#   num_items_in_batch for a model whose forward takes **kwargs), are planned when first met,
-#   under the same memory limit and options, and kept, one Step per shape and structure:
+#   epoch. Inputs that differ from the sample only in shape or requires_grad (dtype, device
+#   and structure equal; an input that requires a gradient, as in adversarial training, makes
+#   the backward compute it: it was refused, PlanMismatchError), or in their structure (other
+#   arguments: HF's Trainer adds num_items_in_batch for a model whose forward takes **kwargs),
+#   are planned when first met, under the same memory limit and options, and kept, one Step each:
 #   optimize()'s work again (tracing on fake tensors, profiling and solving, or reading both
 #   from the profile directory), with a ReplanWarning saying how long it took;
 #   optimize(..., new_shapes="error") refuses them instead (PlanMismatchError). A step that
@@ -189,10 +190,11 @@ class OptimizedModule(nn.Module):
         params = dict(self.model.named_parameters())  # in the order the steps take them
         buffers = dict(self.model.named_buffers())
         mine = list(params.values())
-        if not any(p.requires_grad for p in mine) and \
-                not any(leaf.requires_grad for leaf in self._first.spec.leaves):
+        leaves, treedef = pytree.tree_flatten((args, kwargs))
+        if not any(p.requires_grad for p in mine) and not any(
+                isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
             return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan
-        step, inputs = self._step_for(args, kwargs, params, buffers, modules)
+        step, inputs = self._step_for(args, kwargs, leaves, treedef, params, buffers, modules)
         if step.slots is not None:
             step.slots.bind(mine)
         self._in_flight.starting()  # NOTE [Steps in flight]
@@ -201,31 +203,32 @@ class OptimizedModule(nn.Module):
         output_grad.watch(outputs, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         return outputs
 
-    def _step_for(self, args: tuple, kwargs: dict, named: dict[str, torch.Tensor],
-                  buffers: dict[str, torch.Tensor], modules: list[nn.Module]
-                  ) -> tuple[Step, list[torch.Tensor]]:
-        """The step planned for these inputs (their structure and shapes), the gradients now
-        in place and the modules' watched values (planned now if new), and the flat inputs."""
-        leaves, treedef = pytree.tree_flatten((args, kwargs))
+    def _step_for(self, args: tuple, kwargs: dict, leaves: list, treedef: pytree.TreeSpec,
+                  named: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                  modules: list[nn.Module]) -> tuple[Step, list[torch.Tensor]]:
+        """The step planned for these inputs (`leaves`: flattened (args, kwargs); their
+        structure, shapes and requires_grad), the gradients now in place and the modules'
+        watched values (planned now if new), and the flat input tensors."""
+        first = self._first.spec
         structure = (treedef, constants_of(leaves))  # NOTE [Constant arguments] in capture.py
-        new_structure = self._any_shape and \
-            structure != (self._first.spec.treedef, self._first.spec.constants)
-        inputs = InputSpec.of(args, kwargs, "monet_opt: every argument of a training step")[1] \
-            if new_structure else \
-            self._first.spec.flatten(args, kwargs, any_shape=self._any_shape)
+        new_structure = self._any_shape and structure != (first.treedef, first.constants)
+        inputs = InputSpec.tensors_of(leaves, "monet_opt: every argument of a training step") \
+            if new_structure else first.check(leaves, structure, any_shape=self._any_shape)
         resident = tuple(k for k, p in enumerate(named.values()) if p.grad is not None)
         now = _param_key(named, buffers)
         resident_bytes = _resident_gradient_bytes(self.model) if resident else 0
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
         values = self._watched.values(modules)
-        key = _step_key(structure, tuple(LeafSpec.of(x) for x in inputs), now, resident,
-                        resident_bytes, shared, values)
+        specs = tuple(LeafSpec.of(x) for x in inputs)
+        key = _step_key(structure, specs, now, resident, resident_bytes, shared, values)
         step = self._steps.get(key)
         if step is None:
             why = ("params" if now != self._first_params else "resident" if resident_bytes
                    else "structure" if new_structure
                    else "sharing" if shared != self._first.shared
-                   else "attributes" if values != self._first_values else "shapes")
+                   else "attributes" if values != self._first_values
+                   else "input_grads" if [s.requires_grad for s in specs] !=
+                   [s.requires_grad for s in first.leaves] else "shapes")
             changed = self._watched.changed(self.model, self._first_values, values) \
                 if values != self._first_values else ""
             step = self._plan_for(args, kwargs, resident, resident_bytes, why, changed)
@@ -238,8 +241,7 @@ class OptimizedModule(nn.Module):
     def _plan_for(self, args: tuple, kwargs: dict, resident: tuple[int, ...],
                   resident_bytes: int, why: str, changed: str = "") -> Step:
         """A step planned for these inputs and gradients in place; `why`: what differs from
-        the first step ("params", "resident", "structure", "sharing", "attributes" (`changed`
-        says which) or "shapes")."""
+        the first step: a key of WHAT_TO_DO ("attributes": `changed` says which)."""
         start = time.perf_counter()
         first = self._first.label
         if self._plan_step is None:
@@ -249,7 +251,7 @@ class OptimizedModule(nn.Module):
                 step = dataclasses.replace(self._plan_step(args, kwargs, resident, resident_bytes),
                                            changed=changed)
         except InfeasibleBudgetError as err:
-            err.add_note(f"monet_opt: while planning a step for {_situation(why, resident_bytes)}"
+            err.add_note(f"monet_opt: while planning a step for {situation(why, resident_bytes)}"
                          f"{f' ({changed})' if changed else ''}; the first plan was for {first}.")
             raise
         warnings.warn(ReplanWarning(
@@ -258,8 +260,8 @@ class OptimizedModule(nn.Module):
             f"{format_bytes(self.plan.memory_limit_bytes)}, in "
             f"{time.perf_counter() - start:.1f} s: predicted peak "
             f"{format_bytes(step.plan.predicted_peak_bytes)}, {len(self._steps) + 1} plans so "
-            "far. Each is planned once. " + _WHAT_TO_DO[why]
-            + _too_many(len(self._steps) + 1, why)),
+            "far. Each is planned once. " + WHAT_TO_DO[why]
+            + too_many(len(self._steps) + 1, why)),
             stacklevel=user_stacklevel())  # the caller of opt(...)
         return step
 
@@ -343,52 +345,6 @@ def _param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]
     changed])."""
     return (tuple((n, p.shape, p.dtype, p.device, p.requires_grad) for n, p in params.items()),
             tuple((n, b.shape, b.dtype, b.device) for n, b in buffers.items()))
-
-
-def _situation(why: str, resident_bytes: int) -> str:
-    return {"resident": f"a step that begins with {format_bytes(resident_bytes)} of gradients "
-                        "resident (accumulation, or zero_grad(set_to_none=False)), which the "
-                        "limit must hold too",
-            "params": "parameters or buffers changed since optimize() (added, removed, tied, "
-                      "requires_grad, shape, dtype or device)",
-            "structure": "inputs structured otherwise than the sample (other arguments)",
-            "sharing": "inputs that share storages otherwise than the sample's",
-            "attributes": "modules or their attributes changed since optimize()",
-            "shapes": "inputs of new shapes"}[why]
-
-
-_WHAT_TO_DO = {
-    "params": "Parameters or buffers added, removed or tied, or whose requires_grad, shape, "
-              "dtype or device changed since optimize() (layers frozen or unfrozen), need a "
-              "step traced for them (NOTE [Parameters changed]).",
-    "resident": "Gradients in place at a step's start (accumulating over micro-batches, or "
-                "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
-                "limit is left for activations.",
-    "structure": "Each structure of inputs (which arguments, keywords included, and the "
-                 "value of each that is not a tensor) is a step of its own (HF's Trainer adds "
-                 "num_items_in_batch for a model whose forward takes **kwargs).",
-    "sharing": "A plan counts an input passed twice (labels=input_ids) once, so inputs that "
-               "share storages otherwise than the sample's hold other bytes; pass them as the "
-               "sample did.",
-    "attributes": "A module's class, train/eval flag and each number or flag its forward "
-                  "reads are constants of the traced step, so each value is a step of its own "
-                  "(NOTE [Attributes read as constants]); to change a number every step "
-                  "without a plan each time, keep it in a buffer (register_buffer) and change "
-                  "that: buffers are inputs of the step.",
-    "shapes": "DataLoader(drop_last=True) keeps every batch the sample's shape; "
-              "optimize(..., new_shapes='error') refuses other shapes."}
-
-
-def _too_many(plans: int, why: str) -> str:
-    """Advice once a module has planned more shapes than a last batch explains."""
-    if plans <= MANY_SHAPES:
-        return ""
-    if why == "attributes":
-        return (f" {plans} plans: a value changed every step makes one each; keep it in a "
-                "buffer.")
-    return (f" {plans} plans: inputs of varying length (dynamic padding) make one each; pad "
-            "them to a few fixed lengths (buckets) so that each is planned once.")
-
 
 
 def _describe(state: tuple) -> str:

@@ -88,12 +88,12 @@ def test_new_shapes_error_and_other_mismatches_refuse():
     with pytest.raises(monet_opt.PlanMismatchError, match=r"expected .*\[4, 3, 16, 16\].*"
                                                           r"received .*\[2, 3, 16, 16\]"):
         opt(x[:2])
+    with pytest.raises(monet_opt.PlanMismatchError, match="requires_grad.*shapes and requires"):
+        opt(x.clone().requires_grad_(True))
     assert len(opt.plans) == 1
     planning = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
     with pytest.raises(monet_opt.PlanMismatchError, match="torch.float64.*dtypes and devices"):
         planning(x.double())
-    with pytest.raises(monet_opt.PlanMismatchError, match="requires_grad"):
-        planning(x.clone().requires_grad_(True))
     with pytest.raises(TypeError, match=r"argument of a training step .*\['object'\]"):
         planning(x, object())
     # a number is traced as a constant (NOTE [Constant arguments]); this forward takes none
@@ -170,3 +170,53 @@ def test_layers_unfrozen_after_optimize_get_their_gradients():
             torch.manual_seed(5)
             outs.append(module(x))
         assert torch.equal(*outs) and len(opt.plans) == 2
+
+
+def _input_grad_steps(module, owner, x, seeds):
+    """Steps whose input requires a gradient (an adversarial or saliency step): each output,
+    input gradient and parameter gradient, and the state after the last."""
+    record = []
+    for seed in seeds:
+        owner.zero_grad(set_to_none=True)
+        given = x.clone().requires_grad_(True)
+        torch.manual_seed(seed)
+        out = module(given)
+        out.square().sum().backward()
+        record.append({"out": out.detach(), "x.grad": given.grad,
+                       **{n: p.grad for n, p in owner.named_parameters() if p.grad is not None}})
+    return record, {k: v.clone() for k, v in owner.state_dict().items()}
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_an_input_that_requires_grad_plans_a_step(frozen):
+    """A sample without requires_grad, then steps whose input requires it (it was refused):
+    planned once, under the limit, bitwise eager's input and parameter gradients; with every
+    parameter frozen (gradients of the input alone) the same."""
+    torch.manual_seed(0)
+    base, x, _ = models.small_cnn()
+    base.requires_grad_(not frozen)
+    if frozen:  # nothing trains: only a step whose input requires grad has a backward
+        x = x.clone().requires_grad_(True)
+    store_all = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    limit = store_all.plan.min_feasible_bytes if not frozen else HUGE
+    opt = monet_opt.optimize(base, x.detach() if not frozen else x, limit, profile_repeats=1,
+                             time_limit_s=5)
+    eager = copy.deepcopy(base)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run = _input_grad_steps(opt, base, x.detach(), [1, 2])
+    replans = [str(w.message) for w in seen if issubclass(w.category, monet_opt.ReplanWarning)]
+    if frozen:
+        assert replans == []
+    else:
+        assert len(replans) == 1 and "input 0 requiring grad" in replans[0]
+        assert "adversarial" in replans[0]
+    assert_same(run, _input_grad_steps(eager, eager, x.detach(), [1, 2]), exact=True)
+    [plan] = [p for label, p in opt.plans.items() if "input 0 requiring grad" in label]
+    given = x.detach().clone().requires_grad_(True)
+    base.zero_grad(set_to_none=True)
+    resident = monet_opt.resident_tensors(base, given)
+    measured = monet_opt.measure_peak(lambda: opt(given).square().sum().backward(), resident)
+    assert measured <= limit and plan.predicted_peak_bytes <= limit
+    if not frozen:
+        assert measured == plan.predicted_peak_bytes

@@ -1,0 +1,58 @@
+"""What a ReplanWarning, or an InfeasibleBudgetError met while planning another step, says
+about why the optimized module planned that step (NOTE [New input shapes] in
+monet_opt/module.py). `why` is a key of WHAT_TO_DO."""
+from __future__ import annotations
+
+from monet_opt.units import format_bytes
+
+MANY_SHAPES = 4  # more plans than this, and the warning suggests padding to a few lengths
+
+
+def situation(why: str, resident_bytes: int) -> str:
+    return {"resident": f"a step that begins with {format_bytes(resident_bytes)} of gradients "
+                        "resident (accumulation, or zero_grad(set_to_none=False)), which the "
+                        "limit must hold too",
+            "params": "parameters or buffers changed since optimize() (added, removed, tied, "
+                      "requires_grad, shape, dtype or device)",
+            "structure": "inputs structured otherwise than the sample (other arguments)",
+            "sharing": "inputs that share storages otherwise than the sample's",
+            "attributes": "modules or their attributes changed since optimize()",
+            "input_grads": "inputs that require a gradient where the sample's did not, or the "
+                           "other way round",
+            "shapes": "inputs of new shapes"}[why]
+
+
+WHAT_TO_DO = {
+    "params": "Parameters or buffers added, removed or tied, or whose requires_grad, shape, "
+              "dtype or device changed since optimize() (layers frozen or unfrozen), need a "
+              "step traced for them (NOTE [Parameters changed]).",
+    "resident": "Gradients in place at a step's start (accumulating over micro-batches, or "
+                "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
+                "limit is left for activations.",
+    "structure": "Each structure of inputs (which arguments, keywords included, and the "
+                 "value of each that is not a tensor) is a step of its own (HF's Trainer adds "
+                 "num_items_in_batch for a model whose forward takes **kwargs).",
+    "sharing": "A plan counts an input passed twice (labels=input_ids) once, so inputs that "
+               "share storages otherwise than the sample's hold other bytes; pass them as the "
+               "sample did.",
+    "attributes": "A module's class, train/eval flag and each number or flag its forward "
+                  "reads are constants of the traced step, so each value is a step of its own "
+                  "(NOTE [Attributes read as constants]); to change a number every step "
+                  "without a plan each time, keep it in a buffer (register_buffer) and change "
+                  "that: buffers are inputs of the step.",
+    "input_grads": "An input that requires a gradient (adversarial training, saliency) "
+                   "makes the backward compute its gradient too: a step of its own; give "
+                   "optimize() a sample that does as your steps do.",
+    "shapes": "DataLoader(drop_last=True) keeps every batch the sample's shape; "
+              "optimize(..., new_shapes='error') refuses other shapes."}
+
+
+def too_many(plans: int, why: str) -> str:
+    """Advice once a module has planned more shapes than a last batch explains."""
+    if plans <= MANY_SHAPES:
+        return ""
+    if why == "attributes":
+        return (f" {plans} plans: a value changed every step makes one each; keep it in a "
+                "buffer.")
+    return (f" {plans} plans: inputs of varying length (dynamic padding) make one each; pad "
+            "them to a few fixed lengths (buckets) so that each is planned once.")
