@@ -18,6 +18,7 @@ from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
 from monet_opt.families import acceptable, offered_families
+from monet_opt.forward_state import held_problem
 from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
@@ -119,7 +120,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         inputs = planner.primals[len(planner.primals) - len(spec.leaves):]
         return Step(run, spec, planner.plan, planner.inputs, resident, resident_bytes,
                     planner.slots, frozen=sum(not p.requires_grad for p in model.parameters()),
-                    shared=storage_groups(inputs))  # NOTE [Inputs that share a storage]
+                    shared=storage_groups(inputs),  # NOTE [Inputs that share a storage]
+                    kept=tuple(run.kept))  # NOTE [Tensors kept on a module]
 
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     warn_if_lstm(model)  # NOTE [Eager's own kernels]
@@ -253,7 +255,10 @@ class _Planner:
         self.plan: Plan | None = None
         self.slots: GradientSlots | None = None
 
-    def partition(self, joint, joint_inputs, *, num_fwd_outputs: int, **kwargs):
+    def partition(self, joint, joint_inputs, *, num_fwd_outputs: int,
+                  held: tuple[int, ...] = (), **kwargs):
+        """held: the positions, among the joint graph's outputs, of the tensors the forward
+        keeps on modules (NOTE [Tensors kept on a module] in monet_opt/forward_state.py)."""
         host_random.refuse_drawn()  # NOTE [Random numbers drawn in Python]
         unmasked = attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
         grouped_attention.use_grouped_keys(joint, unmasked)  # NOTE [Grouped-query attention]
@@ -285,6 +290,7 @@ class _Planner:
             shared = shared_bytes(self.primals)  # NOTE [Inputs that share a storage]
             if shared:
                 problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes - shared)
+            problem = held_problem(problem, {t for k in held for t in lowered.output_tensors[k]})
             self.problem = problem
             lowered = _matching(lowered, problem)
             slots = GradientSlots(self.resident, self.primals) if self.resident else None

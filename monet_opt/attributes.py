@@ -52,10 +52,12 @@ class Watched:
     where: tuple[tuple[int, bool, tuple[str, ...]], ...]
 
     @staticmethod
-    def of(model: nn.Module) -> Watched:
+    def of(model: nn.Module, skip: tuple[tuple[str, str], ...] = ()) -> Watched:
+        """skip: (module name, attribute) pairs not watched: where the step itself keeps a
+        tensor (NOTE [Tensors kept on a module] in monet_opt/capture.py)."""
         where, configs = [], set()
-        for position, module in enumerate(model.modules()):
-            names = tuple(_public(module))
+        for position, (path, module) in enumerate(model.named_modules()):
+            names = tuple(n for n in _public(module) if (path, n) not in skip)
             if names:
                 where.append((position, False, names))
             config = vars(module).get("config")

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.utils import _pytree as pytree
 
-from monet_opt import host_random
+from monet_opt import forward_state, host_random
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, PlanMismatchError, internal_assert
 from monet_opt.reentrant import plain_checkpoints
@@ -199,16 +199,22 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
     names = params + buffers
     n_state = len(names)
 
+    kept = forward_state.Kept()  # NOTE [Tensors kept on a module]
+
     def flat_model(*flat):
         state = dict(zip(names, flat[:n_state]))
         args, kwargs = spec.rebuild(list(flat[n_state:]))
-        return torch.func.functional_call(target, state, args, kwargs)
+        with kept.watching(target):
+            outputs = torch.func.functional_call(target, state, args, kwargs)
+        forward_state.write_back(model, names, len(params), flat[:n_state], state)
+        return kept.outputs(outputs)  # NOTE [The outputs' structure]
 
     boxed = lambda gm, _inputs: _boxed(gm)  # noqa: E731
     # enable_log: AOTAutograd would print every graph it makes to a string for its logs
     # (0.2 s of a cached optimize() of the demo's GPT-2), whether or not logging is on.
-    return aot_function(flat_model, fw_compiler=boxed, bw_compiler=boxed,
-                        partition_fn=partition_fn, enable_log=False)
+    compiled = aot_function(flat_model, fw_compiler=boxed, bw_compiler=boxed,
+                            partition_fn=kept.partitioning(partition_fn), enable_log=False)
+    return forward_state.CompiledStep(compiled, target, kept)
 
 
 class _Compiled(Exception):

@@ -52,6 +52,7 @@ class Step:
     frozen: int = 0  # parameters traced without requires_grad
     shared: tuple[tuple[int, ...], ...] = ()  # inputs sharing a storage (storage_groups)
     changed: str = ""  # module attributes changed since optimize() (Watched.changed)
+    kept: tuple[tuple[str, str], ...] = ()  # (module, attribute) it keeps tensors on
 
     @property
     def label(self) -> str:
@@ -148,7 +149,7 @@ class OptimizedModule(nn.Module):
         self._first = first
         self._first_params = _param_key(dict(model.named_parameters()),
                                         dict(model.named_buffers()))
-        self._watched = Watched.of(model)  # NOTE [Attributes read as constants]
+        self._watched = Watched.of(model, skip=first.kept)  # NOTE [Attributes read as constants]
         self._first_values = self._watched.values(list(model.modules()))
         self._steps: dict[tuple, Step] = {
             _step_key((first.spec.treedef, first.spec.constants), first.spec.leaves,

@@ -1,0 +1,167 @@
+"""What a forward leaves besides its outputs: buffers assigned anew and tensors kept on modules,
+made part of the traced step (monet_opt/capture.py's compile_step), and the outputs' own
+structure.
+
+NOTE [The outputs' structure]
+  aot_function hands back a list where the function returned a tuple at the top (nested
+  containers keep their types), so a model returning (logits, aux) returned [logits, aux] from
+  its step: unpacking worked, `isinstance(out, tuple)` and `out + (z,)` did not. The traced
+  function returns (outputs, kept tensors), which becomes that list, and the step takes the
+  outputs from it: the model's own structure, whatever it is.
+
+NOTE [Buffers assigned in forward]
+  A forward that assigns a new tensor to a buffer (self.ema = 0.9 * self.ema + 0.1 * m, where
+  an in-place update would write self.ema.mul_(0.9).add_(...)) changed only the module
+  torch.func.functional_call swapped in while tracing: the traced step computed the new value
+  and dropped it, so the buffer never moved from its value at optimize(), silently (an EMA
+  0.04 from eager's after one step). functional_call hands back what the module holds under
+  each name when it returns, so a buffer holding another tensor there is copied into the
+  buffer the step was given, an in-place update AOTAutograd applies after every step as it
+  applies BatchNorm's: the model's buffer then holds eager's values (the same tensor object,
+  updated, where eager binds a new one). A new value of another shape or dtype, or a
+  parameter assigned, cannot be written so: CaptureError.
+
+NOTE [Tensors kept on a module]
+  A forward may keep a tensor on a module for the training loop to read after the call: an
+  auxiliary loss (a mixture of experts' load-balancing loss, a VQ-VAE's commitment loss, added
+  to the loss before backward), routing weights or attention maps kept for logging. Traced, the
+  module kept the trace's own tensor (a FunctionalTensor of fakes, without values) for good:
+  the loop read that same tensor after every step (adding it to a loss failed; only
+  SideEffectWarning hinted at it). A tensor the forward assigns to a plain attribute of a
+  module is now an output of the step too, put back on its module after each step, so the loop
+  reads that step's tensor and a backward through it reaches the parameters as in eager; while
+  the step is only traced the module keeps what it held before. The module holds it past the
+  step, so the plan holds its storage for the whole step (fixed memory, nothing when made: it
+  over-counts only before it is made), and the last step's tensor is let go as a step starts,
+  not when it ends. Planned as a forward output, alive to the forward's end only, the least
+  plan of two routing layers measured 1,028 B over its prediction and its limit (their routing
+  weights and losses); now at most 8 B under (tests/test_forward_state.py). Its attribute is
+  not watched as a constant (NOTE [Attributes read as constants]).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+import solvers
+from monet_opt.errors import CaptureError
+
+
+def write_back(model: torch.nn.Module, names: list[str], n_params: int, given: tuple,
+               state: dict) -> None:
+    """Copy into each buffer the tensor the forward assigned to it (`state`: what
+    functional_call handed back, by name; `given`: the tensors it was given, parameters first;
+    NOTE [Buffers assigned in forward]); CaptureError for what cannot be."""
+    for k, name in enumerate(names):
+        new, old = state[name], given[k]
+        if new is old:
+            continue
+        if k < n_params or not isinstance(new, torch.Tensor) or new.shape != old.shape or \
+                new.dtype != old.dtype:
+            what = (f"a {new.dtype} {list(new.shape)} tensor" if isinstance(new, torch.Tensor)
+                    else type(new).__name__)
+            raise CaptureError(
+                f"monet_opt.optimize: {type(model).__name__}'s forward assigns {what} to its "
+                f"{'parameter' if k < n_params else 'buffer'} '{name}' "
+                f"({old.dtype} {list(old.shape)}), which a traced step cannot do. Update it in "
+                f"place instead (self.{name.rsplit('.', 1)[-1]}.copy_(...), or under "
+                "torch.no_grad() for a parameter), keeping its shape and dtype.")
+        old.copy_(new)
+
+
+class Kept:
+    """The tensors a traced forward keeps on modules (NOTE [Tensors kept on a module]): where
+    (`where`: (module name, attribute) pairs), and how many leaves the traced function returns,
+    so that the partition can tell which of the graph's outputs they are."""
+
+    def __init__(self) -> None:
+        self.where: list[tuple[str, str]] = []
+        self._found: dict[tuple[str, str], torch.Tensor] = {}
+        self._leaves = 0
+
+    @contextlib.contextmanager
+    def watching(self, module: torch.nn.Module):
+        """Around one traced call of `module`: note the tensors it assigns, then set each
+        attribute back to what it held."""
+        before = {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()}
+        try:
+            yield
+        finally:
+            self._found = {key: v for key, v in _tensor_attributes(module).items()
+                           if before.get(key) is not v}
+            self.where = list(self._found)
+            self._undo(module, before)
+
+    def _undo(self, module: torch.nn.Module, before: dict) -> None:
+        for key in self._found:
+            owner = module.get_submodule(key[0])
+            if key in before:
+                setattr(owner, key[1], before[key])
+            else:
+                delattr(owner, key[1])
+
+    def outputs(self, outputs: Any) -> tuple:
+        """What the traced function returns: the outputs and the kept tensors."""
+        result = (outputs, tuple(self._found.values()))
+        self._leaves = len(pytree.tree_leaves(result))
+        return result
+
+    def partitioning(self, partition_fn: Callable) -> Callable:
+        """`partition_fn`, told the positions of the kept tensors among the joint graph's
+        outputs (`held=`)."""
+        def partition(joint, joint_inputs, **kwargs):
+            return partition_fn(joint, joint_inputs, held=self._positions(joint), **kwargs)
+        return partition
+
+    def _positions(self, joint: torch.fx.GraphModule) -> tuple[int, ...]:
+        """The kept tensors are the last leaves returned; AOTAutograd's output descriptors
+        name each graph output's leaf (PlainAOTOutput.idx)."""
+        if not self.where:
+            return ()
+        output = next(n for n in reversed(joint.graph.nodes) if n.op == "output")
+        first = self._leaves - len(self.where)
+        return tuple(k for k, desc in enumerate(output.meta.get("desc") or ())
+                     if type(desc).__name__ == "PlainAOTOutput" and desc.idx >= first)
+
+
+def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[str, str], torch.Tensor]:
+    """Every tensor held as a plain attribute (not a parameter or buffer) of a submodule."""
+    return {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()
+            if isinstance(v, torch.Tensor)}
+
+
+def held_problem(problem: solvers.Problem, storages: set[int]) -> solvers.Problem:
+    """`problem` with the storages of the kept tensors (`storages`: tensor ids) held for the
+    whole step: their bytes fixed, and nothing when made (NOTE [Tensors kept on a module])."""
+    made = {t for t in storages if problem.tensors[t].producer != solvers.NO_PRODUCER}
+    if not made:
+        return problem
+    tensors = tuple(dataclasses.replace(x, bytes=0) if t in made else x
+                    for t, x in enumerate(problem.tensors))
+    return dataclasses.replace(problem, tensors=tensors, fixed_bytes=problem.fixed_bytes +
+                               sum(problem.tensors[t].bytes for t in made))
+
+
+class CompiledStep:
+    """The compiled step: call it with (*params, *buffers, *inputs) for the model's outputs;
+    it puts the tensors the forward keeps on modules back on them (NOTE [Tensors kept on a
+    module]). `kept`: where, known once it is traced."""
+
+    def __init__(self, compiled: Callable, target: torch.nn.Module, kept: Kept) -> None:
+        self._compiled, self._target, self._kept = compiled, target, kept
+
+    @property
+    def kept(self) -> tuple[tuple[str, str], ...]:
+        return tuple(self._kept.where)
+
+    def __call__(self, *flat: torch.Tensor) -> Any:
+        for name, attribute in self._kept.where:  # the last step's go now, not after this one's
+            setattr(self._target.get_submodule(name), attribute, None)
+        outputs, kept = self._compiled(*flat)
+        for (name, attribute), value in zip(self._kept.where, kept):
+            setattr(self._target.get_submodule(name), attribute, value)
+        return outputs
