@@ -204,8 +204,8 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
     def flat_model(*flat):
         state = dict(zip(names, flat[:n_state]))
         args, kwargs = spec.rebuild(list(flat[n_state:]))
-        with kept.watching(target):
-            outputs = torch.func.functional_call(target, state, args, kwargs)
+        outputs = kept.call(target, lambda: torch.func.functional_call(target, state, args,
+                                                                      kwargs))
         forward_state.write_back(model, names, len(params), flat[:n_state], state)
         return kept.outputs(outputs)  # NOTE [The outputs' structure]
 

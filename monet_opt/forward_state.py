@@ -37,18 +37,26 @@ NOTE [Tensors kept on a module]
   plan of two routing layers measured 1,028 B over its prediction and its limit (their routing
   weights and losses); now at most 8 B under (tests/test_forward_state.py). Its attribute is
   not watched as a constant (NOTE [Attributes read as constants]).
+
+NOTE [Containers filled]
+  A forward that appends to a list a module holds, or sets a key of its dict (features kept
+  for a distillation loss, a log of shapes), does so while traced and never at a step, and what
+  the trace put there are its value-less tensors: reading them later failed far from the cause.
+  The public lists and dicts of every module are put back as they were after each trace, and
+  optimize() warns (SideEffectWarning) naming them.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import warnings
 from typing import Any, Callable
 
 import torch
 from torch.utils import _pytree as pytree
 
 import solvers
-from monet_opt.errors import CaptureError
+from monet_opt.attributes import SideEffectWarning
+from monet_opt.errors import CaptureError, user_stacklevel
 
 
 def write_back(model: torch.nn.Module, names: list[str], n_params: int, given: tuple,
@@ -82,19 +90,22 @@ class Kept:
         self.where: list[tuple[str, str]] = []
         self._found: dict[tuple[str, str], torch.Tensor] = {}
         self._leaves = 0
+        self._warned = False
 
-    @contextlib.contextmanager
-    def watching(self, module: torch.nn.Module):
-        """Around one traced call of `module`: note the tensors it assigns, then set each
-        attribute back to what it held."""
+    def call(self, module: torch.nn.Module, call: Callable[[], Any]) -> Any:
+        """call() (one traced call of `module`), noting the tensors it assigns to modules'
+        attributes, then setting each attribute back to what it held."""
         before = {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()}
+        held = {key: type(v)(v) for key, v in before.items()  # NOTE [Containers filled]
+                if type(v) in (list, dict) and key[1][0] != "_"}
         try:
-            yield
+            return call()
         finally:
             self._found = {key: v for key, v in _tensor_attributes(module).items()
                            if before.get(key) is not v}
             self.where = list(self._found)
             self._undo(module, before)
+            self._refill(module, held)
 
     def _undo(self, module: torch.nn.Module, before: dict) -> None:
         for key in self._found:
@@ -103,6 +114,34 @@ class Kept:
                 setattr(owner, key[1], before[key])
             else:
                 delattr(owner, key[1])
+
+    def _refill(self, module: torch.nn.Module, held: dict) -> None:
+        """Put back what the traced call added to (or took from) a module's lists and dicts,
+        and warn, once, naming them (NOTE [Containers filled])."""
+        changed = []
+        for (name, attribute), saved in held.items():
+            now = getattr(module.get_submodule(name), attribute)
+            same = len(now) == len(saved) and (
+                all(a is b for a, b in zip(now, saved)) if isinstance(now, list) else
+                all(k in saved and saved[k] is v for k, v in now.items()))
+            if not same:
+                changed.append(f"{'.'.join(filter(None, (name, attribute)))} "
+                               f"({len(saved)} -> {len(now)} items)")
+                if isinstance(now, list):
+                    now[:] = saved
+                else:
+                    now.clear()
+                    now.update(saved)
+        if changed and not self._warned:
+            self._warned = True
+            warnings.warn(SideEffectWarning(
+                f"monet_opt: {type(module).__name__}'s forward changed lists or dicts its "
+                f"modules hold while optimize() traced it: {', '.join(changed[:4])}. A step "
+                "runs the traced graph, not the forward's Python, so they do not change at "
+                "each step as in eager, and what the trace put there had no values, so it was "
+                "taken out again. Keep a tensor meant for the loop as a module attribute "
+                "(self.features = t: each step sets it; NOTE [Tensors kept on a module]), or "
+                "return it."), stacklevel=user_stacklevel())
 
     def outputs(self, outputs: Any) -> tuple:
         """What the traced function returns: the outputs and the kept tensors."""
@@ -136,14 +175,18 @@ def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[str, str], torch.T
 
 def held_problem(problem: solvers.Problem, storages: set[int]) -> solvers.Problem:
     """`problem` with the storages of the kept tensors (`storages`: tensor ids) held for the
-    whole step: their bytes fixed, and nothing when made (NOTE [Tensors kept on a module])."""
+    whole step: their bytes fixed, nothing when made, never written over (NOTE [Tensors kept
+    on a module])."""
     made = {t for t in storages if problem.tensors[t].producer != solvers.NO_PRODUCER}
     if not made:
         return problem
     tensors = tuple(dataclasses.replace(x, bytes=0) if t in made else x
                     for t, x in enumerate(problem.tensors))
-    return dataclasses.replace(problem, tensors=tensors, fixed_bytes=problem.fixed_bytes +
-                               sum(problem.tensors[t].bytes for t in made))
+    ops = tuple(dataclasses.replace(op, overwrites=tuple(t for t in op.overwrites
+                                                         if t not in made))
+                if set(op.overwrites) & made else op for op in problem.ops)
+    return dataclasses.replace(problem, ops=ops, tensors=tensors, fixed_bytes=problem.fixed_bytes
+                               + sum(problem.tensors[t].bytes for t in made))
 
 
 class CompiledStep:

@@ -58,7 +58,9 @@ def warn_if_hooks(model: nn.Module) -> None:
             "run while optimize() traces the step: what they compute on tensors is in the "
             "traced step, but their Python side effects (printing, keeping outputs in a list or "
             "dict) happen only then, never at a training step (NOTE [Module hooks] in "
-            "monet_opt/hooks.py)."), stacklevel=3)
+            "monet_opt/hooks.py). A tensor a hook keeps as a module's attribute "
+            "(setattr(module, 'features', output)) is set by every step (NOTE [Tensors kept on "
+            "a module])."), stacklevel=3)
 
 
 def changed(model: nn.Module, traced: Hooks, now: Hooks) -> str:

@@ -134,3 +134,52 @@ def test_what_cannot_be_written_back_is_refused(what, message):
     with pytest.raises(monet_opt.CaptureError, match=message):
         monet_opt.optimize(Reshaped(what), torch.randn(8, 4), HUGE, profile_dir=None,
                            profile_repeats=1)
+
+
+class Logged(nn.Module):
+    """Keeps a layer's output (detached, before a ReLU that could have been run in place over
+    it) on itself, and appends it to a list."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f, self.g = nn.Linear(16, 64), nn.Linear(64, 16)
+        self.last, self.log = None, []
+
+    def forward(self, x):
+        y = self.f(x)
+        self.last = y.detach()
+        self.log.append(y.detach())
+        return self.g(torch.relu(y))
+
+
+def test_a_kept_tensor_is_not_written_over_and_lists_are_put_back():
+    """The kept pre-activation stays eager's at the least plan (the ReLU may write over a
+    dying input, not over a tensor the module holds); a list the forward appends to while
+    traced is put back empty, with a SideEffectWarning naming it."""
+    torch.manual_seed(0)
+    net, x = Logged(), torch.randn(32, 16)
+    with pytest.warns(monet_opt.SideEffectWarning, match=r"log \(0 -> 1 items\)") as seen:
+        least = monet_opt.optimize(copy.deepcopy(net), x, HUGE, profile_dir=None,
+                                   profile_repeats=1).plan.min_feasible_bytes
+    assert seen[0].filename == __file__
+    with pytest.warns(monet_opt.SideEffectWarning, match=r"log \(0 -> 1 items\)"):
+        opt = monet_opt.optimize(net, x, least, profile_dir=None, profile_repeats=1,
+                                 time_limit_s=5)
+    assert net.log == [] and net.last is None
+    opt(x).sum().backward()
+    assert torch.equal(net.last, net.f(x).detach()) and net.log == []
+
+
+@pytest.mark.filterwarnings("ignore::monet_opt.HookWarning")
+def test_a_hook_that_keeps_an_output_on_its_module():
+    """A forward hook that keeps a layer's output on the layer (a distillation loss reads it):
+    the loss through it and every gradient bitwise eager's."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    net[0].register_forward_hook(lambda module, args, out: setattr(module, "features", out))
+    eager, x = copy.deepcopy(net), torch.randn(4, 8)
+    opt = monet_opt.optimize(net, x, HUGE, profile_dir=None, profile_repeats=1)
+    for module, owner in ((opt, net), (eager, eager)):
+        (module(x).sum() + owner[0].features.square().sum()).backward()
+    assert torch.equal(net[0].features, eager[0].features)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(net.parameters(), eager.parameters()))
