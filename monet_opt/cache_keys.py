@@ -88,7 +88,7 @@ def describe_inputs(args: tuple, kwargs: dict) -> str:
     """'float32[4x3x16x16]', or 'input_ids=int64[4x256]' for keyword arguments."""
     def one(value: Any) -> str:
         if not isinstance(value, (torch.Tensor, tuple, list, dict)):
-            return repr(value)  # NOTE [Constant arguments] in monet_opt/capture.py
+            return repr(value)  # NOTE [Constant arguments] in monet_opt/input_spec.py
         texts = [f"{str(t.dtype).removeprefix('torch.')}[{'x'.join(map(str, t.shape))}]"
                  for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
         return texts[0] if isinstance(value, torch.Tensor) else f"({', '.join(texts)})"

@@ -167,6 +167,23 @@ class Kept:
                      if type(desc).__name__ == "PlainAOTOutput" and desc.idx >= first)
 
 
+def exported(model: torch.nn.Module, export: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """export() (torch.export of `model`), leaving `model`'s attributes as they were; the
+    exported module sets none, so tensors the forward keeps on modules are not kept by a step
+    traced from it: SideEffectWarning (NOTE [Tensors kept on a module])."""
+    kept = Kept()
+    target = kept.call(model, export)
+    if kept.where:
+        warnings.warn(SideEffectWarning(
+            f"monet_opt: {type(model).__name__} was traced through torch.export (NOTE [The "
+            "capture route] in monet_opt/capture.py), whose module does not keep the tensors "
+            "the forward keeps on modules: "
+            f"{', '.join('.'.join(filter(None, key)) for key in kept.where[:4])} keep what they "
+            "held before each step. Return them from the forward instead."),
+            stacklevel=user_stacklevel())
+    return target
+
+
 def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[str, str], torch.Tensor]:
     """Every tensor held as a plain attribute (not a parameter or buffer) of a submodule."""
     return {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()

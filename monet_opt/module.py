@@ -18,7 +18,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 from monet_opt import output_grad
 from monet_opt.accumulate import GradientSlots
 from monet_opt.attributes import Watched
-from monet_opt.capture import InputSpec, LeafSpec, autocast_state, constants_of
+from monet_opt.capture import autocast_state
+from monet_opt.input_spec import InputSpec, LeafSpec, constants_of
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError, user_stacklevel
 from monet_opt.hooks import changed, hooks_of
 from monet_opt.in_flight import InFlight
@@ -211,7 +212,7 @@ class OptimizedModule(nn.Module):
         structure, shapes and requires_grad), the gradients now in place and the modules'
         watched values (planned now if new), and the flat input tensors."""
         first = self._first.spec
-        structure = (treedef, constants_of(leaves))  # NOTE [Constant arguments] in capture.py
+        structure = (treedef, constants_of(leaves))  # NOTE [Constant arguments] in input_spec.py
         new_structure = self._any_shape and structure != (first.treedef, first.constants)
         inputs = InputSpec.tensors_of(leaves, "monet_opt: every argument of a training step") \
             if new_structure else first.check(leaves, structure, any_shape=self._any_shape)

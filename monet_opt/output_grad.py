@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from monet_opt.capture import InputSpec
+from monet_opt.input_spec import InputSpec
 from monet_opt.errors import user_stacklevel
 
 SHARE = 0.01  # of the predicted peak: an output gradient above this is warned about

@@ -1,5 +1,5 @@
 """Numbers, flags, strings and None passed to the forward are constants of the step: another value
-plans a step for it (NOTE [Constant arguments] in monet_opt/capture.py); they were refused."""
+plans a step for it (NOTE [Constant arguments] in monet_opt/input_spec.py); they were refused."""
 from __future__ import annotations
 
 import copy

@@ -1,0 +1,119 @@
+"""What a plan holds of its inputs: their structure, each tensor's shape, dtype, device and
+requires_grad, and the constants among them (NOTE [Constant arguments]); the optimized module
+checks each call against it (NOTE [New input shapes] in monet_opt/module.py)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from monet_opt.errors import PlanMismatchError
+
+
+@dataclass(frozen=True)
+class LeafSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+    @staticmethod
+    def of(t: torch.Tensor) -> LeafSpec:
+        return LeafSpec(tuple(t.shape), t.dtype, t.device, t.requires_grad)
+
+    def __str__(self) -> str:
+        grad = ", requires_grad" if self.requires_grad else ""
+        return f"{self.dtype} {list(self.shape)} on {self.device}{grad}"
+
+
+_CONSTANT = (bool, int, float, str, type(None))  # traced as constants: NOTE [Constant arguments]
+
+
+# NOTE [Constant arguments]
+#   A number, flag, string or None passed to the forward (opt(x, 2.0), act="relu",
+#   attention_mask=None: a pytree leaf, refused like the others) is read by the
+#   forward's Python while traced and is a constant of the step, as a module attribute is (NOTE
+#   [Attributes read as constants] in monet_opt/attributes.py). They were refused (TypeError:
+#   bind them with functools.partial). They are now part of the input spec, by position among
+#   the leaves, and of a step's key: the step takes only the tensors, and another value plans a
+#   step for it (ReplanWarning), once per value met.
+@dataclass(frozen=True)
+class InputSpec:
+    """The structure and tensor metadata of the sample input a plan was made for, and its
+    constant (non-tensor) leaves as (position among the leaves, type, value)."""
+
+    treedef: pytree.TreeSpec
+    leaves: tuple[LeafSpec, ...]
+    constants: tuple[tuple[int, type, Any], ...] = ()
+
+    @staticmethod
+    def split(sample_input: Any) -> tuple[tuple, dict]:
+        if isinstance(sample_input, torch.Tensor):
+            return (sample_input,), {}
+        if isinstance(sample_input, (tuple, list)):
+            return tuple(sample_input), {}
+        if isinstance(sample_input, dict):
+            return (), dict(sample_input)
+        raise TypeError("monet_opt.optimize: sample_input must be a tensor, a tuple of them or a "
+                        f"dict of keyword arguments; got {type(sample_input).__name__}")
+
+    @staticmethod
+    def of(args: tuple, kwargs: dict, what: str = "monet_opt.optimize: every leaf of "
+           "sample_input") -> tuple[InputSpec, list[torch.Tensor]]:
+        leaves, treedef = pytree.tree_flatten((args, kwargs))
+        tensors = InputSpec.tensors_of(leaves, what)
+        return InputSpec(treedef, tuple(LeafSpec.of(x) for x in tensors),
+                         constants_of(leaves)), tensors
+
+    @staticmethod
+    def tensors_of(leaves: list, what: str) -> list[torch.Tensor]:
+        """The tensors among a call's flattened (args, kwargs); TypeError for a leaf that is
+        neither a tensor nor a constant."""
+        bad = [type(x).__name__ for x in leaves
+               if not isinstance(x, torch.Tensor) and type(x) not in _CONSTANT]
+        if bad:
+            raise TypeError(f"{what} must be a tensor, or a bool, int, float, str or None (NOTE "
+                            f"[Constant arguments]); found {bad}. Bind other arguments with "
+                            "functools.partial or a wrapper.")
+        return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+    def rebuild(self, tensors: list) -> tuple[tuple, dict]:
+        """(args, kwargs) from the flat input tensors and the constants."""
+        leaves, given = [], iter(tensors)
+        constants = {k: x for k, _, x in self.constants}
+        for k in range(len(self.leaves) + len(self.constants)):
+            leaves.append(constants[k] if k in constants else next(given))
+        return pytree.tree_unflatten(leaves, self.treedef)
+
+    def check(self, leaves: list, structure: tuple, any_shape: bool = False
+              ) -> list[torch.Tensor]:
+        """The input tensors among `leaves` (a call's flattened (args, kwargs), whose treedef
+        and constants are `structure`), checked against the plan's structure, shapes, dtypes,
+        devices and requires_grad (any_shape: all but the shapes and requires_grad, which plan
+        steps of their own; NOTE [New input shapes] in monet_opt/module.py)."""
+        if structure != (self.treedef, self.constants):
+            raise PlanMismatchError(
+                "monet_opt: the optimized module was planned for inputs structured as "
+                f"{self.treedef} (constants {self.constants}) but received {structure[0]} "
+                f"(constants {structure[1]}). Call it like the sample_input given to "
+                "optimize(), or optimize again for this input.")
+        leaves = [x for x in leaves if isinstance(x, torch.Tensor)]
+        for k, (x, spec) in enumerate(zip(leaves, self.leaves)):
+            got = LeafSpec.of(x)
+            if (dataclasses.replace(got, shape=spec.shape, requires_grad=spec.requires_grad)
+                    if any_shape else got) != spec:
+                raise PlanMismatchError(
+                    f"monet_opt: input {k} does not match the plan: expected {spec}, received "
+                    f"{got}. The plan (and its memory limit) holds only for the sample_input's "
+                    f"{'dtypes and devices' if any_shape else 'shapes and requires_grad'}; run "
+                    "optimize() again with a sample like the new input.")
+        return leaves
+
+
+def constants_of(leaves: list) -> tuple[tuple[int, type, Any], ...]:
+    """The non-tensor leaves, by position, with their types (1 and True are equal, but trace
+    apart) (NOTE [Constant arguments])."""
+    return tuple((k, type(x), x) for k, x in enumerate(leaves) if not isinstance(x, torch.Tensor))
