@@ -161,9 +161,13 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
     for route in routes:
         export_example = (args, kwargs) if route == "export" else None
         try:
-            with _tracing(as_compiling=route == "as compiling"), host_random.watching(model):
-                fn = compile_step(model, spec, partition_fn, export_example)
-                _compile_on_fakes(fn, primals)
+            before = forward_state.attributes(model)
+            try:
+                with _tracing(as_compiling=route == "as compiling"), host_random.watching(model):
+                    fn = compile_step(model, spec, partition_fn, export_example)
+                    _compile_on_fakes(fn, primals)
+            finally:
+                forward_state.put_back_traced(model, before)  # NOTE [Traced tensors left]
             _ROUTE[type(model)] = route
             return fn
         except MonetError:

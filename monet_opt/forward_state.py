@@ -44,6 +44,16 @@ NOTE [Containers filled]
   the trace put there are its value-less tensors: reading them later failed far from the cause.
   The public lists and dicts of every module are put back as they were after each trace, and
   optimize() warns (SideEffectWarning) naming them.
+
+NOTE [Traced tensors left]
+  What the traced backward runs of the model's Python (a tensor hook registered in the
+  forward that keeps a gradient on a module, for Grad-CAM) runs only while traced, outside
+  the forward's call, and left the trace's value-less tensor on the module for good. Any
+  module attribute holding a traced tensor after tracing is set back to what it held, with a
+  SideEffectWarning naming it; a hook that changes the gradient (g * 2) is in the step's
+  backward, as eager runs it. retain_grad() on a tensor kept on a module (NOTE [Tensors kept
+  on a module]) does not give it a .grad at a step either (the gradient flows inside the
+  compiled backward): warned the same way.
 """
 from __future__ import annotations
 
@@ -52,6 +62,8 @@ import warnings
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 
 import solvers
@@ -90,7 +102,8 @@ class Kept:
         self.where: list[tuple[str, str]] = []
         self._found: dict[tuple[str, str], torch.Tensor] = {}
         self._leaves = 0
-        self._warned = False
+        self._warned: set[str] = set()
+        self._retained: list[tuple[str, str]] = []
 
     def call(self, module: torch.nn.Module, call: Callable[[], Any]) -> Any:
         """call() (one traced call of `module`), noting the tensors it assigns to modules'
@@ -104,8 +117,16 @@ class Kept:
             self._found = {key: v for key, v in _tensor_attributes(module).items()
                            if before.get(key) is not v}
             self.where = list(self._found)
+            self._retained = [key for key, v in self._found.items() if v.retains_grad]
             self._undo(module, before)
             self._refill(module, held)
+            if self._retained:
+                self._warn(
+                    f"monet_opt: {type(module).__name__}'s forward calls retain_grad() on "
+                    f"{', '.join('.'.join(filter(None, k)) for k in self._retained[:4])}, kept "
+                    "on its module: a step's backward runs as one compiled graph, so its .grad "
+                    "stays None (NOTE [Traced tensors left]). Run the model itself (opt.model) "
+                    "for steps that read it.")
 
     def _undo(self, module: torch.nn.Module, before: dict) -> None:
         for key in self._found:
@@ -132,16 +153,21 @@ class Kept:
                 else:
                     now.clear()
                     now.update(saved)
-        if changed and not self._warned:
-            self._warned = True
-            warnings.warn(SideEffectWarning(
+        if changed:
+            self._warn(
                 f"monet_opt: {type(module).__name__}'s forward changed lists or dicts its "
                 f"modules hold while optimize() traced it: {', '.join(changed[:4])}. A step "
                 "runs the traced graph, not the forward's Python, so they do not change at "
                 "each step as in eager, and what the trace put there had no values, so it was "
                 "taken out again. Keep a tensor meant for the loop as a module attribute "
                 "(self.features = t: each step sets it; NOTE [Tensors kept on a module]), or "
-                "return it."), stacklevel=user_stacklevel())
+                "return it.")
+
+    def _warn(self, message: str) -> None:
+        """SideEffectWarning, each message once (the forward is traced more than once)."""
+        if message not in self._warned:
+            self._warned.add(message)
+            warnings.warn(SideEffectWarning(message), stacklevel=user_stacklevel())
 
     def outputs(self, outputs: Any) -> tuple:
         """What the traced function returns: the outputs and the kept tensors."""
@@ -182,6 +208,32 @@ def exported(model: torch.nn.Module, export: Callable[[], torch.nn.Module]) -> t
             "held before each step. Return them from the forward instead."),
             stacklevel=user_stacklevel())
     return target
+
+
+def attributes(model: torch.nn.Module) -> dict[tuple[str, str], Any]:
+    """Every attribute of every submodule, by (module name, attribute)."""
+    return {(name, k): v for name, m in model.named_modules() for k, v in vars(m).items()}
+
+
+def put_back_traced(model: torch.nn.Module, before: dict[tuple[str, str], Any]) -> None:
+    """Set back every attribute that holds a traced tensor after tracing (`before`: what
+    `attributes` gave before it), warning where one did (NOTE [Traced tensors left])."""
+    left = [key for key, v in _tensor_attributes(model).items()
+            if isinstance(v, (FakeTensor, FunctionalTensor))]
+    for key in left:
+        owner = model.get_submodule(key[0])
+        if key in before:
+            setattr(owner, key[1], before[key])
+        else:
+            delattr(owner, key[1])
+    if left:
+        warnings.warn(SideEffectWarning(
+            f"monet_opt: tracing {type(model).__name__}'s step left tensors on its modules "
+            f"outside its forward: {', '.join('.'.join(filter(None, k)) for k in left[:4])} "
+            "(a tensor hook that keeps a gradient, set while the backward is traced). A step's "
+            "backward runs as one compiled graph, so they are not set at a step: they keep "
+            "what they held before. Run the model itself (opt.model) for steps that read "
+            "them."), stacklevel=user_stacklevel())
 
 
 def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[str, str], torch.Tensor]:

@@ -183,3 +183,52 @@ def test_a_hook_that_keeps_an_output_on_its_module():
         (module(x).sum() + owner[0].features.square().sum()).backward()
     assert torch.equal(net[0].features, eager[0].features)
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(net.parameters(), eager.parameters()))
+
+
+class Reversed(torch.autograd.Function):
+    """A gradient reversal layer (domain adaptation): identity forward, -g backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -g
+
+
+class GradientHooks(nn.Module):
+    """A tensor hook that doubles a gradient, one that keeps it on the module (Grad-CAM), and
+    retain_grad() on a kept activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f, self.g = nn.Linear(8, 8), nn.Linear(8, 4)
+        self.gradient, self.act = None, None
+
+    def forward(self, x):
+        y = self.f(x)
+        y.register_hook(lambda g: g * 2)
+        y.register_hook(lambda g: setattr(self, "gradient", g))
+        self.act = y
+        y.retain_grad()
+        return self.g(Reversed.apply(y).relu())
+
+
+def test_gradient_hooks_in_forward():
+    """The hook that changes the gradient and the custom Function are in the step (gradients
+    bitwise eager's); the one that keeps a gradient and retain_grad() cannot be, and are named
+    by SideEffectWarnings; the traced gradient is not left on the module."""
+    torch.manual_seed(0)
+    net, x = GradientHooks(), torch.randn(4, 8)
+    eager = copy.deepcopy(net)
+    with pytest.warns(monet_opt.SideEffectWarning) as seen:
+        opt = monet_opt.optimize(net, x, HUGE, profile_dir=None, profile_repeats=1)
+    said = " ".join(str(w.message) for w in seen)
+    assert "retain_grad() on act" in said and "outside its forward: gradient" in said
+    assert net.gradient is None
+    opt(x).sum().backward()
+    eager(x).sum().backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(net.parameters(), eager.parameters()))
+    assert net.gradient is None and eager.gradient is not None
+    assert torch.equal(net.act, eager.act)
