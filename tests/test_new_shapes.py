@@ -220,3 +220,47 @@ def test_an_input_that_requires_grad_plans_a_step(frozen):
     assert measured <= limit and plan.predicted_peak_bytes <= limit
     if not frozen:
         assert measured == plan.predicted_peak_bytes
+
+
+def _gan_losses(generator, discriminator, g_params, d_params, steps=2):
+    """A GAN's alternating steps: the discriminator on real and detached fake samples, then
+    the generator through the discriminator (whose input then requires grad)."""
+    og = torch.optim.Adam(g_params.parameters(), 1e-3)
+    od = torch.optim.Adam(d_params.parameters(), 1e-3)
+    bce, losses = torch.nn.BCEWithLogitsLoss(), []
+    for s in range(steps):
+        torch.manual_seed(100 + s)
+        z, real = torch.randn(16, 8), torch.randn(16, 16)
+        fake = generator(z)
+        ld = bce(discriminator(real), torch.ones(16, 1)) + \
+            bce(discriminator(fake.detach()), torch.zeros(16, 1))
+        od.zero_grad()
+        ld.backward()
+        od.step()
+        lg = bce(discriminator(fake), torch.ones(16, 1))
+        og.zero_grad()
+        lg.backward()
+        og.step()
+        losses.append({"ld": ld.detach(), "lg": lg.detach()})
+    return losses, {**{f"g.{k}": v for k, v in g_params.state_dict().items()},
+                    **{f"d.{k}": v for k, v in d_params.state_dict().items()}}
+
+
+@pytest.mark.filterwarnings("ignore::monet_opt.ReplanWarning")
+@pytest.mark.filterwarnings("ignore::monet_opt.StepsInFlightWarning")
+@pytest.mark.filterwarnings("ignore::monet_opt.OutputGradientWarning")
+def test_a_gan_trains_like_eager():
+    """Generator and discriminator optimized apart: the generator's step backpropagates
+    through the discriminator with its input requiring grad (planned when met); losses and
+    every parameter and BatchNorm statistic bitwise eager's."""
+    torch.manual_seed(0)
+    g = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                            torch.nn.Linear(32, 16), torch.nn.Tanh())
+    d = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LeakyReLU(0.2),
+                            torch.nn.Dropout(0.3), torch.nn.Linear(32, 1))
+    g_eager, d_eager = copy.deepcopy(g), copy.deepcopy(d)
+    g_opt = monet_opt.optimize(g, torch.randn(16, 8), HUGE, profile_dir=None, profile_repeats=1)
+    d_opt = monet_opt.optimize(d, torch.randn(16, 16), HUGE, profile_dir=None, profile_repeats=1)
+    assert_same(_gan_losses(g_opt, d_opt, g, d), _gan_losses(g_eager, d_eager, g_eager, d_eager),
+                exact=True)
+    assert any("input 0 requiring grad" in label for label in d_opt.plans)
