@@ -198,6 +198,19 @@ def _check_module(model: Any) -> None:
         raise TypeError(f"monet_opt.optimize: model must be a torch.nn.Module, got "
                         f"{type(model).__name__}; wrap a function in a Module whose forward "
                         "calls it.")
+    if isinstance(model, _PARALLEL) or type(model).__name__ == "FullyShardedDataParallel" or \
+            any(type(m).__name__.startswith("FSDP") for m in model.modules()):
+        # the wrapper's Python around the forward is not in a traced step
+        raise TypeError(
+            f"monet_opt.optimize: the model is wrapped in {type(model).__name__}, whose "
+            "gradient synchronization (or scattering) runs in Python around each forward, "
+            "which a traced step does not run: under DDP on two processes each rank's "
+            "gradients stayed its own, silently. Optimize the module inside, then wrap what "
+            "optimize() returns: DistributedDataParallel(monet_opt.optimize(model, x, limit), "
+            "gradient_as_bucket_view=True). Sharded (FSDP) models are not supported.")
+
+
+_PARALLEL = (nn.parallel.DistributedDataParallel, nn.DataParallel)
 
 
 def _check_backward(model: nn.Module, inputs: list[torch.Tensor]) -> None:

@@ -34,3 +34,13 @@ def test_cumulative_batch_norm_says_so():
     opt = monet_opt.optimize(model.eval(), x, HUGE, profile_dir=None, profile_repeats=1)
     opt(x).sum().backward()
     assert model[0].weight.grad is not None
+
+
+def test_parallel_wrappers_say_to_wrap_the_result():
+    """DataParallel (and DistributedDataParallel, whose traced step kept each rank's gradients
+    its own, silently, on two processes) run their work in Python around the forward: refused,
+    saying to optimize the module inside and wrap the result."""
+    model = nn.DataParallel(nn.Linear(4, 2))
+    with pytest.raises(TypeError, match=r"wrapped in DataParallel.*DistributedDataParallel\("
+                                        r"monet_opt.optimize\(model"):
+        monet_opt.optimize(model, torch.randn(3, 4), HUGE, profile_dir=None)
