@@ -13,20 +13,36 @@ from torch.utils import _pytree as pytree
 from monet_opt.errors import PlanMismatchError
 
 
+# NOTE [Input layouts]
+#   A step is traced for its inputs' strides as well as their shapes: the graph holds views and
+#   layouts that follow from them (a flatten traced on a contiguous activation is a view, which
+#   a channels-last one cannot take). A sample given contiguous and then a channels-last or
+#   permuted image batch raised "view size is not compatible with input tensor's size and
+#   stride" from inside the step, where eager ran. The strides (those of dimensions longer than
+#   1, the others say nothing) are part of an input's spec, so another layout plans a step for
+#   it, as another shape does (NOTE [New input shapes] in monet_opt/module.py), eager's results
+#   for that layout.
 @dataclass(frozen=True)
 class LeafSpec:
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
     requires_grad: bool
+    strides: tuple[int, ...] = ()  # 0 where the dimension's length is 1
 
     @staticmethod
     def of(t: torch.Tensor) -> LeafSpec:
-        return LeafSpec(tuple(t.shape), t.dtype, t.device, t.requires_grad)
+        return LeafSpec(tuple(t.shape), t.dtype, t.device, t.requires_grad,
+                        tuple(st if n > 1 else 0 for n, st in zip(t.shape, t.stride())))
+
+    @property
+    def contiguous(self) -> bool:
+        return self.strides == LeafSpec.of(torch.empty(self.shape, device="meta")).strides
 
     def __str__(self) -> str:
         grad = ", requires_grad" if self.requires_grad else ""
-        return f"{self.dtype} {list(self.shape)} on {self.device}{grad}"
+        laid = "" if self.contiguous else f", strides {self.strides}"
+        return f"{self.dtype} {list(self.shape)} on {self.device}{laid}{grad}"
 
 
 _CONSTANT = (bool, int, float, str, type(None))  # traced as constants: NOTE [Constant arguments]
@@ -91,9 +107,10 @@ class InputSpec:
     def check(self, leaves: list, structure: tuple, any_shape: bool = False
               ) -> list[torch.Tensor]:
         """The input tensors among `leaves` (a call's flattened (args, kwargs), whose treedef
-        and constants are `structure`), checked against the plan's structure, shapes, dtypes,
-        devices and requires_grad (any_shape: all but the shapes and requires_grad, which plan
-        steps of their own; NOTE [New input shapes] in monet_opt/module.py)."""
+        and constants are `structure`), checked against the plan's structure, shapes, strides,
+        dtypes, devices and requires_grad (any_shape: all but the shapes, strides and
+        requires_grad, which plan steps of their own; NOTE [New input shapes] in
+        monet_opt/module.py)."""
         if structure != (self.treedef, self.constants):
             raise PlanMismatchError(
                 "monet_opt: the optimized module was planned for inputs structured as "
@@ -103,13 +120,13 @@ class InputSpec:
         leaves = [x for x in leaves if isinstance(x, torch.Tensor)]
         for k, (x, spec) in enumerate(zip(leaves, self.leaves)):
             got = LeafSpec.of(x)
-            if (dataclasses.replace(got, shape=spec.shape, requires_grad=spec.requires_grad)
-                    if any_shape else got) != spec:
+            if (dataclasses.replace(got, shape=spec.shape, requires_grad=spec.requires_grad,
+                                    strides=spec.strides) if any_shape else got) != spec:
                 raise PlanMismatchError(
                     f"monet_opt: input {k} does not match the plan: expected {spec}, received "
                     f"{got}. The plan (and its memory limit) holds only for the sample_input's "
-                    f"{'dtypes and devices' if any_shape else 'shapes and requires_grad'}; run "
-                    "optimize() again with a sample like the new input.")
+                    f"{'dtypes and devices' if any_shape else 'shapes, layouts and requires_grad'}"
+                    "; run optimize() again with a sample like the new input.")
         return leaves
 
 

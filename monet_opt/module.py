@@ -58,7 +58,10 @@ class Step:
     @property
     def label(self) -> str:
         grads = [str(k) for k, leaf in enumerate(self.spec.leaves) if leaf.requires_grad]
-        return self.inputs + (f", input {' and '.join(grads)} requiring grad" if grads else "") \
+        laid = "".join(f", input {k} with strides {leaf.strides}"  # NOTE [Input layouts]
+                       for k, leaf in enumerate(self.spec.leaves) if not leaf.contiguous)
+        return self.inputs + laid + \
+            (f", input {' and '.join(grads)} requiring grad" if grads else "") \
             + (f", {format_bytes(self.resident_bytes)} of gradients resident"
                if self.resident_bytes else "") + \
             (f", {self.frozen} parameters frozen" if self.frozen else "") + \
@@ -228,7 +231,9 @@ class OptimizedModule(nn.Module):
                    else "sharing" if shared != self._first.shared
                    else "attributes" if values != self._first_values
                    else "input_grads" if [s.requires_grad for s in specs] !=
-                   [s.requires_grad for s in first.leaves] else "shapes")
+                   [s.requires_grad for s in first.leaves]
+                   else "layouts" if [s.shape for s in specs] == [s.shape for s in first.leaves]
+                   else "shapes")
             changed = self._watched.changed(self.model, self._first_values, values) \
                 if values != self._first_values else ""
             step = self._plan_for(args, kwargs, resident, resident_bytes, why, changed)

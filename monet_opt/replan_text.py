@@ -19,6 +19,7 @@ def situation(why: str, resident_bytes: int) -> str:
             "attributes": "modules or their attributes changed since optimize()",
             "input_grads": "inputs that require a gradient where the sample's did not, or the "
                            "other way round",
+            "layouts": "inputs laid out otherwise than the sample (their strides)",
             "shapes": "inputs of new shapes"}[why]
 
 
@@ -43,6 +44,9 @@ WHAT_TO_DO = {
     "input_grads": "An input that requires a gradient (adversarial training, saliency) "
                    "makes the backward compute its gradient too: a step of its own; give "
                    "optimize() a sample that does as your steps do.",
+    "layouts": "A step is traced for its inputs' strides (a channels-last or permuted batch "
+               "where the sample was contiguous): give optimize() a sample laid out as your "
+               "batches are (NOTE [Input layouts] in monet_opt/input_spec.py).",
     "shapes": "DataLoader(drop_last=True) keeps every batch the sample's shape; "
               "optimize(..., new_shapes='error') refuses other shapes."}
 

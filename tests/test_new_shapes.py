@@ -88,7 +88,7 @@ def test_new_shapes_error_and_other_mismatches_refuse():
     with pytest.raises(monet_opt.PlanMismatchError, match=r"expected .*\[4, 3, 16, 16\].*"
                                                           r"received .*\[2, 3, 16, 16\]"):
         opt(x[:2])
-    with pytest.raises(monet_opt.PlanMismatchError, match="requires_grad.*shapes and requires"):
+    with pytest.raises(monet_opt.PlanMismatchError, match="requires_grad.*shapes, layouts and requires"):
         opt(x.clone().requires_grad_(True))
     assert len(opt.plans) == 1
     planning = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
@@ -264,3 +264,38 @@ def test_a_gan_trains_like_eager():
     assert_same(_gan_losses(g_opt, d_opt, g, d), _gan_losses(g_eager, d_eager, g_eager, d_eager),
                 exact=True)
     assert any("input 0 requiring grad" in label for label in d_opt.plans)
+
+
+class _Flat(torch.nn.Module):
+    """A convolution whose output is flattened: a view when traced on a contiguous input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.head = torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(8 * 6 * 6, 4)
+
+    def forward(self, x):
+        return self.head(self.conv(x).relu().flatten(1))
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "permuted"])
+def test_an_input_laid_out_otherwise_plans_a_step(layout):
+    """A sample given contiguous, then a channels-last or permuted batch (it raised "view size
+    is not compatible" from inside the step, where eager ran): planned once, bitwise eager's;
+    new_shapes="error" refuses it, naming the strides."""
+    torch.manual_seed(0)
+    net, x = _Flat(), torch.randn(2, 3, 8, 8)
+    odd = x.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else \
+        x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    eager = copy.deepcopy(net)
+    opt = monet_opt.optimize(net, x, HUGE, profile_dir=None, profile_repeats=1)
+    with pytest.warns(monet_opt.ReplanWarning, match=r"input 0 with strides \(192, 1, 24, 3\)"):
+        out = opt(odd)
+    out.sum().backward()
+    expected = eager(odd)
+    expected.sum().backward()
+    assert torch.equal(out, expected)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(net.parameters(), eager.parameters()))
+    strict = monet_opt.optimize(net, x, HUGE, profile_dir=None, profile_repeats=1,
+                                new_shapes="error")
+    with pytest.raises(monet_opt.PlanMismatchError, match=r"strides \(192, 1, 24, 3\)"):
+        strict(odd)
