@@ -73,9 +73,10 @@ class Step:
 #   A plan holds for the shapes it was traced with: every activation's size, and so the
 #   schedule, depends on them. A DataLoader with drop_last=False ends each epoch on a smaller
 #   batch, so refusing other shapes would stop a default training loop at the end of its first
-#   epoch. Inputs that differ from the sample only in shape or requires_grad (dtype, device
-#   and structure equal; an input that requires a gradient, as in adversarial training, makes
-#   the backward compute it: it was refused, PlanMismatchError), or in their structure (other
+#   epoch. Inputs that differ from the sample only in shape, layout (NOTE [Input layouts] in
+#   monet_opt/input_spec.py) or requires_grad (dtype, device and structure equal; an input that
+#   requires a gradient, as in adversarial training or a GAN's generator step through its
+#   discriminator, makes the backward compute it: it was refused), or in their structure (other
 #   arguments: HF's Trainer adds num_items_in_batch for a model whose forward takes **kwargs),
 #   are planned when first met, under the same memory limit and options, and kept, one Step each:
 #   optimize()'s work again (tracing on fake tensors, profiling and solving, or reading both
