@@ -18,6 +18,7 @@ from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
 from monet_opt.families import acceptable, offered_families
+from monet_opt import forward_state
 from monet_opt.forward_state import held_problem
 from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
 from monet_opt.hooks import warn_if_hooks
@@ -93,7 +94,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         NoBackwardError: the step has no backward to plan (gradients off, nothing requiring
             grad, or outputs that depend on nothing that does).
     """
-    _check_module(model)
+    capture.check_module(model)
     limit = parse_memory_limit(memory_limit)
     if solver not in solvers.available_solvers():
         raise ValueError(f"monet_opt.optimize: unknown solver {solver!r}; choose one of "
@@ -121,7 +122,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         return Step(run, spec, planner.plan, planner.inputs, resident, resident_bytes,
                     planner.slots, frozen=sum(not p.requires_grad for p in model.parameters()),
                     shared=storage_groups(inputs),  # NOTE [Inputs that share a storage]
-                    kept=tuple(run.kept))  # NOTE [Tensors kept on a module]
+                    kept=tuple(run.kept),  # NOTE [Tensors kept on a module]
+                    attributes=run.attributes)  # NOTE [Tensors held as attributes]
 
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     warn_if_lstm(model)  # NOTE [Eager's own kernels]
@@ -170,16 +172,19 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     """Trace one step of `model` on inputs like (args, kwargs) through `planner.partition`
     (which plans it), leaving the model's state and the random stream as they were: the
     compiled step and its inputs' spec."""
-    _check_module(model)
+    capture.check_module(model)
     capture.refuse_untraceable(model)
     spec, inputs = capture.InputSpec.of(args, kwargs)
     _check_backward(model, inputs)
-    param_names, buffer_names = capture.state_names(model)
+    param_names, buffer_names, attributes = capture.state_names(model)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
-    # Buffers are cloned for the first run: it applies BatchNorm's statistics update.
+    # Buffers and tensor attributes are cloned for the first run: it applies BatchNorm's
+    # statistics update, and any the forward makes in place.
     planner.primals = [params[n] for n in param_names] + \
-        [buffers[n].clone() for n in buffer_names] + list(inputs)
+        [buffers[n].clone() for n in buffer_names] + \
+        [t.clone() for t in forward_state.attribute_values(model, tuple(attributes))] + \
+        list(inputs)
     planner.inputs = describe_inputs(args, kwargs)
     devices = sorted({t.device for t in planner.primals if t.device.type == "cuda"}, key=str)
     with torch.random.fork_rng(devices=devices):
@@ -191,26 +196,6 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
             "requires grad (are they detached, or made under torch.no_grad() inside forward?), "
             "so its step has no backward to plan. Return outputs that carry gradients.")
     return step, spec
-
-
-def _check_module(model: Any) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"monet_opt.optimize: model must be a torch.nn.Module, got "
-                        f"{type(model).__name__}; wrap a function in a Module whose forward "
-                        "calls it.")
-    if isinstance(model, _PARALLEL) or type(model).__name__ == "FullyShardedDataParallel" or \
-            any(type(m).__name__.startswith("FSDP") for m in model.modules()):
-        # the wrapper's Python around the forward is not in a traced step
-        raise TypeError(
-            f"monet_opt.optimize: the model is wrapped in {type(model).__name__}, whose "
-            "gradient synchronization (or scattering) runs in Python around each forward, "
-            "which a traced step does not run: under DDP on two processes each rank's "
-            "gradients stayed its own, silently. Optimize the module inside, then wrap what "
-            "optimize() returns: DistributedDataParallel(monet_opt.optimize(model, x, limit), "
-            "gradient_as_bucket_view=True). Sharded (FSDP) models are not supported.")
-
-
-_PARALLEL = (nn.parallel.DistributedDataParallel, nn.DataParallel)
 
 
 def _check_backward(model: nn.Module, inputs: list[torch.Tensor]) -> None:

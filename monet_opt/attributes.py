@@ -25,9 +25,11 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from monet_opt.errors import user_stacklevel
+from monet_opt.input_spec import LeafSpec
 
 _PLAIN = (bool, int, float, str, type(None))
 _MISSING = object()
@@ -39,9 +41,17 @@ def _plain(value: object) -> bool:
 
 
 def _public(owner: object) -> dict:
-    """The plain-valued public attributes of a module or config."""
+    """The plain-valued public attributes of a module or config, and every tensor it holds as
+    an attribute (NOTE [Tensors held as attributes] in monet_opt/forward_state.py)."""
     return {name: value for name, value in vars(owner).items()
-            if name[0] != "_" and name != "training" and _plain(value)}
+            if (name[0] != "_" and name != "training" and _plain(value))
+            or isinstance(value, torch.Tensor)}
+
+
+def _value(value: object) -> object:
+    """What the key holds of a watched value: a tensor's spec (its values are an input of the
+    step), anything else itself."""
+    return LeafSpec.of(value) if isinstance(value, torch.Tensor) else value
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,7 @@ class Watched:
             owner = modules[position]
             owner = vars(owner).get("config", _MISSING) if in_config else owner
             found = getattr(owner, "__dict__", {})
-            out.extend(found.get(name, _MISSING) for name in names)
+            out.extend(_value(found.get(name, _MISSING)) for name in names)
         return tuple(out)
 
     def changed(self, model: nn.Module, before: tuple, now: tuple) -> str:
@@ -102,7 +112,8 @@ class Watched:
 
 
 def _shown(value: object) -> str:
-    return "(removed)" if value is _MISSING else repr(value)
+    return "(removed)" if value is _MISSING else \
+        f"a tensor ({value})" if isinstance(value, LeafSpec) else repr(value)
 
 
 class SideEffectWarning(UserWarning):

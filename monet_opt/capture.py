@@ -50,9 +50,32 @@ def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
                  if torch.is_autocast_enabled(d))
 
 
-def state_names(model: torch.nn.Module) -> tuple[list[str], list[str]]:
-    """Parameter and buffer names, each tensor once (tied weights appear under one name)."""
-    return ([n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()])
+def state_names(model: torch.nn.Module) -> tuple[list[str], list[str], list[str]]:
+    """Parameter, buffer and tensor-attribute names (NOTE [Tensors held as attributes] in
+    monet_opt/forward_state.py), each tensor once (tied weights appear under one name)."""
+    return ([n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()],
+            forward_state.attribute_names(model))
+
+
+def check_module(model: object) -> None:
+    """TypeError for what optimize() cannot take as a model."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"monet_opt.optimize: model must be a torch.nn.Module, got "
+                        f"{type(model).__name__}; wrap a function in a Module whose forward "
+                        "calls it.")
+    if isinstance(model, _PARALLEL) or type(model).__name__ == "FullyShardedDataParallel" or \
+            any(type(m).__name__.startswith("FSDP") for m in model.modules()):
+        # the wrapper's Python around the forward is not in a traced step
+        raise TypeError(
+            f"monet_opt.optimize: the model is wrapped in {type(model).__name__}, whose "
+            "gradient synchronization (or scattering) runs in Python around each forward, "
+            "which a traced step does not run: under DDP on two processes each rank's "
+            "gradients stayed its own, silently. Optimize the module inside, then wrap what "
+            "optimize() returns: DistributedDataParallel(monet_opt.optimize(model, x, limit), "
+            "gradient_as_bucket_view=True). Sharded (FSDP) models are not supported.")
+
+
+_PARALLEL = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
 
 
 def refuse_untraceable(model: torch.nn.Module) -> None:
@@ -81,25 +104,28 @@ def refuse_untraceable(model: torch.nn.Module) -> None:
 
 def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable,
                  export_example: tuple[tuple, dict] | None = None) -> Callable:
-    """A function of (*params, *buffers, *inputs) that runs the model under our partition.
+    """A function of (*params, *buffers, *attributes, *inputs) that runs the model under our
+    partition.
     With `export_example` = (args, kwargs), the model is exported first (non-strict)."""
     target = model
     if export_example is not None:
         args, kwargs = export_example
         target = forward_state.exported(model, lambda: torch.export.export(
             model, args, kwargs, strict=False).module())
-    params, buffers = state_names(model)
-    names = params + buffers
+    params, buffers, attributes = state_names(model)
+    names = params + buffers + attributes
     n_state = len(names)
+    held = len(params) + len(buffers) if export_example is not None else n_state
 
     kept = forward_state.Kept()  # NOTE [Tensors kept on a module]
 
     def flat_model(*flat):
-        state = dict(zip(names, flat[:n_state]))
+        state = dict(zip(names[:held], flat[:held]))  # the exported module holds no attributes
         args, kwargs = spec.rebuild(list(flat[n_state:]))
-        outputs = kept.call(target, lambda: torch.func.functional_call(target, state, args,
-                                                                      kwargs))
-        forward_state.write_back(model, names, len(params), flat[:n_state], state)
+        outputs = kept.call(target, lambda: forward_state.call_with(target, state, args, kwargs,
+                                                                    attributes))
+        forward_state.write_back(model, names, len(params), flat[:n_state], state,
+                                 len(params) + len(buffers))
         return kept.outputs(outputs)  # NOTE [The outputs' structure]
 
     boxed = lambda gm, _inputs: _boxed(gm)  # noqa: E731
@@ -107,7 +133,7 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
     # (0.2 s of a cached optimize() of the demo's GPT-2), whether or not logging is on.
     compiled = aot_function(flat_model, fw_compiler=boxed, bw_compiler=boxed,
                             partition_fn=kept.partitioning(partition_fn), enable_log=False)
-    return forward_state.CompiledStep(compiled, target, kept)
+    return forward_state.CompiledStep(compiled, target, kept, tuple(attributes))
 
 
 class _Compiled(Exception):

@@ -21,6 +21,17 @@ NOTE [Buffers assigned in forward]
   updated, where eager binds a new one). A new value of another shape or dtype, or a
   parameter assigned, cannot be written so: CaptureError.
 
+NOTE [Tensors held as attributes]
+  A tensor a module holds as a plain attribute (not a parameter or buffer: a mask or a scale
+  set with self.scale = t, a state carried from one step to the next) was read by the traced
+  step as a constant: the tensor object itself, so an update in place showed, but one assigned
+  anew after optimize() did not (outputs 0.88, 2.65, 6.19 from eager's over three steps of
+  doubling it, silently). Such tensors, found when the step is traced, are inputs of the step
+  now, after the buffers, read from the modules at every call; one the forward assigns anew is
+  kept as the forward left it (NOTE [Tensors kept on a module]), never written into the old
+  tensor. Their shapes, dtypes and devices are in the step's key (NOTE [Attributes read as
+  constants]): another plans a step. A tensor attribute added after optimize() is not read.
+
 NOTE [Tensors kept on a module]
   A forward may keep a tensor on a module for the training loop to read after the call: an
   auxiliary loss (a mixture of experts' load-balancing loss, a VQ-VAE's commitment loss, added
@@ -57,6 +68,7 @@ NOTE [Traced tensors left]
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from typing import Any, Callable
@@ -68,15 +80,18 @@ from torch.utils import _pytree as pytree
 
 import solvers
 from monet_opt.attributes import SideEffectWarning
-from monet_opt.errors import CaptureError, user_stacklevel
+from monet_opt.errors import CaptureError, PlanMismatchError, user_stacklevel
 
 
 def write_back(model: torch.nn.Module, names: list[str], n_params: int, given: tuple,
-               state: dict) -> None:
+               state: dict, n_registered: int) -> None:
     """Copy into each buffer the tensor the forward assigned to it (`state`: what
-    functional_call handed back, by name; `given`: the tensors it was given, parameters first;
-    NOTE [Buffers assigned in forward]); CaptureError for what cannot be."""
-    for k, name in enumerate(names):
+    functional_call handed back, by name; `given`: the tensors it was given, parameters first,
+    then buffers, `n_registered` of both; NOTE [Buffers assigned in forward]); CaptureError for
+    what cannot be."""
+    for k, name in enumerate(names[:n_registered]):
+        if name not in state:
+            continue
         new, old = state[name], given[k]
         if new is old:
             continue
@@ -93,6 +108,48 @@ def write_back(model: torch.nn.Module, names: list[str], n_params: int, given: t
         old.copy_(new)
 
 
+def attribute_names(model: torch.nn.Module) -> list[str]:
+    """The dotted names of the tensors the model's modules hold as plain attributes, each
+    tensor once and none that is a parameter or buffer (NOTE [Tensors held as attributes])."""
+    seen = {id(t) for t in (*model.parameters(), *model.buffers())}
+    names = []
+    for (name, attribute), t in _tensor_attributes(model).items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            names.append(".".join(filter(None, (name, attribute))))
+    return names
+
+
+def attribute_values(model: torch.nn.Module, names: tuple[str, ...]) -> list[torch.Tensor]:
+    """The tensors under `names` (attribute_names) now; PlanMismatchError for one that is no
+    longer a tensor (an attribute added after optimize(), which the key does not watch)."""
+    values = []
+    for name in names:
+        owner, _, attribute = name.rpartition(".")
+        value = getattr(model.get_submodule(owner), attribute, None)
+        if not isinstance(value, torch.Tensor):
+            raise PlanMismatchError(
+                f"monet_opt: the step was traced with a tensor in the attribute {name!r}, which "
+                f"now holds {type(value).__name__}: a value the step reads as an input. Keep a "
+                "tensor there, or optimize() again.")
+        values.append(value)
+    return values
+
+
+def call_with(module: torch.nn.Module, state: dict, args: tuple, kwargs: dict,
+              attributes: list[str]) -> Any:
+    """functional_call of `module` with `state`; an attribute of `attributes` the forward
+    assigns anew is left on its module (functional_call would put the old one back), for Kept
+    to take as a kept tensor (NOTE [Tensors held as attributes])."""
+    given = {name: state[name] for name in attributes if name in state}
+    outputs = torch.func.functional_call(module, state, args, kwargs)
+    for name, old in given.items():
+        if state[name] is not old:
+            owner, _, attribute = name.rpartition(".")
+            setattr(module.get_submodule(owner), attribute, state[name])
+    return outputs
+
+
 class Kept:
     """The tensors a traced forward keeps on modules (NOTE [Tensors kept on a module]): where
     (`where`: (module name, attribute) pairs), and how many leaves the traced function returns,
@@ -104,6 +161,13 @@ class Kept:
         self._leaves = 0
         self._warned: set[str] = set()
         self._retained: list[tuple[str, str]] = []
+        self.read: set[tuple[str, str]] = set()  # kept attributes the forward reads first
+
+    @property
+    def unread(self) -> tuple[tuple[str, str], ...]:
+        """The kept tensors the forward does not read before it sets them (an auxiliary loss,
+        logging), unlike state carried from step to step (NOTE [Tensors kept on a module])."""
+        return tuple(key for key in self.where if key not in self.read)
 
     def call(self, module: torch.nn.Module, call: Callable[[], Any]) -> Any:
         """call() (one traced call of `module`), noting the tensors it assigns to modules'
@@ -111,8 +175,11 @@ class Kept:
         before = {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()}
         held = {key: type(v)(v) for key, v in before.items()  # NOTE [Containers filled]
                 if type(v) in (list, dict) and key[1][0] != "_"}
+        # a second trace learns which of the first's kept tensors, not tensors before, it reads
+        watch = [key for key in self.where if not isinstance(before.get(key), torch.Tensor)]
         try:
-            return call()
+            with _reads(module, watch, before, self.read):
+                return call()
         finally:
             self._found = {key: v for key, v in _tensor_attributes(module).items()
                            if before.get(key) is not v}
@@ -193,6 +260,46 @@ class Kept:
                      if type(desc).__name__ == "PlainAOTOutput" and desc.idx >= first)
 
 
+@contextlib.contextmanager
+def _reads(module: torch.nn.Module, keys: list[tuple[str, str]], before: dict, read: set):
+    """While traced: a read of an attribute of `keys` before the forward sets it is added to
+    `read`. Each is taken out of its module's __dict__, so that a read reaches __getattr__ (of a
+    subclass made for the while), which notes it and answers what it held."""
+    owners: dict[int, tuple[torch.nn.Module, type, str, dict]] = {}
+    for path, name in keys:
+        owner = module.get_submodule(path)
+        owners.setdefault(id(owner), (owner, type(owner), path, {}))[3][name] = \
+            before.get((path, name), _MISSING)
+        vars(owner).pop(name, None)
+    for owner, cls, path, stash in owners.values():
+        owner.__class__ = _noting(cls, stash, read, path)
+    try:
+        yield
+    finally:
+        for owner, cls, _, stash in owners.values():
+            owner.__class__ = cls
+            for name, value in stash.items():  # what the forward did not set goes back
+                if name not in vars(owner) and value is not _MISSING:
+                    setattr(owner, name, value)
+
+
+_MISSING = object()
+
+
+def _noting(cls: type, stash: dict, read: set, path: str) -> type:
+    """A subclass of `cls` whose __getattr__ notes reads of the names in `stash`."""
+    def __getattr__(self, name):
+        if name in stash and stash[name] is not _MISSING:
+            read.add((path, name))
+            return stash[name]
+        if name in stash:
+            read.add((path, name))  # read while absent: AttributeError, as it would be
+        return cls.__getattr__(self, name)
+    return type(cls.__name__, (cls,), {"__getattr__": __getattr__,
+                                       "__qualname__": cls.__qualname__,
+                                       "__module__": cls.__module__})
+
+
 def exported(model: torch.nn.Module, export: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     """export() (torch.export of `model`), leaving `model`'s attributes as they were; the
     exported module sets none, so tensors the forward keeps on modules are not kept by a step
@@ -251,9 +358,9 @@ def held_problem(problem: solvers.Problem, storages: set[int]) -> solvers.Proble
         return problem
     tensors = tuple(dataclasses.replace(x, bytes=0) if t in made else x
                     for t, x in enumerate(problem.tensors))
-    ops = tuple(dataclasses.replace(op, overwrites=tuple(t for t in op.overwrites
-                                                         if t not in made))
-                if set(op.overwrites) & made else op for op in problem.ops)
+    ops = tuple(dataclasses.replace(op, overwrites=())  # a held output is no dying input's
+                if (set(op.overwrites) | set(op.outputs)) & made and op.overwrites else op
+                for op in problem.ops)
     return dataclasses.replace(problem, ops=ops, tensors=tensors, fixed_bytes=problem.fixed_bytes
                                + sum(problem.tensors[t].bytes for t in made))
 
@@ -263,12 +370,15 @@ class CompiledStep:
     it puts the tensors the forward keeps on modules back on them (NOTE [Tensors kept on a
     module]). `kept`: where, known once it is traced."""
 
-    def __init__(self, compiled: Callable, target: torch.nn.Module, kept: Kept) -> None:
+    def __init__(self, compiled: Callable, target: torch.nn.Module, kept: Kept,
+                 attributes: tuple[str, ...] = ()) -> None:
         self._compiled, self._target, self._kept = compiled, target, kept
+        self.attributes = attributes  # the tensor attributes it reads, after the buffers
 
     @property
     def kept(self) -> tuple[tuple[str, str], ...]:
-        return tuple(self._kept.where)
+        """The tensors it keeps on modules that the forward does not read first."""
+        return self._kept.unread
 
     def __call__(self, *flat: torch.Tensor) -> Any:
         for name, attribute in self._kept.where:  # the last step's go now, not after this one's

@@ -47,8 +47,10 @@ class LiveBytes(TorchDispatchMode):
 
 
 def resident_tensors(model: torch.nn.Module, inputs: Any = ()) -> list[torch.Tensor]:
-    """Parameters, buffers, existing gradients and the tensors in `inputs`."""
+    """Parameters, buffers, tensors the modules hold as attributes, existing gradients and the
+    tensors in `inputs`."""
     out = list(model.parameters()) + list(model.buffers())
+    out += [v for m in model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
     out += [p.grad for p in model.parameters() if p.grad is not None]
     tree_map_only(torch.Tensor, out.append, inputs)
     return out

@@ -19,6 +19,7 @@ from monet_opt import output_grad
 from monet_opt.accumulate import GradientSlots
 from monet_opt.attributes import Watched
 from monet_opt.capture import autocast_state
+from monet_opt.forward_state import attribute_values
 from monet_opt.input_spec import InputSpec, LeafSpec, constants_of
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError, user_stacklevel
 from monet_opt.hooks import changed, hooks_of
@@ -54,6 +55,7 @@ class Step:
     shared: tuple[tuple[int, ...], ...] = ()  # inputs sharing a storage (storage_groups)
     changed: str = ""  # module attributes changed since optimize() (Watched.changed)
     kept: tuple[tuple[str, str], ...] = ()  # (module, attribute) it keeps tensors on
+    attributes: tuple[str, ...] = ()  # the tensor attributes it takes after the buffers
 
     @property
     def label(self) -> str:
@@ -202,7 +204,8 @@ class OptimizedModule(nn.Module):
         if step.slots is not None:
             step.slots.bind(mine)
         self._in_flight.starting()  # NOTE [Steps in flight]
-        outputs = step.run(*mine, *buffers.values(), *inputs)
+        attributes = attribute_values(self.model, step.attributes)  # NOTE [Tensors held as
+        outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)  # attributes]
         self._in_flight.started(outputs)
         output_grad.watch(outputs, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         return outputs
