@@ -47,7 +47,11 @@ NOTE [Tensors kept on a module]
   not when it ends. Planned as a forward output, alive to the forward's end only, the least
   plan of two routing layers measured 1,028 B over its prediction and its limit (their routing
   weights and losses); now at most 8 B under (tests/test_forward_state.py). Its attribute is
-  not watched as a constant (NOTE [Attributes read as constants]).
+  not watched as a constant (NOTE [Attributes read as constants]) unless the forward reads it
+  before it sets it (state carried from one call to the next; a second trace notes such reads,
+  each attribute taken out of its module's __dict__ for the while): then the None it held
+  when traced is watched, and a tensor there plans a step that reads it (NOTE [Tensors held
+  as attributes]).
 
 NOTE [Containers filled]
   A forward that appends to a list a module holds, or sets a key of its dict (features kept

@@ -204,8 +204,9 @@ class OptimizedModule(nn.Module):
         if step.slots is not None:
             step.slots.bind(mine)
         self._in_flight.starting()  # NOTE [Steps in flight]
-        attributes = attribute_values(self.model, step.attributes)  # NOTE [Tensors held as
-        outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)  # attributes]
+        # NOTE [Tensors held as attributes] in monet_opt/forward_state.py
+        attributes = attribute_values(self.model, step.attributes)
+        outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)
         self._in_flight.started(outputs)
         output_grad.watch(outputs, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         return outputs
