@@ -18,8 +18,7 @@ from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
 from monet_opt.families import acceptable, offered_families
-from monet_opt import forward_state
-from monet_opt.forward_state import held_problem
+from monet_opt.forward_state import attribute_values, held_problem
 from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
@@ -183,7 +182,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     # statistics update, and any the forward makes in place.
     planner.primals = [params[n] for n in param_names] + \
         [buffers[n].clone() for n in buffer_names] + \
-        [t.clone() for t in forward_state.attribute_values(model, tuple(attributes))] + \
+        [t.clone() for t in attribute_values(model, tuple(attributes))] + \
         list(inputs)
     planner.inputs = describe_inputs(args, kwargs)
     devices = sorted({t.device for t in planner.primals if t.device.type == "cuda"}, key=str)

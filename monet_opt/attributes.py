@@ -12,9 +12,12 @@ NOTE [Attributes read as constants]
   step's key, like the inputs' shapes: a change plans a step with the
   values as they are (ReplanWarning naming what changed), once per combination met. A number
   meant to change every step belongs in a buffer (`register_buffer`), changed in place or
-  reassigned: buffers are inputs of the step, so no plan is made for it. Not watched: private
-  attributes (a leading underscore), attributes added after optimize(), values of other types,
-  and anything not held by a module (a global the forward reads).
+  reassigned: buffers are inputs of the step, so no plan is made for it. A tensor held as an
+  attribute (private ones too) is an input of the step as well; its shape, dtype, device,
+  strides and requires_grad are watched, as is a None that may become one (NOTE [Tensors held
+  as attributes] in monet_opt/forward_state.py). Not watched: private attributes (a leading
+  underscore) of other types, attributes added after optimize(), values of other types, and
+  anything not held by a module (a global the forward reads).
   A forward that changes such a value itself (a counter it increments) changes it while traced
   and never at a step: optimize() warns (SideEffectWarning), naming it.
   Where they are is noted once; reading them is 47 us a step on a 12-layer GPT-2 (435 values and
@@ -48,34 +51,34 @@ def _public(owner: object) -> dict:
             or isinstance(value, torch.Tensor)}
 
 
-def _value(value: object) -> object:
-    """What the key holds of a watched value: a tensor's spec (its values are an input of the
-    step), anything else itself."""
-    return LeafSpec.of(value) if isinstance(value, torch.Tensor) else value
-
-
 @dataclass(frozen=True)
 class Watched:
     """Where the watched values are: (position in model.modules(), whether in its config, the
     attribute names)."""
 
     where: tuple[tuple[int, bool, tuple[str, ...]], ...]
+    # where in values() a tensor may be: the values that were None or a tensor at of()
+    maybe_tensors: tuple[int, ...] = ()
 
     @staticmethod
     def of(model: nn.Module, skip: tuple[tuple[str, str], ...] = ()) -> Watched:
         """skip: (module name, attribute) pairs not watched: where the step itself keeps a
-        tensor (NOTE [Tensors kept on a module] in monet_opt/capture.py)."""
-        where, configs = [], set()
+        tensor (NOTE [Tensors kept on a module] in monet_opt/forward_state.py)."""
+        where, configs, maybe = [], set(), []
         for position, (path, module) in enumerate(model.named_modules()):
-            names = tuple(n for n in _public(module) if (path, n) not in skip)
+            public = _public(module)
+            names = tuple(n for n in public if (path, n) not in skip)
             if names:
+                first = 2 + sum(len(w[2]) for w in where)
+                maybe += [first + k for k, n in enumerate(names)
+                          if public[n] is None or isinstance(public[n], torch.Tensor)]
                 where.append((position, False, names))
             config = vars(module).get("config")
             if config is not None and not isinstance(config, nn.Module) \
                     and hasattr(config, "__dict__") and id(config) not in configs:
                 configs.add(id(config))
                 where.append((position, True, tuple(_public(config))))
-        return Watched(tuple(where))
+        return Watched(tuple(where), tuple(maybe))
 
     def values(self, modules: list[nn.Module]) -> tuple:
         """The modules' classes and the watched values now (`modules`: model.modules(), as a
@@ -88,7 +91,10 @@ class Watched:
             owner = modules[position]
             owner = vars(owner).get("config", _MISSING) if in_config else owner
             found = getattr(owner, "__dict__", {})
-            out.extend(_value(found.get(name, _MISSING)) for name in names)
+            out.extend(found.get(name, _MISSING) for name in names)
+        for k in self.maybe_tensors:  # a tensor's spec: its values are an input of the step
+            if isinstance(out[k], torch.Tensor):
+                out[k] = LeafSpec.of(out[k])
         return tuple(out)
 
     def changed(self, model: nn.Module, before: tuple, now: tuple) -> str:

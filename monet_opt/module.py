@@ -215,8 +215,8 @@ class OptimizedModule(nn.Module):
                   named: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                   modules: list[nn.Module]) -> tuple[Step, list[torch.Tensor]]:
         """The step planned for these inputs (`leaves`: flattened (args, kwargs); their
-        structure, shapes and requires_grad), the gradients now in place and the modules'
-        watched values (planned now if new), and the flat input tensors."""
+        structure, shapes, layouts and requires_grad), the gradients now in place and the
+        modules' watched values (planned now if new), and the flat input tensors."""
         first = self._first.spec
         structure = (treedef, constants_of(leaves))  # NOTE [Constant arguments] in input_spec.py
         new_structure = self._any_shape and structure != (first.treedef, first.constants)
