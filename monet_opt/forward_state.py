@@ -176,7 +176,7 @@ class Kept:
     def call(self, module: torch.nn.Module, call: Callable[[], Any]) -> Any:
         """call() (one traced call of `module`), noting the tensors it assigns to modules'
         attributes, then setting each attribute back to what it held."""
-        before = {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()}
+        before = attributes(module)
         held = {key: type(v)(v) for key, v in before.items()  # NOTE [Containers filled]
                 if type(v) in (list, dict) and key[1][0] != "_"}
         # a second trace learns which of the first's kept tensors, not tensors before, it reads
@@ -293,11 +293,10 @@ _MISSING = object()
 def _noting(cls: type, stash: dict, read: set, path: str) -> type:
     """A subclass of `cls` whose __getattr__ notes reads of the names in `stash`."""
     def __getattr__(self, name):
-        if name in stash and stash[name] is not _MISSING:
-            read.add((path, name))
-            return stash[name]
         if name in stash:
-            read.add((path, name))  # read while absent: AttributeError, as it would be
+            read.add((path, name))
+            if stash[name] is not _MISSING:  # read while absent: AttributeError, as it was
+                return stash[name]
         return cls.__getattr__(self, name)
     return type(cls.__name__, (cls,), {"__getattr__": __getattr__,
                                        "__qualname__": cls.__qualname__,
