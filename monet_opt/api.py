@@ -188,7 +188,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     devices = sorted({t.device for t in planner.primals if t.device.type == "cuda"}, key=str)
     with torch.random.fork_rng(devices=devices):
         step = capture.first_call(model, spec, args, kwargs, planner.primals, planner.partition,
-                                  planned=lambda: planner.problem is not None)
+                                  partitioned=lambda: planner.partitioned)
     if planner.problem is None:  # AOTAutograd compiled it for inference: no output needs grad
         raise NoBackwardError(
             f"monet_opt.optimize: no output of {type(model).__name__} depends on a tensor that "
@@ -251,11 +251,13 @@ class _Planner:
         self.profile: Profile | None = None
         self.plan: Plan | None = None
         self.slots: GradientSlots | None = None
+        self.partitioned = False  # NOTE [The capture route] in monet_opt/capture.py
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int,
                   held: tuple[int, ...] = (), **kwargs):
         """held: the positions, among the joint graph's outputs, of the tensors the forward
         keeps on modules (NOTE [Tensors kept on a module] in monet_opt/forward_state.py)."""
+        self.partitioned = True
         host_random.refuse_drawn()  # NOTE [Random numbers drawn in Python]
         unmasked = attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
         grouped_attention.use_grouped_keys(joint, unmasked)  # NOTE [Grouped-query attention]

@@ -166,7 +166,13 @@ def _boxed(gm: torch.fx.GraphModule):
 #   - "export": torch.export(strict=False) first, then AOTAutograd on the exported module (two
 #     traces, so the slowest).
 #   The route that worked is remembered per model class, so a second optimize() of the same model
-#   (same process) goes straight to it instead of failing the others first.
+#   (same process) goes straight to it instead of failing the others first. Once AOTAutograd has
+#   called our partition function the trace has worked: an error from there on (lowering,
+#   profiling, solving, building the step) is ours or the plan's, not the route's, and propagates
+#   as raised. It used to send the model down the next route whenever no plan had been made yet,
+#   so a failure in our own rewrites or lowering was reported as a failed trace, or worse, hidden
+#   by a route that traced the model otherwise (the export route reads no tensor attributes:
+#   NOTE [Tensors held as attributes]).
 ROUTES = ("direct", "as compiling", "export")
 _ROUTE: dict[type, str] = {}
 _HOW = {"direct": "AOTAutograd",
@@ -176,11 +182,11 @@ _HOW = {"direct": "AOTAutograd",
 
 def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dict,
                primals: list[torch.Tensor], partition_fn: Callable,
-               planned: Callable[[], bool]) -> Callable:
+               partitioned: Callable[[], bool]) -> Callable:
     """Compile and run once (this traces, plans and builds), by the first route of ROUTES that
     traces (NOTE [The capture route]). Raises CaptureError naming what failed on each. Errors
-    after the plan was made (`planned()` is true) are not tracing problems and propagate
-    unchanged."""
+    once `partition_fn` was called (`partitioned()` is true) are not tracing problems and
+    propagate unchanged."""
     errors: list[str] = []
     known = _ROUTE.get(type(model))
     routes = ROUTES if known is None else (known, *(r for r in ROUTES if r != known))
@@ -199,8 +205,8 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         except MonetError:
             raise
         except Exception as exc:
-            if planned():
-                raise  # noqa: BLE001 - reported below with where it failed
+            if partitioned():
+                raise
             errors.append(f"{_HOW[route]}: {_where(exc)}")
     raise CaptureError(
         f"monet_opt.optimize could not trace {type(model).__name__} into a joint forward+backward "
