@@ -44,7 +44,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
 
     Args:
         model: the module to train. It is not copied: the result shares its parameters and
-            buffers. Its state (parameters, BatchNorm statistics, the random stream) is left as
+            buffers. An optimized module stands for its model (planned anew under this limit). Its state (parameters, BatchNorm statistics, the random stream) is left as
             it was.
         sample_input: a tensor, a tuple of them (positional arguments) or a dict (keyword
             arguments), shaped exactly like the batches you will train on.
@@ -94,6 +94,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             grad, or outputs that depend on nothing that does).
     """
     capture.check_module(model)
+    if isinstance(model, OptimizedModule):  # NOTE [Optimized inside optimized]
+        model = model.model
     limit = parse_memory_limit(memory_limit)
     if solver not in solvers.available_solvers():
         raise ValueError(f"monet_opt.optimize: unknown solver {solver!r}; choose one of "

@@ -12,6 +12,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -129,6 +131,18 @@ class Step:
 #   compiled in this process and cannot be pickled: torch.save(opt) raises a TypeError saying
 #   what to save instead; a copy, shallow or deep, shares them, as any copy shares functions
 #   (both are written out, since pickling's __reduce_ex__ is what copy would call).
+#
+# NOTE [Optimized inside optimized]
+#   An optimized module inside a model given to optimize() (a backbone optimized on its own,
+#   then put into a larger model), or given to it itself (to plan under another limit), was
+#   traced as a step that runs real tensors through its compiled graphs: CaptureError,
+#   "Attempted to access the data pointer on an invalid python storage" on every route. Traced,
+#   it now runs its model's forward, so the outer plan covers the whole step and the inner
+#   module's own limit does not apply inside it; optimize(opt, ...) plans opt.model, leaving opt
+#   as it was (tests/test_wrapping.py).
+_TRACED = (FakeTensor, FunctionalTensor)
+
+
 class OptimizedModule(nn.Module):
     """Runs `model`'s training step under a memory plan.
 
@@ -197,6 +211,8 @@ class OptimizedModule(nn.Module):
                 "was traced with; restore them, or optimize() again with the hooks in place.")
         mine = list(params.values())
         leaves, treedef = pytree.tree_flatten((args, kwargs))
+        if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)):
+            return self.model(*args, **kwargs)  # NOTE [Optimized inside optimized]
         if not any(p.requires_grad for p in mine) and not any(
                 isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
             return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan

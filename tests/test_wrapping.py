@@ -24,6 +24,15 @@ def _least(base, x) -> monet_opt.OptimizedModule:
                               new_shapes="plan")
 
 
+def _at_prediction(peak: int, plan) -> bool:
+    """The measured peak is the plan's prediction; a peak in the forward measures under it by
+    the loss and its seed (two 4 B scalars the plan counts for the whole step: NOTE [The loss
+    scalar] in monet_opt/api.py). Which phase peaks is the solver's choice, which a loaded
+    machine's time-limited MILP makes otherwise."""
+    below = 8 if ", forward," in plan.peak_op else 0
+    return peak == plan.predicted_peak_bytes - below
+
+
 def _step(module, params, x, loss_fn):
     """(measured peak, gradients) of one step; gradients cleared after."""
     peak = monet_opt.measure_peak(lambda: loss_fn(module(x)).backward(),
@@ -54,7 +63,7 @@ def test_torch_compile_around_runs_the_plan():
         assert len(replans) == (batch is not x)
         assert all(w.filename == __file__ for w in replans)  # the line that called the module
         plan = opt.plans[f"float32[{'x'.join(map(str, batch.shape))}]"]
-        assert peak == plan.predicted_peak_bytes, (batch.shape, peak, plan.predicted_peak_bytes)
+        assert _at_prediction(peak, plan), (batch.shape, peak, plan.predicted_peak_bytes)
         assert all(torch.equal(g, w) for g, w in zip(grads, want)), batch.shape
     assert len(opt.plans) == 2
 
@@ -88,3 +97,24 @@ def test_deep_copy_trains_its_own_parameters():
     loss_fn(twin(x)).backward()
     assert all(p.grad is not None for p in twin.model.parameters())
     assert all(p.grad is None for p in opt.model.parameters())
+
+
+def test_an_optimized_module_given_to_optimize_is_traced_as_its_model():
+    """An optimized module inside a model given to optimize(), or given itself, is traced as its
+    model (before: CaptureError, "invalid python storage", on every route): the outer least plan
+    measures its prediction with eager's gradients (NOTE [Optimized inside optimized])."""
+    torch.manual_seed(0)
+    base, x, loss_fn = small_cnn()
+    inner = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None,
+                               profile_repeats=1)
+    eager = copy.deepcopy(base)
+    torch.manual_seed(1)
+    _, want = _step(eager, eager, x, loss_fn)
+    for given in (torch.nn.Sequential(inner), inner):
+        opt = _least(given, x)
+        assert opt.plan.recomputed_ops > 0
+        assert not isinstance(opt.model, monet_opt.OptimizedModule)
+        torch.manual_seed(1)
+        peak, grads = _step(opt, opt.model, x, loss_fn)
+        assert _at_prediction(peak, opt.plan), (type(given), peak, opt.plan.predicted_peak_bytes)
+        assert all(torch.equal(g, w) for g, w in zip(grads, want)), type(given)
