@@ -96,6 +96,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     capture.check_module(model)
     if isinstance(model, OptimizedModule):  # NOTE [Optimized inside optimized]
         model = model.model
+    capture.refuse_untraceable(model)  # before the warnings below, which it would follow
     limit = parse_memory_limit(memory_limit)
     if solver not in solvers.available_solvers():
         raise ValueError(f"monet_opt.optimize: unknown solver {solver!r}; choose one of "

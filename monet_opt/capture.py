@@ -16,6 +16,7 @@ import traceback
 from typing import Callable
 
 import torch
+from torch.nn.modules.lazy import LazyModuleMixin
 from torch._functorch import config as functorch_config
 from torch._functorch._aot_autograd import graph_compile
 from torch._functorch.aot_autograd import aot_function
@@ -82,11 +83,29 @@ def refuse_untraceable(model: torch.nn.Module) -> None:
     """CaptureError, before tracing, for modules a traced step cannot hold, naming the module
     and what to do (traced, each failed deep inside AOTAutograd without naming a line):
     an Embedding or EmbeddingBag with sparse=True that trains (a sparse gradient; "memory format
-    option is only supported by strided tensors"), and a BatchNorm in training with
+    option is only supported by strided tensors"), a BatchNorm in training with
     momentum=None (its cumulative average's factor, 1 / num_batches_tracked, is read as a
-    Python number every step; "DataDependentOutputException")."""
+    Python number every step; "DataDependentOutputException"), and a lazy module not yet
+    initialized (LazyLinear, LazyConv2d: its shapes are set by its first call, which a trace
+    cannot make; "Attempted to use an uninitialized parameter", behind a HookWarning about
+    the hook that would initialize it), and a quantization observer whose per-channel
+    statistics are not yet sized (quantization-aware training before its first call: NOTE
+    [Buffers assigned in forward] in monet_opt/forward_state.py)."""
     for name, module in model.named_modules():
         what = f"{type(module).__name__} {name or '(the model)'!r}"
+        if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
+            raise CaptureError(
+                f"monet_opt.optimize: {what} is a lazy module whose parameters are not yet "
+                "initialized (their shapes come from its first call). Call the model once on "
+                "a batch first (model(sample_input) under torch.no_grad()), then create the "
+                "optimizer and optimize() it, as PyTorch says to for lazy modules.")
+        if _is_observer(module) and any(b.numel() == 0 for b in module.buffers(recurse=False)):
+            raise CaptureError(
+                f"monet_opt.optimize: {what} is a quantization observer whose statistics are "
+                "not yet sized (its first call sizes them per channel, which the traced step, "
+                "made with the empty ones, cannot follow). Call the model once on a batch "
+                "first (model(sample_input)), as the first step of quantization-aware training "
+                "would, then optimize() it.")
         if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse \
                 and module.weight.requires_grad:
             raise CaptureError(
@@ -100,6 +119,12 @@ def refuse_untraceable(model: torch.nn.Module) -> None:
                 "batch statistics, weighted by 1 / num_batches_tracked, a number its forward "
                 "reads from a buffer every step), which a traced step cannot read. Give it a "
                 "momentum (PyTorch's default is 0.1), or optimize() with it in eval mode.")
+
+
+def _is_observer(module: torch.nn.Module) -> bool:
+    """A torch.ao.quantization observer or fake-quantize module (by class name: importing
+    the package to test would warn of its deprecation)."""
+    return any(c.__name__ in ("ObserverBase", "FakeQuantizeBase") for c in type(module).__mro__)
 
 
 def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable,
@@ -121,10 +146,11 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
 
     def flat_model(*flat):
         state = dict(zip(names[:held], flat[:held]))  # the exported module holds no attributes
+        shapes = [t.shape for t in flat[:n_state]]
         args, kwargs = spec.rebuild(list(flat[n_state:]))
         outputs = kept.call(target, lambda: forward_state.call_with(target, state, args, kwargs,
                                                                     attributes))
-        forward_state.write_back(model, names, len(params), flat[:n_state], state,
+        forward_state.write_back(model, names, len(params), flat[:n_state], shapes, state,
                                  len(params) + len(buffers))
         return kept.outputs(outputs)  # NOTE [The outputs' structure]
 

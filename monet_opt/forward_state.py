@@ -19,7 +19,14 @@ NOTE [Buffers assigned in forward]
   buffer the step was given, an in-place update AOTAutograd applies after every step as it
   applies BatchNorm's: the model's buffer then holds eager's values (the same tensor object,
   updated, where eager binds a new one). A new value of another shape or dtype, or a
-  parameter assigned, cannot be written so: CaptureError.
+  parameter assigned, cannot be written so: CaptureError. Nor can a buffer resized in place
+  (statistics sized on a first call); CaptureError, saying to call the model once first.
+  Quantization-aware training's fused observers resize theirs inside one ATen op, whose fake
+  kernel keeps the old shapes: the step was traced with the per-channel scales at [1] and
+  failed at its first run, after its forward, with some buffers updated ("output with shape
+  [1] doesn't match the broadcast shape [8]"); such observers are refused before tracing
+  (refuse_untraceable in monet_opt/capture.py). Called once first, QAT trains bitwise like
+  eager, observers on and off (tests/test_forward_state.py).
 
 NOTE [Tensors held as attributes]
   A tensor a module holds as a plain attribute (not a parameter or buffer: a mask or a scale
@@ -88,12 +95,19 @@ from monet_opt.errors import CaptureError, PlanMismatchError, user_stacklevel
 
 
 def write_back(model: torch.nn.Module, names: list[str], n_params: int, given: tuple,
-               state: dict, n_registered: int) -> None:
+               shapes: list[torch.Size], state: dict, n_registered: int) -> None:
     """Copy into each buffer the tensor the forward assigned to it (`state`: what
     functional_call handed back, by name; `given`: the tensors it was given, parameters first,
-    then buffers, `n_registered` of both; NOTE [Buffers assigned in forward]); CaptureError for
-    what cannot be."""
+    then buffers, `n_registered` of both, `shapes` theirs when given; NOTE [Buffers assigned in
+    forward]); CaptureError for what cannot be."""
     for k, name in enumerate(names[:n_registered]):
+        if given[k].shape != shapes[k]:
+            raise CaptureError(
+                f"monet_opt.optimize: {type(model).__name__}'s forward resizes its "
+                f"{'parameter' if k < n_params else 'buffer'} '{name}' in place, from "
+                f"{list(shapes[k])} to {list(given[k].shape)} (as statistics sized on a first "
+                "call are), which a traced step cannot do. Call the model once on a batch first (model(sample_input)), so "
+                "that its state has the shapes it keeps, then optimize() it.")
         if name not in state:
             continue
         new, old = state[name], given[k]

@@ -8,7 +8,8 @@ NOTE [Module hooks]
   (tests/test_hooks.py). Their Python side effects do not: a hook that prints, or keeps an
   output in a dict for a distillation loss, runs only while optimize() traces, and the dict
   then holds a tracing tensor, not the step's. So optimize() warns (HookWarning) where the model
-  has any. A hook added or removed after optimize() is not in the traced step at all: the
+  has any, but for PyTorch's own that compute on tensors only (quantization-aware training's
+  observer hooks). A hook added or removed after optimize() is not in the traced step at all: the
   optimized module refuses a training step whose hooks differ from those it was traced with
   (PlanMismatchError), rather than train without them; optimize() again with them in place.
   In eval mode or without gradients the model itself runs, hooks and all.
@@ -50,8 +51,21 @@ def where(model: nn.Module, hooks: Hooks) -> str:
     return ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
 
 
+# PyTorch's own hooks whose effects are on tensors only, so all in the traced step: the
+# observers prepare_qat() hooks onto a quantization-aware model (they update buffers).
+_TENSOR_ONLY = {("torch.ao.quantization.quantize", "_observer_forward_hook"),
+                ("torch.ao.quantization.quantize", "_observer_forward_pre_hook")}
+
+
+def _tensor_only(modules: list[nn.Module], at: int, kind: str, ids: tuple[int, ...]) -> bool:
+    table = getattr(nn_module, kind) if at < 0 else modules[at].__dict__[kind]
+    return all((getattr(table[i], "__module__", None), getattr(table[i], "__name__", None))
+               in _TENSOR_ONLY for i in ids)
+
+
 def warn_if_hooks(model: nn.Module) -> None:
-    hooks = hooks_of(list(model.modules()))
+    modules = list(model.modules())
+    hooks = tuple(h for h in hooks_of(modules) if not _tensor_only(modules, *h))
     if hooks:
         warnings.warn(HookWarning(
             f"monet_opt: {type(model).__name__} has module hooks: {where(model, hooks)}. They "

@@ -1,6 +1,9 @@
 """Models a traced step cannot hold are refused before tracing, saying what to do."""
 from __future__ import annotations
 
+import copy
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -44,3 +47,23 @@ def test_parallel_wrappers_say_to_wrap_the_result():
     with pytest.raises(TypeError, match=r"wrapped in DataParallel.*DistributedDataParallel\("
                                         r"monet_opt.optimize\(model"):
         monet_opt.optimize(model, torch.randn(3, 4), HUGE, profile_dir=None)
+
+
+def test_lazy_module_says_to_call_it_first():
+    """A lazy module's shapes come from its first call, which a trace cannot make: said before
+    tracing, naming the module, with no HookWarning for its initializing hook (it failed on
+    every route with "uninitialized parameter"); called once first, it trains like eager."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(4, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(monet_opt.CaptureError, match=r"LazyLinear '0' is a lazy module"):
+            monet_opt.optimize(model, x, HUGE, profile_dir=None)
+    with torch.no_grad():
+        model(x)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    opt(x).sum().backward()
+    eager(x).sum().backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))

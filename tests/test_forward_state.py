@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import warnings
 
 import pytest
 import torch
@@ -124,6 +125,8 @@ class Reshaped(nn.Module):
         y = self.f(x)
         if self.what == "buffer":
             self.total = self.total + y.detach()  # a [8, 4] buffer where it was [4]
+        elif self.what == "resized":
+            self.total.resize_(y.shape).copy_(y.detach())
         else:
             self.f.bias = nn.Parameter(torch.zeros(4))
         return y
@@ -131,7 +134,8 @@ class Reshaped(nn.Module):
 
 @pytest.mark.parametrize("what, message", [
     ("buffer", r"assigns a torch.float32 \[8, 4\] tensor to its buffer 'total'.*in place"),
-    ("parameter", "assigns a torch.float32 \\[4\\] tensor to its parameter 'f.bias'")])
+    ("parameter", "assigns a torch.float32 \\[4\\] tensor to its parameter 'f.bias'"),
+    ("resized", r"resizes its buffer 'total' in place, from \[4\] to \[8, 4\].*once")])
 def test_what_cannot_be_written_back_is_refused(what, message):
     with pytest.raises(monet_opt.CaptureError, match=message):
         monet_opt.optimize(Reshaped(what), torch.randn(8, 4), HUGE, profile_dir=None,
@@ -273,3 +277,41 @@ def test_tensors_held_as_attributes_are_read_at_every_step():
     assert all(torch.equal(a, b) for a, b in zip(net.outs, eager.outs))
     assert torch.equal(net.state, eager.state) and len(opt.plans) == 2
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(net.parameters(), eager.parameters()))
+
+
+def test_quantization_aware_training_after_its_first_call():
+    """QAT's per-channel observers size their statistics on their first call, inside one fused
+    op whose fake kernel keeps the empty shapes: refused before tracing, naming the observer (the
+    step failed at its first run, some buffers updated). Called once first, three steps train
+    bitwise like eager (outputs, gradients, observers' statistics), the observers turned off
+    for the last."""
+    quant = pytest.importorskip("torch.ao.quantization")
+    torch.manual_seed(0)
+    model = nn.Sequential(quant.QuantStub(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4),
+                          quant.DeQuantStub())
+    model.qconfig = quant.get_default_qat_qconfig("fbgemm")
+    quant.prepare_qat(model.train(), inplace=True)  # its observers run as forward hooks
+    x = torch.randn(8, 16)
+    with pytest.raises(monet_opt.CaptureError, match=r"'1.weight_fake_quant.activation_post_"
+                       r"process' is a quantization observer.*Call the model once"):
+        monet_opt.optimize(model, x, HUGE, profile_dir=None)
+    model(x)
+    eager = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.HookWarning)  # the hooks compute on tensors
+        opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    for k in range(3):
+        if k == 2:
+            model.apply(quant.disable_observer)
+            eager.apply(quant.disable_observer)
+        batch = torch.randn(8, 16) * (k + 1)
+        got, want = opt(batch), eager(batch)
+        got.square().sum().backward()
+        want.square().sum().backward()
+        assert torch.equal(got, want), k
+        for (name, a), b in zip(model.state_dict().items(), eager.state_dict().values()):
+            assert torch.equal(a, b), (k, name)
+        assert all(torch.equal(p.grad, q.grad)
+                   for p, q in zip(model.parameters(), eager.parameters())), k
+        model.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
