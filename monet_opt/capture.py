@@ -38,10 +38,12 @@ from monet_opt.reentrant import plain_checkpoints
 #   `loss.backward()` is called outside the autocast block, which is how PyTorch's AMP recipe
 #   trains; by default AOTAutograd would trace it under the forward's autocast, which casts the
 #   backward's matrix products too (the first gradients then differed from eager's in the
-#   third significant digit, on a small CNN under bfloat16). optimize() records the autocast
-#   state it was called under; the optimized module refuses a step under any other
-#   (PlanMismatchError) rather than train in a precision the user did not ask for. Under the
-#   same state it trains like the model under autocast, bitwise (tests/test_autocast.py).
+#   third significant digit, on a small CNN under bfloat16). The autocast state is part of what
+#   tells steps apart: a step under another state than optimize() saw is planned for it
+#   (ReplanWarning; NOTE [New input shapes] in monet_opt/module.py), as eager would run it. It
+#   was refused (PlanMismatchError), which stopped a model optimized and then prepared by
+#   accelerate's Accelerator(mixed_precision="bf16"), whose forward then runs under autocast.
+#   Under each state the step trains like the model under it, bitwise (tests/test_autocast.py).
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
 

@@ -175,7 +175,7 @@ class OptimizedModule(nn.Module):
         self._steps: dict[tuple, Step] = {
             _step_key((first.spec.treedef, first.spec.constants), first.spec.leaves,
                       self._first_params, first.resident, first.resident_bytes, first.shared,
-                      self._first_values): first}
+                      autocast, self._first_values): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
         self._training_flags = training_flags
@@ -194,25 +194,19 @@ class OptimizedModule(nn.Module):
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
         modules, params, buffers = walk(self.model)  # params in the order the steps take them
+        mine = list(params.values())
+        leaves, treedef = pytree.tree_flatten((args, kwargs))
+        if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)):
+            return self.model(*args, **kwargs)  # NOTE [Optimized inside optimized]
         flags = tuple(m.training for m in modules)
         if flags != self._training_flags and not self.training:
             return self.model(*args, **kwargs)  # NOTE [Optimized in eval mode]
-        if autocast_state() != self._autocast:
-            raise PlanMismatchError(
-                f"monet_opt: this step runs with autocast {_describe(autocast_state())}, but the "
-                f"model was optimized with autocast {_describe(self._autocast)}: the plan's graph "
-                "holds the casts it was traced with. Call optimize() inside the same "
-                "torch.autocast context you train in (or outside autocast for both).")
         hooks = hooks_of(modules)
         if hooks != self._hooks:  # NOTE [Module hooks]
             raise PlanMismatchError(
                 f"monet_opt: module hooks were added or removed since the model was optimized: "
                 f"{changed(self.model, self._hooks, hooks)}. The traced step has only those it "
                 "was traced with; restore them, or optimize() again with the hooks in place.")
-        mine = list(params.values())
-        leaves, treedef = pytree.tree_flatten((args, kwargs))
-        if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)):
-            return self.model(*args, **kwargs)  # NOTE [Optimized inside optimized]
         if not any(p.requires_grad for p in mine) and not any(
                 isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
             return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan
@@ -244,10 +238,12 @@ class OptimizedModule(nn.Module):
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
         values = self._watched.values(modules)
         specs = tuple(LeafSpec.of(x) for x in inputs)
-        key = _step_key(structure, specs, now, resident, resident_bytes, shared, values)
+        autocast = autocast_state()  # NOTE [Autocast is traced] in monet_opt/capture.py
+        key = _step_key(structure, specs, now, resident, resident_bytes, shared, autocast, values)
         step = self._steps.get(key)
         if step is None:
             why = ("params" if now != self._first_params else "resident" if resident_bytes
+                   else "autocast" if autocast != self._autocast
                    else "structure" if new_structure
                    else "sharing" if shared != self._first.shared
                    else "attributes" if values != self._first_values
@@ -257,6 +253,8 @@ class OptimizedModule(nn.Module):
                    else "shapes")
             changed = self._watched.changed(self.model, self._first_values, values) \
                 if values != self._first_values else ""
+            if autocast != self._autocast:
+                changed = ", ".join(filter(None, (f"autocast {_describe(autocast)}", changed)))
             step = self._plan_for(args, kwargs, resident, resident_bytes, why, changed)
             self._steps[key] = step
             traced = self._watched.values(list(self.model.modules()))
@@ -378,13 +376,14 @@ def _resident_gradient_bytes(model: nn.Module) -> int:
 
 
 def _step_key(structure: tuple, leaves: tuple, params: tuple, resident: tuple[int, ...],
-              resident_bytes: int, shared: tuple, values: tuple) -> tuple:
+              resident_bytes: int, shared: tuple, autocast: tuple, values: tuple) -> tuple:
     """What tells steps apart: the inputs' structure (treedef and constants) and specs, the
-    parameters' key, the gradients in place, the inputs that share a storage, the modules'
-    watched values, last (NOTE [New input shapes], NOTE [Parameters changed], NOTE [Inputs
-    that share a storage] in monet_opt/memory.py, NOTE [Attributes read as constants] in
+    parameters' key, the gradients in place, the inputs that share a storage, the autocast
+    state, the modules' watched values, last (NOTE [New input shapes], NOTE [Parameters
+    changed], NOTE [Inputs that share a storage] in monet_opt/memory.py, NOTE [Autocast is
+    traced] in monet_opt/capture.py, NOTE [Attributes read as constants] in
     monet_opt/attributes.py)."""
-    return structure, leaves, params, resident, resident_bytes, shared, values
+    return structure, leaves, params, resident, resident_bytes, shared, autocast, values
 
 
 def _param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> tuple:

@@ -14,6 +14,7 @@ def situation(why: str, resident_bytes: int) -> str:
                         "limit must hold too",
             "params": "parameters or buffers changed since optimize() (added, removed, tied, "
                       "requires_grad, shape, dtype or device)",
+            "autocast": "a step under another autocast state than optimize() was called in",
             "structure": "inputs structured otherwise than the sample (other arguments)",
             "sharing": "inputs that share storages otherwise than the sample's",
             "attributes": "modules or their attributes changed since optimize()",
@@ -30,6 +31,10 @@ WHAT_TO_DO = {
     "resident": "Gradients in place at a step's start (accumulating over micro-batches, or "
                 "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
                 "limit is left for activations.",
+    "autocast": "A step is traced under the autocast state it runs in (its casts are ops of "
+                "its graph: NOTE [Autocast is traced]), so each state is a step of its own; call "
+                "optimize() inside the torch.autocast block you train in (an accelerate "
+                "Accelerator prepared after optimize() runs every step under autocast).",
     "structure": "Each structure of inputs (which arguments, keywords included, and the "
                  "value of each that is not a tensor) is a step of its own (HF's Trainer adds "
                  "num_items_in_batch for a model whose forward takes **kwargs).",

@@ -1,8 +1,9 @@
 """NOTE [Autocast is traced] (monet_opt/capture.py): a plan made under torch.autocast trains
-like the model under autocast, bitwise; a step under another autocast state is refused."""
+like the model under autocast, bitwise; a step under another autocast state is planned for it."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -83,21 +84,61 @@ def test_plan_made_under_autocast_trains_like_eager_under_autocast(factory, tigh
         assert torch.equal(a, b)
 
 
-def test_step_under_another_autocast_state_is_refused():
+def test_a_step_under_another_autocast_state_is_planned_for_it():
+    """A step under another autocast state than optimize() saw is planned for that state once
+    (ReplanWarning naming it; it was refused with PlanMismatchError) and trains bitwise like
+    eager under it: off, then bfloat16, then off again (the first plan), both ways round."""
     torch.manual_seed(0)
     base, x = _cnn()
     plain = _optimize(base, x, HUGE)
     with torch.autocast(**BF16):
         mixed = _optimize(base, x, HUGE)
-        with pytest.raises(monet_opt.PlanMismatchError, match="optimized with autocast off"):
-            plain(x)
-        with torch.no_grad():  # no step to plan: the model runs as it is
-            assert plain(x).dtype == torch.bfloat16
-    with pytest.raises(monet_opt.PlanMismatchError, match=r"runs with autocast off.*on for cpu"):
-        mixed(x)
-    with torch.autocast(device_type="cpu", dtype=torch.float16):
-        with pytest.raises(monet_opt.PlanMismatchError, match="torch.float16"):
-            mixed(x)
+    for opt, states in ((plain, (False, True, False)), (mixed, (True, False, True))):
+        eager = copy.deepcopy(base)
+        for k, on in enumerate(states):
+            opt.model.zero_grad(set_to_none=True)
+            eager.zero_grad(set_to_none=True)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                with torch.autocast(**BF16, enabled=on):
+                    torch.manual_seed(k)
+                    ours = opt(x)
+                    torch.manual_seed(k)
+                    theirs = eager(x)
+            replans = [str(w.message) for w in seen if w.category is monet_opt.ReplanWarning]
+            assert len(replans) == (k == 1), replans
+            assert all("autocast on for cpu (torch.bfloat16)" in r if on else "autocast off" in r
+                       for r in replans), replans
+            ours.float().square().sum().backward()
+            theirs.float().square().sum().backward()
+            assert ours.dtype == theirs.dtype == (torch.bfloat16 if on else torch.float32)
+            assert torch.equal(ours, theirs), (on, k)
+            for (name, p), q in zip(opt.model.named_parameters(), eager.parameters()):
+                assert torch.equal(p.grad, q.grad), (on, k, name)
+        assert len(opt.plans) == 2
+
+
+def test_accelerate_prepared_after_optimize():
+    """accelerate's Accelerator(mixed_precision="bf16") prepared around the optimized module
+    runs each step under autocast: one step planned for it, then eager's outputs and gradients
+    (PlanMismatchError before)."""
+    accelerate = pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    base, x = _cnn()
+    eager = copy.deepcopy(base)
+    with pytest.warns(monet_opt.ReplanWarning, match="autocast on for cpu"):
+        prepared = accelerate.Accelerator(mixed_precision="bf16", cpu=True).prepare(
+            _optimize(base, x, HUGE))
+        torch.manual_seed(3)
+        ours = prepared(x)
+    with torch.autocast(**BF16):
+        torch.manual_seed(3)
+        theirs = eager(x)
+    ours.float().sum().backward()
+    theirs.float().sum().backward()
+    assert torch.equal(ours.float(), theirs.float())
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(prepared.parameters(),
+                                                             eager.parameters()))
 
 
 def test_gpt2_least_plan_under_autocast_stays_within_its_limit():
