@@ -9,10 +9,14 @@ NOTE [Module hooks]
   output in a dict for a distillation loss, runs only while optimize() traces, and the dict
   then holds a tracing tensor, not the step's. So optimize() warns (HookWarning) where the model
   has any, but for PyTorch's own that compute on tensors only (quantization-aware training's
-  observer hooks). A hook added or removed after optimize() is not in the traced step at all: the
-  optimized module refuses a training step whose hooks differ from those it was traced with
-  (PlanMismatchError), rather than train without them; optimize() again with them in place.
-  In eval mode or without gradients the model itself runs, hooks and all.
+  observer hooks). A hook added or removed after optimize() is not in a step traced before: the
+  optimized module plans a step for the hooks as they are (ReplanWarning, and HookWarning where
+  there are any; NOTE [New input shapes] in monet_opt/module.py), once per set of hooks, so
+  pruning a model after optimize() (torch.nn.utils.prune's forward pre-hooks) trains bitwise
+  like eager (tests/test_hooks.py). It refused such a step (PlanMismatchError) until the hooks
+  were restored. A hook registered anew for every step is a new set each time, and a plan each
+  time: keep it registered. In eval mode or without gradients the model itself runs, hooks and
+  all.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ import warnings
 
 from torch import nn
 from torch.nn.modules import module as nn_module
+
+from monet_opt.errors import user_stacklevel
 
 KINDS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 GLOBAL_KINDS = tuple(f"_global{kind}" for kind in KINDS)
@@ -74,7 +80,7 @@ def warn_if_hooks(model: nn.Module) -> None:
             "dict) happen only then, never at a training step (NOTE [Module hooks] in "
             "monet_opt/hooks.py). A tensor a hook keeps as a module's attribute "
             "(setattr(module, 'features', output)) is set by every step (NOTE [Tensors kept on "
-            "a module])."), stacklevel=3)
+            "a module])."), stacklevel=user_stacklevel())  # the line calling optimize() or opt
 
 
 def changed(model: nn.Module, traced: Hooks, now: Hooks) -> str:

@@ -24,7 +24,7 @@ from monet_opt.capture import autocast_state
 from monet_opt.forward_state import attribute_values
 from monet_opt.input_spec import InputSpec, LeafSpec, constants_of
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError, user_stacklevel
-from monet_opt.hooks import changed, hooks_of
+from monet_opt.hooks import changed as changed_hooks, hooks_of, warn_if_hooks
 from monet_opt.in_flight import InFlight
 from monet_opt.memory import resident_bytes, storage_groups
 from monet_opt.plan import Plan
@@ -170,24 +170,32 @@ class OptimizedModule(nn.Module):
         self._first = first
         self._first_params = _param_key(dict(model.named_parameters()),
                                         dict(model.named_buffers()))
+        self._hooks = hooks_of(list(model.modules()))  # NOTE [Module hooks]
         self._watched = Watched.of(model, skip=first.kept)  # NOTE [Attributes read as constants]
         self._first_values = self._watched.values(list(model.modules()))
         self._steps: dict[tuple, Step] = {
             _step_key((first.spec.treedef, first.spec.constants), first.spec.leaves,
                       self._first_params, first.resident, first.resident_bytes, first.shared,
-                      autocast, self._first_values): first}
+                      (autocast, self._hooks), self._first_values): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
         self._training_flags = training_flags
         self._autocast = autocast
-        self._hooks = hooks_of(list(model.modules()))  # NOTE [Module hooks]
         self._in_flight = InFlight()
 
     @property
     def plans(self) -> Mapping[str, Plan]:
         """Every plan made so far, by input description ('float32[4x3x16x16]'), the sample's
-        first."""
-        return MappingProxyType({s.label: s.plan for s in self._steps.values()})
+        first; a description met again (hooks changed twice at one module) is numbered
+        ('... #2')."""
+        plans: dict[str, Plan] = {}
+        for step in dict.fromkeys(self._steps.values()):  # a step may be under two keys
+            label, n = step.label, 1
+            while label in plans:
+                n += 1
+                label = f"{step.label} #{n}"
+            plans[label] = step.plan
+        return MappingProxyType(plans)
 
     @torch.compiler.disable  # NOTE [Compiled around]
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -201,12 +209,6 @@ class OptimizedModule(nn.Module):
         flags = tuple(m.training for m in modules)
         if flags != self._training_flags and not self.training:
             return self.model(*args, **kwargs)  # NOTE [Optimized in eval mode]
-        hooks = hooks_of(modules)
-        if hooks != self._hooks:  # NOTE [Module hooks]
-            raise PlanMismatchError(
-                f"monet_opt: module hooks were added or removed since the model was optimized: "
-                f"{changed(self.model, self._hooks, hooks)}. The traced step has only those it "
-                "was traced with; restore them, or optimize() again with the hooks in place.")
         if not any(p.requires_grad for p in mine) and not any(
                 isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
             return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan
@@ -239,11 +241,14 @@ class OptimizedModule(nn.Module):
         values = self._watched.values(modules)
         specs = tuple(LeafSpec.of(x) for x in inputs)
         autocast = autocast_state()  # NOTE [Autocast is traced] in monet_opt/capture.py
-        key = _step_key(structure, specs, now, resident, resident_bytes, shared, autocast, values)
+        hooks = hooks_of(modules)  # NOTE [Module hooks]
+        key = _step_key(structure, specs, now, resident, resident_bytes, shared,
+                        (autocast, hooks), values)
         step = self._steps.get(key)
         if step is None:
             why = ("params" if now != self._first_params else "resident" if resident_bytes
                    else "autocast" if autocast != self._autocast
+                   else "hooks" if hooks != self._hooks
                    else "structure" if new_structure
                    else "sharing" if shared != self._first.shared
                    else "attributes" if values != self._first_values
@@ -255,6 +260,10 @@ class OptimizedModule(nn.Module):
                 if values != self._first_values else ""
             if autocast != self._autocast:
                 changed = ", ".join(filter(None, (f"autocast {_describe(autocast)}", changed)))
+            if hooks != self._hooks:
+                changed = ", ".join(filter(None, (
+                    f"hooks changed at {changed_hooks(self.model, self._hooks, hooks)}", changed)))
+                warn_if_hooks(self.model)
             step = self._plan_for(args, kwargs, resident, resident_bytes, why, changed)
             self._steps[key] = step
             traced = self._watched.values(list(self.model.modules()))
@@ -376,14 +385,15 @@ def _resident_gradient_bytes(model: nn.Module) -> int:
 
 
 def _step_key(structure: tuple, leaves: tuple, params: tuple, resident: tuple[int, ...],
-              resident_bytes: int, shared: tuple, autocast: tuple, values: tuple) -> tuple:
+              resident_bytes: int, shared: tuple, traced: tuple, values: tuple) -> tuple:
     """What tells steps apart: the inputs' structure (treedef and constants) and specs, the
     parameters' key, the gradients in place, the inputs that share a storage, the autocast
-    state, the modules' watched values, last (NOTE [New input shapes], NOTE [Parameters
-    changed], NOTE [Inputs that share a storage] in monet_opt/memory.py, NOTE [Autocast is
-    traced] in monet_opt/capture.py, NOTE [Attributes read as constants] in
+    state and module hooks it is `traced` with, the modules' watched values, last (NOTE [New
+    input shapes], NOTE [Parameters changed], NOTE [Inputs that share a storage] in
+    monet_opt/memory.py, NOTE [Autocast is traced] in monet_opt/capture.py, NOTE [Module
+    hooks] in monet_opt/hooks.py, NOTE [Attributes read as constants] in
     monet_opt/attributes.py)."""
-    return structure, leaves, params, resident, resident_bytes, shared, autocast, values
+    return structure, leaves, params, resident, resident_bytes, shared, traced, values
 
 
 def _param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> tuple:

@@ -15,6 +15,7 @@ def situation(why: str, resident_bytes: int) -> str:
             "params": "parameters or buffers changed since optimize() (added, removed, tied, "
                       "requires_grad, shape, dtype or device)",
             "autocast": "a step under another autocast state than optimize() was called in",
+            "hooks": "module hooks added or removed since optimize()",
             "structure": "inputs structured otherwise than the sample (other arguments)",
             "sharing": "inputs that share storages otherwise than the sample's",
             "attributes": "modules or their attributes changed since optimize()",
@@ -35,6 +36,9 @@ WHAT_TO_DO = {
                 "its graph: NOTE [Autocast is traced]), so each state is a step of its own; call "
                 "optimize() inside the torch.autocast block you train in (an accelerate "
                 "Accelerator prepared after optimize() runs every step under autocast).",
+    "hooks": "What a module hook computes on tensors is traced into the step, so each set of "
+             "hooks is a step of its own (NOTE [Module hooks]); a hook registered anew for "
+             "every step makes a plan each time: keep it registered.",
     "structure": "Each structure of inputs (which arguments, keywords included, and the "
                  "value of each that is not a tensor) is a step of its own (HF's Trainer adds "
                  "num_items_in_batch for a model whose forward takes **kwargs).",

@@ -1,9 +1,10 @@
 """NOTE [Module hooks]: hooks in place when optimize() traces are in the step (what they compute
 on tensors, bitwise eager's), with a HookWarning about their side effects; hooks added or removed
-later make a training step refuse (PlanMismatchError) until they are restored."""
+later plan a step for them."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -46,22 +47,64 @@ def test_a_hook_in_place_when_traced_is_in_the_step_with_a_warning():
     assert not all(torch.equal(a, b) for a, b in zip(ours, unhooked))  # the hook mattered
 
 
-def test_hooks_changed_after_optimize_refuse_the_step_until_restored():
+def test_hooks_changed_after_optimize_plan_a_step_for_them():
+    """A hook added after optimize() (it refused the step, PlanMismatchError) plans a step that
+    runs it (ReplanWarning naming where, HookWarning), bitwise eager's; removed, the first plan
+    runs again, with no new plan; a global hook plans one too."""
     torch.manual_seed(0)
     model, x, loss_fn = models.small_cnn()
+    eager = copy.deepcopy(model)
     opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
-    handle = model.stem[0].register_forward_pre_hook(lambda module, args: None)
-    with pytest.raises(monet_opt.PlanMismatchError, match=r"added or removed.*stem\.0 \(forward "
-                                                         r"pre hooks\).*optimize\(\) again"):
-        opt(x)
-    with torch.no_grad():  # the model itself runs: nothing to refuse
-        opt(x)
-    handle.remove()
+    handles = [m.stem[0].register_forward_hook(_scale) for m in (model, eager)]
+    with pytest.warns(monet_opt.ReplanWarning, match=r"hooks changed at stem\.0 \(forward "
+                                                     r"hooks\)"), \
+            pytest.warns(monet_opt.HookWarning, match=r"stem\.0") as hooked:
+        ours = _step(opt, model, x, loss_fn)
+    assert all(w.filename == __file__ for w in hooked if w.category is monet_opt.HookWarning)
+    assert all(torch.equal(a, b) for a, b in zip(ours, _step(eager, eager, x, loss_fn)))
+    for handle in handles:
+        handle.remove()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = _step(opt, model, x, loss_fn)  # the first plan
+    assert all(torch.equal(a, b) for a, b in zip(ours, _step(eager, eager, x, loss_fn)))
     glob = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
     try:
-        with pytest.raises(monet_opt.PlanMismatchError, match=r"global \(forward hooks\)"):
-            opt(x)
+        with pytest.warns(monet_opt.ReplanWarning, match=r"global \(forward hooks\)"):
+            _step(opt, model, x, loss_fn)
     finally:
         glob.remove()
-    loss_fn(opt(x)).backward()  # restored: the step runs
-    assert all(p.grad is not None for p in model.parameters())
+    assert len(opt.plans) == 3
+
+
+def test_pruning_after_optimize_trains_like_eager():
+    """torch.nn.utils.prune after optimize() (a forward pre-hook and a mask buffer, the weight
+    a parameter no more), twice, then made permanent: each step bitwise eager's, within its
+    plan's prediction and the limit, one plan for each."""
+    prune = pytest.importorskip("torch.nn.utils.prune")
+    torch.manual_seed(0)
+    model, x, loss_fn = models.mlp()
+    eager = copy.deepcopy(model)
+    full = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_repeats=1,
+                              profile_dir=None).plan
+    limit = (full.min_feasible_bytes + full.store_all_peak_bytes) // 2  # room for the masks
+    opt = monet_opt.optimize(model, x, limit, profile_repeats=1, profile_dir=None)
+    assert opt.plan.recomputed_ops > 0
+    for k in range(4):
+        for m in (model, eager):
+            if k in (1, 2):
+                prune.l1_unstructured(m.net[0], "weight", amount=0.3)
+            elif k == 3:
+                prune.remove(m.net[0], "weight")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", monet_opt.ReplanWarning)
+            warnings.simplefilter("ignore", monet_opt.HookWarning)
+            torch.manual_seed(1)  # as _step does
+            peak = monet_opt.measure_peak(lambda: loss_fn(opt(x)).backward(),
+                                          monet_opt.resident_tensors(model, x))
+        ours = [p.grad for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        assert all(torch.equal(a, b) for a, b in zip(ours, _step(eager, eager, x, loss_fn))), k
+        plan = list(opt.plans.values())[k]  # made permanent, the weight is registered last
+        assert peak <= plan.predicted_peak_bytes <= limit, (k, peak, plan.predicted_peak_bytes)
+    assert len(opt.plans) == 4
