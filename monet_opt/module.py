@@ -234,7 +234,9 @@ class OptimizedModule(nn.Module):
         new_structure = self._any_shape and structure != (first.treedef, first.constants)
         inputs = InputSpec.tensors_of(leaves, "monet_opt: every argument of a training step") \
             if new_structure else first.check(leaves, structure, any_shape=self._any_shape)
-        resident = tuple(k for k, p in enumerate(named.values()) if p.grad is not None)
+        # functional_call(opt, fast_weights) gives non-leaf parameters, which hold no gradient
+        resident = tuple(k for k, p in enumerate(named.values())
+                         if p.is_leaf and p.grad is not None)
         now = _param_key(named, buffers)
         resident_bytes = _resident_gradient_bytes(self.model) if resident else 0
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]

@@ -118,3 +118,26 @@ def test_an_optimized_module_given_to_optimize_is_traced_as_its_model():
         peak, grads = _step(opt, opt.model, x, loss_fn)
         assert _at_prediction(peak, opt.plan), (type(given), peak, opt.plan.predicted_peak_bytes)
         assert all(torch.equal(g, w) for g, w in zip(grads, want)), type(given)
+
+
+def test_functional_call_with_fast_weights():
+    """torch.func.functional_call(opt, weights) as a first-order MAML inner loop makes them:
+    non-leaf tensors computed from the parameters. The step takes them as they are (no warning
+    about a non-leaf's .grad), and the outer gradients are eager's, bitwise."""
+    torch.manual_seed(0)
+    base, x, loss_fn = small_cnn()
+    opt = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None, profile_repeats=1)
+    eager = copy.deepcopy(base)
+    grads = []
+    for module, owner in ((opt, opt.model), (eager, eager)):
+        names = [n for n, _ in module.named_parameters()]
+        torch.manual_seed(1)
+        inner = loss_fn(torch.func.functional_call(module, dict(module.named_parameters()), x))
+        steps = torch.autograd.grad(inner, list(module.parameters()))
+        fast = {n: p - 0.1 * g for n, p, g in zip(names, module.parameters(), steps)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.manual_seed(2)
+            loss_fn(torch.func.functional_call(module, fast, x)).backward()
+        grads.append([p.grad for p in owner.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
