@@ -1,8 +1,9 @@
 """monet_opt: train PyTorch models in less memory at the least extra compute."""
 from monet_opt.api import lower_problem, optimize
 from monet_opt.attributes import SideEffectWarning
-from monet_opt.errors import (CaptureError, InfeasibleBudgetError, MonetError, NoBackwardError,
-                              PlanMismatchError, UnsupportedGraphError)
+from monet_opt.errors import (CaptureError, DoubleBackwardError, InfeasibleBudgetError,
+                              MonetError, NoBackwardError, PlanMismatchError,
+                              UnsupportedGraphError)
 from monet_opt.hooks import HookWarning
 from monet_opt.in_flight import StepsInFlightWarning
 from monet_opt.memory import LiveBytes, measure_peak, resident_tensors
@@ -11,7 +12,7 @@ from monet_opt.output_grad import OutputGradientWarning, WithLoss
 from monet_opt.plan import Plan
 from monet_opt.units import format_bytes, parse_memory_limit
 
-__all__ = ["CaptureError", "HookWarning", "InfeasibleBudgetError", "LiveBytes", "MonetError",
+__all__ = ["CaptureError", "DoubleBackwardError", "HookWarning", "InfeasibleBudgetError", "LiveBytes", "MonetError",
            "NoBackwardError", "OptimizedModule", "OutputGradientWarning", "Plan",
            "PlanMismatchError", "ReplanWarning", "SideEffectWarning", "StepsInFlightWarning",
            "UnsupportedGraphError",

@@ -54,6 +54,11 @@ class PlanMismatchError(MonetError, ValueError):
     """The optimized module was called with inputs that differ from the plan's."""
 
 
+class DoubleBackwardError(MonetError, RuntimeError):
+    """A backward with create_graph=True reached the optimized step, whose compiled backward
+    cannot itself be differentiated (NOTE [Double backward] in monet_opt/output_grad.py)."""
+
+
 class UnsupportedGraphError(MonetError):
     """The traced graph has something the executor cannot schedule safely."""
 

@@ -10,6 +10,14 @@ tensor hook that looks at the gradient it is handed (its storage: an expanded sc
 element) and warns where it holds more than SHARE of the plan's predicted peak, saying how many
 bytes and what to do: compute the loss inside the module optimized (WithLoss). The hook returns
 nothing: the gradient goes on as it came.
+
+NOTE [Double backward]
+  A backward with create_graph=True (a gradient penalty such as WGAN-GP's, second-order MAML,
+  Hessian-vector products) cannot go through the step: AOTAutograd's compiled backward is not
+  itself differentiable, and said so as "torch.compile with aot_autograd does not currently
+  support double backward", naming a tool the user never called. The same hook sees the
+  gradient arrive with grad mode on (which create_graph=True sets) and raises
+  DoubleBackwardError saying what to do instead, before the step's backward runs.
 """
 from __future__ import annotations
 
@@ -21,7 +29,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from monet_opt.input_spec import InputSpec
-from monet_opt.errors import user_stacklevel
+from monet_opt.errors import DoubleBackwardError, user_stacklevel
 
 SHARE = 0.01  # of the predicted peak: an output gradient above this is warned about
 
@@ -41,6 +49,13 @@ def watch(outputs: Any, predicted_peak_bytes: int) -> None:
 
 def _hook(peak: int):
     def check(grad: torch.Tensor | None) -> None:  # None: an output the loss did not read
+        if torch.is_grad_enabled():  # NOTE [Double backward]
+            raise DoubleBackwardError(
+                "monet_opt: a backward with create_graph=True (a gradient penalty, second-order "
+                "MAML, a Hessian-vector product) reached the optimized step, whose compiled "
+                "backward cannot itself be differentiated. Compute the term that needs it with "
+                "the model itself (opt.model(x): eager, no plan), or optimize a module that "
+                "needs only first-order gradients.")
         held = 0 if grad is None else grad.untyped_storage().nbytes()
         if held > SHARE * peak:
             warnings.warn(

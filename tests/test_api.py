@@ -100,6 +100,31 @@ def test_retain_graph_backwards_twice_like_eager(make, tight):
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
+@pytest.mark.filterwarnings("ignore::monet_opt.ReplanWarning")  # the penalty's input needs grad
+def test_double_backward_says_what_to_do():
+    """NOTE [Double backward]: a gradient penalty (WGAN-GP) through the optimized critic raises
+    DoubleBackwardError saying to compute it with the model itself (it raised torch's "torch.
+    compile with aot_autograd does not currently support double backward"); done so, beside a
+    first-order loss through the plan, the critic's gradients are eager's, bitwise."""
+    torch.manual_seed(0)
+    critic = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.LeakyReLU(0.2),
+                                 torch.nn.Linear(64, 1))
+    real, mixed = torch.randn(8, 16), torch.randn(8, 16, requires_grad=True)
+    eager = copy.deepcopy(critic)
+    opt = monet_opt.optimize(critic, real, HUGE, profile_repeats=1, profile_dir=None)
+
+    def penalty(module):
+        slope, = torch.autograd.grad(module(mixed).sum(), mixed, create_graph=True)
+        return (slope.norm(2, dim=1) - 1).square().mean()
+
+    with pytest.raises(monet_opt.DoubleBackwardError, match=r"create_graph=True.*opt\.model"):
+        penalty(opt)
+    (-opt(real).mean() + 10 * penalty(opt.model)).backward()
+    (-eager(real).mean() + 10 * penalty(eager)).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(critic.parameters(),
+                                                             eager.parameters()))
+
+
 def test_infeasible_budget_error_states_both_numbers():
     model, x, _ = models.small_cnn()
     with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
