@@ -4,6 +4,7 @@ from monet_opt.attributes import SideEffectWarning
 from monet_opt.errors import (CaptureError, DoubleBackwardError, InfeasibleBudgetError,
                               MonetError, NoBackwardError, PlanMismatchError,
                               UnsupportedGraphError)
+from monet_opt.held_outputs import OutputsHeldWarning
 from monet_opt.hooks import HookWarning
 from monet_opt.in_flight import StepsInFlightWarning
 from monet_opt.memory import LiveBytes, measure_peak, resident_tensors
@@ -12,10 +13,9 @@ from monet_opt.output_grad import OutputGradientWarning, WithLoss
 from monet_opt.plan import Plan
 from monet_opt.units import format_bytes, parse_memory_limit
 
-__all__ = ["CaptureError", "DoubleBackwardError", "HookWarning", "InfeasibleBudgetError", "LiveBytes", "MonetError",
-           "NoBackwardError", "OptimizedModule", "OutputGradientWarning", "Plan",
-           "PlanMismatchError", "ReplanWarning", "SideEffectWarning", "StepsInFlightWarning",
-           "UnsupportedGraphError",
-           "WithLoss",
-           "format_bytes", "lower_problem", "measure_peak", "optimize", "parse_memory_limit",
-           "resident_tensors"]
+__all__ = ["CaptureError", "DoubleBackwardError", "HookWarning", "InfeasibleBudgetError",
+           "LiveBytes", "MonetError", "NoBackwardError", "OptimizedModule",
+           "OutputGradientWarning", "OutputsHeldWarning", "Plan", "PlanMismatchError",
+           "ReplanWarning", "SideEffectWarning", "StepsInFlightWarning", "UnsupportedGraphError",
+           "WithLoss", "format_bytes", "lower_problem", "measure_peak", "optimize",
+           "parse_memory_limit", "resident_tensors"]

@@ -113,11 +113,11 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     families = offered_families(variants, allow_lossy)  # checked before anything is traced
 
     def plan_step(args: tuple, kwargs: dict, resident: tuple[int, ...] = (),
-                  resident_bytes: int = 0) -> Step:
+                  resident_bytes: int = 0, outputs_held: bool = False) -> Step:
         planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
                            cache=cache, variants=families, allow_lossy=allow_lossy,
                            profile_time_limit_s=profile_time_limit_s, resident=resident,
-                           resident_bytes=resident_bytes)
+                           resident_bytes=resident_bytes, outputs_held=outputs_held)
         run, spec = _trace(model, args, kwargs, planner)
         internal_assert(planner.plan is not None, "the partition function was never called")
         inputs = planner.primals[len(planner.primals) - len(spec.leaves):]
@@ -125,7 +125,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
                     planner.slots, frozen=sum(not p.requires_grad for p in model.parameters()),
                     shared=storage_groups(inputs),  # NOTE [Inputs that share a storage]
                     kept=tuple(run.kept),  # NOTE [Tensors kept on a module]
-                    attributes=run.attributes)  # NOTE [Tensors held as attributes]
+                    attributes=run.attributes,  # NOTE [Tensors held as attributes]
+                    outputs_held=outputs_held)  # NOTE [Outputs held through the backward]
 
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     warn_if_lstm(model)  # NOTE [Eager's own kernels]
@@ -234,13 +235,14 @@ class _Planner:
                  time_limit_s: float, *, cache: ProfileCache | None = None,
                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
                  profile_time_limit_s: float | None = None, resident: tuple[int, ...] = (),
-                 resident_bytes: int = 0) -> None:
+                 resident_bytes: int = 0, outputs_held: bool = False) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (and cache
         no schedule). cache: the profile directory to consult, if any. variants: offer the
         library's operator variants to the solver; allow_lossy: its lossy ones too.
         resident, resident_bytes: the parameters (positions) whose gradients are in place
         when the step begins, and the bytes of every gradient in place then (NOTE [Gradients
-        resident at the start])."""
+        resident at the start]). outputs_held: the caller holds the step's outputs through its
+        backward (NOTE [Outputs held through the backward] in monet_opt/held_outputs.py)."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
         self.families = offered_families(variants, allow_lossy)
@@ -248,6 +250,7 @@ class _Planner:
         self.allow_lossy = self.variants and allow_lossy
         self.profile_time_limit_s = profile_time_limit_s
         self.resident, self.resident_bytes = resident, resident_bytes
+        self.outputs_held = outputs_held
         self.primals: list[torch.Tensor] = []
         self.inputs = ""
         self.problem: solvers.Problem | None = None
@@ -257,9 +260,11 @@ class _Planner:
         self.partitioned = False  # NOTE [The capture route] in monet_opt/capture.py
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int,
-                  held: tuple[int, ...] = (), **kwargs):
-        """held: the positions, among the joint graph's outputs, of the tensors the forward
-        keeps on modules (NOTE [Tensors kept on a module] in monet_opt/forward_state.py)."""
+                  held: tuple[int, ...] = (), returned: tuple[int, ...] = (), **kwargs):
+        """held, returned: the positions, among the joint graph's outputs, of the tensors the
+        forward keeps on modules (NOTE [Tensors kept on a module] in
+        monet_opt/forward_state.py) and of those it returns, held to the step's end too where
+        the caller holds them (NOTE [Outputs held through the backward])."""
         self.partitioned = True
         host_random.refuse_drawn()  # NOTE [Random numbers drawn in Python]
         unmasked = attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
@@ -292,6 +297,7 @@ class _Planner:
             shared = shared_bytes(self.primals)  # NOTE [Inputs that share a storage]
             if shared:
                 problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes - shared)
+            held = held + returned if self.outputs_held else held
             problem = held_problem(problem, {t for k in held for t in lowered.output_tensors[k]})
             self.problem = problem
             lowered = _matching(lowered, problem)

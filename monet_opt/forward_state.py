@@ -261,21 +261,23 @@ class Kept:
         return result
 
     def partitioning(self, partition_fn: Callable) -> Callable:
-        """`partition_fn`, told the positions of the kept tensors among the joint graph's
-        outputs (`held=`)."""
+        """`partition_fn`, told the positions among the joint graph's outputs of the kept
+        tensors (`held=`) and of the forward's own outputs (`returned=`; NOTE [Outputs held
+        through the backward] in monet_opt/held_outputs.py)."""
         def partition(joint, joint_inputs, **kwargs):
-            return partition_fn(joint, joint_inputs, held=self._positions(joint), **kwargs)
+            kept, returned = self._positions(joint)
+            return partition_fn(joint, joint_inputs, held=kept, returned=returned, **kwargs)
         return partition
 
-    def _positions(self, joint: torch.fx.GraphModule) -> tuple[int, ...]:
-        """The kept tensors are the last leaves returned; AOTAutograd's output descriptors
-        name each graph output's leaf (PlainAOTOutput.idx)."""
-        if not self.where:
-            return ()
+    def _positions(self, joint: torch.fx.GraphModule) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The kept tensors are the last leaves returned, after the forward's outputs;
+        AOTAutograd's output descriptors name each graph output's leaf (PlainAOTOutput.idx)."""
         output = next(n for n in reversed(joint.graph.nodes) if n.op == "output")
         first = self._leaves - len(self.where)
-        return tuple(k for k, desc in enumerate(output.meta.get("desc") or ())
-                     if type(desc).__name__ == "PlainAOTOutput" and desc.idx >= first)
+        leaves = [(k, desc.idx) for k, desc in enumerate(output.meta.get("desc") or ())
+                  if type(desc).__name__ == "PlainAOTOutput"]
+        return (tuple(k for k, idx in leaves if idx >= first),
+                tuple(k for k, idx in leaves if idx < first))
 
 
 @contextlib.contextmanager

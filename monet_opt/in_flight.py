@@ -54,14 +54,16 @@ class InFlight:
                 "NOTE [Steps in flight] in monet_opt/in_flight.py."),
                 stacklevel=user_stacklevel())
 
-    def started(self, outputs: Any) -> None:
-        """Watch the autograd node of the step that made `outputs`."""
+    def started(self, outputs: Any):
+        """Watch the autograd node of the step that made `outputs`; that node (None where no
+        output requires a gradient)."""
         node = _step_node(outputs)
         if node is None:
-            return
+            return None
         ran = [False]
         node.register_prehook(lambda grad_outputs: ran.__setitem__(0, True))
         self._waiting.append((weakref.ref(node), ran))
+        return node
 
 
 def _step_node(outputs: Any):

@@ -25,6 +25,7 @@ from monet_opt.forward_state import attribute_values
 from monet_opt.input_spec import InputSpec, LeafSpec, constants_of
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError, user_stacklevel
 from monet_opt.hooks import changed as changed_hooks, hooks_of, warn_if_hooks
+from monet_opt.held_outputs import HeldOutputs
 from monet_opt.in_flight import InFlight
 from monet_opt.memory import resident_bytes, storage_groups
 from monet_opt.plan import Plan
@@ -58,6 +59,7 @@ class Step:
     changed: str = ""  # module attributes changed since optimize() (Watched.changed)
     kept: tuple[tuple[str, str], ...] = ()  # (module, attribute) it keeps tensors on
     attributes: tuple[str, ...] = ()  # the tensor attributes it takes after the buffers
+    outputs_held: bool = False  # planned with its outputs held to its end (held_outputs.py)
 
     @property
     def label(self) -> str:
@@ -70,7 +72,8 @@ class Step:
                if self.resident_bytes else "") + \
             (f", {self.frozen} parameters frozen" if self.frozen else "") + \
             "".join(f", inputs {' and '.join(map(str, g))} share a storage" for g in self.shared) \
-            + (f", with {self.changed}" if self.changed else "")
+            + (f", with {self.changed}" if self.changed else "") \
+            + (", outputs held through the backward" if self.outputs_held else "")
 
 
 # NOTE [New input shapes]
@@ -176,12 +179,13 @@ class OptimizedModule(nn.Module):
         self._steps: dict[tuple, Step] = {
             _step_key((first.spec.treedef, first.spec.constants), first.spec.leaves,
                       self._first_params, first.resident, first.resident_bytes, first.shared,
-                      (autocast, self._hooks), self._first_values): first}
+                      (autocast, self._hooks, first.outputs_held), self._first_values): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
         self._training_flags = training_flags
         self._autocast = autocast
         self._in_flight = InFlight()
+        self._held = HeldOutputs()  # NOTE [Outputs held through the backward]
 
     @property
     def plans(self) -> Mapping[str, Plan]:
@@ -219,7 +223,9 @@ class OptimizedModule(nn.Module):
         # NOTE [Tensors held as attributes] in monet_opt/forward_state.py
         attributes = attribute_values(self.model, step.attributes)
         outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)
-        self._in_flight.started(outputs)
+        node = self._in_flight.started(outputs)
+        self._held.watch(node, outputs, inputs, step.plan.predicted_peak_bytes,
+                         lambda: [*self.model.parameters(), *self.model.buffers()])
         output_grad.watch(outputs, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         return outputs
 
@@ -244,11 +250,13 @@ class OptimizedModule(nn.Module):
         specs = tuple(LeafSpec.of(x) for x in inputs)
         autocast = autocast_state()  # NOTE [Autocast is traced] in monet_opt/capture.py
         hooks = hooks_of(modules)  # NOTE [Module hooks]
+        held = self._held.held  # NOTE [Outputs held through the backward]
         key = _step_key(structure, specs, now, resident, resident_bytes, shared,
-                        (autocast, hooks), values)
+                        (autocast, hooks, held), values)
         step = self._steps.get(key)
         if step is None:
             why = ("params" if now != self._first_params else "resident" if resident_bytes
+                   else "outputs_held" if held
                    else "autocast" if autocast != self._autocast
                    else "hooks" if hooks != self._hooks
                    else "structure" if new_structure
@@ -266,7 +274,7 @@ class OptimizedModule(nn.Module):
                 changed = ", ".join(filter(None, (
                     f"hooks changed at {changed_hooks(self.model, self._hooks, hooks)}", changed)))
                 warn_if_hooks(self.model)
-            step = self._plan_for(args, kwargs, resident, resident_bytes, why, changed)
+            step = self._plan_for(args, kwargs, resident, resident_bytes, held, why, changed)
             self._steps[key] = step
             traced = self._watched.values(list(self.model.modules()))
             if traced != values:  # the forward changed some while traced: the step holds those
@@ -274,7 +282,7 @@ class OptimizedModule(nn.Module):
         return step, inputs
 
     def _plan_for(self, args: tuple, kwargs: dict, resident: tuple[int, ...],
-                  resident_bytes: int, why: str, changed: str = "") -> Step:
+                  resident_bytes: int, outputs_held: bool, why: str, changed: str = "") -> Step:
         """A step planned for these inputs and gradients in place; `why`: what differs from
         the first step: a key of WHAT_TO_DO ("attributes": `changed` says which)."""
         start = time.perf_counter()
@@ -283,11 +291,13 @@ class OptimizedModule(nn.Module):
             raise PlanMismatchError(f"monet_opt: this module runs only its first plan ({first})")
         try:
             with _disable_current_modes():  # the caller's dispatch modes watch the step only
-                step = dataclasses.replace(self._plan_step(args, kwargs, resident, resident_bytes),
-                                           changed=changed)
+                step = dataclasses.replace(
+                    self._plan_step(args, kwargs, resident, resident_bytes, outputs_held),
+                    changed=changed)
         except InfeasibleBudgetError as err:
             err.add_note(f"monet_opt: while planning a step for {situation(why, resident_bytes)}"
-                         f"{f' ({changed})' if changed else ''}; the first plan was for {first}.")
+                         f"{f' ({changed})' if changed else ''}; the first plan was for {first}. "
+                         + WHAT_TO_DO[why])
             raise
         warnings.warn(ReplanWarning(
             f"monet_opt: planned a step for {step.label} "
@@ -312,6 +322,7 @@ class OptimizedModule(nn.Module):
         twin = type(self).__new__(type(self))
         twin.__dict__.update(self.__dict__)
         twin._in_flight = InFlight()
+        twin._held = HeldOutputs()
         return twin
 
     def __deepcopy__(self, memo: dict) -> OptimizedModule:
@@ -321,6 +332,7 @@ class OptimizedModule(nn.Module):
         memo[id(self)] = twin
         twin.__dict__.update(copy.deepcopy(self.__dict__, memo))
         twin._in_flight = InFlight()
+        twin._held = HeldOutputs()
         return twin
 
     # state_dict keys are the model's own, not prefixed with "model."

@@ -14,6 +14,7 @@ def situation(why: str, resident_bytes: int) -> str:
                         "limit must hold too",
             "params": "parameters or buffers changed since optimize() (added, removed, tied, "
                       "requires_grad, shape, dtype or device)",
+            "outputs_held": "a caller that holds the step's outputs through its backward",
             "autocast": "a step under another autocast state than optimize() was called in",
             "hooks": "module hooks added or removed since optimize()",
             "structure": "inputs structured otherwise than the sample (other arguments)",
@@ -32,6 +33,11 @@ WHAT_TO_DO = {
     "resident": "Gradients in place at a step's start (accumulating over micro-batches, or "
                 "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
                 "limit is left for activations.",
+    "outputs_held": "The caller held the outputs through the backward (out = opt(x); "
+                    "loss = loss_fn(out, y); loss.backward()), so from now on the plan holds "
+                    "them to the step's end (NOTE [Outputs held through the backward]); to "
+                    "keep the tighter plan, let go of them before the backward, or use "
+                    "monet_opt.WithLoss.",
     "autocast": "A step is traced under the autocast state it runs in (its casts are ops of "
                 "its graph: NOTE [Autocast is traced]), so each state is a step of its own; call "
                 "optimize() inside the torch.autocast block you train in (an accelerate "

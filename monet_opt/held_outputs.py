@@ -1,0 +1,77 @@
+"""Outputs the caller holds through the backward (NOTE [Outputs held through the backward]).
+
+NOTE [Outputs held through the backward]
+  A plan frees each output of the step once the forward is done with it, as the loss leaves it:
+  `loss_fn(opt(x), y).backward()`, HF's `opt(**batch, labels=y).loss.backward()` and HF's
+  Trainer keep no reference to the outputs once the loss is made. But the most common loop of
+  all keeps them: `out = opt(x); loss = loss_fn(out, y); loss.backward()`, nanoGPT's `logits,
+  loss = model(x, y)`, HF's `outputs = model(**batch); outputs.loss.backward()`. There every
+  step measured the outputs' bytes over its plan and over the limit, silently (an LM's logits:
+  the largest tensor of its step). So the step's autograd node gets a hook that, once, as its
+  backward begins, looks at the outputs it returned (weak references): where those still alive
+  and not parameters, buffers or inputs hold more than SHARE of the predicted peak, this step has
+  passed its plan by their bytes: it warns (OutputsHeldWarning, with the bytes), and from the
+  next step on the module runs a step planned with the outputs held from the step's start to its
+  end (the kept-tensor transform, NOTE [Tensors kept on a module]; ReplanWarning), so later
+  steps stay within the limit. A loop that lets go of its outputs keeps the tighter plan; to
+  have it with the outputs in hand, compute the loss inside the module (monet_opt.WithLoss), or
+  `del out` before the backward.
+"""
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from monet_opt.errors import user_stacklevel
+from monet_opt.memory import resident_bytes
+
+SHARE = 0.01  # of the predicted peak: outputs held above this plan a step with them held
+
+
+class OutputsHeldWarning(RuntimeWarning):
+    """The caller held the step's outputs through its backward, which the plan had not counted
+    (NOTE [Outputs held through the backward])."""
+
+
+class HeldOutputs:
+    """Whether the caller of one optimized module holds its outputs through the backward."""
+
+    def __init__(self) -> None:
+        self.held = False
+
+    def watch(self, node: Any, outputs: Any, inputs: list[torch.Tensor], peak: int,
+              fixed: Callable[[], list[torch.Tensor]]) -> None:
+        """Look, once, as the backward of the step whose autograd node is `node` begins, at the
+        `outputs` it returned; `fixed()`: the parameters and buffers then. Nothing to do once
+        held, or without a node."""
+        if self.held or node is None:
+            return
+        refs = [weakref.ref(t) for t in pytree.tree_leaves(outputs)
+                if isinstance(t, torch.Tensor)]
+        ins = {x.untyped_storage().data_ptr() for x in inputs}
+
+        def check(grad_outputs):
+            if self.held:
+                return
+            alive = [t for r in refs if (t := r()) is not None]
+            if not alive:
+                return
+            own = ins | {t.untyped_storage().data_ptr() for t in fixed()}
+            held = resident_bytes([t for t in alive if t.untyped_storage().data_ptr() not in own])
+            if held > SHARE * peak:
+                self.held = True
+                warnings.warn(OutputsHeldWarning(
+                    f"monet_opt: the caller held {held:,} B of the step's outputs through its "
+                    f"backward (out = opt(x); loss = loss_fn(out, y); loss.backward()), which "
+                    f"its plan frees once the loss is made: this step could pass its predicted "
+                    f"{peak:,} B by that much. The next steps are planned with the outputs held "
+                    "(a ReplanWarning says so). To keep the tighter plan, let go of them before "
+                    "the backward (compute the loss in one expression, or del out), or compute "
+                    "the loss inside the module: monet_opt.WithLoss(model, loss_fn). NOTE "
+                    "[Outputs held through the backward] in monet_opt/held_outputs.py."),
+                    stacklevel=user_stacklevel())  # the line that ran the backward
+        node.register_prehook(check)
