@@ -9,11 +9,12 @@ NOTE [Outputs held through the backward]
   step measured the outputs' bytes over its plan and over the limit, silently (an LM's logits:
   the largest tensor of its step). So the step's autograd node gets a hook that, once, as its
   backward begins, looks at the outputs it returned (weak references): where those still alive
-  and not parameters, buffers or inputs hold more than SHARE of the predicted peak, this step has
-  passed its plan by their bytes: it warns (OutputsHeldWarning, with the bytes), and from the
-  next step on the module runs a step planned with the outputs held from the step's start to its
-  end (the kept-tensor transform, NOTE [Tensors kept on a module]; ReplanWarning), so later
-  steps stay within the limit. A loop that lets go of its outputs keeps the tighter plan; to
+  and not parameters, buffers or inputs hold more than the room its plan leaves under the limit
+  (limit minus predicted peak), this step may have passed the limit by the difference: it warns
+  (OutputsHeldWarning, with the bytes), and from the next step on the module runs a step
+  planned with the outputs held from the step's start to its end (the kept-tensor transform,
+  NOTE [Tensors kept on a module]; ReplanWarning), so later steps stay within the limit. Held
+  outputs that fit in that room change nothing. A loop that lets go of its outputs keeps the tighter plan; to
   have it with the outputs in hand, compute the loss inside the module (monet_opt.WithLoss), or
   `del out` before the backward.
 """
@@ -28,8 +29,7 @@ from torch.utils import _pytree as pytree
 
 from monet_opt.errors import user_stacklevel
 from monet_opt.memory import resident_bytes
-
-SHARE = 0.01  # of the predicted peak: outputs held above this plan a step with them held
+from monet_opt.plan import Plan
 
 
 class OutputsHeldWarning(RuntimeWarning):
@@ -43,15 +43,15 @@ class HeldOutputs:
     def __init__(self) -> None:
         self.held = False
 
-    def watch(self, node: Any, outputs: Any, inputs: list[torch.Tensor], peak: int,
+    def watch(self, node: Any, outputs: Any, inputs: list[torch.Tensor], plan: Plan,
               fixed: Callable[[], list[torch.Tensor]]) -> None:
         """Look, once, as the backward of the step whose autograd node is `node` begins, at the
-        `outputs` it returned; `fixed()`: the parameters and buffers then. Nothing to do once
-        held, or without a node."""
-        if self.held or node is None:
+        `outputs` it returned under `plan`; `fixed()`: the parameters and buffers then. Nothing
+        to do once held, or without a node."""
+        room = plan.memory_limit_bytes - plan.predicted_peak_bytes
+        if self.held or node is None or room >= resident_bytes(_tensors(outputs)):
             return
-        refs = [weakref.ref(t) for t in pytree.tree_leaves(outputs)
-                if isinstance(t, torch.Tensor)]
+        refs = [weakref.ref(t) for t in _tensors(outputs)]
         ins = {x.untyped_storage().data_ptr() for x in inputs}
 
         def check(grad_outputs):
@@ -62,16 +62,21 @@ class HeldOutputs:
                 return
             own = ins | {t.untyped_storage().data_ptr() for t in fixed()}
             held = resident_bytes([t for t in alive if t.untyped_storage().data_ptr() not in own])
-            if held > SHARE * peak:
+            if held > room:
                 self.held = True
                 warnings.warn(OutputsHeldWarning(
                     f"monet_opt: the caller held {held:,} B of the step's outputs through its "
                     f"backward (out = opt(x); loss = loss_fn(out, y); loss.backward()), which "
                     f"its plan frees once the loss is made: this step could pass its predicted "
-                    f"{peak:,} B by that much. The next steps are planned with the outputs held "
+                    f"{plan.predicted_peak_bytes:,} B by that much, and the memory limit by "
+                    f"{held - room:,} B. The next steps are planned with the outputs held "
                     "(a ReplanWarning says so). To keep the tighter plan, let go of them before "
                     "the backward (compute the loss in one expression, or del out), or compute "
                     "the loss inside the module: monet_opt.WithLoss(model, loss_fn). NOTE "
                     "[Outputs held through the backward] in monet_opt/held_outputs.py."),
                     stacklevel=user_stacklevel())  # the line that ran the backward
         node.register_prehook(check)
+
+
+def _tensors(outputs: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]

@@ -224,7 +224,7 @@ class OptimizedModule(nn.Module):
         attributes = attribute_values(self.model, step.attributes)
         outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)
         node = self._in_flight.started(outputs)
-        self._held.watch(node, outputs, inputs, step.plan.predicted_peak_bytes,
+        self._held.watch(node, outputs, inputs, step.plan,
                          lambda: [*self.model.parameters(), *self.model.buffers()])
         output_grad.watch(outputs, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         return outputs
