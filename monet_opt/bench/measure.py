@@ -47,7 +47,8 @@ class Runner:
     def step(self, x: Any) -> None:
         """NOTE [The output is not held]: the output is dropped once the loss is computed, as
         in `loss_fn(model(x)).backward()`; a plan counts only the loss scalar into the
-        backward (monet_opt.api, NOTE [The loss scalar])."""
+        backward (monet_opt.api, NOTE [The loss scalar]); a loop that holds it through the
+        backward gets a plan that holds it (NOTE [Outputs held through the backward])."""
         self.forward(x).sum().backward()
 
     def forward(self, x: Any) -> Any:
