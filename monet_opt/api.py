@@ -18,7 +18,8 @@ from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
 from monet_opt.families import acceptable, offered_families
-from monet_opt.forward_state import attribute_values, held_problem
+from monet_opt.forward_state import attribute_values
+from monet_opt.held_outputs import held_problem
 from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower

@@ -50,7 +50,7 @@ NOTE [Tensors kept on a module]
   reads that step's tensor and a backward through it reaches the parameters as in eager; while
   the step is only traced the module keeps what it held before. The module holds it past the
   step, so the plan holds its storage for the whole step (fixed memory, nothing when made: it
-  over-counts only before it is made), and the last step's tensor is let go as a step starts,
+  over-counts only before it is made; held_problem in monet_opt/held_outputs.py), and the last step's tensor is let go as a step starts,
   not when it ends. Planned as a forward output, alive to the forward's end only, the least
   plan of two routing layers measured 1,028 B over its prediction and its limit (their routing
   weights and losses); now at most 8 B under (tests/test_forward_state.py). Its attribute is
@@ -80,7 +80,6 @@ NOTE [Traced tensors left]
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from typing import Any, Callable
 
@@ -89,7 +88,6 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 
-import solvers
 from monet_opt.attributes import SideEffectWarning
 from monet_opt.errors import CaptureError, PlanMismatchError, user_stacklevel
 
@@ -366,22 +364,6 @@ def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[str, str], torch.T
     """Every tensor held as a plain attribute (not a parameter or buffer) of a submodule."""
     return {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()
             if isinstance(v, torch.Tensor)}
-
-
-def held_problem(problem: solvers.Problem, storages: set[int]) -> solvers.Problem:
-    """`problem` with the storages of the kept tensors (`storages`: tensor ids) held for the
-    whole step: their bytes fixed, nothing when made, never written over (NOTE [Tensors kept
-    on a module])."""
-    made = {t for t in storages if problem.tensors[t].producer != solvers.NO_PRODUCER}
-    if not made:
-        return problem
-    tensors = tuple(dataclasses.replace(x, bytes=0) if t in made else x
-                    for t, x in enumerate(problem.tensors))
-    ops = tuple(dataclasses.replace(op, overwrites=())  # a held output is no dying input's
-                if (set(op.overwrites) | set(op.outputs)) & made and op.overwrites else op
-                for op in problem.ops)
-    return dataclasses.replace(problem, ops=ops, tensors=tensors, fixed_bytes=problem.fixed_bytes
-                               + sum(problem.tensors[t].bytes for t in made))
 
 
 class CompiledStep:

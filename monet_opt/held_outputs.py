@@ -1,4 +1,5 @@
-"""Outputs the caller holds through the backward (NOTE [Outputs held through the backward]).
+"""Tensors held to the step's end: kept on a module (NOTE [Tensors kept on a module] in
+monet_opt/forward_state.py) or held by the caller (NOTE [Outputs held through the backward]).
 
 NOTE [Outputs held through the backward]
   A plan frees each output of the step once the forward is done with it, as the loss leaves it:
@@ -20,6 +21,7 @@ NOTE [Outputs held through the backward]
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
 from typing import Any, Callable
@@ -27,6 +29,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
+import solvers
 from monet_opt.errors import user_stacklevel
 from monet_opt.memory import resident_bytes
 from monet_opt.plan import Plan
@@ -80,3 +83,19 @@ class HeldOutputs:
 
 def _tensors(outputs: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+
+
+def held_problem(problem: solvers.Problem, storages: set[int]) -> solvers.Problem:
+    """`problem` with the storages of the kept tensors (`storages`: tensor ids) held for the
+    whole step: their bytes fixed, nothing when made, never written over (NOTE [Tensors kept
+    on a module])."""
+    made = {t for t in storages if problem.tensors[t].producer != solvers.NO_PRODUCER}
+    if not made:
+        return problem
+    tensors = tuple(dataclasses.replace(x, bytes=0) if t in made else x
+                    for t, x in enumerate(problem.tensors))
+    ops = tuple(dataclasses.replace(op, overwrites=())  # a held output is no dying input's
+                if (set(op.overwrites) | set(op.outputs)) & made and op.overwrites else op
+                for op in problem.ops)
+    return dataclasses.replace(problem, ops=ops, tensors=tensors, fixed_bytes=problem.fixed_bytes
+                               + sum(problem.tensors[t].bytes for t in made))

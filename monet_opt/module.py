@@ -18,7 +18,6 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from monet_opt import output_grad
-from monet_opt.accumulate import GradientSlots
 from monet_opt.attributes import Watched
 from monet_opt.capture import autocast_state
 from monet_opt.forward_state import attribute_values
@@ -27,53 +26,12 @@ from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError, user_stac
 from monet_opt.hooks import changed as changed_hooks, hooks_of, warn_if_hooks
 from monet_opt.held_outputs import HeldOutputs
 from monet_opt.in_flight import InFlight
-from monet_opt.memory import resident_bytes, storage_groups
+from monet_opt.memory import storage_groups
 from monet_opt.plan import Plan
 from monet_opt.replan_text import WHAT_TO_DO, situation, too_many
+from monet_opt.step import (ReplanWarning, Step, describe_autocast, param_key,
+                            resident_gradient_bytes, step_key)
 from monet_opt.units import format_bytes
-
-
-class ReplanWarning(RuntimeWarning):
-    """The optimized module planned another step: for inputs of new shapes (NOTE [New input
-    shapes]) or for gradients resident at the step's start (NOTE [Gradients resident at the
-    start] in monet_opt/api.py)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """One traced training step and its plan, for inputs of one shape and a step that begins
-    with `resident_bytes` of gradients in place, those of the parameters at positions
-    `resident` among them. run(*params, *buffers, *inputs) runs it; inputs describes the
-    inputs ('float32[4x3x16x16]'); slots: where its backward adds gradients in place (NOTE
-    [Accumulating in place]), bound to the parameters before each run."""
-
-    run: Callable
-    spec: InputSpec
-    plan: Plan
-    inputs: str
-    resident: tuple[int, ...] = ()
-    resident_bytes: int = 0
-    slots: GradientSlots | None = None
-    frozen: int = 0  # parameters traced without requires_grad
-    shared: tuple[tuple[int, ...], ...] = ()  # inputs sharing a storage (storage_groups)
-    changed: str = ""  # module attributes changed since optimize() (Watched.changed)
-    kept: tuple[tuple[str, str], ...] = ()  # (module, attribute) it keeps tensors on
-    attributes: tuple[str, ...] = ()  # the tensor attributes it takes after the buffers
-    outputs_held: bool = False  # planned with its outputs held to its end (held_outputs.py)
-
-    @property
-    def label(self) -> str:
-        grads = [str(k) for k, leaf in enumerate(self.spec.leaves) if leaf.requires_grad]
-        laid = "".join(f", input {k} with strides {leaf.strides}"  # NOTE [Input layouts]
-                       for k, leaf in enumerate(self.spec.leaves) if not leaf.contiguous)
-        return self.inputs + laid + \
-            (f", input {' and '.join(grads)} requiring grad" if grads else "") \
-            + (f", {format_bytes(self.resident_bytes)} of gradients resident"
-               if self.resident_bytes else "") + \
-            (f", {self.frozen} parameters frozen" if self.frozen else "") + \
-            "".join(f", inputs {' and '.join(map(str, g))} share a storage" for g in self.shared) \
-            + (f", with {self.changed}" if self.changed else "") \
-            + (", outputs held through the backward" if self.outputs_held else "")
 
 
 # NOTE [New input shapes]
@@ -171,13 +129,13 @@ class OptimizedModule(nn.Module):
         self.training = model.training  # the wrapper's mode is the model's, not nn.Module's True
         self.plan = first.plan
         self._first = first
-        self._first_params = _param_key(dict(model.named_parameters()),
+        self._first_params = param_key(dict(model.named_parameters()),
                                         dict(model.named_buffers()))
         self._hooks = hooks_of(list(model.modules()))  # NOTE [Module hooks]
         self._watched = Watched.of(model, skip=first.kept)  # NOTE [Attributes read as constants]
         self._first_values = self._watched.values(list(model.modules()))
         self._steps: dict[tuple, Step] = {
-            _step_key((first.spec.treedef, first.spec.constants), first.spec.leaves,
+            step_key((first.spec.treedef, first.spec.constants), first.spec.leaves,
                       self._first_params, first.resident, first.resident_bytes, first.shared,
                       (autocast, self._hooks, first.outputs_held), self._first_values): first}
         self._plan_step = plan_step
@@ -243,15 +201,15 @@ class OptimizedModule(nn.Module):
         # functional_call(opt, fast_weights) gives non-leaf parameters, which hold no gradient
         resident = tuple(k for k, p in enumerate(named.values())
                          if p.is_leaf and p.grad is not None)
-        now = _param_key(named, buffers)
-        resident_bytes = _resident_gradient_bytes(self.model) if resident else 0
+        now = param_key(named, buffers)
+        resident_bytes = resident_gradient_bytes(self.model) if resident else 0
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
         values = self._watched.values(modules)
         specs = tuple(LeafSpec.of(x) for x in inputs)
         autocast = autocast_state()  # NOTE [Autocast is traced] in monet_opt/capture.py
         hooks = hooks_of(modules)  # NOTE [Module hooks]
         held = self._held.held  # NOTE [Outputs held through the backward]
-        key = _step_key(structure, specs, now, resident, resident_bytes, shared,
+        key = step_key(structure, specs, now, resident, resident_bytes, shared,
                         (autocast, hooks, held), values)
         step = self._steps.get(key)
         if step is None:
@@ -269,7 +227,7 @@ class OptimizedModule(nn.Module):
             changed = self._watched.changed(self.model, self._first_values, values) \
                 if values != self._first_values else ""
             if autocast != self._autocast:
-                changed = ", ".join(filter(None, (f"autocast {_describe(autocast)}", changed)))
+                changed = ", ".join(filter(None, (f"autocast {describe_autocast(autocast)}", changed)))
             if hooks != self._hooks:
                 changed = ", ".join(filter(None, (
                     f"hooks changed at {changed_hooks(self.model, self._hooks, hooks)}", changed)))
@@ -391,31 +349,3 @@ def walk(model: nn.Module) -> tuple[list[nn.Module], dict[str, torch.Tensor],
                     ids.add(id(t))
                     found[dot + name] = t
     return modules, params, buffers
-
-
-def _resident_gradient_bytes(model: nn.Module) -> int:
-    """Bytes of the parameters' gradients in place now (storages counted once)."""
-    return resident_bytes([p.grad for p in model.parameters() if p.grad is not None])
-
-
-def _step_key(structure: tuple, leaves: tuple, params: tuple, resident: tuple[int, ...],
-              resident_bytes: int, shared: tuple, traced: tuple, values: tuple) -> tuple:
-    """What tells steps apart: the inputs' structure (treedef and constants) and specs, the
-    parameters' key, the gradients in place, the inputs that share a storage, the autocast
-    state and module hooks it is `traced` with, the modules' watched values, last (NOTE [New
-    input shapes], NOTE [Parameters changed], NOTE [Inputs that share a storage] in
-    monet_opt/memory.py, NOTE [Autocast is traced] in monet_opt/capture.py, NOTE [Module
-    hooks] in monet_opt/hooks.py, NOTE [Attributes read as constants] in
-    monet_opt/attributes.py)."""
-    return structure, leaves, params, resident, resident_bytes, shared, traced, values
-
-
-def _param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> tuple:
-    """What a traced step fixes of the parameters and buffers, by name (NOTE [Parameters
-    changed])."""
-    return (tuple((n, p.shape, p.dtype, p.device, p.requires_grad) for n, p in params.items()),
-            tuple((n, b.shape, b.dtype, b.device) for n, b in buffers.items()))
-
-
-def _describe(state: tuple) -> str:
-    return ", ".join(f"on for {device} ({dtype})" for device, dtype in state) or "off"

@@ -60,6 +60,7 @@ def _train(module, net, xs, seed=5):
         out = module(x)
         main = out if isinstance(out, torch.Tensor) else out[0]
         loss = main.square().mean() + sum(b.aux_loss for b in net.blocks)
+        del out, main  # held, they would plan a step of their own at the least limit
         loss.backward()
         record.append({"loss": loss.detach(), **{n: p.grad.clone() for n, p in
                                                  net.named_parameters()},

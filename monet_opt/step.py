@@ -1,0 +1,87 @@
+"""One planned step of an optimized module (Step), and what tells steps apart (step_key)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+from torch import nn
+
+from monet_opt.accumulate import GradientSlots
+from monet_opt.input_spec import InputSpec
+from monet_opt.memory import resident_bytes
+from monet_opt.plan import Plan
+from monet_opt.units import format_bytes
+
+
+class ReplanWarning(RuntimeWarning):
+    """The optimized module planned another step: for inputs of new shapes (NOTE [New input
+    shapes] in monet_opt/module.py), for gradients resident at the step's start (NOTE
+    [Gradients resident at the start] in monet_opt/api.py), or for anything else that tells
+    steps apart (step_key)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One traced training step and its plan, for inputs of one shape and a step that begins
+    with `resident_bytes` of gradients in place, those of the parameters at positions
+    `resident` among them. run(*params, *buffers, *inputs) runs it; inputs describes the
+    inputs ('float32[4x3x16x16]'); slots: where its backward adds gradients in place (NOTE
+    [Accumulating in place]), bound to the parameters before each run."""
+
+    run: Callable
+    spec: InputSpec
+    plan: Plan
+    inputs: str
+    resident: tuple[int, ...] = ()
+    resident_bytes: int = 0
+    slots: GradientSlots | None = None
+    frozen: int = 0  # parameters traced without requires_grad
+    shared: tuple[tuple[int, ...], ...] = ()  # inputs sharing a storage (storage_groups)
+    changed: str = ""  # module attributes changed since optimize() (Watched.changed)
+    kept: tuple[tuple[str, str], ...] = ()  # (module, attribute) it keeps tensors on
+    attributes: tuple[str, ...] = ()  # the tensor attributes it takes after the buffers
+    outputs_held: bool = False  # planned with its outputs held to its end (held_outputs.py)
+
+    @property
+    def label(self) -> str:
+        grads = [str(k) for k, leaf in enumerate(self.spec.leaves) if leaf.requires_grad]
+        laid = "".join(f", input {k} with strides {leaf.strides}"  # NOTE [Input layouts]
+                       for k, leaf in enumerate(self.spec.leaves) if not leaf.contiguous)
+        return self.inputs + laid + \
+            (f", input {' and '.join(grads)} requiring grad" if grads else "") \
+            + (f", {format_bytes(self.resident_bytes)} of gradients resident"
+               if self.resident_bytes else "") + \
+            (f", {self.frozen} parameters frozen" if self.frozen else "") + \
+            "".join(f", inputs {' and '.join(map(str, g))} share a storage" for g in self.shared) \
+            + (f", with {self.changed}" if self.changed else "") \
+            + (", outputs held through the backward" if self.outputs_held else "")
+
+
+
+def resident_gradient_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters' gradients in place now (storages counted once)."""
+    return resident_bytes([p.grad for p in model.parameters() if p.grad is not None])
+
+
+def step_key(structure: tuple, leaves: tuple, params: tuple, resident: tuple[int, ...],
+              resident_bytes: int, shared: tuple, traced: tuple, values: tuple) -> tuple:
+    """What tells steps apart: the inputs' structure (treedef and constants) and specs, the
+    parameters' key, the gradients in place, the inputs that share a storage, the autocast
+    state and module hooks it is `traced` with, the modules' watched values, last (NOTE [New
+    input shapes] and NOTE [Parameters changed] in monet_opt/module.py, NOTE [Inputs that share a storage] in
+    monet_opt/memory.py, NOTE [Autocast is traced] in monet_opt/capture.py, NOTE [Module
+    hooks] in monet_opt/hooks.py, NOTE [Attributes read as constants] in
+    monet_opt/attributes.py)."""
+    return structure, leaves, params, resident, resident_bytes, shared, traced, values
+
+
+def param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> tuple:
+    """What a traced step fixes of the parameters and buffers, by name (NOTE [Parameters
+    changed] in monet_opt/module.py)."""
+    return (tuple((n, p.shape, p.dtype, p.device, p.requires_grad) for n, p in params.items()),
+            tuple((n, b.shape, b.dtype, b.device) for n, b in buffers.items()))
+
+
+def describe_autocast(state: tuple) -> str:
+    return ", ".join(f"on for {device} ({dtype})" for device, dtype in state) or "off"
