@@ -1,0 +1,67 @@
+"""A second backward through a step: a retained graph run again (NOTE [Retained graphs]) and a
+backward of a backward (NOTE [Double backward] in monet_opt/output_grad.py)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import monet_opt
+from tests import models
+
+HUGE = 1 << 40
+
+
+@pytest.mark.parametrize("make", [models.mlp, models.small_cnn])
+@pytest.mark.parametrize("tight", [False, True])
+def test_retain_graph_backwards_twice_like_eager(make, tight):
+    """NOTE [Retained graphs]: after a plain step, backward(retain_graph=True), then backward
+    again, gives eager's gradients bitwise each time, on the store-all plan and at the least
+    peak (recomputation, variants, dropout replayed). Before, the retained backward raised a
+    RuntimeError about donated buffers."""
+    torch.manual_seed(0)
+    model, x, loss_fn = make()
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    if tight:
+        opt = monet_opt.optimize(model, x, opt.plan.min_feasible_bytes, profile_repeats=1,
+                                 profile_dir=None)
+        assert opt.plan.recomputed_ops > 0
+    grads = []
+    for module, owner in ((eager, eager), (opt, model)):
+        torch.manual_seed(1)
+        loss_fn(module(x)).backward()
+        seen = [p.grad.clone() for p in owner.parameters()]
+        owner.zero_grad(set_to_none=True)
+        loss = loss_fn(module(x))
+        loss.backward(retain_graph=True)
+        seen += [p.grad.clone() for p in owner.parameters()]
+        loss.backward()
+        grads.append(seen + [p.grad.clone() for p in owner.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+@pytest.mark.filterwarnings("ignore::monet_opt.ReplanWarning")  # the penalty's input needs grad
+def test_double_backward_says_what_to_do():
+    """NOTE [Double backward]: a gradient penalty (WGAN-GP) through the optimized critic raises
+    DoubleBackwardError saying to compute it with the model itself (it raised torch's "torch.
+    compile with aot_autograd does not currently support double backward"); done so, beside a
+    first-order loss through the plan, the critic's gradients are eager's, bitwise."""
+    torch.manual_seed(0)
+    critic = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.LeakyReLU(0.2),
+                                 torch.nn.Linear(64, 1))
+    real, mixed = torch.randn(8, 16), torch.randn(8, 16, requires_grad=True)
+    eager = copy.deepcopy(critic)
+    opt = monet_opt.optimize(critic, real, HUGE, profile_repeats=1, profile_dir=None)
+
+    def penalty(module):
+        slope, = torch.autograd.grad(module(mixed).sum(), mixed, create_graph=True)
+        return (slope.norm(2, dim=1) - 1).square().mean()
+
+    with pytest.raises(monet_opt.DoubleBackwardError, match=r"create_graph=True.*opt\.model"):
+        penalty(opt)
+    (-opt(real).mean() + 10 * penalty(opt.model)).backward()
+    (-eager(real).mean() + 10 * penalty(eager)).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(critic.parameters(),
+                                                             eager.parameters()))
