@@ -15,7 +15,10 @@ NOTE [Outputs held through the backward]
   (OutputsHeldWarning, with the bytes), and from the next step on the module runs a step
   planned with the outputs held from the step's start to its end (the kept-tensor transform,
   NOTE [Tensors kept on a module]; ReplanWarning), so later steps stay within the limit. Held
-  outputs that fit in that room change nothing. A loop that lets go of its outputs keeps the tighter plan; to
+  outputs that fit in that room change nothing. Where no plan that holds them fits the limit,
+  the steps keep the plan that frees them, and a second OutputsHeldWarning says by how much
+  the limit falls short: a step stopped by an InfeasibleBudgetError at the second step, where
+  it had run over the limit by the outputs' bytes, would be worse than that step warned of. A loop that lets go of its outputs keeps the tighter plan; to
   have it with the outputs in hand, compute the loss inside the module (monet_opt.WithLoss), or
   `del out` before the backward.
 """
@@ -79,6 +82,16 @@ class HeldOutputs:
                     "[Outputs held through the backward] in monet_opt/held_outputs.py."),
                     stacklevel=user_stacklevel())  # the line that ran the backward
         node.register_prehook(check)
+
+    def cannot_fit(self, least: int, limit: int) -> None:
+        """Warn that no plan holding the outputs fits `limit` (its least peak: `least`)."""
+        warnings.warn(OutputsHeldWarning(
+            f"monet_opt: no plan that holds the step's outputs through its backward fits the "
+            f"memory limit, {limit:,} B (the least such peak: {least:,} B), so the steps keep "
+            f"the plan that frees them and pass the limit by the outputs' bytes while the "
+            f"caller holds them. Let go of them before the backward, raise the limit to "
+            f"{least:,} B, or compute the loss inside the module (monet_opt.WithLoss)."),
+            stacklevel=user_stacklevel())
 
 
 def _tensors(outputs: Any) -> list[torch.Tensor]:

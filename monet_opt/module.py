@@ -232,7 +232,16 @@ class OptimizedModule(nn.Module):
                 changed = ", ".join(filter(None, (
                     f"hooks changed at {changed_hooks(self.model, self._hooks, hooks)}", changed)))
                 warn_if_hooks(self.model)
-            step = self._plan_for(args, kwargs, resident, resident_bytes, held, why, changed)
+            try:
+                step = self._plan_for(args, kwargs, resident, resident_bytes, held, why, changed)
+            except InfeasibleBudgetError as err:
+                if not held:
+                    raise
+                # NOTE [Outputs held through the backward]: keep the plan that frees them
+                freeing = key[:6] + ((autocast, hooks, False),) + key[7:]
+                step = self._steps.get(freeing) or self._plan_for(
+                    args, kwargs, resident, resident_bytes, False, why, changed)
+                self._held.cannot_fit(err.min_feasible_bytes, self.plan.memory_limit_bytes)
             self._steps[key] = step
             traced = self._watched.values(list(self.model.modules()))
             if traced != values:  # the forward changed some while traced: the step holds those

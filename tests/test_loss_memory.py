@@ -216,3 +216,34 @@ def test_outputs_held_through_the_backward_are_planned_from_the_next_step():
     eager(**x).loss.backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(least.model.parameters(),
                                                              eager.parameters()))
+
+
+def test_outputs_held_where_no_plan_holding_them_fits():
+    """At the least limit no plan holds the logits too: the second step says so (a second
+    OutputsHeldWarning, with the least such peak) and the steps keep the plan that frees them,
+    passing it by the logits' bytes, rather than stop with an InfeasibleBudgetError."""
+    torch.manual_seed(0)
+    base, x, _ = models.gpt2_tiny(dropout=0.0)
+    x = {**x, "labels": x["input_ids"]}
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
+    least = monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
+                               profile_repeats=1, profile_dir=None, time_limit_s=5)
+    resident = monet_opt.resident_tensors(least.model, x)
+    warned, outputs = [], []
+
+    def held():
+        outputs.append(least(**x))
+        outputs[-1].loss.backward()
+
+    for _ in range(3):
+        least.model.zero_grad(set_to_none=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            measured = monet_opt.measure_peak(held, resident)
+        outputs.clear()
+        warned.append([str(w.message) for w in caught
+                       if w.category is monet_opt.OutputsHeldWarning])
+        assert measured == least.plan.predicted_peak_bytes + 2 * 32 * 500 * 4
+    assert len(warned[0]) == 1 and len(warned[1]) == 1 and not warned[2]
+    assert "no plan that holds the step's outputs" in warned[1][0]
+    assert len(least.plans) == 1
