@@ -41,24 +41,24 @@ NOTE [Tensors held as attributes]
 
 NOTE [Tensors kept on a module]
   A forward may keep a tensor on a module for the training loop to read after the call: an
-  auxiliary loss (a mixture of experts' load-balancing loss, a VQ-VAE's commitment loss, added
-  to the loss before backward), routing weights or attention maps kept for logging. Traced, the
-  module kept the trace's own tensor (a FunctionalTensor of fakes, without values) for good:
-  the loop read that same tensor after every step (adding it to a loss failed; only
-  SideEffectWarning hinted at it). A tensor the forward assigns to a plain attribute of a
-  module is now an output of the step too, put back on its module after each step, so the loop
-  reads that step's tensor and a backward through it reaches the parameters as in eager; while
-  the step is only traced the module keeps what it held before. The module holds it past the
-  step, so the plan holds its storage for the whole step (fixed memory, nothing when made: it
-  over-counts only before it is made; held_problem in monet_opt/held_outputs.py), and the last step's tensor is let go as a step starts,
-  not when it ends. Planned as a forward output, alive to the forward's end only, the least
-  plan of two routing layers measured 1,028 B over its prediction and its limit (their routing
-  weights and losses); now at most 8 B under (tests/test_forward_state.py). Its attribute is
-  not watched as a constant (NOTE [Attributes read as constants]) unless the forward reads it
+  auxiliary loss (a mixture of experts' load-balancing loss, a VQ-VAE's commitment loss, added to
+  the loss before backward), routing weights or attention maps kept for logging. Traced, the
+  module kept the trace's own tensor (a FunctionalTensor of fakes, without values) for good: the
+  loop read that same tensor after every step (adding it to a loss failed; only SideEffectWarning
+  hinted at it). A tensor the forward assigns to a plain attribute of a module is now an output of
+  the step too, put back on its module after each step, so the loop reads that step's tensor and a
+  backward through it reaches the parameters as in eager; while the step is only traced the module
+  keeps what it held before. The module holds it past the step, so the plan holds its storage for
+  the whole step (fixed memory, nothing when made: it over-counts only before it is made;
+  held_problem in monet_opt/held_outputs.py), and the last step's tensor is let go as a step
+  starts, not when it ends. Planned as a forward output, alive to the forward's end only, the
+  least plan of two routing layers measured 1,028 B over its prediction and its limit (their
+  routing weights and losses); now at most 8 B under (tests/test_forward_state.py). Its attribute
+  is not watched as a constant (NOTE [Attributes read as constants]) unless the forward reads it
   before it sets it (state carried from one call to the next; a second trace notes such reads,
-  each attribute taken out of its module's __dict__ for the while): then the None it held
-  when traced is watched, and a tensor there plans a step that reads it (NOTE [Tensors held
-  as attributes]).
+  each attribute taken out of its module's __dict__ for the while): then the None it held when
+  traced is watched, and a tensor there plans a step that reads it (NOTE [Tensors held as
+  attributes]).
 
 NOTE [Containers filled]
   A forward that appends to a list a module holds, or sets a key of its dict (features kept
@@ -104,8 +104,9 @@ def write_back(model: torch.nn.Module, names: list[str], n_params: int, given: t
                 f"monet_opt.optimize: {type(model).__name__}'s forward resizes its "
                 f"{'parameter' if k < n_params else 'buffer'} '{name}' in place, from "
                 f"{list(shapes[k])} to {list(given[k].shape)} (as statistics sized on a first "
-                "call are), which a traced step cannot do. Call the model once on a batch first (model(sample_input)), so "
-                "that its state has the shapes it keeps, then optimize() it.")
+                "call are), which a traced step cannot do. Call the model once on a batch "
+                "first (model(sample_input)), so that its state has the shapes it keeps, then "
+                "optimize() it.")
         if name not in state:
             continue
         new, old = state[name], given[k]

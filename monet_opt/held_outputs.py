@@ -18,9 +18,9 @@ NOTE [Outputs held through the backward]
   outputs that fit in that room change nothing. Where no plan that holds them fits the limit,
   the steps keep the plan that frees them, and a second OutputsHeldWarning says by how much
   the limit falls short: a step stopped by an InfeasibleBudgetError at the second step, where
-  it had run over the limit by the outputs' bytes, would be worse than that step warned of. A loop that lets go of its outputs keeps the tighter plan; to
-  have it with the outputs in hand, compute the loss inside the module (monet_opt.WithLoss), or
-  `del out` before the backward.
+  it had run over the limit by the outputs' bytes, would be worse than that step warned of. A
+  loop that lets go of its outputs keeps the tighter plan; to have it with the outputs in hand,
+  compute the loss inside the module (monet_opt.WithLoss), or `del out` before the backward.
 """
 from __future__ import annotations
 

@@ -130,14 +130,14 @@ class OptimizedModule(nn.Module):
         self.plan = first.plan
         self._first = first
         self._first_params = param_key(dict(model.named_parameters()),
-                                        dict(model.named_buffers()))
+                                       dict(model.named_buffers()))
         self._hooks = hooks_of(list(model.modules()))  # NOTE [Module hooks]
         self._watched = Watched.of(model, skip=first.kept)  # NOTE [Attributes read as constants]
         self._first_values = self._watched.values(list(model.modules()))
         self._steps: dict[tuple, Step] = {
             step_key((first.spec.treedef, first.spec.constants), first.spec.leaves,
-                      self._first_params, first.resident, first.resident_bytes, first.shared,
-                      (autocast, self._hooks, first.outputs_held), self._first_values): first}
+                     self._first_params, first.resident, first.resident_bytes, first.shared,
+                     (autocast, self._hooks, first.outputs_held), self._first_values): first}
         self._plan_step = plan_step
         self._any_shape = any_shape and plan_step is not None
         self._training_flags = training_flags
@@ -151,7 +151,8 @@ class OptimizedModule(nn.Module):
         first; a description met again (hooks changed twice at one module) is numbered
         ('... #2')."""
         plans: dict[str, Plan] = {}
-        for step in dict.fromkeys(self._steps.values()):  # a step may be under two keys
+        steps = {id(step): step for step in self._steps.values()}  # one may be under two keys
+        for step in steps.values():
             label, n = step.label, 1
             while label in plans:
                 n += 1
@@ -210,7 +211,7 @@ class OptimizedModule(nn.Module):
         hooks = hooks_of(modules)  # NOTE [Module hooks]
         held = self._held.held  # NOTE [Outputs held through the backward]
         key = step_key(structure, specs, now, resident, resident_bytes, shared,
-                        (autocast, hooks, held), values)
+                       (autocast, hooks, held), values)
         step = self._steps.get(key)
         if step is None:
             why = ("params" if now != self._first_params else "resident" if resident_bytes
@@ -227,7 +228,8 @@ class OptimizedModule(nn.Module):
             changed = self._watched.changed(self.model, self._first_values, values) \
                 if values != self._first_values else ""
             if autocast != self._autocast:
-                changed = ", ".join(filter(None, (f"autocast {describe_autocast(autocast)}", changed)))
+                changed = ", ".join(filter(None, (f"autocast {describe_autocast(autocast)}",
+                                                  changed)))
             if hooks != self._hooks:
                 changed = ", ".join(filter(None, (
                     f"hooks changed at {changed_hooks(self.model, self._hooks, hooks)}", changed)))

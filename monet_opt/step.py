@@ -69,10 +69,10 @@ def step_key(structure: tuple, leaves: tuple, params: tuple, resident: tuple[int
     """What tells steps apart: the inputs' structure (treedef and constants) and specs, the
     parameters' key, the gradients in place, the inputs that share a storage, the autocast
     state and module hooks it is `traced` with, the modules' watched values, last (NOTE [New
-    input shapes] and NOTE [Parameters changed] in monet_opt/module.py, NOTE [Inputs that share a storage] in
-    monet_opt/memory.py, NOTE [Autocast is traced] in monet_opt/capture.py, NOTE [Module
-    hooks] in monet_opt/hooks.py, NOTE [Attributes read as constants] in
-    monet_opt/attributes.py)."""
+    input shapes] and NOTE [Parameters changed] in monet_opt/module.py, NOTE [Inputs that
+    share a storage] in monet_opt/memory.py, NOTE [Autocast is traced] in
+    monet_opt/capture.py, NOTE [Module hooks] in monet_opt/hooks.py, NOTE [Attributes read as
+    constants] in monet_opt/attributes.py)."""
     return structure, leaves, params, resident, resident_bytes, shared, traced, values
 
 
