@@ -16,12 +16,12 @@ import traceback
 from typing import Callable
 
 import torch
-from torch.nn.modules.lazy import LazyModuleMixin
 from torch._functorch import config as functorch_config
 from torch._functorch._aot_autograd import graph_compile
 from torch._functorch.aot_autograd import aot_function
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from monet_opt import forward_state, host_random
 from monet_opt.eager_kernels import eager_kernels
@@ -87,7 +87,7 @@ def refuse_untraceable(model: torch.nn.Module) -> None:
     an Embedding or EmbeddingBag with sparse=True that trains (a sparse gradient; "memory format
     option is only supported by strided tensors"), a BatchNorm in training with
     momentum=None (its cumulative average's factor, 1 / num_batches_tracked, is read as a
-    Python number every step; "DataDependentOutputException"), and a lazy module not yet
+    Python number every step; "DataDependentOutputException"), a lazy module not yet
     initialized (LazyLinear, LazyConv2d: its shapes are set by its first call, which a trace
     cannot make; "Attempted to use an uninitialized parameter", behind a HookWarning about
     the hook that would initialize it), and a quantization observer whose per-channel
