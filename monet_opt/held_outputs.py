@@ -30,7 +30,6 @@ import weakref
 from typing import Any, Callable
 
 import torch
-from torch.utils import _pytree as pytree
 
 import solvers
 from monet_opt.errors import user_stacklevel
@@ -49,15 +48,15 @@ class HeldOutputs:
     def __init__(self) -> None:
         self.held = False
 
-    def watch(self, node: Any, outputs: Any, inputs: list[torch.Tensor], plan: Plan,
-              fixed: Callable[[], list[torch.Tensor]]) -> None:
+    def watch(self, node: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+              plan: Plan, fixed: Callable[[], list[torch.Tensor]]) -> None:
         """Look, once, as the backward of the step whose autograd node is `node` begins, at the
-        `outputs` it returned under `plan`; `fixed()`: the parameters and buffers then. Nothing
-        to do once held, or without a node."""
+        output tensors it returned under `plan`; `fixed()`: the parameters and buffers then.
+        Nothing to do once held, or without a node."""
         room = plan.memory_limit_bytes - plan.predicted_peak_bytes
-        if self.held or node is None or room >= resident_bytes(_tensors(outputs)):
+        if self.held or node is None or room >= resident_bytes(outputs):
             return
-        refs = [weakref.ref(t) for t in _tensors(outputs)]
+        refs = [weakref.ref(t) for t in outputs]
         ins = {x.untyped_storage().data_ptr() for x in inputs}
 
         def check(grad_outputs):
@@ -92,10 +91,6 @@ class HeldOutputs:
             f"caller holds them. Let go of them before the backward, raise the limit to "
             f"{least:,} B, or compute the loss inside the module (monet_opt.WithLoss)."),
             stacklevel=user_stacklevel())
-
-
-def _tensors(outputs: Any) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
 
 
 def held_problem(problem: solvers.Problem, storages: set[int]) -> solvers.Problem:

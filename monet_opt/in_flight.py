@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from monet_opt.errors import user_stacklevel
 
@@ -54,9 +52,9 @@ class InFlight:
                 "NOTE [Steps in flight] in monet_opt/in_flight.py."),
                 stacklevel=user_stacklevel())
 
-    def started(self, outputs: Any):
-        """Watch the autograd node of the step that made `outputs`; that node (None where no
-        output requires a gradient)."""
+    def started(self, outputs: list[torch.Tensor]):
+        """Watch the autograd node of the step that made `outputs` (its output tensors); that
+        node (None where no output requires a gradient)."""
         node = _step_node(outputs)
         if node is None:
             return None
@@ -66,11 +64,11 @@ class InFlight:
         return node
 
 
-def _step_node(outputs: Any):
+def _step_node(outputs: list[torch.Tensor]):
     """The autograd node of the compiled step behind `outputs` (through views of its outputs);
     None if no output requires a gradient."""
-    for out in pytree.tree_leaves(outputs):
-        if not isinstance(out, torch.Tensor) or out.grad_fn is None:
+    for out in outputs:
+        if out.grad_fn is None:
             continue
         frontier = [out.grad_fn]
         for _ in range(4):

@@ -182,10 +182,11 @@ class OptimizedModule(nn.Module):
         # NOTE [Tensors held as attributes] in monet_opt/forward_state.py
         attributes = attribute_values(self.model, step.attributes)
         outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)
-        node = self._in_flight.started(outputs)
-        self._held.watch(node, outputs, inputs, step.plan,
+        returned = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+        node = self._in_flight.started(returned)
+        self._held.watch(node, returned, inputs, step.plan,
                          lambda: [*self.model.parameters(), *self.model.buffers()])
-        output_grad.watch(outputs, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
+        output_grad.watch(returned, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         return outputs
 
     def _step_for(self, args: tuple, kwargs: dict, leaves: list, treedef: pytree.TreeSpec,

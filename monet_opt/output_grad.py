@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from monet_opt.input_spec import InputSpec
 from monet_opt.errors import DoubleBackwardError, user_stacklevel
@@ -39,11 +38,11 @@ class OutputGradientWarning(RuntimeWarning):
     (NOTE [The output's gradient] in monet_opt/lower.py)."""
 
 
-def watch(outputs: Any, predicted_peak_bytes: int) -> None:
-    """Hook every output tensor that requires a gradient (the step's outputs, before the user's
-    loss sees them)."""
-    for out in pytree.tree_leaves(outputs):
-        if isinstance(out, torch.Tensor) and out.requires_grad:
+def watch(outputs: list[torch.Tensor], predicted_peak_bytes: int) -> None:
+    """Hook every output tensor that requires a gradient (the step's output tensors, before the
+    user's loss sees them)."""
+    for out in outputs:
+        if out.requires_grad:
             out.register_hook(_hook(predicted_peak_bytes))
 
 

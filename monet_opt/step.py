@@ -25,7 +25,7 @@ class ReplanWarning(RuntimeWarning):
 class Step:
     """One traced training step and its plan, for inputs of one shape and a step that begins
     with `resident_bytes` of gradients in place, those of the parameters at positions
-    `resident` among them. run(*params, *buffers, *inputs) runs it; inputs describes the
+    `resident` among them. run(*params, *buffers, *attributes, *inputs) runs it; inputs describes the
     inputs ('float32[4x3x16x16]'); slots: where its backward adds gradients in place (NOTE
     [Accumulating in place]), bound to the parameters before each run."""
 
@@ -58,21 +58,21 @@ class Step:
             + (", outputs held through the backward" if self.outputs_held else "")
 
 
-
 def resident_gradient_bytes(model: nn.Module) -> int:
     """Bytes of the parameters' gradients in place now (storages counted once)."""
     return resident_bytes([p.grad for p in model.parameters() if p.grad is not None])
 
 
 def step_key(structure: tuple, leaves: tuple, params: tuple, resident: tuple[int, ...],
-              resident_bytes: int, shared: tuple, traced: tuple, values: tuple) -> tuple:
+             resident_bytes: int, shared: tuple, traced: tuple, values: tuple) -> tuple:
     """What tells steps apart: the inputs' structure (treedef and constants) and specs, the
-    parameters' key, the gradients in place, the inputs that share a storage, the autocast
-    state and module hooks it is `traced` with, the modules' watched values, last (NOTE [New
-    input shapes] and NOTE [Parameters changed] in monet_opt/module.py, NOTE [Inputs that
-    share a storage] in monet_opt/memory.py, NOTE [Autocast is traced] in
-    monet_opt/capture.py, NOTE [Module hooks] in monet_opt/hooks.py, NOTE [Attributes read as
-    constants] in monet_opt/attributes.py)."""
+    parameters' key, the gradients in place, the inputs that share a storage, what the step is
+    `traced` with (autocast state, module hooks, outputs held by the caller), the modules'
+    watched values, last (NOTE [New input shapes] and NOTE [Parameters changed] in
+    monet_opt/module.py, NOTE [Inputs that share a storage] in monet_opt/memory.py, NOTE
+    [Autocast is traced] in monet_opt/capture.py, NOTE [Module hooks] in monet_opt/hooks.py,
+    NOTE [Outputs held through the backward] in monet_opt/held_outputs.py, NOTE [Attributes
+    read as constants] in monet_opt/attributes.py)."""
     return structure, leaves, params, resident, resident_bytes, shared, traced, values
 
 
