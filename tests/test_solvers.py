@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from solvers import (InvalidProblemError, InvalidScheduleError, NO_PRODUCER, Op, Problem,
                      Schedule, Status, Tensor, UnknownSolverError, available_solvers,
                      schedule_from_kept, simulate, solve)
+from solvers import registry
 from tests.problems import autodiff_problem, chain, diamonds
 
 SOLVERS = available_solvers()  # every registered solver: "chen" and "checkmate" included
@@ -200,8 +201,10 @@ def test_random_dags_every_solver(n, seed, frac):
     # can be faster than the joint MILP: test_checkmate_never_slower_than_milp).
     best = min(r.objective_s for s, r in results.items()
                if r.feasible and s not in ("auto", "checkmate"))
-    # ...and polishes the best of them (NOTE [Polishing]), so it can only do better.
-    assert results["auto"].objective_s <= best * (1 + 1e-9)
+    # ...and polishes the best of them (NOTE [Polishing]), so it can only do better, unless a
+    # heuristic came within AUTO_CLOSE_ENOUGH of no recomputation (NOTE [Close enough]).
+    close = p.no_recompute_time_s * (1 + registry.AUTO_CLOSE_ENOUGH)
+    assert results["auto"].objective_s <= max(best, close) * (1 + 1e-9)
 
 
 @settings(max_examples=25, deadline=None)
@@ -214,7 +217,9 @@ def test_cost_never_rises_with_budget(n, seed):
         costs = [solve(p, least + (store_peak - least) * k // 6, solver).objective_s
                  for k in range(7)]
         feasible = [c for c in costs if c is not None]
-        assert all(a >= b - 1e-12 for a, b in zip(feasible, feasible[1:])), \
+        # "auto" stops within AUTO_CLOSE_ENOUGH of no recomputation (NOTE [Close enough])
+        slack = p.no_recompute_time_s * registry.AUTO_CLOSE_ENOUGH if solver == "auto" else 0
+        assert all(a >= b - slack - 1e-12 for a, b in zip(feasible, feasible[1:])), \
             dump_on_failure(p, least, solver)
 
 
