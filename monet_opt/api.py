@@ -51,12 +51,12 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             arguments), shaped exactly like the batches you will train on.
         memory_limit: the peak of everything the training step holds on the device
             (parameters, gradients, activations, inputs): int bytes or a string like "512MiB".
-        solver: "auto" (store-all when it fits, else the fastest schedule any solver finds),
-            or one of `solvers.available_solvers()`: "milp" (the joint program, HiGHS),
-            "evict" (cheapest-first eviction: recompute what costs least per byte), "dp"
-            (Kusumoto et al.'s lower-set DP), "checkmate" (Checkmate's MILP, a baseline:
-            recomputation only), "chen" (the better of "chen_greedy" and "chen_sqrt"),
-            "store_all".
+        solver: "auto" (store-all, or a schedule within 0.5 % of its time, when one fits;
+            else the fastest schedule any solver finds: NOTE [Close enough]), or one of
+            `solvers.available_solvers()`: "milp" (the joint program, HiGHS), "evict"
+            (cheapest-first eviction: recompute what costs least per byte), "dp" (Kusumoto et
+            al.'s lower-set DP), "checkmate" (Checkmate's MILP, a baseline: recomputation
+            only), "chen" (the better of "chen_greedy" and "chen_sqrt"), "store_all".
         time_limit_s: wall time the solve may spend ("auto": the DP, the MILP, polishing and
             pruning together, after a second or two of heuristics; "milp": the MILP; the plan
             reports its status and gap).
