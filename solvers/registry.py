@@ -108,7 +108,9 @@ def _close_enough(problem: Problem, results: list[SolveResult]) -> bool:
       its whole limit regardless: GPT-2 narrow (b4, 200 tokens, CPU) at a limit 60 % of the
       256-token step's store-all peak, cheapest-first eviction found +0.48 % in 0.8 s, the MILP
       proved +0.48 % optimal in its program at 6.6 s, and polishing, annealing and fine
-      windows then spent 21 s finding nothing faster: 27.6 s for the plan of 0.8 s."""
+      windows then spent 21 s finding nothing faster: 27.6 s for the plan of 0.8 s; now 5.9 s,
+      most of it the least-peak program (docs/benchmarks/close_enough.md: a little under
+      store-all's peak, where it stops early, 0.5-9.6 s where it took 20-28 s)."""
     best = min((r.objective_s for r in results if r.feasible), default=None)
     return best is not None and best <= problem.no_recompute_time_s * (1 + AUTO_CLOSE_ENOUGH)
 

@@ -11,8 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from solvers import (InvalidProblemError, InvalidScheduleError, NO_PRODUCER, Op, Problem,
                      Schedule, Status, Tensor, UnknownSolverError, available_solvers,
-                     schedule_from_kept, simulate, solve)
-from solvers import registry
+                     registry, schedule_from_kept, simulate, solve)
 from tests.problems import autodiff_problem, chain, diamonds
 
 SOLVERS = available_solvers()  # every registered solver: "chen" and "checkmate" included
