@@ -23,10 +23,10 @@ timeout 60 python3 docs/benchmarks/gpu/solve_sequence.py 2>&1 | grep -v -i "warn
     > "$OUT/solve_sequence.txt"
 cat "$OUT/solve_sequence.txt"
 mkdir -p /tmp/gpu
-timeout 170 python3 -m monet_opt.cli bench --device cuda --models densenet121 \
+timeout 220 python3 -m monet_opt.cli bench --device cuda --models densenet121 \
     --limits 100,50,a33,min --solvers auto --compile-budgets none --rounds 5 --time-limit 12 \
     --no-merge --out /tmp/gpu 2>&1 | grep -v -i "warn" > "$OUT/bench_gpu.log"
-timeout 190 python3 -m monet_opt.cli bench --device cuda --models bert_base \
+timeout 170 python3 -m monet_opt.cli bench --device cuda --models bert_base \
     --limits 100,50,a33,min --solvers auto --compile-budgets 0.5 --rounds 5 --time-limit 12 \
     --out /tmp/gpu 2>&1 | grep -v -i "warn" >> "$OUT/bench_gpu.log"
 tail -n 30 "$OUT/bench_gpu.log"
