@@ -13,6 +13,8 @@
 #     only the absolute, 8 without dropout);
 #   - the CUDA contract tests (tests/test_cuda.py; 13 passed, 1 xfailed in 195 s at 348a983)
 #     in the time left.
+# Then, in a second call if the lease has three minutes left: workspace_cap.py --least --caps
+# none,1024,256 (what capping cuDNN's workspace buys U-Net's least peak, and costs).
 # Earlier runs on an H200: docs/benchmarks/gpu/README.md.
 source docs/benchmarks/gpu/device_setup.sh
 git log -1 --format='commit %h %s' 2>/dev/null
