@@ -17,6 +17,7 @@ import traceback
 from typing import Any, Callable
 
 from solvers.errors import SolverError
+from solvers.mip import drop_inherited_scheduler
 
 
 def can_fork() -> bool:
@@ -68,6 +69,7 @@ class Aside:
 
 def _run(send, fn: Callable[..., Any], args: tuple) -> None:
     try:
+        drop_inherited_scheduler()  # NOTE [HiGHS after fork] in solvers/mip.py
         value = fn(*args)
     except BaseException:  # reported to the parent, which raises it as a SolverError
         send.send(("error", traceback.format_exc(limit=8)))

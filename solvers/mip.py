@@ -140,11 +140,39 @@ def _highs_child(send, mip: Mip, time_limit_s: float, start, rel_gap: float,
     def improved(values, objective, bound) -> None:
         send.send(("improved", MipResult("feasible", values, objective, bound)))
     try:
+        drop_inherited_scheduler()
         send.send(("done", _highs_here(mip, time_limit_s, start, rel_gap, relax, improved)))
     except Exception as e:  # reported to the parent, which raises it
         send.send(("error", f"{type(e).__name__}: {e}"))
     finally:
         send.close()
+
+
+# NOTE [HiGHS after fork]
+#   HiGHS runs its tasks on one scheduler per process, started by the first run with `threads`
+#   workers (default: half the cores). A forked child inherits that scheduler but not its worker
+#   threads, and a run there waits on workers that do not exist: it found a first solution, if
+#   any, then nothing more until we killed it at its limit (a 30-variable program, 0.02 s in a
+#   fresh child: 6 s, killed). On a two-core machine the default is one thread, no workers, so
+#   nothing showed here; on the H200's 16 cores every program solved in a child after any run
+#   in the parent stalled: U-Net (b11, 416x608) at half its activations came out +69.0 % where
+#   the same problem solved here gives +30.9 % (docs/benchmarks/gpu/README.md, fourth lease;
+#   here, with a four-thread scheduler started first: +68.9 %, the same plan). So every run of
+#   ours asks for one thread (the solvers were tuned on one core per program: NOTE [Work
+#   aside]), and a child drops the scheduler it inherited before its first run
+#   (tests/test_highs_fork.py). Where the process had started a scheduler of more threads
+#   before us, HiGHS refuses a run asking for one; that run goes on with the threads it has.
+HIGHS_THREADS = 1
+
+
+def drop_inherited_scheduler() -> None:
+    """In a forked child, before any HiGHS run: forget the parent's task scheduler, whose
+    worker threads did not come along (NOTE [HiGHS after fork]); the next run starts one."""
+    try:
+        import highspy
+    except ImportError:
+        return
+    highspy.Highs.resetGlobalScheduler(False)  # not blocking: its workers are not here
 
 
 @contextlib.contextmanager
@@ -212,6 +240,7 @@ def _highs_here(mip: Mip, time_limit_s: float, start, rel_gap: float, relax: boo
     h.setOptionValue("time_limit", float(time_limit_s))
     _interrupt_at(h, time.monotonic() + time_limit_s, improved, mip.offset)
     h.setOptionValue("mip_rel_gap", float(rel_gap))
+    h.setOptionValue("threads", HIGHS_THREADS)  # NOTE [HiGHS after fork]
     n = mip.num_vars
     inf = highspy.kHighsInf
     lb = np.array(mip.lb, dtype=float)
@@ -239,7 +268,9 @@ def _highs_here(mip: Mip, time_limit_s: float, start, rel_gap: float, relax: boo
         sol.value_valid = True
         h.setSolution(sol)
     with _stdout_silenced():  # NOTE [HiGHS prints regardless]
-        h.run()
+        if h.run() == highspy.HighsStatus.kError:  # a scheduler of other threads runs here
+            h.setOptionValue("threads", 0)
+            h.run()
     status = h.getModelStatus()
     info = h.getInfo()
     has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
