@@ -3,8 +3,8 @@
 # as for device_run.sh, most wanted first:
 #   - solve_sequence.py: the U-Net problem of the fourth lease solved as the bench did (no GPU
 #     used): there auto gave +69.0 % at half the activations and +41.2 % at the least, here
-#     +30.9 % and +34.4 % on the problem lowered there in the next call. Does that machine's CPU
-#     make the difference?
+#     +30.9 % and +34.4 %. The cause, HiGHS's worker threads missing in forked children, is
+#     fixed (NOTE [HiGHS after fork]): half should now come out near +30.9 % there too.
 #   - `monet-opt bench` of DenseNet-121 and BERT-base (with torch.compile at budget 0.5) at
 #     their GPU sizes (the H200 bounds of their problems: gpu/h200/bounds_b.md); bench.json is
 #     saved after each model; bench.md and the plots are made from it here (report.write,

@@ -6,8 +6,9 @@ predicted overhead, time and notes.
 Why (2026-11-27, gpu/README.md, fourth lease): on the H200 machine the bench's U-Net (batch 11,
 416x608) came out +69.0 % predicted with activations halved and +41.2 % at its least peak, a
 looser limit dearer than a tighter one; the same model's problem, lowered there and solved on
-the 2-core CPU machine in this order, gave +30.9 % and +34.4 %. Run on both machines, this says
-whether the machine that solves makes the difference. Needs no GPU.
+the 2-core CPU machine in this order, gave +30.9 % and +34.4 %. The cause was HiGHS in forked
+children on 16 cores (NOTE [HiGHS after fork] in solvers/mip.py, since fixed): run there, this
+checks the fix. Needs no GPU.
 """
 from __future__ import annotations
 
