@@ -5,7 +5,7 @@ NOTE [Work aside]
   always needs the memory-centric program's answer (the least budget it can meet), but needs
   it only at its end, and that program took a quarter of the MILP's share out of auto's minute
   (15 s of 60 on ResNet-50, b32 160²). So auto starts it aside, in a forked child (which forks
-  its own HiGHS children, NOTE [HiGHS in a child process] in solvers/mip.py), and searches on
+  its own HiGHS children, NOTE [HiGHS in a child process] in solvers/highs.py), and searches on
   the other core meanwhile. The child sends its result back through a pipe when done; a child
   that dies or raises is reported as a SolverError, never as a missing result. Where the
   platform cannot fork, nothing is begun aside and auto runs the program first, as before.
@@ -17,7 +17,7 @@ import traceback
 from typing import Any, Callable
 
 from solvers.errors import SolverError
-from solvers.mip import drop_inherited_scheduler
+from solvers.highs import drop_inherited_scheduler
 
 
 def can_fork() -> bool:
@@ -69,7 +69,7 @@ class Aside:
 
 def _run(send, fn: Callable[..., Any], args: tuple) -> None:
     try:
-        drop_inherited_scheduler()  # NOTE [HiGHS after fork] in solvers/mip.py
+        drop_inherited_scheduler()  # NOTE [HiGHS after fork] in solvers/highs.py
         value = fn(*args)
     except BaseException:  # reported to the parent, which raises it as a SolverError
         send.send(("error", traceback.format_exc(limit=8)))

@@ -1,5 +1,5 @@
 """HiGHS in forked children after its task scheduler started with worker threads in the parent
-(NOTE [HiGHS after fork] in solvers/mip.py). Each case runs in a fresh interpreter, so that the
+(NOTE [HiGHS after fork] in solvers/highs.py). Each case runs in a fresh interpreter, so that the
 scheduler started there is not this process's."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ pytest.importorskip("highspy")
 _SCRIPT = textwrap.dedent("""
     import json, random, sys, time
     import highspy, numpy as np
-    from solvers import mip as M
+    from solvers import highs as H, mip as M
     from solvers.aside import Aside
 
     h = highspy.Highs()
@@ -44,7 +44,7 @@ _SCRIPT = textwrap.dedent("""
     LIMIT = 4.0
     where = sys.argv[1]
     if where == "child":
-        M.CHILD_MIN_VARS = 0  # every program in a forked child
+        H.CHILD_MIN_VARS = 0  # every program in a forked child
         out = solved()
     elif where == "aside":
         out = Aside(solved).result()

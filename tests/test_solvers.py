@@ -365,7 +365,7 @@ def test_highs_stops_at_the_deadline_not_only_its_time_limit():
 
     import highspy
 
-    from solvers.mip import _interrupt_at
+    from solvers.highs import _interrupt_at
     rng = random.Random(0)
     n = 60
     h = highspy.Highs()
