@@ -37,7 +37,9 @@ CHILD_GRACE_S = 1.0
 #   infeasible) ends them all. "auto" runs up to three programs at a time (the least-peak
 #   program and the coarser ladder aside, the whole program), so a program gets one seed per
 #   CORES_PER_SEED cores, at most MAX_SEEDS: two-core machines (and CI) run one, seed 0, as
-#   before. The linear relaxation runs once.
+#   before. Processes that plan at once on one machine share its cores: torchrun says how many
+#   it started there (LOCAL_WORLD_SIZE), and each gets its share. The linear relaxation runs
+#   once.
 MAX_SEEDS = 4
 CORES_PER_SEED = 4
 
@@ -49,7 +51,11 @@ def seeds() -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return max(1, min(MAX_SEEDS, cores // CORES_PER_SEED))
+    try:  # torchrun's processes on this machine, each planning for its rank
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, min(MAX_SEEDS, cores // ranks // CORES_PER_SEED))
 
 
 def solve(mip: Mip, time_limit_s: float, start, rel_gap: float,

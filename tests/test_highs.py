@@ -128,9 +128,16 @@ def test_the_relaxation_runs_once(monkeypatch):
     assert highs.solve(mip, 5.0, None, 0.0, relax=True).objective == 0.0  # seed 0 alone
 
 
-@pytest.mark.parametrize("cores, seeds", [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (64, 4)])
-def test_one_seed_per_four_cores_at_most_four(monkeypatch, cores, seeds):
+@pytest.mark.parametrize("cores, ranks, seeds", [
+    (1, None, 1), (2, None, 1), (7, None, 1), (8, None, 2), (16, None, 4), (64, None, 4),
+    (16, "2", 2), (16, "8", 1), (64, "4", 4), (16, "", 4)])
+def test_one_seed_per_four_cores_at_most_four(monkeypatch, cores, ranks, seeds):
+    """Shared among the processes torchrun started on the machine (LOCAL_WORLD_SIZE)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    if ranks is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks)
     assert highs.seeds() == seeds
 
 
