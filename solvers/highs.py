@@ -1,6 +1,5 @@
-"""HiGHS, solve_mip's default backend: small programs in this process, large ones in forked
-children, several at once with different random seeds where the machine has the cores (NOTE [A
-portfolio of seeds]).
+"""HiGHS, solve_mip's default backend: small programs in this process, large ones in a forked
+child (NOTE [HiGHS in a child process]).
 """
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import multiprocessing
 import os
 import sys
 import time
-from multiprocessing.connection import wait
 
 from solvers.errors import SolverError
 from solvers.mip import Mip, MipResult
@@ -21,41 +19,14 @@ from solvers.mip import Mip, MipResult
 #   (12k variables) HiGHS 1.12 spent 78 s in one round of root cut separation under a 7.5 s
 #   limit, with no callback between. A program this large is therefore solved in a forked
 #   child that streams each improving solution back; at the limit plus CHILD_GRACE_S the
-#   child is killed and the best solution it sent is the result (status "feasible", or
-#   "timeout" without one; the best bound it reported, if any). Small programs, and platforms
+#   child is killed and the last solution it sent is the result (status "feasible", or
+#   "timeout" without one; the bound it last reported, if any). Small programs, and platforms
 #   without fork, solve in this process.
 CHILD_MIN_VARS = 2000
 CHILD_GRACE_S = 1.0
 
-# NOTE [A portfolio of seeds]
-#   Where HiGHS's search goes hangs on its random seed: U-Net's H200 problem (b11, 416x608) at
-#   half its activations, auto in 12 s with seeds 0-3 on this 2-core machine, one after another:
-#   +30.9 / +31.9 / +25.0 / +27.1 % predicted. A machine with cores to spare (the lent GPU
-#   machines have 16) solves a large program in several children at once, one per seed; the
-#   result is the best solution any of them sent, with the best bound any proved (each is a
-#   bound on the same program), and a child that proves its answer (optimal within the gap, or
-#   infeasible) ends them all. "auto" runs up to three programs at a time (the least-peak
-#   program and the coarser ladder aside, the whole program), so a program gets one seed per
-#   CORES_PER_SEED cores, at most MAX_SEEDS: two-core machines (and CI) run one, seed 0, as
-#   before. Processes that plan at once on one machine share its cores: torchrun says how many
-#   it started there (LOCAL_WORLD_SIZE), and each gets its share. The linear relaxation runs
-#   once.
-MAX_SEEDS = 4
-CORES_PER_SEED = 4
-
-
-def seeds() -> int:
-    """How many children, each with its own seed, solve one large program (NOTE [A portfolio
-    of seeds])."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    try:  # torchrun's processes on this machine, each planning for its rank
-        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        ranks = 1
-    return max(1, min(MAX_SEEDS, cores // ranks // CORES_PER_SEED))
+# The random seed of every HiGHS run in this process (and in the children it forks).
+SEED = 0
 
 
 def solve(mip: Mip, time_limit_s: float, start, rel_gap: float,
@@ -63,86 +34,39 @@ def solve(mip: Mip, time_limit_s: float, start, rel_gap: float,
     """`mip` (or its relaxation) solved by HiGHS within `time_limit_s`, from `start` if given."""
     if mip.num_vars < CHILD_MIN_VARS or "fork" not in multiprocessing.get_all_start_methods():
         return _highs_here(mip, time_limit_s, start, rel_gap, relax)
-    return _in_children(mip, time_limit_s, start, rel_gap, relax, 1 if relax else seeds())
-
-
-def _in_children(mip: Mip, time_limit_s: float, start, rel_gap: float, relax: bool,
-                 n: int) -> MipResult:
-    """NOTE [HiGHS in a child process], in `n` children with seeds 0..n-1 (NOTE [A portfolio of
-    seeds])."""
     ctx = multiprocessing.get_context("fork")
-    children = {}
-    best = _Best()
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_highs_child, args=(send, mip, time_limit_s, start, rel_gap,
+                                                   relax), daemon=True)
+    child.start()
+    send.close()
+    deadline = time.monotonic() + time_limit_s + CHILD_GRACE_S
+    last = MipResult("timeout", None, None, None)
     try:
-        for seed in range(n):
-            receive, send = ctx.Pipe(duplex=False)
-            children[receive] = ctx.Process(target=_highs_child, daemon=True, args=(
-                send, mip, time_limit_s, start, rel_gap, relax, seed))
-            children[receive].start()
-            send.close()
-        deadline = time.monotonic() + time_limit_s + CHILD_GRACE_S
-        while children:
-            ready = wait(list(children), max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            for receive in ready:
-                try:
-                    kind, payload = receive.recv()
-                except EOFError:  # the child died without a word
-                    _end(receive, children.pop(receive))
-                    continue
-                if kind == "error":
-                    raise SolverError(f"HiGHS failed in its child process: {payload}")
-                best.add(payload)
-                if kind == "done" and payload.status in ("optimal", "infeasible"):
-                    return best.result(payload.status)
-                if kind == "done":
-                    _end(receive, children.pop(receive))
-        return best.result()
+        while receive.poll(max(0.0, deadline - time.monotonic())):
+            kind, payload = receive.recv()
+            if kind == "improved":
+                last = payload
+            elif kind == "done":
+                return payload
+            else:
+                raise SolverError(f"HiGHS failed in its child process: {payload}")
+    except EOFError:  # the child died without a word
+        pass
     finally:
-        for receive, child in children.items():
-            _end(receive, child)
-
-
-def _end(receive, child) -> None:
-    child.kill()
-    child.join()
-    receive.close()
-
-
-class _Best:
-    """The best solution the children sent, and the highest bound."""
-
-    def __init__(self) -> None:
-        self.solution: MipResult | None = None
-        self.bound: float | None = None
-
-    def add(self, r: MipResult) -> None:
-        if r.values is not None and (self.solution is None or
-                                     r.objective < self.solution.objective):
-            self.solution = r
-        if r.bound is not None and (self.bound is None or r.bound > self.bound):
-            self.bound = r.bound
-
-    def result(self, proved: str | None = None) -> MipResult:
-        """`proved`: what a child proved ("optimal" or "infeasible"); else the status is
-        "feasible", or "timeout" without a solution."""
-        if proved == "infeasible":
-            return MipResult("infeasible", None, None, None)
-        if self.solution is None:
-            return MipResult("timeout", None, None, self.bound)
-        return MipResult(proved or "feasible", self.solution.values, self.solution.objective,
-                         self.bound)
+        child.kill()
+        child.join()
+        receive.close()
+    return last
 
 
 def _highs_child(send, mip: Mip, time_limit_s: float, start, rel_gap: float,
-                 relax: bool, seed: int) -> None:
+                 relax: bool) -> None:
     def improved(values, objective, bound) -> None:
         send.send(("improved", MipResult("feasible", values, objective, bound)))
     try:
         drop_inherited_scheduler()
-        send.send(("done", _highs_here(mip, time_limit_s, start, rel_gap, relax, improved,
-                                       seed)))
+        send.send(("done", _highs_here(mip, time_limit_s, start, rel_gap, relax, improved)))
     except Exception as e:  # reported to the parent, which raises it
         send.send(("error", f"{type(e).__name__}: {e}"))
     finally:
@@ -230,9 +154,9 @@ def _interrupt_at(h, deadline: float, improved=None, offset: float = 0.0) -> Non
 
 
 def _highs_here(mip: Mip, time_limit_s: float, start, rel_gap: float, relax: bool = False,
-                improved=None, seed: int = 0) -> MipResult:
-    """HiGHS in this process, with random seed `seed`; `improved(values, objective, bound)` is
-    called with each better solution it finds."""
+                improved=None) -> MipResult:
+    """HiGHS in this process; `improved(values, objective, bound)` is called with each
+    better solution it finds."""
     import highspy
     import numpy as np
 
@@ -242,7 +166,7 @@ def _highs_here(mip: Mip, time_limit_s: float, start, rel_gap: float, relax: boo
     _interrupt_at(h, time.monotonic() + time_limit_s, improved, mip.offset)
     h.setOptionValue("mip_rel_gap", float(rel_gap))
     h.setOptionValue("threads", HIGHS_THREADS)  # NOTE [HiGHS after fork]
-    h.setOptionValue("random_seed", seed)  # NOTE [A portfolio of seeds]
+    h.setOptionValue("random_seed", SEED)
     n = mip.num_vars
     inf = highspy.kHighsInf
     lb = np.array(mip.lb, dtype=float)
