@@ -39,12 +39,14 @@ class Aside:
         self.child.start()
         send.close()
 
-    def result(self) -> Any:
+    def result(self, timeout_s: float | None = None) -> Any:
         """The value, waiting for the child as long as it takes (its work has its own time
-        limit)."""
+        limit), or at most `timeout_s`: then the child is stopped and TimeoutError raised."""
         if self.child is None:
             raise SolverError(f"{self._name()} was cancelled, or its result already taken")
         try:
+            if timeout_s is not None and not self.receive.poll(timeout_s):
+                raise TimeoutError(f"{self._name()} gave no result in {timeout_s:g} s")
             kind, payload = self.receive.recv()
         except EOFError:
             raise SolverError(f"{self._name()} died in its child process without a result "

@@ -53,6 +53,12 @@ def start(problem: Problem, options: MilpOptions) -> None:
         _aside[key] = Aside(_solve, *key)
 
 
+def forget_inherited() -> None:
+    """In a forked child: drop, unread and running, the programs the parent began aside (its
+    children, its to collect or stop)."""
+    _aside.clear()
+
+
 def running(problem: Problem, options: MilpOptions) -> bool:
     """Whether start() began least_peak(problem, options) aside and nothing collected it yet."""
     return _key(problem, options) in _aside

@@ -5,7 +5,8 @@ import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
-from solvers import anneal, baselines, checkmate, dp, evict, fine, joint, least, prune, variants
+from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
+                     prune, variants)
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
@@ -147,15 +148,18 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     reported is no higher than theirs, and a budget they fit is met (NOTE [Least peaks
     remembered] in solvers/remembered.py).
     `candidates`: other schedules of this problem ("auto" only); those that fit the budget
-    join its own (NOTE [Schedules remembered]).
+    join its own (NOTE [Schedules remembered]). A machine with four cores per search to spare
+    runs several "auto" searches at once, each with its own HiGHS seed, and the fastest wins
+    (NOTE [A portfolio of seeds] in solvers/portfolio.py).
     """
     if time_limit_s is not None and time_limit_s <= 0:
         raise SolverError(f"solvers.solve: time_limit_s must be positive, got {time_limit_s}")
     start = lowest(problem, known)
-    if solver == "auto":
-        return without_unread(problem, with_known(
-            problem, budget_bytes, _auto(problem, budget_bytes, time_limit_s, start, candidates),
-            known))
+    if solver == "auto":  # NOTE [A portfolio of seeds]
+        limit = time_limit_s if time_limit_s is not None else MilpOptions().time_limit_s
+        result = portfolio.best_of(
+            lambda: _auto(problem, budget_bytes, limit, start, candidates), limit)
+        return without_unread(problem, with_known(problem, budget_bytes, result, known))
     if solver not in _REGISTRY:
         raise UnknownSolverError(
             f"solvers.solve: no solver named {solver!r}; available: {available_solvers()}")

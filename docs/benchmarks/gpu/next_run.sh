@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# What the next lent GPU runs (about nine and a half minutes), as one command, with .whl carried
+# What the next lent GPU runs (about ten minutes), as one command, with .whl carried
 # as for device_run.sh, most wanted first:
 #   - solve_sequence.py: the U-Net problem of the fourth lease solved as the bench did (no GPU
 #     used): there auto gave +69.0 % at half the activations and +41.2 % at the least, here
 #     +30.9 % and +34.4 %. The cause, HiGHS's worker threads missing in forked children, is
-#     fixed (NOTE [HiGHS after fork]): half should now come out near +30.9 % there too.
+#     fixed (NOTE [HiGHS after fork]): with --runs 1, half should now come out near +30.9 %
+#     there too; then again with the machine's own number of searches at once (four on 16
+#     cores: NOTE [A portfolio of seeds]), what the portfolio adds (here, seeds 0-3 one after
+#     another gave +30.9 / +31.9 / +25.0 / +27.1 % at half);
 #   - `monet-opt bench` of DenseNet-121 and BERT-base (with torch.compile at budget 0.5) at
 #     their GPU sizes (the H200 bounds of their problems: gpu/h200/bounds_b.md); bench.json is
 #     saved after each model; bench.md and the plots are made from it here (report.write,
@@ -21,8 +24,10 @@ git log -1 --format='commit %h %s' 2>/dev/null
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
 nproc; grep -m1 "model name" /proc/cpuinfo
 END=${END_S:-560}
-timeout 60 python3 docs/benchmarks/gpu/solve_sequence.py 2>&1 | grep -v -i "warn" \
-    > "$OUT/solve_sequence.txt"
+for runs in "--runs 1" ""; do
+    timeout 60 python3 docs/benchmarks/gpu/solve_sequence.py $runs 2>&1 | grep -v -i "warn" \
+        >> "$OUT/solve_sequence.txt"
+done
 cat "$OUT/solve_sequence.txt"
 mkdir -p /tmp/gpu
 timeout 220 python3 -m monet_opt.cli bench --device cuda --models densenet121 \

@@ -7,8 +7,9 @@ Why (2026-11-27, gpu/README.md, fourth lease): on the H200 machine the bench's U
 416x608) came out +69.0 % predicted with activations halved and +41.2 % at its least peak, a
 looser limit dearer than a tighter one; the same model's problem, lowered there and solved on
 the 2-core CPU machine in this order, gave +30.9 % and +34.4 %. The cause was HiGHS in forked
-children on 16 cores (NOTE [HiGHS after fork] in solvers/highs.py, since fixed): run there, this
-checks the fix. Needs no GPU.
+children on 16 cores (NOTE [HiGHS after fork] in solvers/highs.py, since fixed): run there with
+--runs 1, this checks the fix; without, what four searches at once (NOTE [A portfolio of seeds])
+add on 16 cores. Needs no GPU.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import time
 
 import solvers
 from monet_opt.bench_solvers import LOWERINGS
+from solvers import portfolio
 
 MiB = 2 ** 20
 UNET_GPU = "batch=11,height=416,width=608,base=64"
@@ -30,11 +32,16 @@ def main() -> None:
     ap.add_argument("--limits-mib", default="11607.5,5803.7,4010.4,least",
                     help="in order; 'least': the least peak the solves before it reported")
     ap.add_argument("--time-limit", type=float, default=12.0)
+    ap.add_argument("--runs", type=int, default=None,
+                    help="searches at once (default: NOTE [A portfolio of seeds]'s rule)")
     args = ap.parse_args()
+    if args.runs is not None:
+        portfolio.runs = lambda: args.runs
     LOWERINGS.use("cuda", args.problems)
     size = {k: int(v) for k, v in (kv.split("=") for kv in args.size.split(","))}
     problem, _, where = LOWERINGS.get(args.model, size, {})
-    print(f"{args.model}({args.size}), profiled on {where}; auto, {args.time_limit:g} s each")
+    print(f"{args.model}({args.size}), profiled on {where}; auto, {args.time_limit:g} s each, "
+          f"{portfolio.runs()} search(es) at once")
     known, held, least = [], [], None
     for limit in args.limits_mib.split(","):
         budget = least if limit == "least" else int(float(limit) * MiB)
