@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 from typing import Callable
 
 from solvers import highs, least
@@ -53,13 +54,18 @@ def best_of(search: Callable[[], SolveResult], time_limit_s: float) -> SolveResu
     n = runs()
     if n <= 1 or not can_fork():
         return search()
+    deadline = time.monotonic() + time_limit_s + GRACE_S
     others = {seed: Aside(_seeded, seed, search) for seed in range(1, n)}
-    results = {0: search()}
-    for seed, other in others.items():
-        try:
-            results[seed] = other.result(timeout_s=time_limit_s + GRACE_S)
-        except TimeoutError:  # stopped: it overran its limit
-            continue
+    try:
+        results = {0: search()}
+        for seed, other in others.items():
+            try:
+                results[seed] = other.result(max(0.0, deadline - time.monotonic()))
+            except TimeoutError:  # stopped: it overran its limit
+                continue
+    finally:  # where ours or one of theirs failed, the rest stop too
+        for other in others.values():
+            other.cancel()
     return _merged(results, n)
 
 

@@ -1,6 +1,7 @@
 """NOTE [A portfolio of seeds] (solvers/portfolio.py). No torch."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import time
@@ -63,6 +64,19 @@ def test_a_search_that_overruns_is_stopped(monkeypatch):
     r = portfolio.best_of(search, 0.5)
     assert time.monotonic() - start < 5.0
     assert r.objective_s == 2.0 and "1 overran" in r.note
+
+
+def test_where_our_search_fails_the_others_stop(monkeypatch):
+    def search():
+        if highs.SEED == 0:
+            raise ValueError("ours failed")
+        time.sleep(60)
+    monkeypatch.setattr(portfolio, "runs", lambda: 3)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="ours failed"):
+        portfolio.best_of(search, 30.0)
+    assert time.monotonic() - start < 5.0
+    assert not multiprocessing.active_children()
 
 
 def test_a_seeded_search_leaves_the_parents_work_aside_alone(monkeypatch):
