@@ -25,7 +25,8 @@ from solvers.mip import Mip, MipResult
 CHILD_MIN_VARS = 2000
 CHILD_GRACE_S = 1.0
 
-# The random seed of every HiGHS run in this process (and in the children it forks).
+# The random seed of every HiGHS run in this process and the children it forks (NOTE [A
+# portfolio of seeds] in solvers/portfolio.py: each search of a portfolio sets its own).
 SEED = 0
 
 
