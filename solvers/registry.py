@@ -273,11 +273,10 @@ def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
 #   profile, old rule -> this, at the least peak and 2/5 % above: +67.3/+62.5/+60.2 % ->
 #   +67.3/+15.6/+14.0 %. Where the whole program has no start, a coarser one now searches
 #   aside on the idle core (NOTE [A coarser program aside] in solvers/coarse.py).
-def _auto(problem: Problem, budget_bytes: int, time_limit_s: float | None,
+def _auto(problem: Problem, budget_bytes: int, limit: float,
           least_start: Schedule | None = None, candidates: Sequence[Schedule] = ()
           ) -> SolveResult:
     start = time.perf_counter()
-    limit = time_limit_s if time_limit_s is not None else MilpOptions().time_limit_s
     deadline = start + limit
     polish_s = min(AUTO_POLISH_TIME_LIMIT_S, limit / 6)
     prune_s = polish_s / 2  # polishing's share, split: NOTE [Pruning recomputation]
