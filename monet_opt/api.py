@@ -13,12 +13,12 @@ from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_s
                        grouped_attention, grouped_math, host_random, late_grads, rewrite,
                        saved_clones)
 from monet_opt.accumulate import GradientSlots, in_place_problem
+from monet_opt.attribute_tensors import attribute_values
 from monet_opt.attributes import Watched, warn_if_forward_changed
 from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
 from monet_opt.families import acceptable, offered_families
-from monet_opt.forward_state import attribute_values
 from monet_opt.held_outputs import held_problem
 from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
 from monet_opt.hooks import warn_if_hooks
@@ -183,8 +183,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     param_names, buffer_names, attributes = capture.state_names(model)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
-    # Buffers and tensor attributes are cloned for the first run: it applies BatchNorm's
-    # statistics update, and any the forward makes in place.
+    # Buffers and tensor attributes are cloned for the first run: it applies their updates.
     planner.primals = [params[n] for n in param_names] + \
         [buffers[n].clone() for n in buffer_names] + \
         [t.clone() for t in attribute_values(model, tuple(attributes))] + \
@@ -295,9 +294,10 @@ class _Planner:
             else:
                 self.profile = self._cached_profile(joint, lowered, measure)
                 problem = self.profile.problem
-            shared = shared_bytes(self.primals)  # NOTE [Inputs that share a storage]
-            if shared:
-                problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes - shared)
+            # NOTE [Inputs that share a storage]; NOTE [Buffers the step updates], after the cache
+            extra = lowered.snapshot_bytes - shared_bytes(self.primals)
+            if extra:
+                problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + extra)
             held = held + returned if self.outputs_held else held
             problem = held_problem(problem, {t for k in held for t in lowered.output_tensors[k]})
             self.problem = problem

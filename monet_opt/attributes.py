@@ -45,7 +45,7 @@ def _plain(value: object) -> bool:
 
 def _public(owner: object) -> dict:
     """The plain-valued public attributes of a module or config, and every tensor it holds as
-    an attribute (NOTE [Tensors held as attributes] in monet_opt/forward_state.py)."""
+    an attribute (NOTE [Tensors held as attributes] in monet_opt/attribute_tensors.py)."""
     return {name: value for name, value in vars(owner).items()
             if (name[0] != "_" and name != "training" and _plain(value))
             or isinstance(value, torch.Tensor)}

@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from monet_opt import forward_state, host_random
+from monet_opt import attribute_tensors, forward_state, host_random
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
@@ -55,9 +55,9 @@ def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
 
 def state_names(model: torch.nn.Module) -> tuple[list[str], list[str], list[str]]:
     """Parameter, buffer and tensor-attribute names (NOTE [Tensors held as attributes] in
-    monet_opt/forward_state.py), each tensor once (tied weights appear under one name)."""
+    monet_opt/attribute_tensors.py), each tensor once (tied weights appear under one name)."""
     return ([n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()],
-            forward_state.attribute_names(model))
+            attribute_tensors.attribute_names(model))
 
 
 def check_module(model: object) -> None:
@@ -144,14 +144,15 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
     n_state = len(names)
     held = len(params) + len(buffers) if export_example is not None else n_state
 
-    kept = forward_state.Kept()  # NOTE [Tensors kept on a module]
+    # NOTE [Tensors kept on a module], NOTE [Attributes set before read]
+    kept = forward_state.Kept(range(len(params) + len(buffers), n_state))
 
     def flat_model(*flat):
         state = dict(zip(names[:held], flat[:held]))  # the exported module holds no attributes
         shapes = [t.shape for t in flat[:n_state]]
         args, kwargs = spec.rebuild(list(flat[n_state:]))
-        outputs = kept.call(target, lambda: forward_state.call_with(target, state, args, kwargs,
-                                                                    attributes))
+        outputs = kept.call(target, lambda: attribute_tensors.call_with(target, state, args,
+                                                                        kwargs, attributes))
         forward_state.write_back(model, names, len(params), flat[:n_state], shapes, state,
                                  len(params) + len(buffers))
         return kept.outputs(outputs)  # NOTE [The outputs' structure]

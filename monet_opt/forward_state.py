@@ -28,17 +28,6 @@ NOTE [Buffers assigned in forward]
   (refuse_untraceable in monet_opt/capture.py). Called once first, QAT trains bitwise like
   eager, observers on and off (tests/test_forward_state.py).
 
-NOTE [Tensors held as attributes]
-  A tensor a module holds as a plain attribute (not a parameter or buffer: a mask or a scale
-  set with self.scale = t, a state carried from one step to the next) was read by the traced
-  step as a constant: the tensor object itself, so an update in place showed, but one assigned
-  anew after optimize() did not (outputs 0.88, 2.65, 6.19 from eager's over three steps of
-  doubling it, silently). Such tensors, found when the step is traced, are inputs of the step
-  now, after the buffers, read from the modules at every call; one the forward assigns anew is
-  kept as the forward left it (NOTE [Tensors kept on a module]), never written into the old
-  tensor. Their shapes, dtypes and devices are in the step's key (NOTE [Attributes read as
-  constants]): another plans a step. A tensor attribute added after optimize() is not read.
-
 NOTE [Tensors kept on a module]
   A forward may keep a tensor on a module for the training loop to read after the call: an
   auxiliary loss (a mixture of experts' load-balancing loss, a VQ-VAE's commitment loss, added to
@@ -88,8 +77,9 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 
+from monet_opt.attribute_tensors import tensor_attributes
 from monet_opt.attributes import SideEffectWarning
-from monet_opt.errors import CaptureError, PlanMismatchError, user_stacklevel
+from monet_opt.errors import CaptureError, user_stacklevel
 
 
 def write_back(model: torch.nn.Module, names: list[str], n_params: int, given: tuple,
@@ -125,55 +115,18 @@ def write_back(model: torch.nn.Module, names: list[str], n_params: int, given: t
         old.copy_(new)
 
 
-def attribute_names(model: torch.nn.Module) -> list[str]:
-    """The dotted names of the tensors the model's modules hold as plain attributes, each
-    tensor once and none that is a parameter or buffer (NOTE [Tensors held as attributes])."""
-    seen = {id(t) for t in (*model.parameters(), *model.buffers())}
-    names = []
-    for (name, attribute), t in _tensor_attributes(model).items():
-        if id(t) not in seen:
-            seen.add(id(t))
-            names.append(".".join(filter(None, (name, attribute))))
-    return names
-
-
-def attribute_values(model: torch.nn.Module, names: tuple[str, ...]) -> list[torch.Tensor]:
-    """The tensors under `names` (attribute_names) now; PlanMismatchError for one that is no
-    longer a tensor (an attribute added after optimize(), which the key does not watch)."""
-    values = []
-    for name in names:
-        owner, _, attribute = name.rpartition(".")
-        value = getattr(model.get_submodule(owner), attribute, None)
-        if not isinstance(value, torch.Tensor):
-            raise PlanMismatchError(
-                f"monet_opt: the step was traced with a tensor in the attribute {name!r}, which "
-                f"now holds {type(value).__name__}: a value the step reads as an input. Keep a "
-                "tensor there, or optimize() again.")
-        values.append(value)
-    return values
-
-
-def call_with(module: torch.nn.Module, state: dict, args: tuple, kwargs: dict,
-              attributes: list[str]) -> Any:
-    """functional_call of `module` with `state`; an attribute of `attributes` the forward
-    assigns anew is left on its module (functional_call would put the old one back), for Kept
-    to take as a kept tensor (NOTE [Tensors held as attributes])."""
-    given = {name: state[name] for name in attributes if name in state}
-    outputs = torch.func.functional_call(module, state, args, kwargs)
-    for name, old in given.items():
-        if state[name] is not old:
-            owner, _, attribute = name.rpartition(".")
-            setattr(module.get_submodule(owner), attribute, state[name])
-    return outputs
-
-
 class Kept:
     """The tensors a traced forward keeps on modules (NOTE [Tensors kept on a module]): where
     (`where`: (module name, attribute) pairs), and how many leaves the traced function returns,
     so that the partition can tell which of the graph's outputs they are."""
 
-    def __init__(self) -> None:
+    def __init__(self, attribute_inputs: range = range(0)) -> None:
+        """attribute_inputs: where among the traced function's inputs the tensors held as
+        attributes are (NOTE [Attributes set before read] in
+        monet_opt/attribute_tensors.py)."""
         self.where: list[tuple[str, str]] = []
+        self._attribute_inputs = attribute_inputs
+        self.dead_inputs: tuple[int, ...] = ()  # of those, the ones the step never reads
         self._found: dict[tuple[str, str], torch.Tensor] = {}
         self._leaves = 0
         self._warned: set[str] = set()
@@ -198,7 +151,7 @@ class Kept:
             with _reads(module, watch, before, self.read):
                 return call()
         finally:
-            self._found = {key: v for key, v in _tensor_attributes(module).items()
+            self._found = {key: v for key, v in tensor_attributes(module).items()
                            if before.get(key) is not v}
             self.where = list(self._found)
             self._retained = [key for key, v in self._found.items() if v.retains_grad]
@@ -264,6 +217,10 @@ class Kept:
         tensors (`held=`) and of the forward's own outputs (`returned=`; NOTE [Outputs held
         through the backward] in monet_opt/held_outputs.py)."""
         def partition(joint, joint_inputs, **kwargs):
+            self.dead_inputs = tuple(  # NOTE [Attributes set before read]
+                n.meta["desc"].idx for n in joint.graph.find_nodes(op="placeholder")
+                if not n.users and type(n.meta.get("desc")).__name__ == "PlainAOTInput"
+                and n.meta["desc"].idx in self._attribute_inputs)
             kept, returned = self._positions(joint)
             return partition_fn(joint, joint_inputs, held=kept, returned=returned, **kwargs)
         return partition
@@ -343,7 +300,7 @@ def attributes(model: torch.nn.Module) -> dict[tuple[str, str], Any]:
 def put_back_traced(model: torch.nn.Module, before: dict[tuple[str, str], Any]) -> None:
     """Set back every attribute that holds a traced tensor after tracing (`before`: what
     `attributes` gave before it), warning where one did (NOTE [Traced tensors left])."""
-    left = [key for key, v in _tensor_attributes(model).items()
+    left = [key for key, v in tensor_attributes(model).items()
             if isinstance(v, (FakeTensor, FunctionalTensor))]
     for key in left:
         owner = model.get_submodule(key[0])
@@ -359,12 +316,6 @@ def put_back_traced(model: torch.nn.Module, before: dict[tuple[str, str], Any]) 
             "backward runs as one compiled graph, so they are not set at a step: they keep "
             "what they held before. Run the model itself (opt.model) for steps that read "
             "them."), stacklevel=user_stacklevel())
-
-
-def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[str, str], torch.Tensor]:
-    """Every tensor held as a plain attribute (not a parameter or buffer) of a submodule."""
-    return {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()
-            if isinstance(v, torch.Tensor)}
 
 
 class CompiledStep:
@@ -385,6 +336,9 @@ class CompiledStep:
     def __call__(self, *flat: torch.Tensor) -> Any:
         for name, attribute in self._kept.where:  # the last step's go now, not after this one's
             setattr(self._target.get_submodule(name), attribute, None)
+        if self._kept.dead_inputs:  # NOTE [Attributes set before read]
+            flat = tuple(t.detach() if k in self._kept.dead_inputs else t
+                         for k, t in enumerate(flat))
         outputs, kept = self._compiled(*flat)
         for (name, attribute), value in zip(self._kept.where, kept):
             setattr(self._target.get_submodule(name), attribute, value)

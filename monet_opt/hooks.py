@@ -9,9 +9,10 @@ NOTE [Module hooks]
   output in a dict for a distillation loss, runs only while optimize() traces, and the dict
   then holds a tracing tensor, not the step's. So optimize() warns (HookWarning) where the model
   has any, but for PyTorch's own that compute on tensors only (quantization-aware training's
-  observer hooks). A hook added or removed after optimize() is not in a step traced before: the
-  optimized module plans a step for the hooks as they are (ReplanWarning, and HookWarning where
-  there are any; NOTE [New input shapes] in monet_opt/module.py), once per set of hooks, so
+  observer hooks; spectral_norm's, weight_norm's and prune's, which set the weight). A hook
+  added or removed after optimize() is not in a step traced before: the optimized module
+  plans a step for the hooks as they are (ReplanWarning, and HookWarning where there are any;
+  NOTE [New input shapes] in monet_opt/module.py), once per set of hooks, so
   pruning a model after optimize() (torch.nn.utils.prune's forward pre-hooks) trains bitwise
   like eager (tests/test_hooks.py). It refused such a step (PlanMismatchError) until the hooks
   were restored. A hook registered anew for every step is a new set each time, and a plan each
@@ -58,15 +59,21 @@ def where(model: nn.Module, hooks: Hooks) -> str:
 
 
 # PyTorch's own hooks whose effects are on tensors only, so all in the traced step: the
-# observers prepare_qat() hooks onto a quantization-aware model (they update buffers).
+# observers prepare_qat() hooks onto a quantization-aware model (they update buffers), and
+# the objects torch.nn.utils.spectral_norm, weight_norm and prune hook on (they set the
+# module's weight from its parameters, a tensor the step keeps on the module, and update
+# buffers: NOTE [Attributes set before read] in monet_opt/attribute_tensors.py).
 _TENSOR_ONLY = {("torch.ao.quantization.quantize", "_observer_forward_hook"),
                 ("torch.ao.quantization.quantize", "_observer_forward_pre_hook")}
+_TENSOR_ONLY_OBJECTS = ("torch.nn.utils.spectral_norm", "torch.nn.utils.weight_norm",
+                        "torch.nn.utils.prune")
 
 
 def _tensor_only(modules: list[nn.Module], at: int, kind: str, ids: tuple[int, ...]) -> bool:
     table = getattr(nn_module, kind) if at < 0 else modules[at].__dict__[kind]
     return all((getattr(table[i], "__module__", None), getattr(table[i], "__name__", None))
-               in _TENSOR_ONLY for i in ids)
+               in _TENSOR_ONLY or type(table[i]).__module__ in _TENSOR_ONLY_OBJECTS
+               for i in ids)
 
 
 def warn_if_hooks(model: nn.Module) -> None:

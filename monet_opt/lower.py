@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from monet_opt import bn_split, recompute
+from monet_opt import bn_split, recompute, updated_buffers
 from monet_opt.errors import UnsupportedGraphError
 from monet_opt.memory import allocated_bytes
 from solvers import NO_PRODUCER, Op, Problem, Tensor
@@ -63,6 +63,11 @@ class Lowered:
     variant_sites: tuple = ()  # lower_variants.VariantSite per problem variant
     inplace: tuple[tuple[str, int], ...] = ()  # (add node, the argument it writes into)
     output_tensors: tuple[tuple[int, ...], ...] = ()  # per graph output: the tensors it holds
+    # placeholders copied first, and their bytes, fixed memory the problem does not count (the
+    # caller adds them to what it takes from the profile directory): NOTE [Buffers the step
+    # updates] in monet_opt/updated_buffers.py
+    snapshots: tuple[str, ...] = ()
+    snapshot_bytes: int = 0
 
 
 def is_view_node(node: fx.Node) -> bool:
@@ -95,13 +100,16 @@ def lower(joint: fx.GraphModule, num_fwd_outputs: int, name: str = "model") -> L
             raise UnsupportedGraphError(f"monet_opt: unexpected FX node kind {node.op!r} "
                                         f"({node.format_node()})")
     inplace = b.accumulate_in_place(joint)
+    snapshots = updated_buffers.snapshots(joint, is_view_node)  # NOTE [Buffers the step updates]
     problem = Problem(ops=tuple(b.ops), tensors=tuple(b.tensors), fixed_bytes=b.fixed_bytes,
                       forward_outputs=tuple(b.forward_outputs),
                       backward_outputs=tuple(b.backward_outputs), name=name)
     return Lowered(problem=problem, op_nodes=tuple(b.op_nodes), tensor_nodes=tuple(b.tensor_nodes),
                    view_nodes=frozenset(b.views), fixed_nodes=frozenset(b.fixed_names),
                    op_labels=tuple(b.labels), inplace=inplace,
-                   output_tensors=tuple(b.output_tensors))
+                   output_tensors=tuple(b.output_tensors),
+                   snapshots=tuple(node.name for node in snapshots),
+                   snapshot_bytes=sum(storage_bytes(node.meta.get("val")) for node in snapshots))
 
 
 # NOTE [Copies of a whole storage]

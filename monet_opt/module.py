@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from monet_opt import output_grad
 from monet_opt.attributes import Watched
 from monet_opt.capture import autocast_state
-from monet_opt.forward_state import attribute_values
+from monet_opt.attribute_tensors import attribute_values
 from monet_opt.input_spec import InputSpec, LeafSpec, constants_of
 from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError, user_stacklevel
 from monet_opt.hooks import changed as changed_hooks, hooks_of, warn_if_hooks
@@ -179,7 +179,7 @@ class OptimizedModule(nn.Module):
         if step.slots is not None:
             step.slots.bind(mine)
         self._in_flight.starting()  # NOTE [Steps in flight]
-        # NOTE [Tensors held as attributes] in monet_opt/forward_state.py
+        # NOTE [Tensors held as attributes] in monet_opt/attribute_tensors.py
         attributes = attribute_values(self.model, step.attributes)
         outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)
         returned = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]

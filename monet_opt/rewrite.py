@@ -97,6 +97,8 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     for n in joint.graph.nodes:
         if n.op in ("placeholder", "get_attr"):
             e.bind(n, e.g.node_copy(n))
+    for name in lowered.snapshots:  # NOTE [Buffers the step updates]
+        e.snapshots[name] = e.emit_clone(nodes[name])
     for k, i in enumerate(problem.forward_ops):
         if i in encodes:
             e.emit_encode(encodes[i], lowered.op_nodes[i])
@@ -137,6 +139,7 @@ class _Emitter:
         self.tag = FORWARD
         self.inplace = dict(lowered.inplace)
         self.getitems: dict[str, list[fx.Node]] = {}
+        self.snapshots: dict[str, fx.Node] = {}  # NOTE [Buffers the step updates]
         for n in nodes.values():
             if n.op == "call_function" and n.target is operator.getitem \
                     and n.name not in lowered.view_nodes:
@@ -166,6 +169,10 @@ class _Emitter:
         new.meta = copy.copy(old.meta)
         new.meta["partitioner_tag"] = self.tag
         return new
+
+    def emit_clone(self, old: fx.Node) -> fx.Node:
+        """A copy of `old`'s value as it is now."""
+        return self._copy(old, (old,), {}, target=torch.ops.aten.clone.default)
 
     def emit_encode(self, site, name: str) -> None:
         """A chosen variant's encode op: the smaller form of the argument it replaces (for a
@@ -241,7 +248,9 @@ class _Emitter:
         self.rng[old.name] = state
 
     def enter_backward(self, schedule: Schedule) -> None:
-        """Only kept forward values (and resident ones) survive into the backward."""
+        """Only kept forward values (and resident ones) survive into the backward, where a
+        buffer the step updates is read as the copy made of it first (NOTE [Buffers the step
+        updates] in monet_opt/updated_buffers.py)."""
         problem, lowered = self.lowered.problem, self.lowered
         keep = {lowered.tensor_nodes[t] for t in schedule.kept}
         forward_values = {lowered.op_nodes[i] for i in problem.forward_ops}
@@ -250,6 +259,7 @@ class _Emitter:
             if name in forward_values and name not in keep:
                 del self.current[name]
         self.views.clear()
+        self.current.update(self.snapshots)
         self.tag = BACKWARD
 
 

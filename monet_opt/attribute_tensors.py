@@ -1,0 +1,84 @@
+"""Tensors a model's modules hold as plain attributes: inputs of the traced step.
+
+NOTE [Tensors held as attributes]
+  A tensor a module holds as a plain attribute (not a parameter or buffer: a mask or a scale
+  set with self.scale = t, a state carried from one step to the next) was read by the traced
+  step as a constant: the tensor object itself, so an update in place showed, but one assigned
+  anew after optimize() did not (outputs 0.88, 2.65, 6.19 from eager's over three steps of
+  doubling it, silently). Such tensors, found when the step is traced, are inputs of the step
+  now, after the buffers, read from the modules at every call; one the forward assigns anew is
+  kept as the forward left it (NOTE [Tensors kept on a module]), never written into the old
+  tensor. Their shapes, dtypes and devices are in the step's key (NOTE [Attributes read as
+  constants]): another plans a step. A tensor attribute added after optimize() is not read.
+
+NOTE [Attributes set before read]
+  A tensor attribute the forward sets before it reads it is an input of the step that the
+  step never reads: torch.nn.utils.spectral_norm's forward pre-hook sets `module.weight`
+  from `weight_orig` at every call (weight_norm and prune's hooks alike). At the next step
+  that input is the tensor the last step kept there, made by the last step's graph; where the
+  trace had seen it without a gradient (spectral_norm leaves `weight.data` there), the step
+  handed autograd an edge into the last step's freed graph, and the second step raised
+  "Trying to backward through the graph a second time" (a conv net, SGD, zero_grad between
+  steps). The joint graph tells which such inputs nothing reads; the step is handed them
+  detached. tests/models.py's SmallCNN with every convolution and its linear layer so wrapped
+  now trains bitwise like eager at its least plan, the power iterations' buffers too
+  (tests/test_weight_hooks.py). Such an input is still counted as fixed memory, though the
+  step frees it once the forward is done: on that CNN (b4, 16²) the store-all plan predicted
+  11,188 B over its measured peak (with the last step's weights held by the caller), where
+  parametrizations.spectral_norm, which keeps no weight on the module, is 208 B over.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from monet_opt.errors import PlanMismatchError
+
+
+def attribute_names(model: torch.nn.Module) -> list[str]:
+    """The dotted names of the tensors the model's modules hold as plain attributes, each
+    tensor once and none that is a parameter or buffer (NOTE [Tensors held as attributes])."""
+    seen = {id(t) for t in (*model.parameters(), *model.buffers())}
+    names = []
+    for (name, attribute), t in tensor_attributes(model).items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            names.append(".".join(filter(None, (name, attribute))))
+    return names
+
+
+def attribute_values(model: torch.nn.Module, names: tuple[str, ...]) -> list[torch.Tensor]:
+    """The tensors under `names` (attribute_names) now; PlanMismatchError for one that is no
+    longer a tensor (an attribute added after optimize(), which the key does not watch)."""
+    values = []
+    for name in names:
+        owner, _, attribute = name.rpartition(".")
+        value = getattr(model.get_submodule(owner), attribute, None)
+        if not isinstance(value, torch.Tensor):
+            raise PlanMismatchError(
+                f"monet_opt: the step was traced with a tensor in the attribute {name!r}, which "
+                f"now holds {type(value).__name__}: a value the step reads as an input. Keep a "
+                "tensor there, or optimize() again.")
+        values.append(value)
+    return values
+
+
+def call_with(module: torch.nn.Module, state: dict, args: tuple, kwargs: dict,
+              attributes: list[str]) -> Any:
+    """functional_call of `module` with `state`; an attribute of `attributes` the forward
+    assigns anew is left on its module (functional_call would put the old one back), for Kept
+    to take as a kept tensor (NOTE [Tensors held as attributes])."""
+    given = {name: state[name] for name in attributes if name in state}
+    outputs = torch.func.functional_call(module, state, args, kwargs)
+    for name, old in given.items():
+        if state[name] is not old:
+            owner, _, attribute = name.rpartition(".")
+            setattr(module.get_submodule(owner), attribute, state[name])
+    return outputs
+
+
+def tensor_attributes(module: torch.nn.Module) -> dict[tuple[str, str], torch.Tensor]:
+    """Every tensor held as a plain attribute (not a parameter or buffer) of a submodule."""
+    return {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()
+            if isinstance(v, torch.Tensor)}
