@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from monet_opt import attribute_tensors, forward_state, host_random
+from monet_opt import attribute_tensors, data_assigned, forward_state, host_random
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
@@ -151,8 +151,10 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
         state = dict(zip(names[:held], flat[:held]))  # the exported module holds no attributes
         shapes = [t.shape for t in flat[:n_state]]
         args, kwargs = spec.rebuild(list(flat[n_state:]))
-        outputs = kept.call(target, lambda: attribute_tensors.call_with(target, state, args,
-                                                                        kwargs, attributes))
+        # NOTE [Parameters assigned through .data] in monet_opt/data_assigned.py
+        with data_assigned.as_updates(flat[:n_state], names):
+            outputs = kept.call(target, lambda: attribute_tensors.call_with(
+                target, state, args, kwargs, attributes))
         forward_state.write_back(model, names, len(params), flat[:n_state], shapes, state,
                                  len(params) + len(buffers))
         return kept.outputs(outputs)  # NOTE [The outputs' structure]
