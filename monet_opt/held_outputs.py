@@ -54,7 +54,7 @@ class HeldOutputs:
         output tensors it returned under `plan`; `fixed()`: the parameters and buffers then.
         Nothing to do once held, or without a node."""
         room = plan.memory_limit_bytes - plan.predicted_peak_bytes
-        if self.held or node is None or room >= resident_bytes(outputs):
+        if self.held or node is None or room >= resident_bytes(_beyond_loss(outputs)):
             return
         refs = [weakref.ref(t) for t in outputs]
         ins = {x.untyped_storage().data_ptr() for x in inputs}
@@ -66,7 +66,8 @@ class HeldOutputs:
             if not alive:
                 return
             own = ins | {t.untyped_storage().data_ptr() for t in fixed()}
-            held = resident_bytes([t for t in alive if t.untyped_storage().data_ptr() not in own])
+            held = resident_bytes(_beyond_loss(
+                [t for t in alive if t.untyped_storage().data_ptr() not in own]))
             if held > room:
                 self.held = True
                 warnings.warn(OutputsHeldWarning(
@@ -91,6 +92,16 @@ class HeldOutputs:
             f"caller holds them. Let go of them before the backward, raise the limit to "
             f"{least:,} B, or compute the loss inside the module (monet_opt.WithLoss)."),
             stacklevel=user_stacklevel())
+
+
+def _beyond_loss(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`outputs` but the first scalar: a module that returns its loss (monet_opt.WithLoss, HF
+    given labels) has the caller hold it through its backward, as every loss is held, and the
+    plan counts that (NOTE [The loss scalar] in monet_opt/api.py). Counted as held, it made
+    WithLoss at its least limit warn twice, and say to use WithLoss, where the step measured
+    its prediction to the byte."""
+    first = next((k for k, t in enumerate(outputs) if t.dim() == 0), None)
+    return outputs if first is None else outputs[:first] + outputs[first + 1:]
 
 
 def held_problem(problem: solvers.Problem, storages: set[int]) -> solvers.Problem:

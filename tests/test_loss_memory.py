@@ -98,10 +98,12 @@ def test_a_full_output_gradient_is_warned_about():
     assert over == logits_bytes  # cross-entropy, last
 
 
+@pytest.mark.filterwarnings("error::monet_opt.OutputsHeldWarning")
 def test_a_loss_wrapped_with_the_model_peaks_at_its_prediction():
     """Any loss, planned: monet_opt.WithLoss calls the model and the loss (cross-entropy here)
     and returns the loss scalar; the least plan measures its prediction to the byte, and the
-    gradients are eager's bitwise."""
+    gradients are eager's bitwise. The loss is held through its own backward, as every loss is,
+    and the plan counts it: no OutputsHeldWarning (there were two, saying to use WithLoss)."""
     torch.manual_seed(0)
     base, x, _ = models.gpt2_tiny(dropout=0.0)
     loss = lambda out, t: F.cross_entropy(out.logits.flatten(0, 1), t.flatten())  # noqa: E731
