@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from monet_opt.lower import is_effect_token
+
 aten = torch.ops.aten
 
 
@@ -27,7 +29,8 @@ def match_gradient_layouts(gm: fx.GraphModule, num_fwd_outputs: int) -> int:
     copied."""
     output = gm.graph.output_node()
     outs = list(output.args[0])
-    primals = [n for n in gm.graph.find_nodes(op="placeholder") if n.name.startswith("primals")]
+    primals = [n for n in gm.graph.find_nodes(op="placeholder")
+               if n.name.startswith("primals") and not is_effect_token(n)]
     count = 0
     for k, (primal, grad) in enumerate(zip(primals, outs[num_fwd_outputs:]), num_fwd_outputs):
         if not isinstance(grad, fx.Node):

@@ -16,6 +16,10 @@ class LiveBytes(TorchDispatchMode):
     figure to the byte on every run (DESIGN pitfall 5). It sees what ops return, not scratch
     memory allocated and freed inside a kernel."""
 
+    # Higher-order ops (with_effects, around torch.linalg's error checks in a traced step) come
+    # here whole: their outputs are counted as any op's (it refused them: NotImplementedError).
+    supports_higher_order_operators = True
+
     def __init__(self, resident: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
         self.live = 0

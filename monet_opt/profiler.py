@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
 from monet_opt import cudnn_bn, recompute, variants
-from monet_opt.lower import Lowered
+from monet_opt.lower import Lowered, is_effect_token
 from monet_opt.errors import VariantGuardError
 from monet_opt.memory import counted
 from monet_opt.profile_budget import Budget, estimates
@@ -188,10 +188,10 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
     devices = sorted({t.device for t in primals if t.device.type == "cuda"}, key=str)
     with unset_fake_temporarily(), torch.no_grad(), \
             torch.random.fork_rng(devices=devices, enabled=True):
-        tangents = [_random_like(n.meta["val"], primals)
-                    for n in joint.graph.find_nodes(op="placeholder")
-                    if n.name.startswith("tangents")]
-        inputs = list(primals) + tangents
+        given = iter(primals)  # in placeholder order, effect tokens put in
+        inputs = [torch.empty(0) if is_effect_token(n) else
+                  _random_like(n.meta["val"], primals) if n.name.startswith("tangents") else
+                  next(given) for n in joint.graph.find_nodes(op="placeholder")]
         _warm_up(joint, inputs)  # NOTE [Warm allocator]
         measured, reruns, signatures, workspace = _run(joint, inputs, set(wanted), probe,
                                                        budget)
