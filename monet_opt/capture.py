@@ -244,7 +244,19 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         "graph.\n  " + "\n  ".join(errors) + "\nWhat to try: avoid data-dependent Python on "
         "tensor values at that line (.item(), if on a tensor, .tolist()), pass use_cache=False to "
         "HF models, or check that the model runs eagerly on sample_input."
-        + host_random.drawn_hint() + host_random.layerdrop_hint(model))
+        + _shape_hint(errors) + host_random.drawn_hint() + host_random.layerdrop_hint(model))
+
+
+def _shape_hint(errors: list[str]) -> str:
+    """What to do where an op's output shape depends on tensor values (a boolean mask's
+    index, nonzero), which a traced step, whose shapes are fixed, cannot hold."""
+    if not any(": DynamicOutputShapeException: " in e for e in errors):
+        return ""
+    return ("\nThere, an op's output shape depends on the values of a tensor (indexing with a "
+            "boolean mask, x[mask], runs nonzero; so do masked_select and unique), which a traced "
+            "step, whose shapes are fixed, cannot hold: compute on every element and mask the "
+            "result instead (torch.where(mask, x, 0), or a loss's ignore_index: "
+            "F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)).")
 
 
 # NOTE [Tracing without the collector]

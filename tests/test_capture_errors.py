@@ -67,3 +67,26 @@ def test_lazy_module_says_to_call_it_first():
     opt(x).sum().backward()
     eager(x).sum().backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
+
+
+class MaskedLoss(nn.Module):
+    """A masked-language-model loss over the masked positions only, picked by a boolean mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.out = nn.Embedding(100, 16), nn.Linear(16, 100)
+
+    def forward(self, ids, labels):
+        logits = self.out(torch.tanh(self.emb(ids)))
+        keep = labels != -100
+        return nn.functional.cross_entropy(logits[keep], labels[keep])
+
+
+def test_a_boolean_mask_index_says_what_to_do_instead():
+    """Indexing by a boolean mask makes a shape that depends on values (nonzero): the error
+    names the line, and says to mask instead (it said only to avoid .item() and .tolist())."""
+    ids = torch.randint(0, 100, (4, 16))
+    labels = torch.where(torch.arange(16) % 4 == 0, ids, -100)
+    with pytest.raises(monet_opt.CaptureError, match=r"(?s)logits\[keep\], labels\[keep\].*"
+                       r"boolean mask.*ignore_index=-100"):
+        monet_opt.optimize(MaskedLoss(), (ids, labels), HUGE, profile_dir=None)
