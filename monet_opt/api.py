@@ -23,7 +23,8 @@ from monet_opt.held_outputs import held_problem
 from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
-from monet_opt.memory import allocated_bytes, cuda_slack, shared_bytes, storage_groups
+from monet_opt.memory import (allocated_bytes, cuda_slack, shared_bytes, sparse_bytes,
+                              storage_groups)
 from monet_opt.lower_variants import attach_variants, with_costs
 from monet_opt.module import OptimizedModule, Step, for_model
 from monet_opt.plan import Plan, make_plan
@@ -58,8 +59,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             al.'s lower-set DP), "checkmate" (Checkmate's MILP, a baseline: recomputation
             only), "chen" (the better of "chen_greedy" and "chen_sqrt"), "store_all".
         time_limit_s: wall time the solve may spend ("auto": the DP, the MILP, polishing and
-            pruning together, after a second or two of heuristics; "milp": the MILP; the plan
-            reports its status and gap).
+            pruning, after a second or two of heuristics; "milp": the MILP; see plan.status).
         profile_repeats: timed runs per operator when profiling (after one warm-up).
         variants: offer the solver the exact operator variants of `monet_opt.variants` (ReLU
             and dropout masks, compact max-pool indices, shape-only pooling inputs: smaller
@@ -294,8 +294,8 @@ class _Planner:
             else:
                 self.profile = self._cached_profile(joint, lowered, measure)
                 problem = self.profile.problem
-            # NOTE [Inputs that share a storage]; NOTE [Buffers the step updates], after the cache
-            extra = lowered.snapshot_bytes - shared_bytes(self.primals)
+            # NOTEs [Inputs that share a storage], [Sparse inputs], [Buffers the step updates]
+            extra = lowered.snapshot_bytes + sparse_bytes(self.primals) - shared_bytes(self.primals)
             if extra:
                 problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + extra)
             held = held + returned if self.outputs_held else held

@@ -33,7 +33,7 @@ import torch
 
 import solvers
 from monet_opt.errors import user_stacklevel
-from monet_opt.memory import resident_bytes
+from monet_opt.memory import dense_parts, resident_bytes
 from monet_opt.plan import Plan
 
 
@@ -57,7 +57,7 @@ class HeldOutputs:
         if self.held or node is None or room >= resident_bytes(_beyond_loss(outputs)):
             return
         refs = [weakref.ref(t) for t in outputs]
-        ins = {x.untyped_storage().data_ptr() for x in inputs}
+        ins = {p.untyped_storage().data_ptr() for x in inputs for p in dense_parts(x)}
 
         def check(grad_outputs):
             if self.held:

@@ -29,9 +29,13 @@ class LeafSpec:
     device: torch.device
     requires_grad: bool
     strides: tuple[int, ...] = ()  # 0 where the dimension's length is 1
+    sparse: tuple[str, int] | None = None  # layout and entries: NOTE [Sparse inputs]
 
     @staticmethod
     def of(t: torch.Tensor) -> LeafSpec:
+        if t.layout != torch.strided:
+            return LeafSpec(tuple(t.shape), t.dtype, t.device, t.requires_grad,
+                            sparse=(str(t.layout), t._nnz()))
         return LeafSpec(tuple(t.shape), t.dtype, t.device, t.requires_grad,
                         tuple(st if n > 1 else 0 for n, st in zip(t.shape, t.stride())))
 
@@ -41,7 +45,8 @@ class LeafSpec:
 
     def __str__(self) -> str:
         grad = ", requires_grad" if self.requires_grad else ""
-        laid = "" if self.contiguous else f", strides {self.strides}"
+        laid = f", {self.sparse[0]}, {self.sparse[1]} entries" if self.sparse else \
+            "" if self.contiguous else f", strides {self.strides}"
         return f"{self.dtype} {list(self.shape)} on {self.device}{laid}{grad}"
 
 
@@ -108,9 +113,9 @@ class InputSpec:
               ) -> list[torch.Tensor]:
         """The input tensors among `leaves` (a call's flattened (args, kwargs), whose treedef
         and constants are `structure`), checked against the plan's structure, shapes, strides,
-        dtypes, devices and requires_grad (any_shape: all but the shapes, strides and
-        requires_grad, which plan steps of their own; NOTE [New input shapes] in
-        monet_opt/module.py)."""
+        dtypes, devices and requires_grad (any_shape: all but the shapes, strides,
+        requires_grad and a sparse tensor's number of entries, which plan steps of their own;
+        NOTE [New input shapes] in monet_opt/module.py)."""
         if structure != (self.treedef, self.constants):
             raise PlanMismatchError(
                 "monet_opt: the optimized module was planned for inputs structured as "
@@ -120,8 +125,11 @@ class InputSpec:
         leaves = [x for x in leaves if isinstance(x, torch.Tensor)]
         for k, (x, spec) in enumerate(zip(leaves, self.leaves)):
             got = LeafSpec.of(x)
+            entries = spec.sparse if got.sparse and spec.sparse and \
+                got.sparse[0] == spec.sparse[0] else got.sparse  # NOTE [Sparse inputs]
             if (dataclasses.replace(got, shape=spec.shape, requires_grad=spec.requires_grad,
-                                    strides=spec.strides) if any_shape else got) != spec:
+                                    strides=spec.strides, sparse=entries)
+                    if any_shape else got) != spec:
                 raise PlanMismatchError(
                     f"monet_opt: input {k} does not match the plan: expected {spec}, received "
                     f"{got}. The plan (and its memory limit) holds only for the sample_input's "

@@ -35,7 +35,7 @@ import torch.fx as fx
 
 from monet_opt import bn_split, recompute, updated_buffers
 from monet_opt.errors import UnsupportedGraphError
-from monet_opt.memory import allocated_bytes
+from monet_opt.memory import allocated_bytes, dense_parts
 from solvers import NO_PRODUCER, Op, Problem, Tensor
 from solvers.problem import reader_counts
 
@@ -151,6 +151,8 @@ def storage_bytes(val: object) -> int:
 def _nbytes(val: object) -> int:
     if not isinstance(val, torch.Tensor):
         return 0
+    if val.layout != torch.strided:  # a sparse tensor: its indices and values
+        return sum(_nbytes(part) for part in dense_parts(val) if part is not val)
     try:
         return int(val.untyped_storage().nbytes())
     except Exception:  # noqa: BLE001 - some tensor subclasses have no storage; size from shape

@@ -6,6 +6,7 @@ import weakref
 from typing import Any, Callable, Iterable
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
@@ -31,14 +32,15 @@ class LiveBytes(TorchDispatchMode):
     def _track(self, t: torch.Tensor) -> None:
         if t.device.type != "cpu" or t.is_meta:
             return
-        storage = t.untyped_storage()
-        key, nbytes = storage.data_ptr(), storage.nbytes()
-        if nbytes == 0 or key in self._sizes:
-            return
-        self._sizes[key] = nbytes
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-        weakref.finalize(storage, self._free, key, nbytes)
+        for part in dense_parts(t):
+            storage = part.untyped_storage()
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+            if nbytes == 0 or key in self._sizes:
+                continue
+            self._sizes[key] = nbytes
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._free, key, nbytes)
 
     def _free(self, key: int, nbytes: int) -> None:
         if self._sizes.pop(key, None) is not None:
@@ -88,9 +90,41 @@ def resident_bytes(tensors: Iterable[torch.Tensor]) -> int:
     allocator counts them (`allocated_bytes`)."""
     seen: dict[int, int] = {}
     for t in tensors:
-        storage = t.untyped_storage()
-        seen[storage.data_ptr()] = allocated_bytes(storage.nbytes(), t.device)
+        for part in dense_parts(t):
+            storage = part.untyped_storage()
+            seen[storage.data_ptr()] = allocated_bytes(storage.nbytes(), t.device)
     return sum(seen.values())
+
+
+# NOTE [Sparse inputs]
+#   A sparse input (a graph network's adjacency matrix for torch.sparse.mm) failed every
+#   optimize() (NotImplementedError: "Cannot access storage of SparseTensorImpl", where the
+#   planner counted the inputs' storages). Its memory is its indices' and values' (dense_parts),
+#   counted so here and by the live-bytes counter. The traced graph's fake sparse tensors have
+#   no entries (their count is data), so the lowering counts a sparse input as nothing and the
+#   planner adds its real bytes (`sparse_bytes`) to the plan's fixed memory, as it takes off
+#   the bytes of inputs that share storages; the number of entries is part of a step's key
+#   (input_spec.LeafSpec), so a matrix with other entries gets its own plan. A sparse tensor
+#   made inside the forward is counted as nothing.
+def sparse_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """What the sparse tensors among `tensors` hold (NOTE [Sparse inputs]); their parts read
+    outside a fake mode the caller may be in (inside one, a real sparse tensor's indices come
+    out as the fake's: none)."""
+    with unset_fake_temporarily():
+        return resident_bytes([t for t in tensors if t.layout != torch.strided])
+
+
+def dense_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The strided tensors that hold `t`'s memory: `t` itself, or a sparse tensor's indices
+    and values (a graph network's adjacency matrix, `torch.sparse.mm`'s first argument; its
+    storage cannot be read, and its shape's numel counts every absent entry)."""
+    if t.layout == torch.sparse_coo:
+        return t._indices(), t._values()
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return t.crow_indices(), t.col_indices(), t.values()
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return t.ccol_indices(), t.row_indices(), t.values()
+    return (t,)
 
 
 # NOTE [Inputs that share a storage]
@@ -107,7 +141,8 @@ def resident_bytes(tensors: Iterable[torch.Tensor]) -> int:
 def shared_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """What counting each tensor's storage once per tensor counts more than once."""
     tensors = list(tensors)
-    each = sum(allocated_bytes(t.untyped_storage().nbytes(), t.device) for t in tensors)
+    each = sum(allocated_bytes(p.untyped_storage().nbytes(), t.device)
+               for t in tensors for p in dense_parts(t))
     return each - resident_bytes(tensors)
 
 
@@ -115,9 +150,10 @@ def storage_groups(tensors: Iterable[torch.Tensor]) -> tuple[tuple[int, ...], ..
     """The positions of tensors that share a storage, grouped (groups of one left out)."""
     groups: dict[tuple, list[int]] = {}
     for k, t in enumerate(tensors):
-        storage = t.untyped_storage()
-        if storage.nbytes():  # empty storages all sit at address 0
-            groups.setdefault((t.device, storage.data_ptr()), []).append(k)
+        for part in dense_parts(t):
+            storage = part.untyped_storage()
+            if storage.nbytes():  # empty storages all sit at address 0
+                groups.setdefault((t.device, storage.data_ptr()), []).append(k)
     return tuple(tuple(g) for g in groups.values() if len(g) > 1)
 
 
