@@ -12,8 +12,14 @@ NOTE [Buffers the step updates]
   the forward begins, the backward reads that copy in its place, and the copy's bytes are
   fixed memory of the step. The copy is freed after its last read, or at once where nothing
   recomputes a reader, so the measured peak can be under the prediction by its bytes (for
-  spectral_norm, vectors as long as a weight's rows and columns; observers' scales). Only
-  the readers of the old value need it, and the copy costs the forward a clone of a few bytes.
+  spectral_norm, vectors as long as a weight's rows and columns; observers' scales), and the
+  forward a clone of the buffer. Where the update is an op's whole output (MoCo moving its key
+  encoder toward its query encoder), the copy is of weights: two small conv encoders, 5.6 KB
+  of a 320 KB step, counted whether or not a plan recomputes the update
+  (docs/benchmarks/updated_buffers.md). Reading the
+  buffer itself in the backward wherever it would read the buffer's new value (it holds it once
+  the forward is done), so that only ops reading the old value need a copy, failed autograd's
+  version check on the buffer the forward saved: tried and dropped.
   BatchNorm's running statistics need none of this (NOTE [Recomputing BatchNorm] in
   monet_opt/recompute.py: its recomputation does not read them), nor its num_batches_tracked
   count, which feeds nothing the backward reads. An op that reads the old value, pinned
