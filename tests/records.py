@@ -1,6 +1,8 @@
 """Comparing training runs recorded as (one dict of tensors per step, the final state_dict)."""
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -15,3 +17,14 @@ def assert_same(a, b, exact: bool) -> None:
             else:
                 err = ((u - v).abs().max() / v.abs().max().clamp_min(1e-12)).item()
                 assert err <= 1e-5, f"step {step}: {name} relative error {err:.2e}"
+
+
+def at_least_peak(model, sample, probe=None):
+    """`model` optimized at the least peak an optimize() of `probe` (a copy of `model` unless
+    given: a module that cannot be deep-copied) reports, and that limit."""
+    import monet_opt
+    probe = copy.deepcopy(model) if probe is None else probe
+    least = monet_opt.optimize(probe, sample, 1 << 40, profile_dir=None,
+                               profile_repeats=1).plan.min_feasible_bytes
+    return monet_opt.optimize(model, sample, least, profile_dir=None, profile_repeats=1,
+                              time_limit_s=5), least

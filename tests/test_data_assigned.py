@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import monet_opt
-from tests.records import assert_same
+from tests.records import assert_same, at_least_peak
 
 HUGE = 1 << 40
 
@@ -70,10 +70,7 @@ def test_a_momentum_encoder_moved_through_data_trains_like_eager():
     model = MoCo()
     eager = copy.deepcopy(model)
     sample = (torch.randn(8, 3, 16, 16), torch.randn(8, 3, 16, 16))
-    least = monet_opt.optimize(copy.deepcopy(model), sample, HUGE, profile_dir=None,
-                               profile_repeats=1).plan.min_feasible_bytes
-    opt = monet_opt.optimize(model, sample, least, profile_dir=None, profile_repeats=1,
-                             time_limit_s=5)
+    opt, _ = at_least_peak(model, sample)
     assert torch.equal(model.encoder_k[0].weight, eager.encoder_k[0].weight)  # not moved yet
     batches = [(torch.randn(8, 3, 16, 16), torch.randn(8, 3, 16, 16)) for _ in range(3)]
     assert_same(_train(opt, model, batches), _train(eager, eager, batches), exact=True)

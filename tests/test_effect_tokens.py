@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.utils import parametrizations
 
 import monet_opt
-from tests.records import assert_same
+from tests.records import assert_same, at_least_peak
 
 HUGE = 1 << 40
 
@@ -57,10 +57,7 @@ def test_linalg_checks_train_like_eager_at_the_least_plan(build, shape):
     model = build()
     eager = copy.deepcopy(model)
     x = torch.randn(shape)
-    least = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_dir=None,
-                               profile_repeats=1).plan.min_feasible_bytes
-    opt = monet_opt.optimize(model, x, least, profile_dir=None, profile_repeats=1,
-                             time_limit_s=5)
+    opt, least = at_least_peak(model, x)
     assert opt.plan.recomputed_ops > 0
 
     def train(module, owner):

@@ -15,7 +15,7 @@ from torch.nn.utils import parametrizations
 
 import monet_opt
 from tests import models
-from tests.records import assert_same
+from tests.records import assert_same, at_least_peak
 
 HUGE = 1 << 40
 WRAPS = {"spectral_norm": nn.utils.spectral_norm, "weight_norm": nn.utils.weight_norm,
@@ -61,10 +61,7 @@ def test_weights_set_by_a_pre_hook_train_like_eager(wrap):
     xs = [torch.randn(4, 3, 16, 16) for _ in range(4)]
     with warnings.catch_warnings():
         warnings.simplefilter("error", monet_opt.HookWarning)  # the hooks compute on tensors
-        least = monet_opt.optimize(net, xs[0], HUGE, profile_dir=None,
-                                   profile_repeats=1).plan.min_feasible_bytes
-        opt = monet_opt.optimize(net, xs[0], least, profile_dir=None, profile_repeats=1,
-                                 time_limit_s=5)
+        opt, least = at_least_peak(net, xs[0], probe=_net(wrap))
     assert opt.plan.recomputed_ops > 0
     assert_same(_train(opt, net, xs), _train(eager, eager, xs), exact=True)
     step = lambda: opt(xs[0]).sum().backward()  # noqa: E731
@@ -85,10 +82,7 @@ def test_quantization_aware_training_at_its_least_plan():
     x = torch.randn(32, 16)
     model(x)  # sizes the observers (NOTE [Buffers assigned in forward])
     eager = copy.deepcopy(model)
-    least = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_dir=None,
-                               profile_repeats=1).plan.min_feasible_bytes
-    opt = monet_opt.optimize(model, x, least, profile_dir=None, profile_repeats=1,
-                             time_limit_s=5)
+    opt, least = at_least_peak(model, x)
     assert opt.plan.recomputed_ops > 0
     xs = [torch.randn(32, 16) * (k + 1) for k in range(3)]
     assert_same(_train(opt, model, xs), _train(eager, eager, xs), exact=True)
