@@ -79,9 +79,33 @@ def _noting(fn: Callable, where: str) -> Callable:
     return drawn
 
 
+# NOTE [Random state set in the forward]
+#   torch.manual_seed (or set_rng_state) in a forward restarts eager's stream at every call (a
+#   dropout mask made the same each step); traced, it set the generator once, at optimize(),
+#   and the steps' draws went on from wherever the stream was: outputs unlike eager's at every
+#   step, silently. While traced, a call to one of these from the model's own code (not from
+#   torch's, as torch.utils.checkpoint's replay) is noted, and refuse_drawn raises CaptureError
+#   naming the line: seed before calling the model instead.
+_RESEEDS = ((torch, ("manual_seed", "seed", "set_rng_state")),
+            (torch.random, ("manual_seed", "seed", "set_rng_state")),
+            (torch.cuda, ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state")))
+
+
+def _reseeding(fn: Callable, where: str) -> Callable:
+    def reseed(*args, **kwargs):
+        frame = sys._getframe(1)
+        if not any(part in frame.f_code.co_filename for part in _OURS):
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+            _watch["reseeds"].setdefault(
+                f"{where} at {frame.f_code.co_filename}:{frame.f_lineno}: {line}", None)
+        return fn(*args, **kwargs)
+    return reseed
+
+
 @contextlib.contextmanager
 def watching(model: torch.nn.Module):
-    """Note the Python and NumPy draws the model makes while traced, for `refuse_drawn`."""
+    """Note the Python and NumPy draws the model makes while traced, and its calls that set
+    torch's random state, for `refuse_drawn`."""
     rngs = {module.__name__: rng for module, rng in _globals()} | _held(model)
     patched = []
     for module, rng in _globals():
@@ -90,8 +114,13 @@ def watching(model: torch.nn.Module):
             if getattr(fn, "__self__", None) is rng and name not in _UNPATCHED:
                 patched.append((module, name, fn))
                 setattr(module, name, _noting(fn, f"{module.__name__}.{name}"))
+    for module, names in _RESEEDS:  # NOTE [Random state set in the forward]
+        for name in names:
+            fn = getattr(module, name)
+            patched.append((module, name, fn))
+            setattr(module, name, _reseeding(fn, f"{module.__name__}.{name}"))
     outer = dict(_watch)
-    _watch.update(model=type(model).__name__, rngs=rngs, lines={},
+    _watch.update(model=type(model).__name__, rngs=rngs, lines={}, reseeds={},
                   states={name: _state(rng) for name, rng in rngs.items()})
     try:
         yield
@@ -114,11 +143,21 @@ def _drawn() -> list[str]:
 
 def refuse_drawn() -> None:
     """CaptureError where the model drew from a Python or NumPy generator since `watching`
-    began (NOTE [Random numbers drawn in Python]); nothing outside `watching`."""
+    began (NOTE [Random numbers drawn in Python]), or set torch's random state (NOTE [Random
+    state set in the forward]); nothing outside `watching`."""
     lines = _drawn() if _watch else []
     if lines:
         raise CaptureError(f"monet_opt.optimize: {_watch['model']}'s forward drew random numbers "
                            "in Python while it was traced:" + _listed(lines) + _ADVICE)
+    reseeds = list(_watch.get("reseeds", ()))
+    if reseeds:
+        raise CaptureError(
+            f"monet_opt.optimize: {_watch['model']}'s forward sets torch's random state:"
+            + _listed(reseeds) + "\nEager restarts its random stream there at every call; a "
+            "traced step cannot (it would set it once, at optimize(), and draw on from there: "
+            "masks unlike eager's, silently). Seed before calling the model instead, or keep "
+            "the mask meant to repeat as a buffer (NOTE [Random state set in the forward] in "
+            "monet_opt/host_random.py).")
 
 
 def drawn_hint() -> str:

@@ -105,3 +105,31 @@ def test_layerdrop_is_named():
 
     with pytest.raises(monet_opt.CaptureError, match=r"LayerDrop on \(encoder_layerdrop=0\.1\)"):
         monet_opt.optimize(LayerDrop(), torch.randn(4, 16), HUGE, profile_dir=None)
+
+
+class Reseeded(nn.Module):
+    """Dropout made to repeat its mask by seeding torch in the forward; the same layer
+    checkpointed, whose replay sets the random state from torch's own code."""
+
+    def __init__(self, seeded: bool) -> None:
+        super().__init__()
+        self.fc, self.drop, self.seeded = nn.Linear(16, 16), nn.Dropout(0.5), seeded
+
+    def forward(self, x):
+        if self.seeded:
+            torch.manual_seed(123)
+            return self.drop(self.fc(x))
+        return torch.utils.checkpoint.checkpoint(lambda h: self.drop(self.fc(h)), x,
+                                                 use_reentrant=False)
+
+
+def test_random_state_set_in_the_forward_is_refused_naming_the_line():
+    """NOTE [Random state set in the forward]: the traced step seeded once, at optimize(), and
+    its masks then differed from eager's at every step, silently; torch's own replay of the
+    state (checkpointing) is not the model's and is not refused."""
+    with pytest.raises(monet_opt.CaptureError, match=r"sets torch's random state:\n  "
+                       r"torch.manual_seed at .*test_host_random.py:\d+: torch.manual_seed\(123\)"):
+        monet_opt.optimize(Reseeded(True), torch.randn(4, 16), HUGE, profile_dir=None)
+    opt = monet_opt.optimize(Reseeded(False), torch.randn(4, 16), HUGE, profile_dir=None,
+                             profile_repeats=1)
+    opt(torch.randn(4, 16)).sum().backward()
