@@ -249,14 +249,27 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
 
 def _shape_hint(errors: list[str]) -> str:
     """What to do where an op's output shape depends on tensor values (a boolean mask's
-    index, nonzero), which a traced step, whose shapes are fixed, cannot hold."""
-    if not any(": DynamicOutputShapeException: " in e for e in errors):
+    index, nonzero; CTC's loss with its lengths as tensors), which a traced step, whose shapes
+    are fixed, cannot hold."""
+    ops = {e.split(": DynamicOutputShapeException: ")[1].split()[0] for e in errors
+           if ": DynamicOutputShapeException: " in e}
+    if not ops:
         return ""
-    return ("\nThere, an op's output shape depends on the values of a tensor (indexing with a "
-            "boolean mask, x[mask], runs nonzero; so do masked_select and unique), which a traced "
-            "step, whose shapes are fixed, cannot hold: compute on every element and mask the "
-            "result instead (torch.where(mask, x, 0), or a loss's ignore_index: "
-            "F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)).")
+    if ops <= _MASKING:
+        return ("\nThere, an op's output shape depends on the values of a tensor (indexing with "
+                "a boolean mask, x[mask], runs nonzero; so do masked_select and unique), which a "
+                "traced step, whose shapes are fixed, cannot hold: compute on every element and "
+                "mask the result instead (torch.where(mask, x, 0), or a loss's ignore_index: "
+                "F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)).")
+    return (f"\nThere, {', '.join(sorted(ops))} makes an output whose shape depends on the "
+            "values of a tensor, which a traced step, whose shapes are fixed, cannot hold: "
+            "compute it outside the module you optimize, on its outputs (a loss such as "
+            "F.ctc_loss with its lengths as tensors: have the module return the log-"
+            "probabilities).")
+
+
+_MASKING = {"aten.nonzero.default", "aten.masked_select.default", "aten._unique2.default",
+            "aten.unique_dim.default", "aten.unique_consecutive.default"}
 
 
 # NOTE [Tracing without the collector]

@@ -90,3 +90,37 @@ def test_a_boolean_mask_index_says_what_to_do_instead():
     with pytest.raises(monet_opt.CaptureError, match=r"(?s)logits\[keep\], labels\[keep\].*"
                        r"boolean mask.*ignore_index=-100"):
         monet_opt.optimize(MaskedLoss(), (ids, labels), HUGE, profile_dir=None)
+
+
+class Speech(nn.Module):
+    """A CTC model; `with_loss`: it returns CTC's loss, its lengths passed as tensors."""
+
+    def __init__(self, with_loss: bool) -> None:
+        super().__init__()
+        self.conv, self.out, self.with_loss = nn.Conv1d(8, 16, 3, padding=1), nn.Linear(16, 6), \
+            with_loss
+
+    def forward(self, feats, targets=None, in_len=None, tgt_len=None):
+        logp = self.out(torch.relu(self.conv(feats)).transpose(1, 2)).log_softmax(-1)
+        logp = logp.transpose(0, 1)
+        return nn.functional.ctc_loss(logp, targets, in_len, tgt_len) if self.with_loss else logp
+
+
+def test_a_loss_whose_shape_depends_on_values_says_to_compute_it_outside():
+    """CTC's loss with tensor lengths sizes its work by their values: the error names the op
+    and says to compute the loss outside (its hint spoke of .item() and boolean masks); the
+    model returning the log-probabilities, with the loss outside, trains like eager."""
+    torch.manual_seed(0)
+    feats, targets = torch.randn(2, 8, 20), torch.randint(1, 6, (2, 5))
+    lengths = (torch.full((2,), 20), torch.tensor([5, 4]))
+    with pytest.raises(monet_opt.CaptureError, match=r"(?s)aten._ctc_loss.Tensor makes an output "
+                       r"whose shape depends.*return the log-probabilities"):
+        monet_opt.optimize(Speech(True), (feats, targets, *lengths), HUGE, profile_dir=None)
+    model = Speech(False)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, feats, HUGE, profile_dir=None, profile_repeats=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", monet_opt.OutputGradientWarning)
+        for module in (opt, eager):
+            nn.functional.ctc_loss(module(feats), targets, *lengths).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
