@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import traceback
 from typing import Callable
 
 import torch
@@ -23,7 +22,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from monet_opt import attribute_tensors, data_assigned, forward_state, host_random
+from monet_opt import (attribute_tensors, capture_hints, data_assigned, forward_state,
+                       host_random)
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
@@ -219,6 +219,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
     once `partition_fn` was called (`partitioned()` is true) are not tracing problems and
     propagate unchanged."""
     errors: list[str] = []
+    checked = False  # a torch.distributions argument check failed to trace
     known = _ROUTE.get(type(model))
     routes = ROUTES if known is None else (known, *(r for r in ROUTES if r != known))
     for route in routes:
@@ -238,38 +239,15 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         except Exception as exc:
             if partitioned():
                 raise
-            errors.append(f"{_HOW[route]}: {_where(exc)}")
+            errors.append(f"{_HOW[route]}: {capture_hints.where(exc)}")
+            checked = checked or capture_hints.from_validation(exc)
     raise CaptureError(
         f"monet_opt.optimize could not trace {type(model).__name__} into a joint forward+backward "
         "graph.\n  " + "\n  ".join(errors) + "\nWhat to try: avoid data-dependent Python on "
         "tensor values at that line (.item(), if on a tensor, .tolist()), pass use_cache=False to "
         "HF models, or check that the model runs eagerly on sample_input."
-        + _shape_hint(errors) + host_random.drawn_hint() + host_random.layerdrop_hint(model))
-
-
-def _shape_hint(errors: list[str]) -> str:
-    """What to do where an op's output shape depends on tensor values (a boolean mask's
-    index, nonzero; CTC's loss with its lengths as tensors), which a traced step, whose shapes
-    are fixed, cannot hold."""
-    ops = {e.split(": DynamicOutputShapeException: ")[1].split()[0] for e in errors
-           if ": DynamicOutputShapeException: " in e}
-    if not ops:
-        return ""
-    if ops <= _MASKING:
-        return ("\nThere, an op's output shape depends on the values of a tensor (indexing with "
-                "a boolean mask, x[mask], runs nonzero; so do masked_select and unique), which a "
-                "traced step, whose shapes are fixed, cannot hold: compute on every element and "
-                "mask the result instead (torch.where(mask, x, 0), or a loss's ignore_index: "
-                "F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)).")
-    return (f"\nThere, {', '.join(sorted(ops))} makes an output whose shape depends on the "
-            "values of a tensor, which a traced step, whose shapes are fixed, cannot hold: "
-            "compute it outside the module you optimize, on its outputs (a loss such as "
-            "F.ctc_loss with its lengths as tensors: have the module return the log-"
-            "probabilities).")
-
-
-_MASKING = {"aten.nonzero.default", "aten.masked_select.default", "aten._unique2.default",
-            "aten.unique_dim.default", "aten.unique_consecutive.default"}
+        + capture_hints.shapes(errors) + capture_hints.validating(checked)
+        + host_random.drawn_hint() + host_random.layerdrop_hint(model))
 
 
 # NOTE [Tracing without the collector]
@@ -379,12 +357,3 @@ def _compile_on_fakes(fn: Callable, primals: list[torch.Tensor]) -> None:
         _only_compiling["on"] = False
     internal_assert(False, "the compiled step ran no forward graph of ours; the capture no "
                     "longer matches this torch's AOTAutograd")
-
-
-def _where(exc: BaseException) -> str:
-    """The exception's first line plus the last frame of user code that raised it."""
-    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "/torch/" not in f.filename and "/monet_opt/" not in f.filename]
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
-    return f"{type(exc).__name__}: {message}{where}"

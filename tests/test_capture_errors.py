@@ -124,3 +124,34 @@ def test_a_loss_whose_shape_depends_on_values_says_to_compute_it_outside():
         for module in (opt, eager):
             nn.functional.ctc_loss(module(feats), targets, *lengths).backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
+
+
+class Policy(nn.Module):
+    """REINFORCE's loss: actions sampled from a Categorical, their log-probabilities weighted."""
+
+    def __init__(self, validate: bool) -> None:
+        super().__init__()
+        self.body, self.validate = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4)), \
+            validate
+
+    def forward(self, obs, returns):
+        dist = torch.distributions.Categorical(logits=self.body(obs),
+                                               validate_args=self.validate)
+        return -(dist.log_prob(dist.sample()) * returns).mean()
+
+
+def test_distribution_argument_checks_say_to_turn_them_off():
+    """torch.distributions checks its arguments' values (a data-dependent .all()): the error
+    says to pass validate_args=False; so built, the policy's step samples and trains as eager
+    does, the same seed drawing the same actions."""
+    obs, returns = torch.randn(16, 8), torch.randn(16)
+    with pytest.raises(monet_opt.CaptureError, match=r"validate_args=False"):
+        monet_opt.optimize(Policy(True), (obs, returns), HUGE, profile_dir=None)
+    torch.manual_seed(0)
+    model = Policy(False)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, (obs, returns), HUGE, profile_dir=None, profile_repeats=1)
+    for module in (opt, eager):
+        torch.manual_seed(1)
+        module(obs, returns).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))

@@ -1,0 +1,56 @@
+"""What a CaptureError says: where tracing failed, and what to do about it."""
+from __future__ import annotations
+
+import traceback
+
+
+def where(exc: BaseException) -> str:
+    """The exception's first line plus the last frame of user code that raised it."""
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "/torch/" not in f.filename and "/monet_opt/" not in f.filename]
+    at = f" (at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
+    return f"{type(exc).__name__}: {message}{at}"
+
+
+_VALIDATING = (
+    "\ntorch.distributions checks its arguments' values when it makes a distribution "
+    "(validate_args), which a traced step cannot: pass validate_args=False (Categorical(logits="
+    "..., validate_args=False)), or call torch.distributions.Distribution."
+    "set_default_validate_args(False) before optimize().")
+
+
+def from_validation(exc: BaseException) -> bool:
+    """Whether `exc` came from torch.distributions' argument checks."""
+    return any(f.filename.endswith("torch/distributions/distribution.py")
+               and f.name == "__init__" for f in traceback.extract_tb(exc.__traceback__))
+
+
+def shapes(errors: list[str]) -> str:
+    """What to do where an op's output shape depends on tensor values (a boolean mask's
+    index, nonzero; CTC's loss with its lengths as tensors), which a traced step, whose shapes
+    are fixed, cannot hold."""
+    ops = {e.split(": DynamicOutputShapeException: ")[1].split()[0] for e in errors
+           if ": DynamicOutputShapeException: " in e}
+    if not ops:
+        return ""
+    if ops <= _MASKING:
+        return ("\nThere, an op's output shape depends on the values of a tensor (indexing with "
+                "a boolean mask, x[mask], runs nonzero; so do masked_select and unique), which a "
+                "traced step, whose shapes are fixed, cannot hold: compute on every element and "
+                "mask the result instead (torch.where(mask, x, 0), or a loss's ignore_index: "
+                "F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)).")
+    return (f"\nThere, {', '.join(sorted(ops))} makes an output whose shape depends on the "
+            "values of a tensor, which a traced step, whose shapes are fixed, cannot hold: "
+            "compute it outside the module you optimize, on its outputs (a loss such as "
+            "F.ctc_loss with its lengths as tensors: have the module return the log-"
+            "probabilities).")
+
+
+_MASKING = {"aten.nonzero.default", "aten.masked_select.default", "aten._unique2.default",
+            "aten.unique_dim.default", "aten.unique_consecutive.default"}
+
+
+def validating(checked: bool) -> str:
+    """The hint for torch.distributions' argument checks, where one failed to trace."""
+    return _VALIDATING if checked else ""
