@@ -13,7 +13,7 @@ def where(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}{at}"
 
 
-_VALIDATING = (
+VALIDATING = (
     "\ntorch.distributions checks its arguments' values when it makes a distribution "
     "(validate_args), which a traced step cannot: pass validate_args=False (Categorical(logits="
     "..., validate_args=False)), or call torch.distributions.Distribution."
@@ -49,8 +49,3 @@ def shapes(errors: list[str]) -> str:
 
 _MASKING = {"aten.nonzero.default", "aten.masked_select.default", "aten._unique2.default",
             "aten.unique_dim.default", "aten.unique_consecutive.default"}
-
-
-def validating(checked: bool) -> str:
-    """The hint for torch.distributions' argument checks, where one failed to trace."""
-    return _VALIDATING if checked else ""
