@@ -26,6 +26,19 @@ def from_validation(exc: BaseException) -> bool:
                and f.name == "__init__" for f in traceback.extract_tb(exc.__traceback__))
 
 
+SPARSE_GRADIENT = (
+    "\nThere, a sparse tensor's values need a gradient, which a traced step cannot make (the "
+    "trace does not know how many entries it has): pass messages with dense ops instead "
+    "(out.index_add_(0, dst, weight[:, None] * x[src]), or scatter_reduce), or, where the "
+    "values need no gradient, build the sparse tensor outside the module and pass it in.")
+
+
+def sparse_gradient(errors: list[str]) -> str:
+    """SPARSE_GRADIENT where tracing failed in the backward of a sparse tensor's making."""
+    return SPARSE_GRADIENT if any("SparseCooTensor" in e and "Backward" in e
+                                  for e in errors) else ""
+
+
 def shapes(errors: list[str]) -> str:
     """What to do where an op's output shape depends on tensor values (a boolean mask's
     index, nonzero; CTC's loss with its lengths as tensors), which a traced step, whose shapes

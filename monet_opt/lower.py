@@ -35,7 +35,7 @@ import torch.fx as fx
 
 from monet_opt import bn_split, recompute, updated_buffers
 from monet_opt.errors import UnsupportedGraphError
-from monet_opt.memory import allocated_bytes, dense_parts
+from monet_opt.memory import allocated_bytes, dense_parts, refuse_sparse_made
 from solvers import NO_PRODUCER, Op, Problem, Tensor
 from solvers.problem import reader_counts
 
@@ -93,6 +93,7 @@ def is_view_node(node: fx.Node) -> bool:
 
 
 def lower(joint: fx.GraphModule, num_fwd_outputs: int, name: str = "model") -> Lowered:
+    refuse_sparse_made(joint, is_view_node)  # NOTE [Sparse inputs] in monet_opt/memory.py
     b = _Builder()
     for node in joint.graph.nodes:
         if node.op == "placeholder":

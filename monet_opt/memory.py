@@ -6,9 +6,12 @@ import weakref
 from typing import Any, Callable, Iterable
 
 import torch
+import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_leaves, tree_map_only
+
+from monet_opt.errors import CaptureError
 
 
 class LiveBytes(TorchDispatchMode):
@@ -104,14 +107,38 @@ def resident_bytes(tensors: Iterable[torch.Tensor]) -> int:
 #   no entries (their count is data), so the lowering counts a sparse input as nothing and the
 #   planner adds its real bytes (`sparse_bytes`) to the plan's fixed memory, as it takes off
 #   the bytes of inputs that share storages; the number of entries is part of a step's key
-#   (input_spec.LeafSpec), so a matrix with other entries gets its own plan. A sparse tensor
-#   made inside the forward is counted as nothing.
+#   (input_spec.LeafSpec), so a matrix with other entries gets its own plan.
+#   A sparse tensor the step makes itself (torch.sparse_coo_tensor from an edge list input,
+#   .to_sparse(), coalesce, arithmetic on a sparse input) has as many entries as the data
+#   says, which the trace does not know, and its parts may be its arguments' own storages: a
+#   GCN that built its adjacency in the forward (5,000 edges) measured 13,600 B over its least
+#   plan's prediction (the limit), and its store-all plan was 9,824 B over what it measured.
+#   `refuse_sparse_made` stops such a step with a CaptureError saying to build the tensor
+#   outside and pass it in; views of a sparse input (the transpose sparse.mm's backward reads)
+#   are its input's memory and pass.
 def sparse_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """What the sparse tensors among `tensors` hold (NOTE [Sparse inputs]); their parts read
     outside a fake mode the caller may be in (inside one, a real sparse tensor's indices come
     out as the fake's: none)."""
     with unset_fake_temporarily():
         return resident_bytes([t for t in tensors if t.layout != torch.strided])
+
+
+def refuse_sparse_made(joint: fx.GraphModule, is_view: Callable[[fx.Node], bool]) -> None:
+    """CaptureError where the step makes a sparse tensor other than as a view of another
+    (`is_view(node)`), naming the ops (NOTE [Sparse inputs])."""
+    made = sorted({str(n.target) for n in joint.graph.nodes
+                   if n.op == "call_function" and not is_view(n) and any(
+                       t.layout != torch.strided for t in tree_leaves(n.meta.get("val"))
+                       if isinstance(t, torch.Tensor))})
+    if made:
+        raise CaptureError(
+            f"monet_opt.optimize: the step makes a sparse tensor ({', '.join(made)}: "
+            "torch.sparse_coo_tensor, .to_sparse(), coalesce or arithmetic on a sparse tensor); "
+            "the trace knows neither how many entries it holds nor which storages it shares "
+            "with its arguments, so its memory cannot be planned. Build it outside the module and pass it in as an input "
+            "(a sparse input is counted: NOTE [Sparse inputs] in monet_opt/memory.py), or pass "
+            "messages with dense ops (index_add_, scatter_reduce).")
 
 
 def dense_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
@@ -59,3 +60,29 @@ def test_a_sparse_adjacency_trains_like_eager_at_its_prediction():
         model.zero_grad(set_to_none=True)
         assert measured == list(opt.plans.values())[-1].predicted_peak_bytes <= least
     assert len(opt.plans) == 2
+
+
+class BuiltInside(nn.Module):
+    """A GCN that builds its adjacency from an edge list in the forward, with weights that
+    need a gradient or with ones."""
+
+    def __init__(self, learned: bool) -> None:
+        super().__init__()
+        self.gcn = GCN()
+        self.edge = nn.Parameter(torch.zeros(1)) if learned else None
+
+    def forward(self, x, index):
+        values = torch.ones(index.shape[1]) if self.edge is None else \
+            torch.sigmoid(self.edge.expand(index.shape[1]))
+        return self.gcn(x, torch.sparse_coo_tensor(index, values, (x.shape[0], x.shape[0])))
+
+
+def test_a_sparse_tensor_made_in_the_forward_is_refused_with_what_to_do():
+    """Its entries share the edge list's storage and the trace could not count them: the least
+    plan measured 13,600 B over its prediction, the limit. Now refused, saying to pass it in;
+    with values that need a gradient (PyTorch cannot trace that), saying to use dense ops."""
+    x, index = torch.randn(200, 32), torch.randint(0, 200, (2, 5000))
+    with pytest.raises(monet_opt.CaptureError, match="pass it in as an input"):
+        monet_opt.optimize(BuiltInside(learned=False), (x, index), HUGE)
+    with pytest.raises(monet_opt.CaptureError, match=r"values need a gradient.*index_add_"):
+        monet_opt.optimize(BuiltInside(learned=True), (x, index), HUGE)
