@@ -105,12 +105,14 @@ def _resolve(qualname: str) -> torch._ops.OpOverload:
     return getattr(getattr(getattr(torch.ops, namespace), name), overload)
 
 
-def rng_replay(state: torch.Tensor, device: str, op_qualname: str, *args, **kwargs):
-    """Run the op with the generator at `state`, then put the generator back as it was."""
+def rng_replay(state: torch.Tensor, device: str, op_qualname: str, /, *args, **kwargs):
+    """Run the op with the generator at `state`, then put the generator back as it was. The
+    first three are positional only: the op's own keywords may hold a `device` (torch.rand's,
+    MAE's random masking: recomputing it raised "got multiple values for argument 'device'")."""
     return with_generator_state(state, device, _resolve(op_qualname), *args, **kwargs)
 
 
-def with_generator_state(state: torch.Tensor, device: str, fn, *args, **kwargs):
+def with_generator_state(state: torch.Tensor, device: str, fn, /, *args, **kwargs):
     """fn(*args, **kwargs) with `device`'s generator at `state`, then put back as it was."""
     gen = _generator(device)
     saved = gen.get_state()
