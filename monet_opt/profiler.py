@@ -186,7 +186,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
     probe = _VariantProbe(lowered)
     budget = Budget(repeats, time_limit_s, len(wanted), lowered.problem.name or "model")
     devices = sorted({t.device for t in primals if t.device.type == "cuda"}, key=str)
-    with unset_fake_temporarily(), torch.no_grad(), \
+    with unset_fake_temporarily(), torch.no_grad(), recompute.kept_generators(joint), \
             torch.random.fork_rng(devices=devices, enabled=True):
         given = iter(primals)  # in placeholder order, effect tokens put in
         inputs = [torch.empty(0) if is_effect_token(n) else

@@ -22,6 +22,8 @@ NOTE [Recomputing random ops]
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.fx as fx
 
@@ -90,9 +92,38 @@ def _generator(device: str) -> torch.Generator:
     return torch.default_generator
 
 
-def rng_state(device: str) -> torch.Tensor:
-    """The generator state right now (a small CPU uint8 tensor)."""
-    return _generator(device).get_state()
+def rng_state(device: str, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The generator state right now (a small CPU uint8 tensor): that of the generator the op
+    is given, where it is given one (NOTE [Generators given to ops]), else the device's."""
+    return (_generator(device) if generator is None else generator).get_state()
+
+
+# NOTE [Generators given to ops]
+#   An op can draw from a generator it is given (torch.rand(..., generator=self.g), a module
+#   holding its own torch.Generator for reproducible noise). The traced step holds that very
+#   generator (a graph attribute), so each step draws from it as eager does; but profiling ran
+#   the step and drew from it (profiling keeps only the default generators' states), so every
+#   step's draws were eager's later ones, and a recomputation replayed the default generator's
+#   state: outputs unlike eager's from the first step, silently. The profiler now puts such
+#   generators back as it found them (`kept_generators`), and a random op given one captures
+#   that generator's state and is recomputed with a new generator at that state in its place
+#   (`rng_replay_given`: the backward cannot be given the generator itself, a graph attribute
+#   of the forward, and need not be).
+def held_generators(gm: torch.fx.GraphModule) -> list[torch.Generator]:
+    """The generators `gm`'s ops are given (its attributes that are generators)."""
+    found = (getattr(gm, n.target, None) for n in gm.graph.find_nodes(op="get_attr"))
+    return [g for g in found if isinstance(g, torch.Generator)]
+
+
+@contextlib.contextmanager
+def kept_generators(gm: torch.fx.GraphModule):
+    """Puts the generators `gm`'s ops are given back as they were, on leaving."""
+    held = [(g, g.get_state()) for g in held_generators(gm)]
+    try:
+        yield
+    finally:
+        for g, state in held:
+            g.set_state(state)
 
 
 def op_qualname(op: torch._ops.OpOverload) -> str:
@@ -110,6 +141,14 @@ def rng_replay(state: torch.Tensor, device: str, op_qualname: str, /, *args, **k
     first three are positional only: the op's own keywords may hold a `device` (torch.rand's,
     MAE's random masking: recomputing it raised "got multiple values for argument 'device'")."""
     return with_generator_state(state, device, _resolve(op_qualname), *args, **kwargs)
+
+
+def rng_replay_given(state: torch.Tensor, device: str, op_qualname: str, /, *args, **kwargs):
+    """Run an op that was given a generator with a new generator at `state` in its place (NOTE
+    [Generators given to ops]); the one it was given is not touched."""
+    generator = torch.Generator(device=device)
+    generator.set_state(state)
+    return _resolve(op_qualname)(*args, generator=generator, **kwargs)
 
 
 def with_generator_state(state: torch.Tensor, device: str, fn, /, *args, **kwargs):

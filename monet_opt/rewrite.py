@@ -209,6 +209,9 @@ class _Emitter:
                 device = str(_first_tensor(old).device)
                 op_name = recompute.op_qualname(target)
                 args, target = (self.rng[old.name], device, op_name, *args), recompute.rng_replay
+                if kwargs.get("generator") is not None:  # NOTE [Generators given to ops]
+                    kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+                    target = recompute.rng_replay_given
             new = self._copy(old, args, kwargs, target=target)
             if n_keep is not None:
                 new.meta["val"] = tuple(old.meta["val"][:n_keep])
@@ -239,7 +242,9 @@ class _Emitter:
     def _capture_rng(self, old: fx.Node) -> None:
         value = _first_tensor(old)
         device = str(value.device)
-        state = self.g.call_function(recompute.rng_state, (device,))
+        given = old.kwargs.get("generator")  # NOTE [Generators given to ops]
+        state = self.g.call_function(recompute.rng_state, (device,) if given is None else
+                                     (device, self.value(given)))
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
             nbytes = recompute.rng_state_nbytes(device)
         with value.fake_mode:
