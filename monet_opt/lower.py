@@ -152,8 +152,8 @@ def storage_bytes(val: object) -> int:
 def _nbytes(val: object) -> int:
     if not isinstance(val, torch.Tensor):
         return 0
-    if val.layout != torch.strided:  # a sparse tensor: its indices and values
-        return sum(_nbytes(part) for part in dense_parts(val) if part is not val)
+    if val.layout != torch.strided or val._is_zerotensor():  # a sparse tensor: its indices
+        return sum(_nbytes(part) for part in dense_parts(val) if part is not val)  # and values
     try:
         return int(val.untyped_storage().nbytes())
     except Exception:  # noqa: BLE001 - some tensor subclasses have no storage; size from shape

@@ -144,7 +144,11 @@ def refuse_sparse_made(joint: fx.GraphModule, is_view: Callable[[fx.Node], bool]
 def dense_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The strided tensors that hold `t`'s memory: `t` itself, or a sparse tensor's indices
     and values (a graph network's adjacency matrix, `torch.sparse.mm`'s first argument; its
-    storage cannot be read, and its shape's numel counts every absent entry)."""
+    storage cannot be read, and its shape's numel counts every absent entry); none for an
+    efficient zero tensor, which holds no memory (torch.func's jacrev and hessian put
+    `_efficientzerotensor` in the step: counting its storage raised "invalid python storage")."""
+    if t._is_zerotensor():
+        return ()
     if t.layout == torch.sparse_coo:
         return t._indices(), t._values()
     if t.layout in (torch.sparse_csr, torch.sparse_bsr):
