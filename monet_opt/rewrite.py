@@ -34,6 +34,9 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
     """partition_fn for aot_function: (forward GraphModule, backward GraphModule). slots: the
     parameters whose gradients the backward adds in place (NOTE [Accumulating in place])."""
     rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs)
+    for node in rebuilt.graph.nodes:  # NOTE [Selective checkpointing's tags]
+        for key in _AC_TAGS:
+            node.meta.pop(key, None)
     fw, bw = default_partition(rebuilt, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
     if slots is not None:
         add_accumulation(bw, slots)  # the views it leaves at the end are dead code next
@@ -48,6 +51,17 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
         gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())
         gm.recompile()
     return fw, bw
+
+
+# NOTE [Selective checkpointing's tags]
+#   torch.utils.checkpoint with a context_fn (selective activation checkpointing: a policy that
+#   says which ops to save and which to recompute) tags the traced nodes with its choices, and
+#   default_partition hands any graph so tagged to the min-cut partitioner, which applies them
+#   itself: on ours (whose order is the schedule, recomputations included) it failed comparing
+#   tags that the nodes we add lack (TypeError: '>' not supported between 'NoneType' and
+#   'NoneType'). The plan has chosen what to recompute, as for any checkpoint the model makes
+#   (NOTE [Reentrant checkpoints] in monet_opt/reentrant.py), so the tags are dropped.
+_AC_TAGS = ("recompute", "ac_graph_id")
 
 
 def _drop_dead_code(gm: fx.GraphModule) -> None:
