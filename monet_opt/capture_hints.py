@@ -47,6 +47,12 @@ def shapes(errors: list[str]) -> str:
            if ": DynamicOutputShapeException: " in e}
     if not ops:
         return ""
+    if ops <= _PACKING:
+        return ("\nThere, pack_padded_sequence packs by the values of the lengths, which a "
+                "traced step, whose shapes are fixed, cannot hold: run the recurrent layer on "
+                "the padded batch instead (padded at the end, a one-directional layer's outputs "
+                "at the real steps are the same), leave the padded steps out of the loss with a "
+                "mask, and take each sequence's last output with gather at lengths - 1.")
     if ops <= _MASKING:
         return ("\nThere, an op's output shape depends on the values of a tensor (indexing with "
                 "a boolean mask, x[mask], runs nonzero; so do masked_select and unique), which a "
@@ -62,3 +68,4 @@ def shapes(errors: list[str]) -> str:
 
 _MASKING = {"aten.nonzero.default", "aten.masked_select.default", "aten._unique2.default",
             "aten.unique_dim.default", "aten.unique_consecutive.default"}
+_PACKING = {"aten._pack_padded_sequence.default"}

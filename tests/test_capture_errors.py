@@ -126,6 +126,30 @@ def test_a_loss_whose_shape_depends_on_values_says_to_compute_it_outside():
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
 
 
+class Packed(nn.Module):
+    """A GRU over sequences of several lengths, packed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.out = nn.GRU(8, 32, batch_first=True), nn.Linear(32, 1)
+
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True,
+                                                   enforce_sorted=False)
+        out, _ = nn.utils.rnn.pad_packed_sequence(self.rnn(packed)[0], batch_first=True)
+        return self.out(out).square().mean()
+
+
+def test_packed_sequences_say_to_run_on_the_padded_batch():
+    """pack_padded_sequence packs by the lengths' values: the hint spoke of losses and CTC;
+    it says to run the layer on the padded batch and mask (which gives a packed GRU's
+    gradients to 4e-7, by hand)."""
+    x, lengths = torch.randn(4, 20, 8), torch.tensor([20, 15, 9, 3])
+    with pytest.raises(monet_opt.CaptureError, match=r"(?s)pack_padded_sequence packs by the "
+                       r"values of the lengths.*padded batch.*gather at lengths - 1"):
+        monet_opt.optimize(Packed(), (x, lengths), HUGE, profile_dir=None)
+
+
 class Policy(nn.Module):
     """REINFORCE's loss: actions sampled from a Categorical, their log-probabilities weighted."""
 
