@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
-                       grouped_attention, grouped_math, host_random, late_grads, rewrite,
-                       saved_clones)
+                       grouped_attention, grouped_math, host_random, late_grads, output_bytes,
+                       rewrite, saved_clones)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.attributes import Watched, warn_if_forward_changed
@@ -19,12 +19,11 @@ from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
 from monet_opt.families import acceptable, offered_families
-from monet_opt.held_outputs import held_problem
+from monet_opt.held_outputs import held_loss, held_problem, loss_bytes
 from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
-from monet_opt.memory import (allocated_bytes, cuda_slack, shared_bytes, sparse_bytes,
-                              storage_groups)
+from monet_opt.memory import cuda_slack, shared_bytes, sparse_bytes, storage_groups
 from monet_opt.lower_variants import attach_variants, with_costs
 from monet_opt.module import OptimizedModule, Step, for_model
 from monet_opt.plan import Plan, make_plan
@@ -299,7 +298,8 @@ class _Planner:
             if extra:
                 problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + extra)
             held = held + returned if self.outputs_held else held
-            problem = held_problem(problem, {t for k in held for t in lowered.output_tensors[k]})
+            problem = held_problem(problem, {t for k in held for t in lowered.output_tensors[k]},
+                                   held_loss(joint, lowered, problem, returned))
             self.problem = problem
             lowered = _matching(lowered, problem)
             slots = GradientSlots(self.resident, self.primals) if self.resident else None
@@ -345,12 +345,12 @@ class _Planner:
 
 def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int,
               allow_lossy: bool = False, time_limit_s: float | None = None) -> solvers.Problem:
-    """`lowered.problem` with each op's and variant's measured costs and the loss scalars'
-    bytes. A variant whose result is not bitwise the op's is withdrawn, with a warning, unless
-    its family is lossy, lossy ones are allowed, and the error is within the family's bound;
-    one the time limit left unmeasured is withdrawn (the profiler's warning says so)."""
+    """`lowered.problem` with each op's and variant's measured costs, outputs' bytes (NOTE
+    [Outputs larger than their shapes]) and the loss scalars' bytes. A variant not bitwise the
+    op's is withdrawn (warning) unless its family is lossy, lossy ones are allowed and it is
+    within the family's bound; so is one the time limit left unmeasured (the profiler warns)."""
     measured = profile(joint, lowered, primals, repeats, time_limit_s)
-    problem = lowered.problem
+    problem = output_bytes.raised(lowered.problem, measured.op_output_bytes)
     ops = tuple(dataclasses.replace(op, time_s=t, recompute_time_s=r,
                                     workspace_bytes=max(op.workspace_bytes, w))
                 for op, t, r, w in zip(problem.ops, measured.op_time_s, measured.op_rerun_s,
@@ -372,7 +372,7 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
                           f"device and are not used: {bad[:3]}",
                           RuntimeWarning, stacklevel=2)
         problem = problem.only_variants({v for v, ok in enumerate(exact) if ok})
-    problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + _loss_bytes(joint))
+    problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + loss_bytes(joint))
     if primals and primals[0].device.type == "cuda":  # NOTE [CUDA blocks]
         store_all = solvers.simulate(problem, solvers.schedule_from_kept(
             problem, problem.saved_for_backward))
@@ -388,13 +388,3 @@ def _matching(lowered: Lowered, problem: solvers.Problem) -> Lowered:
     sites = tuple(s for s in lowered.variant_sites if f"{s.family}:{s.backward_node}" in names)
     return dataclasses.replace(lowered, problem=problem, variant_sites=sites)
 
-
-def _loss_bytes(joint) -> int:
-    """NOTE [The loss scalar]: the user's loss is outside the graph, but any training step makes
-    at least a scalar loss and its seed gradient; count those two scalars (of the output gradients'
-    dtype). Anything larger the loss function allocates (a cross-entropy's log-probabilities) is
-    not in the plan: fold the loss into the module to plan it too. The two scalars are counted
-    for the whole step, so a step whose peak falls in its forward measures them under its plan."""
-    tangents = [n.meta["val"] for n in joint.graph.find_nodes(op="placeholder")
-                if n.name.startswith("tangents")]
-    return 2 * allocated_bytes(tangents[0].element_size(), tangents[0].device) if tangents else 0

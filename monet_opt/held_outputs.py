@@ -30,10 +30,11 @@ import weakref
 from typing import Any, Callable
 
 import torch
+import torch.fx as fx
 
 import solvers
 from monet_opt.errors import user_stacklevel
-from monet_opt.memory import dense_parts, resident_bytes
+from monet_opt.memory import allocated_bytes, dense_parts, resident_bytes
 from monet_opt.plan import Plan
 
 
@@ -104,10 +105,45 @@ def _beyond_loss(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return outputs if first is None else outputs[:first] + outputs[first + 1:]
 
 
-def held_problem(problem: solvers.Problem, storages: set[int]) -> solvers.Problem:
+def loss_bytes(joint) -> int:
+    """NOTE [The loss scalar]: the user's loss is outside the graph, but any training step makes
+    at least a scalar loss and its seed gradient; count those two scalars (of the output
+    gradients' dtype). Anything larger the loss function allocates (a cross-entropy's
+    log-probabilities) is not in the plan: fold the loss into the module to plan it too. The two
+    scalars are counted for the whole step, so a step whose peak falls in its forward measures
+    them under its plan. A loss the step returns in a larger storage: `held_loss`."""
+    tangents = [n.meta["val"] for n in joint.graph.find_nodes(op="placeholder")
+                if n.name.startswith("tangents")]
+    return 2 * allocated_bytes(tangents[0].element_size(), tangents[0].device) if tangents else 0
+
+
+def held_loss(joint, lowered, problem: solvers.Problem, returned: tuple[int, ...]
+              ) -> tuple[int, int] | None:
+    """(tensor, the one element `loss_bytes` counts of it) of the loss the step returns (its
+    first scalar output, as `_beyond_loss` takes it), where its storage holds more than that
+    element (NOTE [Outputs larger than their shapes] in monet_opt/output_bytes.py: CPU's
+    mse_loss returns its mean in the elementwise losses' storage): the caller holds it through
+    the backward, which the plan, freeing it after the forward, did not count."""
+    outputs = next(iter(joint.graph.find_nodes(op="output"))).args[0]
+    for k in returned:
+        val = outputs[k].meta.get("val") if isinstance(outputs[k], fx.Node) else None
+        if isinstance(val, torch.Tensor) and val.dim() == 0:
+            t = lowered.output_tensors[k][0] if len(lowered.output_tensors[k]) == 1 else None
+            one = allocated_bytes(val.element_size(), val.device)
+            big = t is not None and problem.tensors[t].bytes > one and \
+                problem.tensors[t].producer != solvers.NO_PRODUCER
+            return (t, one) if big else None
+    return None
+
+
+def held_problem(problem: solvers.Problem, storages: set[int],
+                 loss: tuple[int, int] | None = None) -> solvers.Problem:
     """`problem` with the storages of the kept tensors (`storages`: tensor ids) held for the
     whole step: their bytes fixed, nothing when made, never written over (NOTE [Tensors kept
-    on a module])."""
+    on a module]); the loss `held_loss` found too, less the element counted for it already."""
+    if loss is not None and loss[0] not in storages:
+        storages = storages | {loss[0]}
+        problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes - loss[1])
     made = {t for t in storages if problem.tensors[t].producer != solvers.NO_PRODUCER}
     if not made:
         return problem

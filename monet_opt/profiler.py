@@ -35,7 +35,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from monet_opt import cudnn_bn, recompute, variants
+from monet_opt import cudnn_bn, output_bytes, recompute, variants
 from monet_opt.lower import Lowered, is_effect_token
 from monet_opt.errors import VariantGuardError
 from monet_opt.memory import counted
@@ -45,9 +45,10 @@ from monet_opt.profile_budget import Budget, estimates
 # (revision 1: no recomputation times; 2: variants measured without the op's keyword
 # arguments, their results' strides unchecked, variants that cannot pay still offered; 3: no
 # op workspace on CUDA, CUDA tensors' exact bytes rather than the allocator's blocks; 4: 1-bit
-# ReLU masks and pooling's shape-only variants refused after channels-last layers) is not
-# served to this one. Raise it when what the profiler measures changes meaning.
-PROFILER_REVISION = 5
+# ReLU masks and pooling's shape-only variants refused after channels-last layers; 5: outputs
+# counted by their shapes: NOTE [Outputs larger than their shapes]) is not served to this one.
+# Raise it when what the profiler measures changes meaning.
+PROFILER_REVISION = 6
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -75,6 +76,8 @@ class ProfileResult:
     timed_signatures: int = 0
     op_rerun_s: tuple[float | None, ...] = ()  # recomputation's time where it differs
     op_workspace_bytes: tuple[int, ...] = ()  # per op (NOTE [Workspace] in monet_opt/memory.py)
+    # per op, what its tensor outputs' storages hold (NOTE [Outputs larger than their shapes])
+    op_output_bytes: tuple[tuple[int, ...] | None, ...] = ()
 
 
 class _VariantProbe:
@@ -192,7 +195,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         inputs = [torch.empty(0) if is_effect_token(n) else
                   _random_like(n.meta["val"], primals) if n.name.startswith("tangents") else
                   next(given) for n in joint.graph.find_nodes(op="placeholder")]
-        _warm_up(joint, inputs)  # NOTE [Warm allocator]
+        held = _warm_up(joint, inputs)  # NOTE [Warm allocator]
         measured, reruns, signatures, workspace = _run(joint, inputs, set(wanted), probe,
                                                        budget)
     missing = [name for name in wanted if name not in measured]
@@ -213,7 +216,9 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         variant_measured=tuple(t is not None for t in probe.times),
         estimated_ops=len(missing), reduced_ops=budget.reduced, timed_signatures=signatures,
         op_rerun_s=tuple(reruns.get(name) for name in lowered.op_nodes),
-        op_workspace_bytes=tuple(workspace.get(name, 0) for name in lowered.op_nodes))
+        op_workspace_bytes=tuple(workspace.get(name, 0) for name in lowered.op_nodes),
+        op_output_bytes=tuple(held.get(name) for name in lowered.op_nodes))
+
 
 
 def _random_like(val: torch.Tensor, primals: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -255,17 +260,24 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
             {name: workspace[sig] for name, sig in measured.items() if sig in workspace})
 
 
-def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> None:
+def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> dict[str, tuple[int, ...]]:
     """NOTE [Warm allocator]
       The first pass over a graph in a process meets a cold allocator: on CPU, glibc maps
       fresh pages for large blocks until its thresholds adapt, and a page fault costs more than
       a memory-bound op itself (a 16 MiB add: 23 ms into fresh pages, 1.5 ms into reused ones,
       measured here). Training runs warm after its first step, so the profiler first runs the
       graph once untimed; then a ResNet-50's profiled adds measured 9 ms in every run, where
-      a cold first profile measured 72-76 ms and later ones 9 ms."""
+      a cold first profile measured 72-76 ms and later ones 9 ms.
+      Returns {op node: the bytes each of its tensor outputs' storages holds} (NOTE [Outputs
+      larger than their shapes] in monet_opt/output_bytes.py)."""
+    held: dict[str, tuple[int, ...]] = {}
+
     def run(node, args, kwargs, env):
-        env[node.name] = cudnn_bn.kernel(node)(*args, **kwargs)
+        out = env[node.name] = cudnn_bn.kernel(node)(*args, **kwargs)
+        held[node.name] = output_bytes.held(out, (args, kwargs))
     _walk(gm, inputs, run)
+    return held
+
 
 
 def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: False,

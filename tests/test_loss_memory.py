@@ -150,6 +150,27 @@ def test_with_loss_takes_a_tensor_and_trains_the_model():
         assert torch.equal(ours.grad, theirs.grad)
 
 
+@pytest.mark.parametrize("loss", [F.mse_loss, F.smooth_l1_loss, F.binary_cross_entropy])
+def test_a_loss_returned_in_a_larger_storage_peaks_at_its_prediction(loss):
+    """On CPU these losses return their mean in the storage of the elementwise losses, which
+    the caller holds through the backward with the scalar: the plans were 98,300 B under their
+    measured peaks, over the limit at the least one (NOTE [Outputs larger than their
+    shapes]). Now both measure their predictions to the byte."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Tanh(),
+                              torch.nn.Conv2d(16, 3, 3, padding=1), torch.nn.Sigmoid())
+    x, y = torch.randn(8, 3, 32, 32), torch.rand(8, 3, 32, 32)
+    wrapped = monet_opt.WithLoss(net, loss)
+    full = monet_opt.optimize(copy.deepcopy(wrapped), (x, y), HUGE, profile_repeats=1)
+    least = monet_opt.optimize(wrapped, (x, y), full.plan.min_feasible_bytes,
+                               profile_repeats=1, time_limit_s=5)
+    for opt in (full, least):
+        resident = monet_opt.resident_tensors(opt.model, (x, y))
+        assert monet_opt.measure_peak(lambda: opt(x, y).backward(), resident) \
+            == opt.plan.predicted_peak_bytes
+        opt.model.zero_grad(set_to_none=True)
+
+
 def test_inputs_sharing_otherwise_than_the_sample_get_their_own_plan():
     """A plan made for labels=input_ids counts the ids once; a step given a copy as labels holds
     one more int64 tensor, so it is planned apart (ReplanWarning saying why), and each plan

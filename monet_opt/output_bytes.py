@@ -1,0 +1,55 @@
+"""What an op's outputs hold, measured where their storages are larger than their shapes.
+
+NOTE [Outputs larger than their shapes]
+  The lowering counts each op's outputs by their fake tensors: shape and dtype. Some kernels
+  return a result whose storage is larger: on CPU, mse_loss, smooth_l1_loss,
+  binary_cross_entropy and soft_margin_loss reduced to a scalar return it in the storage of the
+  elementwise losses (98,304 B for an 8x3x32x32 batch, counted as 4 B). A step that returns
+  such a loss holds that storage to its end: WithLoss(model, F.mse_loss), exact for any loss by
+  its word, and a diffusion model's loss inside its forward measured 98,300 B over their plans,
+  at the least limit over the limit. The profiler's warm-up run measures each output's storages
+  (`held`: one shared with an argument, or with an earlier output of the same op, as nothing),
+  and the planner raises a tensor's bytes to that where it is more (`raised`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+from torch.utils import _pytree as pytree
+
+from monet_opt.memory import allocated_bytes, dense_parts
+from solvers import Problem
+
+
+def held(out, read) -> tuple[int, ...]:
+    """Each tensor in `out` (a tensor, or a tuple or list of values): the bytes of its storages
+    not among those of the tensors in `read` nor of an earlier output."""
+    seen = {p.untyped_storage().data_ptr() for t in pytree.tree_leaves(read)
+            if isinstance(t, torch.Tensor) for p in dense_parts(t)}
+    found = []
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if not isinstance(t, torch.Tensor):
+            continue
+        nbytes = 0
+        for part in dense_parts(t):
+            storage = part.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                nbytes += allocated_bytes(storage.nbytes(), t.device)
+        found.append(nbytes)
+    return tuple(found)
+
+
+def raised(problem: Problem, measured: Sequence[tuple[int, ...] | None]) -> Problem:
+    """`problem` with each op output's bytes raised to what `held` measured of it (per op, in
+    the problem's order; None: not run), where the op made as many tensors as the problem
+    says."""
+    tensors = list(problem.tensors)
+    for op, nbytes in zip(problem.ops, measured):
+        if nbytes is not None and len(nbytes) == len(op.outputs):
+            for t, n in zip(op.outputs, nbytes):
+                if n > tensors[t].bytes:
+                    tensors[t] = dataclasses.replace(tensors[t], bytes=n)
+    return dataclasses.replace(problem, tensors=tuple(tensors))
