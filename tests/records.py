@@ -30,3 +30,17 @@ def at_least_peak(model, sample, probe=None):
     least = monet_opt.optimize(probe, sample, 1 << 40, profile_repeats=1,
                                time_limit_s=5).plan.min_feasible_bytes
     return monet_opt.optimize(model, sample, least, profile_repeats=1, time_limit_s=5), least
+
+
+def assert_same_grads(opt, model, eager, sample, steps: int, seeded: bool = False) -> None:
+    """`steps` backward passes of `opt` (which trains `model`'s parameters) and of `eager`,
+    each on `sample` (a tensor) and the module's loss, every gradient bitwise alike after each;
+    each pair seeded alike where `seeded`."""
+    for step in range(steps):
+        for module in (opt, eager):
+            if seeded:
+                torch.manual_seed(step)
+            module(sample).backward()
+        for a, b in zip(model.parameters(), eager.parameters()):
+            assert torch.equal(a.grad, b.grad), f"step {step}"
+            a.grad = b.grad = None

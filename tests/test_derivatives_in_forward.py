@@ -10,7 +10,7 @@ from torch import nn
 from torch.func import hessian, jacrev, vmap
 
 import monet_opt
-from tests.records import at_least_peak
+from tests.records import assert_same_grads, at_least_peak
 
 
 class HeatEquation(nn.Module):
@@ -49,12 +49,7 @@ def test_derivatives_taken_in_the_forward_train_like_eager(how):
     eager = copy.deepcopy(model)
     opt, _ = at_least_peak(model, xt)
     assert opt.plan.recomputed_ops > 0
-    for step in range(2):
-        for module in (opt, eager):
-            module(xt).backward()
-        for a, b in zip(model.parameters(), eager.parameters()):
-            assert torch.equal(a.grad, b.grad), f"step {step}"
-            a.grad = b.grad = None
+    assert_same_grads(opt, model, eager, xt, steps=2)
     measured = monet_opt.measure_peak(lambda: opt(xt).backward(),
                                       monet_opt.resident_tensors(model, xt))
     assert measured == opt.plan.predicted_peak_bytes

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
 
 import monet_opt
 from tests.models import gpt2_tiny
-from tests.records import at_least_peak
+from tests.records import assert_same_grads, at_least_peak
 
 HUGE = 1 << 40
 
@@ -124,13 +124,7 @@ def test_selective_checkpoints_are_planned_as_plain_calls():
     eager = copy.deepcopy(model)
     opt, _ = at_least_peak(model, x)
     assert opt.plan.recomputed_ops > 0
-    for step in range(2):
-        for module in (opt, eager):
-            torch.manual_seed(step)
-            module(x).backward()
-        for a, b in zip(model.parameters(), eager.parameters()):
-            assert torch.equal(a.grad, b.grad), f"step {step}"
-            a.grad = b.grad = None
+    assert_same_grads(opt, model, eager, x, steps=2, seeded=True)
     measured = monet_opt.measure_peak(lambda: opt(x).backward(),
                                       monet_opt.resident_tensors(model, x))
     assert measured <= opt.plan.predicted_peak_bytes
