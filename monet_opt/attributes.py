@@ -17,7 +17,12 @@ NOTE [Attributes read as constants]
   strides and requires_grad are watched, as is a None that may become one (NOTE [Tensors held
   as attributes] in monet_opt/forward_state.py). Not watched: private attributes (a leading
   underscore) of other types, attributes added after optimize(), values of other types, and
-  anything not held by a module (a global the forward reads).
+  anything not held by a module but a global (below).
+  A plain global that a module's forward function reads by name (`x * SCALE`, `if EPOCH > 5`,
+  a module-level schedule the loop reassigns) was held as a constant too, silently: those names
+  (the forward's LOAD_GLOBAL reads, and its nested functions') whose values are plain when
+  optimize() runs are watched the same way, named by the global and the file. Not seen: globals
+  read by the functions the forward calls, and attributes of global objects (`args.p`).
   A forward that changes such a value itself (a counter it increments) changes it while traced
   and never at a step: optimize() warns (SideEffectWarning), naming it.
   Where they are is noted once; reading them is 47 us a step on a 12-layer GPT-2 (435 values and
@@ -25,8 +30,10 @@ NOTE [Attributes read as constants]
 """
 from __future__ import annotations
 
+import dis
+import types
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -59,6 +66,8 @@ class Watched:
     where: tuple[tuple[int, bool, tuple[str, ...]], ...]
     # where in values() a tensor may be: the values that were None or a tensor at of()
     maybe_tensors: tuple[int, ...] = ()
+    # (the globals a forward reads from, a plain global's name): last in values()
+    global_reads: tuple[tuple[dict, str], ...] = field(default=(), compare=False)
 
     @staticmethod
     def of(model: nn.Module, skip: tuple[tuple[str, str], ...] = ()) -> Watched:
@@ -78,7 +87,7 @@ class Watched:
                     and hasattr(config, "__dict__") and id(config) not in configs:
                 configs.add(id(config))
                 where.append((position, True, tuple(_public(config))))
-        return Watched(tuple(where), tuple(maybe))
+        return Watched(tuple(where), tuple(maybe), _global_reads(model))
 
     def values(self, modules: list[nn.Module]) -> tuple:
         """The modules' classes and the watched values now (`modules`: model.modules(), as a
@@ -95,6 +104,7 @@ class Watched:
         for k in self.maybe_tensors:  # a tensor's spec: its values are an input of the step
             if isinstance(out[k], torch.Tensor):
                 out[k] = LeafSpec.of(out[k])
+        out.extend(scope.get(name, _MISSING) for scope, name in self.global_reads)
         return tuple(out)
 
     def changed(self, model: nn.Module, before: tuple, now: tuple) -> str:
@@ -112,9 +122,31 @@ class Watched:
         labels = [".".join(filter(None, (names[position], "config" * in_config, name)))
                   for position, in_config, attrs in self.where if position < len(names)
                   for name in attrs]
+        labels += [f"global {name} ({scope.get('__file__') or scope.get('__name__')})"
+                   for scope, name in self.global_reads]
         diffs = swapped + [f"{label} {_shown(b)} -> {_shown(n)}"
                            for label, b, n in zip(labels, before, now) if b != n]
         return ", ".join(diffs[:4]) + (f" and {len(diffs) - 4} more" if len(diffs) > 4 else "")
+
+
+def _global_reads(model: nn.Module) -> tuple[tuple[dict, str], ...]:
+    """(globals, name) for each plain global the forward functions of the model's module
+    classes read by name, nested functions included, each once."""
+    found: dict[tuple[int, str], tuple[dict, str]] = {}
+    forwards = {cls.__dict__["forward"] for module in model.modules()
+                for cls in type(module).__mro__ if cls is not nn.Module and
+                isinstance(cls.__dict__.get("forward"), types.FunctionType)}
+    for fn in forwards:
+        codes = [fn.__code__]
+        while codes:
+            code = codes.pop()
+            codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+            for ins in dis.get_instructions(code):
+                if ins.opname == "LOAD_GLOBAL" and ins.argval in fn.__globals__ and \
+                        _plain(fn.__globals__[ins.argval]):
+                    found.setdefault((id(fn.__globals__), ins.argval),
+                                     (fn.__globals__, ins.argval))
+    return tuple(found.values())
 
 
 def _shown(value: object) -> str:

@@ -210,3 +210,40 @@ def test_one_walk_finds_what_torch_finds():
     assert modules == list(model.modules())
     assert list(params.items()) == list(model.named_parameters())
     assert list(buffers.items()) == list(model.named_buffers())
+
+
+SCALE, WARM = 1.0, True  # globals the forward below reads, changed by the test as a loop would
+
+
+class ReadsGlobals(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f, self.drop = nn.Linear(16, 16), nn.Dropout(0.1)
+
+    def forward(self, x):
+        h = self.f(x) * SCALE
+        return self.drop(h if WARM else torch.tanh(h))
+
+
+def test_globals_the_forward_reads_plan_a_step():
+    """A plain global the forward reads was a constant of the traced step: reassigning it (a
+    schedule the loop keeps at module level) changed nothing, silently."""
+    global SCALE, WARM
+    torch.manual_seed(0)
+    model, x = ReadsGlobals().train(), torch.randn(4, 16)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    try:
+        for seed, (SCALE, WARM) in enumerate([(1.0, True), (0.5, True), (0.5, False)]):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ours = _step(opt, model, x, seed)
+            expected = _step(eager, eager, x, seed)
+            assert torch.equal(ours[0], expected[0])
+            assert all(torch.equal(a, b) for a, b in zip(ours[1], expected[1]))
+            replans = [str(w.message) for w in caught if issubclass(w.category, ReplanWarning)]
+            assert len(replans) == (seed > 0)
+            if seed == 2:
+                assert "global WARM" in replans[0] and "True -> False" in replans[0]
+    finally:
+        SCALE, WARM = 1.0, True
