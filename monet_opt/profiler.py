@@ -310,8 +310,10 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
             try:
                 visit(node, args, kwargs, env)
             except Exception as exc:
-                raise RuntimeError(f"monet_opt profiler: {node.format_node()} failed: "
-                                   f"{exc}") from exc
+                raise RuntimeError(
+                    f"monet_opt profiler: {node.format_node()} failed: {exc}\nDoes the model "
+                    "run eagerly on sample_input (its dtypes and devices against the "
+                    "parameters')? If it does, please report the model.") from exc
         elif node.op == "output":
             break
         for name in free_after.get(node, ()):
