@@ -179,3 +179,10 @@ def test_distribution_argument_checks_say_to_turn_them_off():
         torch.manual_seed(1)
         module(obs, returns).backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
+
+
+def test_an_input_the_model_cannot_take_says_to_check_eager():
+    """An integer batch for a float model traces (fake tensors check no dtypes) and fails in
+    the profiler's real run: the op's message, and the question to ask."""
+    with pytest.raises(RuntimeError, match=r"(?s)same dtype.*run eagerly on sample_input"):
+        monet_opt.optimize(nn.Linear(8, 2), torch.randint(0, 3, (4, 8)), HUGE, profile_dir=None)
