@@ -131,11 +131,16 @@ class Watched:
 
 def _global_reads(model: nn.Module) -> tuple[tuple[dict, str], ...]:
     """(globals, name) for each plain global the forward functions of the model's module
-    classes read by name, nested functions included, each once."""
+    classes read by name, nested functions and the functions decorators wrap included, each
+    once."""
     found: dict[tuple[int, str], tuple[dict, str]] = {}
     forwards = {cls.__dict__["forward"] for module in model.modules()
                 for cls in type(module).__mro__ if cls is not nn.Module and
                 isinstance(cls.__dict__.get("forward"), types.FunctionType)}
+    for fn in list(forwards):  # a decorated forward (HF's can_return_tuple): the one it wraps
+        while isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
+            fn = fn.__wrapped__
+            forwards.add(fn)
     for fn in forwards:
         codes = [fn.__code__]
         while codes:
