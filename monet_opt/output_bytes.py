@@ -46,10 +46,17 @@ def raised(problem: Problem, measured: Sequence[tuple[int, ...] | None]) -> Prob
     """`problem` with each op output's bytes raised to what `held` measured of it (per op, in
     the problem's order; None: not run), where the op made as many tensors as the problem
     says."""
-    tensors = list(problem.tensors)
+    tensors, grown = list(problem.tensors), set()
     for op, nbytes in zip(problem.ops, measured):
         if nbytes is not None and len(nbytes) == len(op.outputs):
             for t, n in zip(op.outputs, nbytes):
                 if n > tensors[t].bytes:
                     tensors[t] = dataclasses.replace(tensors[t], bytes=n)
-    return dataclasses.replace(problem, tensors=tuple(tensors))
+                    grown.add(t)
+    # an op writes its output into a dying input of the same size only (NOTE [Writing into a
+    # dying input] in solvers/simulate.py): not where one of them has grown (a loss added to
+    # the mse_loss scalar)
+    ops = tuple(dataclasses.replace(op, overwrites=())
+                if op.overwrites and (set(op.overwrites) | set(op.outputs)) & grown else op
+                for op in problem.ops)
+    return dataclasses.replace(problem, ops=ops, tensors=tuple(tensors))
