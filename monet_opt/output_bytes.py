@@ -54,9 +54,10 @@ def raised(problem: Problem, measured: Sequence[tuple[int, ...] | None]) -> Prob
                     tensors[t] = dataclasses.replace(tensors[t], bytes=n)
                     grown.add(t)
     # an op writes its output into a dying input of the same size only (NOTE [Writing into a
-    # dying input] in solvers/simulate.py): not where one of them has grown (a loss added to
-    # the mse_loss scalar)
-    ops = tuple(dataclasses.replace(op, overwrites=())
-                if op.overwrites and (set(op.overwrites) | set(op.outputs)) & grown else op
+    # dying input] in solvers/simulate.py, NOTE [In-place accumulation] in solvers/problem.py):
+    # not where one of them has grown (a loss added to the mse_loss scalar); counted as made
+    ops = tuple(dataclasses.replace(op, overwrites=(), inplace_bytes=0)
+                if (op.overwrites or op.inplace_bytes) and
+                (set(op.inputs) | set(op.outputs)) & grown else op
                 for op in problem.ops)
     return dataclasses.replace(problem, ops=ops, tensors=tuple(tensors))
