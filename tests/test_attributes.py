@@ -43,6 +43,18 @@ def _step(module, owner, x, seed):
     return out.detach(), [p.grad.clone() for p in owner.parameters()]
 
 
+def _replans_of_alike_step(opt, model, eager, x, seed) -> list[str]:
+    """One step of `opt` (training `model`) and of `eager`, outputs and gradients bitwise
+    alike; the ReplanWarnings ours raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = _step(opt, model, x, seed)
+    expected = _step(eager, eager, x, seed)
+    assert torch.equal(ours[0], expected[0])
+    assert all(torch.equal(a, b) for a, b in zip(ours[1], expected[1]))
+    return [str(w.message) for w in caught if issubclass(w.category, ReplanWarning)]
+
+
 def _set(model, tau, p, scale):
     model.drop.p, model.config.scale = p, scale
     if isinstance(model.tau, torch.Tensor):
@@ -61,13 +73,7 @@ def test_changed_attributes_plan_a_step_and_train_like_eager():
     for seed, (tau, p, scale) in enumerate(settings):
         _set(eager, tau, p, scale)
         _set(model, tau, p, scale)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            ours = _step(opt, model, x, seed)
-        expected = _step(eager, eager, x, seed)
-        assert torch.equal(ours[0], expected[0])
-        assert all(torch.equal(a, b) for a, b in zip(ours[1], expected[1]))
-        replans = [str(w.message) for w in caught if issubclass(w.category, ReplanWarning)]
+        replans = _replans_of_alike_step(opt, model, eager, x, seed)
         assert len(replans) == (seed in (1, 2, 3))  # back to the first values: its step again
         if seed == 2:
             assert "with tau 1.0 -> 0.5, drop.p 0.1 -> 0.5" in replans[0]
@@ -235,13 +241,7 @@ def test_globals_the_forward_reads_plan_a_step():
     opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
     try:
         for seed, (SCALE, WARM) in enumerate([(1.0, True), (0.5, True), (0.5, False)]):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                ours = _step(opt, model, x, seed)
-            expected = _step(eager, eager, x, seed)
-            assert torch.equal(ours[0], expected[0])
-            assert all(torch.equal(a, b) for a, b in zip(ours[1], expected[1]))
-            replans = [str(w.message) for w in caught if issubclass(w.category, ReplanWarning)]
+            replans = _replans_of_alike_step(opt, model, eager, x, seed)
             assert len(replans) == (seed > 0)
             if seed == 2:
                 assert "global WARM" in replans[0] and "True -> False" in replans[0]
