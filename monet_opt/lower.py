@@ -152,8 +152,9 @@ def storage_bytes(val: object) -> int:
 def _nbytes(val: object) -> int:
     if not isinstance(val, torch.Tensor):
         return 0
-    if val.layout != torch.strided or val._is_zerotensor():  # a sparse tensor: its indices
-        return sum(_nbytes(part) for part in dense_parts(val) if part is not val)  # and values
+    # a sparse tensor holds its indices and values, an efficient zero tensor nothing
+    if val.layout != torch.strided or val._is_zerotensor():
+        return sum(_nbytes(part) for part in dense_parts(val) if part is not val)
     try:
         return int(val.untyped_storage().nbytes())
     except Exception:  # noqa: BLE001 - some tensor subclasses have no storage; size from shape

@@ -136,9 +136,10 @@ def refuse_sparse_made(joint: fx.GraphModule, is_view: Callable[[fx.Node], bool]
             f"monet_opt.optimize: the step makes a sparse tensor ({', '.join(made)}: "
             "torch.sparse_coo_tensor, .to_sparse(), coalesce or arithmetic on a sparse tensor); "
             "the trace knows neither how many entries it holds nor which storages it shares "
-            "with its arguments, so its memory cannot be planned. Build it outside the module and pass it in as an input "
-            "(a sparse input is counted: NOTE [Sparse inputs] in monet_opt/memory.py), or pass "
-            "messages with dense ops (index_add_, scatter_reduce).")
+            "with its arguments, so its memory cannot be planned. Build it outside the module "
+            "and pass it in as an input (a sparse input is counted: NOTE [Sparse inputs] in "
+            "monet_opt/memory.py), or pass messages with dense ops (index_add_, "
+            "scatter_reduce).")
 
 
 def dense_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
