@@ -19,10 +19,12 @@ NOTE [Attributes read as constants]
   underscore) of other types, attributes added after optimize(), values of other types, and
   anything not held by a module but a global (below).
   A plain global that a module's forward function reads by name (`x * SCALE`, `if EPOCH > 5`,
-  a module-level schedule the loop reassigns) was held as a constant too, silently: those names
-  (the forward's LOAD_GLOBAL reads, and its nested functions') whose values are plain when
-  optimize() runs are watched the same way, named by the global and the file. Not seen: globals
-  read by the functions the forward calls, and attributes of global objects (`args.p`).
+  a module-level schedule the loop reassigns), or an attribute of an object held in a global
+  (`cfg.tau`, `args.p`), was held as a constant too, silently: those the forward reads (its
+  LOAD_GLOBAL reads, and one LOAD_ATTR after them from the object's __dict__; its nested
+  functions' too) whose values are plain when optimize() runs are watched the same way, named
+  by the global and the file. Not seen: what the functions the forward calls read, deeper
+  attribute chains (`cfg.MODEL.P`), and items of global containers (`CONFIG["p"]`).
   A forward that changes such a value itself (a counter it increments) changes it while traced
   and never at a step: optimize() warns (SideEffectWarning), naming it.
   Where they are is noted once; reading them is 47 us a step on a 12-layer GPT-2 (435 values and
@@ -66,8 +68,9 @@ class Watched:
     where: tuple[tuple[int, bool, tuple[str, ...]], ...]
     # where in values() a tensor may be: the values that were None or a tensor at of()
     maybe_tensors: tuple[int, ...] = ()
-    # (the globals a forward reads from, a plain global's name): last in values()
-    global_reads: tuple[tuple[dict, str], ...] = field(default=(), compare=False)
+    # (a namespace the forward reads from, a plain value's name in it, a label): last in
+    # values(); the namespace is a module's globals, or the __dict__ of an object one holds
+    global_reads: tuple[tuple[dict, str, str], ...] = field(default=(), compare=False)
 
     @staticmethod
     def of(model: nn.Module, skip: tuple[tuple[str, str], ...] = ()) -> Watched:
@@ -104,7 +107,7 @@ class Watched:
         for k in self.maybe_tensors:  # a tensor's spec: its values are an input of the step
             if isinstance(out[k], torch.Tensor):
                 out[k] = LeafSpec.of(out[k])
-        out.extend(scope.get(name, _MISSING) for scope, name in self.global_reads)
+        out.extend(scope.get(name, _MISSING) for scope, name, _ in self.global_reads)
         return tuple(out)
 
     def changed(self, model: nn.Module, before: tuple, now: tuple) -> str:
@@ -122,18 +125,18 @@ class Watched:
         labels = [".".join(filter(None, (names[position], "config" * in_config, name)))
                   for position, in_config, attrs in self.where if position < len(names)
                   for name in attrs]
-        labels += [f"global {name} ({scope.get('__file__') or scope.get('__name__')})"
-                   for scope, name in self.global_reads]
+        labels += [label for _, _, label in self.global_reads]
         diffs = swapped + [f"{label} {_shown(b)} -> {_shown(n)}"
                            for label, b, n in zip(labels, before, now) if b != n]
         return ", ".join(diffs[:4]) + (f" and {len(diffs) - 4} more" if len(diffs) > 4 else "")
 
 
-def _global_reads(model: nn.Module) -> tuple[tuple[dict, str], ...]:
-    """(globals, name) for each plain global the forward functions of the model's module
-    classes read by name, nested functions and the functions decorators wrap included, each
-    once."""
-    found: dict[tuple[int, str], tuple[dict, str]] = {}
+def _global_reads(model: nn.Module) -> tuple[tuple[dict, str, str], ...]:
+    """(namespace, name, label) for each plain value the forward functions of the model's
+    module classes read from their globals by name (`SCALE`), or as an attribute an object
+    held there keeps in its __dict__ (`cfg.tau`; properties are not read), nested functions
+    and the functions decorators wrap included, each once."""
+    found: dict[tuple[int, str], tuple[dict, str, str]] = {}
     forwards = {cls.__dict__["forward"] for module in model.modules()
                 for cls in type(module).__mro__ if cls is not nn.Module and
                 isinstance(cls.__dict__.get("forward"), types.FunctionType)}
@@ -142,15 +145,28 @@ def _global_reads(model: nn.Module) -> tuple[tuple[dict, str], ...]:
             fn = fn.__wrapped__
             forwards.add(fn)
     for fn in forwards:
+        scope = fn.__globals__
+        where = scope.get("__file__") or scope.get("__name__")
         codes = [fn.__code__]
         while codes:
             code = codes.pop()
             codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+            held = None  # the object the last instruction loaded from the globals
             for ins in dis.get_instructions(code):
-                if ins.opname == "LOAD_GLOBAL" and ins.argval in fn.__globals__ and \
-                        _plain(fn.__globals__[ins.argval]):
-                    found.setdefault((id(fn.__globals__), ins.argval),
-                                     (fn.__globals__, ins.argval))
+                name = ins.argval
+                if ins.opname == "LOAD_GLOBAL" and name in scope:
+                    value, held = scope[name], None
+                    if _plain(value):
+                        found.setdefault((id(scope), name), (scope, name, f"global {name} "
+                                                             f"({where})"))
+                    elif hasattr(value, "__dict__") and not isinstance(value, type):
+                        held = (name, vars(value))
+                    continue
+                if ins.opname == "LOAD_ATTR" and held is not None and name in held[1] and \
+                        _plain(held[1][name]):
+                    found.setdefault((id(held[1]), name), (held[1], name, f"global {held[0]}."
+                                                           f"{name} ({where})"))
+                held = None
     return tuple(found.values())
 
 

@@ -219,31 +219,36 @@ def test_one_walk_finds_what_torch_finds():
 
 
 SCALE, WARM = 1.0, True  # globals the forward below reads, changed by the test as a loop would
+SCHEDULE = types.SimpleNamespace(p=0.1)
 
 
 class ReadsGlobals(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.f, self.drop = nn.Linear(16, 16), nn.Dropout(0.1)
+        self.f = nn.Linear(16, 16)
 
     def forward(self, x):
         h = self.f(x) * SCALE
-        return self.drop(h if WARM else torch.tanh(h))
+        return nn.functional.dropout(h if WARM else torch.tanh(h), SCHEDULE.p)
 
 
 def test_globals_the_forward_reads_plan_a_step():
-    """A plain global the forward reads was a constant of the traced step: reassigning it (a
-    schedule the loop keeps at module level) changed nothing, silently."""
+    """A plain global the forward reads, or an attribute of an object held in one, was a
+    constant of the traced step: reassigning it (a schedule the loop keeps at module level)
+    changed nothing, silently."""
     global SCALE, WARM
     torch.manual_seed(0)
     model, x = ReadsGlobals().train(), torch.randn(4, 16)
     eager = copy.deepcopy(model)
     opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
     try:
-        for seed, (SCALE, WARM) in enumerate([(1.0, True), (0.5, True), (0.5, False)]):
+        for seed, (SCALE, WARM, SCHEDULE.p) in enumerate([(1.0, True, 0.1), (0.5, True, 0.1),
+                                                          (0.5, False, 0.1), (0.5, False, 0.4)]):
             replans = _replans_of_alike_step(opt, model, eager, x, seed)
             assert len(replans) == (seed > 0)
             if seed == 2:
                 assert "global WARM" in replans[0] and "True -> False" in replans[0]
+            if seed == 3:
+                assert "global SCHEDULE.p" in replans[0] and "0.1 -> 0.4" in replans[0]
     finally:
-        SCALE, WARM = 1.0, True
+        SCALE, WARM, SCHEDULE.p = 1.0, True, 0.1
