@@ -137,14 +137,7 @@ def _global_reads(model: nn.Module) -> tuple[tuple[dict, str, str], ...]:
     held there keeps in its __dict__ (`cfg.tau`; properties are not read), nested functions
     and the functions decorators wrap included, each once."""
     found: dict[tuple[int, str], tuple[dict, str, str]] = {}
-    forwards = {cls.__dict__["forward"] for module in model.modules()
-                for cls in type(module).__mro__ if cls is not nn.Module and
-                isinstance(cls.__dict__.get("forward"), types.FunctionType)}
-    for fn in list(forwards):  # a decorated forward (HF's can_return_tuple): the one it wraps
-        while isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
-            fn = fn.__wrapped__
-            forwards.add(fn)
-    for fn in forwards:
+    for fn in _forward_functions(model):
         scope = fn.__globals__
         where = scope.get("__file__") or scope.get("__name__")
         codes = [fn.__code__]
@@ -168,6 +161,19 @@ def _global_reads(model: nn.Module) -> tuple[tuple[dict, str, str], ...]:
                                                            f"{name} ({where})"))
                 held = None
     return tuple(found.values())
+
+
+def _forward_functions(model: nn.Module) -> set[types.FunctionType]:
+    """The forward functions of the model's module classes (nn.Module's own aside), and the
+    functions decorated ones wrap (HF's can_return_tuple)."""
+    forwards = {cls.__dict__["forward"] for module in model.modules()
+                for cls in type(module).__mro__ if cls is not nn.Module and
+                isinstance(cls.__dict__.get("forward"), types.FunctionType)}
+    for fn in list(forwards):
+        while isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
+            fn = fn.__wrapped__
+            forwards.add(fn)
+    return forwards
 
 
 def _shown(value: object) -> str:
