@@ -56,7 +56,8 @@ def _hook(peak: int):
                 "the model itself (opt.model(x): eager, no plan), or optimize a module that "
                 "needs only first-order gradients.")
         held = 0 if grad is None else grad.untyped_storage().nbytes()
-        if held > SHARE * peak:
+        # an expanded scalar (out.sum()'s) holds one element: free, however small the step
+        if held > grad.element_size() and held > SHARE * peak:
             warnings.warn(
                 f"monet_opt: the loss handed the step a {held:,} B output gradient (a full-size "
                 f"one, as cross-entropy, a mean, a square or a cast make); the plan counts output "

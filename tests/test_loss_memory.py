@@ -278,3 +278,14 @@ def test_outputs_held_where_no_plan_holding_them_fits():
     assert len(warned[0]) == 1 and len(warned[1]) == 1 and not warned[2]
     assert "no plan that holds the step's outputs" in warned[1][0]
     assert len(least.plans) == 1
+
+
+def test_a_sum_loss_on_a_tiny_model_is_not_warned_about():
+    """out.sum()'s gradient, an expanded scalar (one element), is free: on a step whose peak is
+    a few hundred bytes it passed 1 % of the peak and was warned about as a full-size one."""
+    model, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), torch.randn(2, 4)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    assert opt.plan.predicted_peak_bytes < 400
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.OutputGradientWarning)
+        opt(x).sum().backward()
