@@ -55,7 +55,9 @@ def _hook(peak: int):
                 "backward cannot itself be differentiated. Compute the term that needs it with "
                 "the model itself (opt.model(x): eager, no plan), or optimize a module that "
                 "needs only first-order gradients.")
-        held = 0 if grad is None else grad.untyped_storage().nbytes()
+        if grad is None:
+            return
+        held = grad.untyped_storage().nbytes()
         # an expanded scalar (out.sum()'s) holds one element: free, however small the step
         if held > grad.element_size() and held > SHARE * peak:
             warnings.warn(
