@@ -17,14 +17,8 @@ NOTE [Attributes read as constants]
   strides and requires_grad are watched, as is a None that may become one (NOTE [Tensors held
   as attributes] in monet_opt/forward_state.py). Not watched: private attributes (a leading
   underscore) of other types, attributes added after optimize(), values of other types, and
-  anything not held by a module but a global (below).
-  A plain global that a module's forward function reads by name (`x * SCALE`, `if EPOCH > 5`,
-  a module-level schedule the loop reassigns), or an attribute of an object held in a global
-  (`cfg.tau`, `args.p`), was held as a constant too, silently: those the forward reads (its
-  LOAD_GLOBAL reads, and one LOAD_ATTR after them from the object's __dict__; its nested
-  functions' too) whose values are plain when optimize() runs are watched the same way, named
-  by the global and the file. Not seen: what the functions the forward calls read, deeper
-  attribute chains (`cfg.MODEL.P`), and items of global containers (`CONFIG["p"]`).
+  anything not held by a module but a global, which is watched too (NOTE [Globals read by
+  the forward] in monet_opt/global_reads.py).
   A forward that changes such a value itself (a counter it increments) changes it while traced
   and never at a step: optimize() warns (SideEffectWarning), naming it.
   Where they are is noted once; reading them is 47 us a step on a 12-layer GPT-2 (435 values and
@@ -32,8 +26,6 @@ NOTE [Attributes read as constants]
 """
 from __future__ import annotations
 
-import dis
-import types
 import warnings
 from dataclasses import dataclass, field
 
@@ -41,15 +33,10 @@ import torch
 from torch import nn
 
 from monet_opt.errors import user_stacklevel
+from monet_opt.global_reads import MISSING as _MISSING
+from monet_opt.global_reads import Read, global_reads
+from monet_opt.global_reads import plain as _plain
 from monet_opt.input_spec import LeafSpec
-
-_PLAIN = (bool, int, float, str, type(None))
-_MISSING = object()
-
-
-def _plain(value: object) -> bool:
-    kind = type(value)
-    return kind in _PLAIN or (kind is tuple and all(type(v) in _PLAIN for v in value))
 
 
 def _public(owner: object) -> dict:
@@ -68,9 +55,8 @@ class Watched:
     where: tuple[tuple[int, bool, tuple[str, ...]], ...]
     # where in values() a tensor may be: the values that were None or a tensor at of()
     maybe_tensors: tuple[int, ...] = ()
-    # (a namespace the forward reads from, a plain value's name in it, a label): last in
-    # values(); the namespace is a module's globals, or the __dict__ of an object one holds
-    global_reads: tuple[tuple[dict, str, str], ...] = field(default=(), compare=False)
+    # plain values read from outside the modules: last in values()
+    global_reads: tuple[Read, ...] = field(default=(), compare=False)
 
     @staticmethod
     def of(model: nn.Module, skip: tuple[tuple[str, str], ...] = ()) -> Watched:
@@ -90,7 +76,7 @@ class Watched:
                     and hasattr(config, "__dict__") and id(config) not in configs:
                 configs.add(id(config))
                 where.append((position, True, tuple(_public(config))))
-        return Watched(tuple(where), tuple(maybe), _global_reads(model))
+        return Watched(tuple(where), tuple(maybe), global_reads(model))
 
     def values(self, modules: list[nn.Module]) -> tuple:
         """The modules' classes and the watched values now (`modules`: model.modules(), as a
@@ -107,7 +93,7 @@ class Watched:
         for k in self.maybe_tensors:  # a tensor's spec: its values are an input of the step
             if isinstance(out[k], torch.Tensor):
                 out[k] = LeafSpec.of(out[k])
-        out.extend(scope.get(name, _MISSING) for scope, name, _ in self.global_reads)
+        out.extend(read.value() for read in self.global_reads)
         return tuple(out)
 
     def changed(self, model: nn.Module, before: tuple, now: tuple) -> str:
@@ -125,55 +111,10 @@ class Watched:
         labels = [".".join(filter(None, (names[position], "config" * in_config, name)))
                   for position, in_config, attrs in self.where if position < len(names)
                   for name in attrs]
-        labels += [label for _, _, label in self.global_reads]
+        labels += [read.label for read in self.global_reads]
         diffs = swapped + [f"{label} {_shown(b)} -> {_shown(n)}"
                            for label, b, n in zip(labels, before, now) if b != n]
         return ", ".join(diffs[:4]) + (f" and {len(diffs) - 4} more" if len(diffs) > 4 else "")
-
-
-def _global_reads(model: nn.Module) -> tuple[tuple[dict, str, str], ...]:
-    """(namespace, name, label) for each plain value the forward functions of the model's
-    module classes read from their globals by name (`SCALE`), or as an attribute an object
-    held there keeps in its __dict__ (`cfg.tau`; properties are not read), nested functions
-    and the functions decorators wrap included, each once."""
-    found: dict[tuple[int, str], tuple[dict, str, str]] = {}
-    for fn in _forward_functions(model):
-        scope = fn.__globals__
-        where = scope.get("__file__") or scope.get("__name__")
-        codes = [fn.__code__]
-        while codes:
-            code = codes.pop()
-            codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-            held = None  # the object the last instruction loaded from the globals
-            for ins in dis.get_instructions(code):
-                name = ins.argval
-                if ins.opname == "LOAD_GLOBAL" and name in scope:
-                    value, held = scope[name], None
-                    if _plain(value):
-                        found.setdefault((id(scope), name), (scope, name, f"global {name} "
-                                                             f"({where})"))
-                    elif hasattr(value, "__dict__") and not isinstance(value, type):
-                        held = (name, vars(value))
-                    continue
-                if ins.opname == "LOAD_ATTR" and held is not None and name in held[1] and \
-                        _plain(held[1][name]):
-                    found.setdefault((id(held[1]), name), (held[1], name, f"global {held[0]}."
-                                                           f"{name} ({where})"))
-                held = None
-    return tuple(found.values())
-
-
-def _forward_functions(model: nn.Module) -> set[types.FunctionType]:
-    """The forward functions of the model's module classes (nn.Module's own aside), and the
-    functions decorated ones wrap (HF's can_return_tuple)."""
-    forwards = {cls.__dict__["forward"] for module in model.modules()
-                for cls in type(module).__mro__ if cls is not nn.Module and
-                isinstance(cls.__dict__.get("forward"), types.FunctionType)}
-    for fn in list(forwards):
-        while isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
-            fn = fn.__wrapped__
-            forwards.add(fn)
-    return forwards
 
 
 def _shown(value: object) -> str:

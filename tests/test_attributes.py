@@ -252,3 +252,51 @@ def test_globals_the_forward_reads_plan_a_step():
                 assert "global SCHEDULE.p" in replans[0] and "0.1 -> 0.4" in replans[0]
     finally:
         SCALE, WARM, SCHEDULE.p = 1.0, True, 0.1
+
+
+LIMITS = {"clip": 3.0}  # read by a helper the forward calls, through a method and a property
+CFG = types.SimpleNamespace(MODEL=types.SimpleNamespace(TEMP=1.0))
+
+
+def _clipped(h):
+    return h.clamp(-LIMITS["clip"], LIMITS["clip"])
+
+
+class ReadsFurther(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = nn.Linear(16, 16)
+
+    @property
+    def temperature(self):
+        return CFG.MODEL.TEMP
+
+    def _act(self, h):
+        return _clipped(h) / self.temperature
+
+    def forward(self, x):
+        return torch.softmax(self._act(self.f(x) * 4), -1)
+
+
+def test_globals_read_by_called_functions_plan_a_step():
+    """What the functions the forward calls read (a helper by its global name, a method and a
+    property through self), an item of a global dict and a chain of attributes were constants
+    of the traced step too, silently (NOTE [Globals read by the forward])."""
+    torch.manual_seed(0)
+    model, x = ReadsFurther().train(), torch.randn(4, 16)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    model_node = CFG.MODEL
+    try:
+        for seed, change, named in [(0, None, None),
+                                    (1, lambda: LIMITS.update(clip=0.5), "LIMITS['clip']"),
+                                    (2, lambda: setattr(CFG.MODEL, "TEMP", 0.5), "MODEL.TEMP"),
+                                    (3, lambda: setattr(CFG, "MODEL", types.SimpleNamespace(
+                                        TEMP=2.0)), "-> 2.0")]:
+            if change:
+                change()
+            replans = _replans_of_alike_step(opt, model, eager, x, seed)
+            assert len(replans) == (seed > 0)
+            assert seed == 0 or named in replans[0]
+    finally:
+        LIMITS["clip"], CFG.MODEL, model_node.TEMP = 3.0, model_node, 1.0
