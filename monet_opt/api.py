@@ -57,8 +57,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             (cheapest-first eviction: recompute what costs least per byte), "dp" (Kusumoto et
             al.'s lower-set DP), "checkmate" (Checkmate's MILP, a baseline: recomputation
             only), "chen" (the better of "chen_greedy" and "chen_sqrt"), "store_all".
-        time_limit_s: wall time the solve may spend ("auto": the DP, the MILP, polishing and
-            pruning, after a second or two of heuristics; "milp": the MILP; see plan.status).
+        time_limit_s: wall time the solve may spend ("auto": heuristics, the DP, the MILP,
+            polishing and pruning, shared out; "milp": the MILP; see plan.status).
         profile_repeats: timed runs per operator when profiling (after one warm-up).
         variants: offer the solver the exact operator variants of `monet_opt.variants` (ReLU
             and dropout masks, compact max-pool indices, shape-only pooling inputs: smaller

@@ -11,18 +11,22 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from typing import Any, Iterator, NamedTuple, Sequence
 
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
-from solvers.schedule import Schedule, SolveResult, Status, gap_of
+from solvers.schedule import SolveResult, Status, gap_of
 from solvers.simulate import Simulation, simulate
 
 
 @dataclass(frozen=True)
 class BaselineOptions:
-    """thresholds: how many segment thresholds the greedy sweep tries (geometric grid)."""
+    """thresholds: how many segment thresholds the greedy sweep tries (geometric grid).
+    time_limit_s: wall time chen_greedy may spend on the sweep (coarse to fine, at least one
+    candidate; a later call on the same problem goes on where it stopped)."""
 
     thresholds: int = 48
+    time_limit_s: float = math.inf
 
 
 def store_all(problem: Problem, budget_bytes: int, options: BaselineOptions) -> SolveResult:
@@ -44,10 +48,69 @@ def chen_sqrt(problem: Problem, budget_bytes: int, options: BaselineOptions) -> 
 
 
 def chen_greedy(problem: Problem, budget_bytes: int, options: BaselineOptions) -> SolveResult:
-    """Chen's greedy segmentation, swept over its threshold; the fastest schedule that fits."""
+    """Chen's greedy segmentation, swept over its threshold; the fastest schedule that fits
+    among those simulated in the time limit."""
     start = time.perf_counter()
-    candidates = [(s, simulate(problem, s)) for s in greedy_candidates(problem, options)]
-    return best_of("chen_greedy", problem, budget_bytes, candidates, start)
+    sweep = problem.memo.get(("chen_greedy", options.thresholds))
+    if sweep is None:
+        sweep = problem.memo[("chen_greedy", options.thresholds)] = _Sweep(problem, options)
+    # best_of picks a recipe (the schedules themselves are not kept: thousands of ops each)
+    found = best_of("chen_greedy", problem, budget_bytes,
+                    sweep.run(start + options.time_limit_s), start)
+    if found.schedule is None:
+        return found
+    return dataclasses.replace(found, schedule=schedule_from_kept(
+        problem, sweep.kept(*found.schedule)))
+
+
+class _Judged(NamedTuple):
+    peak_bytes: int
+    time_s: float
+
+
+class _Sweep:
+    """The greedy sweep's candidates, simulated as time allows, kept with the problem (the
+    budget only picks among them): each as its recipe (threshold, whether kept at segment
+    boundaries), its peak and its time."""
+
+    def __init__(self, problem: Problem, options: BaselineOptions) -> None:
+        self.problem = problem
+        self.sizes = [sum(problem.tensors[t].bytes for t in problem.ops[i].outputs)
+                      for i in problem.forward_ops]
+        self.pending = self._recipes(options)
+        self.done: list[tuple[tuple[float | None, bool], _Judged]] = []
+
+    def run(self, deadline: float) -> list[tuple[tuple[float | None, bool], _Judged]]:
+        for recipe, kept in self.pending:
+            sim = simulate(self.problem, schedule_from_kept(self.problem, kept))
+            self.done.append((recipe, _Judged(sim.peak_bytes, sim.time_s)))
+            if time.perf_counter() > deadline:
+                break
+        return self.done
+
+    def kept(self, threshold: float | None, at_boundaries: bool) -> frozenset[int]:
+        if threshold is None:  # the forward makes nothing: store-all's
+            return self.problem.saved_for_backward
+        segment, boundary = _greedy_segments(self.problem, self.sizes, threshold)
+        return boundary if at_boundaries else _crossing(self.problem, segment)
+
+    def _recipes(self, options: BaselineOptions) -> Iterator[
+            tuple[tuple[float | None, bool], frozenset[int]]]:
+        """Each distinct kept set with its recipe, made as asked for: the thresholds of the
+        grid coarse to fine (its ends, its middle, the quarters, ...), so that a sweep cut
+        short has tried the whole range."""
+        total = sum(self.sizes)
+        if total == 0:
+            yield (None, True), self.kept(None, True)
+            return
+        smallest = min(s for s in self.sizes if s > 0)
+        seen: set[int] = set()  # the kept sets' hashes (the sets would be held for good)
+        for b in _coarse_to_fine(_geometric(smallest, total, options.thresholds)):
+            for at_boundaries in (False, True):
+                kept = self.kept(b, at_boundaries)
+                if hash(kept) not in seen:
+                    seen.add(hash(kept))
+                    yield (b, at_boundaries), kept
 
 
 def chen(problem: Problem, budget_bytes: int, options: BaselineOptions) -> SolveResult:
@@ -64,23 +127,14 @@ def chen(problem: Problem, budget_bytes: int, options: BaselineOptions) -> Solve
                                note=f"{best.solver}'s schedule" if fits else "")
 
 
-def greedy_candidates(problem: Problem, options: BaselineOptions) -> list[Schedule]:
-    sizes = [sum(problem.tensors[t].bytes for t in problem.ops[i].outputs)
-             for i in problem.forward_ops]
-    total, smallest = sum(sizes), min((s for s in sizes if s > 0), default=0)
-    if total == 0:
-        return [schedule_from_kept(problem, problem.saved_for_backward)]
-    grid = _geometric(smallest, total, options.thresholds)
-    seen: set[Schedule] = set()
-    out: list[Schedule] = []
-    for b in grid:
-        segment, boundary = _greedy_segments(problem, sizes, b)
-        for kept in (_crossing(problem, segment), boundary):
-            sched = schedule_from_kept(problem, kept)
-            if sched not in seen:
-                seen.add(sched)
-                out.append(sched)
-    return out
+def _coarse_to_fine(grid: list[float]) -> list[float]:
+    """The grid's points, each once: its ends, then halving the step between those taken."""
+    order = [0, len(grid) - 1]
+    step = 1 << max(0, (len(grid) - 1).bit_length() - 1)
+    while step:
+        order += range(step, len(grid), step)
+        step //= 2
+    return [grid[k] for k in dict.fromkeys(order)]
 
 
 def _greedy_segments(problem: Problem, sizes: list[int], threshold: float):
@@ -116,9 +170,11 @@ def _geometric(lo: float, hi: float, n: int) -> list[float]:
 
 
 def best_of(name: str, problem: Problem, budget_bytes: int,
-            candidates: list[tuple[Schedule, Simulation]], start: float) -> SolveResult:
+            candidates: Sequence[tuple[Any, Simulation | _Judged]],
+            start: float) -> SolveResult:
     """The fastest candidate within the budget (ties: the smaller peak), with the gap measured
-    against the no-recomputation time, a valid lower bound on any schedule."""
+    against the no-recomputation time, a valid lower bound on any schedule. A candidate: (its
+    schedule, or what names it, as the result's schedule; its simulation's peak and time)."""
     min_peak = min(sim.peak_bytes for _, sim in candidates)
     fits = [(sim.time_s, sim.peak_bytes, k) for k, (_, sim) in enumerate(candidates)
             if sim.peak_bytes <= budget_bytes]

@@ -20,7 +20,6 @@ NOTE [Recompute cost]
 from __future__ import annotations
 
 import dataclasses
-import functools
 import random
 import time
 from dataclasses import dataclass
@@ -46,9 +45,12 @@ class EvictOptions:
 def evict(problem: Problem, budget_bytes: int, options: EvictOptions) -> SolveResult:
     """The fastest schedule found within the budget by cheapest-first eviction.
     min_feasible_bytes is the least peak of the same search aimed at zero bytes, whatever the
-    budget; a budget below it is answered INFEASIBLE, so the answer does not depend on luck."""
+    budget; a budget below it is answered INFEASIBLE, so the answer does not depend on luck
+    (on graphs of thousands of ops, on how many rankings its time allowed: NOTE [Least peak
+    over rankings])."""
     start = time.perf_counter()
-    least_peak, least_kept = _least_peak(problem, options.rounds, options.probes)
+    least_peak, least_kept = _least_peak(problem, options.rounds, options.probes,
+                                         start + options.time_limit_s * LEAST_SHARE)
     seen: list[tuple[Schedule, Simulation]] = []
 
     def judge(k: frozenset[int]) -> Simulation:
@@ -83,15 +85,23 @@ def evict(problem: Problem, budget_bytes: int, options: EvictOptions) -> SolveRe
 #   159.4 twice. It costs four more searches: on GoogLeNet 0.1 -> 0.5 s, on DenseNet-121 (b16,
 #   128², plain and with the lightest variants) 0.5 -> 2.8 s, where its eviction's least went
 #   from 259.5 to 247.0 MiB (auto's least there, the MILP's, is far lower: 160.9 MiB).
+#   On a graph of thousands of ops the five searches take seconds (an LSTM cell unrolled over
+#   256 steps, 9,731 ops: 11.5 s of eviction's), so they run only in the first LEAST_SHARE of
+#   eviction's time limit (the profiled ranking's always begins; each stops between rounds),
+#   and a later solve of the problem goes on with the rankings not begun.
 LEAST_RANKINGS = 4
 LEAST_JITTER = 0.1
+LEAST_SHARE = 0.5
 
 
-@functools.lru_cache(maxsize=8)
-def _least_peak(problem: Problem, rounds: int, probes: int) -> tuple[int, frozenset[int]]:
+def _least_peak(problem: Problem, rounds: int, probes: int,
+                deadline: float) -> tuple[int, frozenset[int]]:
     """The search aimed at a budget of zero: the least peak it reaches, and its kept set
-    (NOTE [Least peak over rankings])."""
-    best: list[tuple[int, frozenset[int]]] = []
+    (NOTE [Least peak over rankings]); the jittered rankings only until `deadline`, and the
+    search running then stops after its round (a later call on the problem goes on with the
+    rankings not begun)."""
+    memo = problem.memo.setdefault(("evict_least", rounds, probes), {"best": [], "seeds": 0})
+    best = memo["best"]
 
     def judge(k: frozenset[int]) -> Simulation:
         sim = simulate(problem, schedule_from_kept(problem, k))
@@ -100,11 +110,14 @@ def _least_peak(problem: Problem, rounds: int, probes: int) -> tuple[int, frozen
 
     options = EvictOptions(rounds=rounds, probes=probes, time_limit_s=float("inf"))
     kept = frozenset(problem.saved_for_backward)
-    for seed in range(LEAST_RANKINGS + 1):
+    for seed in range(memo["seeds"], LEAST_RANKINGS + 1):
+        if seed and time.perf_counter() > deadline:
+            break
         rng = random.Random(seed)
         jitter = None if seed == 0 else \
             {x: rng.uniform(1 - LEAST_JITTER, 1 + LEAST_JITTER) for x in sorted(kept)}
-        _search(problem, kept, 0, judge, options, float("inf"), jitter)
+        _search(problem, kept, 0, judge, options, deadline, jitter)
+        memo["seeds"] = seed + 1
     return min(best, key=lambda b: (b[0], sorted(b[1])))
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 
-from solvers.milp import MilpOptions, Program
+from solvers.milp import BuildTimeout, MilpOptions, Program
 from solvers.problem import Problem
 from solvers.schedule import Schedule
 from solvers.simulate import simulate
@@ -113,8 +113,11 @@ def _solve_window(p: Problem, budget_bytes: int, schedule: Schedule, window: lis
     mine = {index[q]: frozenset(rec.get(q, ())) for q in starts if lo <= q < hi}
     only.update(_nearest(stages, mine, anc))
     stages = Stages(p, starts=starts, only=only)
-    program = Program(stages, budget_bytes)
-    values = program.start_values(schedule)
+    try:  # its rows for every op: seconds on a graph of thousands
+        program = Program(stages, budget_bytes, deadline)
+    except BuildTimeout:
+        return None
+    values = program.start_values(schedule) if time.perf_counter() < deadline else None
     if values is None:
         return None
     left = min(WINDOW_TIME_LIMIT_S, deadline - time.perf_counter())

@@ -5,7 +5,7 @@ import dataclasses
 import math
 import time
 
-from solvers import baselines, coarse, evict, variants, windows
+from solvers import baselines, coarse, evict, timeshare, variants, windows
 from solvers.bound import boundary_bound
 from solvers.least import least_peak
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
@@ -21,6 +21,10 @@ from solvers.simulate import fastest_within, simulate
 # could start it, the larger share (NOTE [No start, longer search]).
 WHOLE_PROGRAM_SHARE = 0.5
 NO_START_SHARE = 0.8
+# The share of the MILP's time its heuristic warm starts may take (a cap: they take a second
+# or two on the bench's models, and go on from what "auto" found: NOTE [Heuristics in their
+# time] in solvers/registry.py).
+HEURISTIC_SHARE = 0.2
 
 # NOTE [No start, longer search]
 #   Where no heuristic schedule and no rounding of the LP fits the budget (near the least peak),
@@ -54,7 +58,8 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
-    heuristic = _heuristic(problem, budget_bytes)
+    heuristic = _heuristic(problem, budget_bytes,
+                           start + options.time_limit_s * HEURISTIC_SHARE)
     # NOTE [A coarser program aside], begun before the bound and the relaxation where no
     # heuristic fits (NOTE [The ladder's head start]); dropped if the relaxation's rounding fits
     aside = coarse.start(problem, budget_bytes, options,
@@ -182,13 +187,19 @@ def _notes(stages) -> list[str]:
     return notes
 
 
-def _heuristic(problem: Problem, budget_bytes: int) -> SolveResult:
-    """Chen's greedy and cheapest-first eviction, without variants and with the lightest ones:
+def _heuristic(problem: Problem, budget_bytes: int, deadline: float) -> SolveResult:
+    """Chen's greedy and cheapest-first eviction, without variants and with the lightest ones,
+    sharing the time to `deadline` (NOTE [Heuristics in their time] in solvers/registry.py):
     the fastest that fits (or the lowest peak)."""
-    runs = [variants.run_with(fn, problem, budget_bytes, opts, chosen)
-            for fn, opts in ((baselines.chen_greedy, baselines.BaselineOptions()),
-                             (evict.evict, evict.EvictOptions()))
+    plan = [(name, fn, opts, chosen)
+            for name, fn, opts in (("chen_greedy", baselines.chen_greedy,
+                                    baselines.BaselineOptions()),
+                                   ("evict", evict.evict, evict.EvictOptions()))
             for chosen in {frozenset(), variants.lightest(problem)}]
+    runs = [variants.run_with(fn, problem, budget_bytes,
+                              dataclasses.replace(opts, time_limit_s=limit), chosen)
+            for (_, fn, opts, chosen), limit in zip(plan, timeshare.limits(
+                [name for name, *_ in plan], deadline))]
     fits = [r for r in runs if r.feasible]
     if fits:
         best = min(fits, key=lambda r: (r.objective_s, r.peak_bytes))

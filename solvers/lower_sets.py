@@ -109,7 +109,9 @@ def lower_sets(g: Graph, exact: bool | None, max_lower_sets: int, max_approx_set
         masks = ancestor_sets(g)
     full = (1 << g.n) - 1
     rows = []
-    for m in masks:
+    for k, m in enumerate(masks):
+        if k % 64 == 0 and time.perf_counter() > deadline:  # thousands of ops: seconds here
+            raise Timeout
         made = sum(g.made_bytes[v] for v in bits(m))
         need = sum(g.need_time_s[v] for v in bits(m))
         outside = full & ~m

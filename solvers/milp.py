@@ -18,6 +18,7 @@ simulated peak never exceeds the budget; simulate() checks it anyway.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from solvers.mip import Mip, solve_mip
@@ -45,11 +46,19 @@ class MilpOptions:
     least_time_limit_s: float | None = None
 
 
+class BuildTimeout(Exception):
+    """A Program's deadline passed while its rows were being made."""
+
+
 class Program:
     """The MILP of `stages` at `budget_bytes` (or, with budget None, the least-peak program:
     the budget becomes a variable and the objective)."""
 
-    def __init__(self, stages: Stages, budget_bytes: int | None) -> None:
+    def __init__(self, stages: Stages, budget_bytes: int | None,
+                 deadline: float = math.inf) -> None:
+        """deadline (time.perf_counter()): raises BuildTimeout once it passes while the rows
+        are made (a graph of thousands of ops takes seconds: NOTE [Heuristics in their time]
+        in solvers/registry.py)."""
         self.st = st = stages
         p = st.problem
         self.mip = mip = Mip()
@@ -70,6 +79,8 @@ class Program:
         self._forward_rows()
         bw_const = _backward_constants(p)
         for a in range(len(st.groups)):
+            if time.perf_counter() > deadline:
+                raise BuildTimeout
             self._stage_rows(a, bw_const)
         self._end_rows()
         self._gap_rows(bw_const)

@@ -196,6 +196,13 @@ class Problem:
         building and validating it anew took most of a heuristic's time on ResNet-50."""
         return {}
 
+    @cached_property
+    def memo(self) -> dict:
+        """What solvers derive from this problem alone, whatever the budget, kept with it so
+        that another solve of it starts where the last one stopped (Chen's greedy sweep,
+        eviction's least peak: NOTE [Heuristics in their time] in solvers/registry.py)."""
+        return {}
+
     # ---- JSON round trip (for the cache and for reproducing failures) ----
     def to_json(self) -> str:
         return json.dumps({"name": self.name, "fixed_bytes": self.fixed_bytes,

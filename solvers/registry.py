@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Callable, Sequence
 
 from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
-                     prune, variants)
+                     prune, timeshare, variants)
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
@@ -50,6 +51,11 @@ AUTO_FLOOR_FINE_KEPT = 0.5
 # How close to the step with no recomputation a heuristic's schedule must come for "auto" to
 # search no further (NOTE [Close enough]), as a share of that step's time.
 AUTO_CLOSE_ENOUGH = 0.005
+# The share of "auto"'s limit the heuristics may take before the DP and the MILP (NOTE
+# [Heuristics in their time]); a cap: on the bench's models they take a second or two, and
+# up to AUTO_CHEAP_GRACE of the limit of theirs is not taken from the MILP's share.
+AUTO_CHEAP_SHARE = 0.25
+AUTO_CHEAP_GRACE = 0.1
 
 
 def _pruned(problem: Problem, budget_bytes: int, best: SolveResult,
@@ -143,7 +149,9 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     budget is not an exception here: the result has status INFEASIBLE and says the least
     budget that would do. `time_limit_s` caps the MILP (overrides its options' limit);
     for "auto" it is the whole solve's (default: MilpOptions' limit), shared out between the
-    DP, the MILP, polishing and pruning; the heuristics before them take a second or two more.
+    heuristics (at most AUTO_CHEAP_SHARE of it, a second or two on the bench's models, not
+    taken from the others up to AUTO_CHEAP_GRACE of it), the DP, the MILP, polishing and
+    pruning (NOTE [Heuristics in their time]).
     `known`: floor_schedules the same solver returned on this problem before; the least peak
     reported is no higher than theirs, and a budget they fit is met (NOTE [Least peaks
     remembered] in solvers/remembered.py).
@@ -210,14 +218,39 @@ def _unread_note(before: Schedule, after: Schedule) -> str:
 _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")
 
 
-def _cheap(problem: Problem, budget_bytes: int) -> list[SolveResult]:
+# NOTE [Heuristics in their time]
+#   "auto" ran its heuristics to their end before its shares of the limit began, which on the
+#   bench's models takes a second or two, but on a graph of thousands of ops far longer: an
+#   LSTM cell unrolled over 256 steps (9,731 ops) took 18 s in them (eviction's least peak
+#   11.5 s, Chen's greedy sweep 3.6 s), a window of fine windows 13 s to build, and auto asked
+#   for 30 s took 46 s. The heuristics that search now share AUTO_CHEAP_SHARE of the limit by
+#   weight (solvers/timeshare.py; the greedy sweep coarse to fine, eviction's rankings in half
+#   its time), keep what they found with the problem (problem.memo: the MILP's own warm start
+#   and a later solve go on from there), the MILP's limit is cut to what the phases after it
+#   leave (less a grace of AUTO_CHEAP_GRACE of the limit, which keeps the bench's models as
+#   they were), and the DP's sets and a window's program stop at their deadlines. On that
+#   LSTM at 60 % of eager's peak: 46.2 s -> 30.0 s (predicted step 0.2729 -> 0.2782 s; given
+#   46 s, 0.2725 s); at half its activations, where nothing fits, 52.7 -> 37.7 s (the MILP's
+#   own preparation). GoogLeNet and ResNet-50 (docs/benchmarks/problems_cpu.json.gz) at half
+#   and a third of their activations: the same least peaks, +6.57/+17.12 -> +6.49/+18.58 % and
+#   +4.05/+10.58 -> +4.05/+9.98 % predicted (an earlier run of the old code: +19.77 % at a
+#   third on GoogLeNet), each in 27-28 s as before.
+def _cheap(problem: Problem, budget_bytes: int,
+           deadline: float = math.inf) -> list[SolveResult]:
     """The heuristics, with no variants and (where the problem has any) the lightest ones;
-    store-all with the fastest ones (first: plain store-all, whose fit auto asks about)."""
-    out = [solve(problem, budget_bytes, name) for name in _HEURISTICS]
+    store-all with the fastest ones (first: plain store-all, whose fit auto asks about). Those
+    that search share the time to `deadline`."""
     light = variants.lightest(problem)
-    if light:
-        out += [variants.run_with(_REGISTRY[name][0], problem, budget_bytes,
-                                  _REGISTRY[name][1](), light) for name in _HEURISTICS]
+    runs = [(name, frozenset()) for name in _HEURISTICS]
+    runs += [(name, light) for name in _HEURISTICS] if light else []
+    out = []
+    for (name, chosen), limit in zip(runs, timeshare.limits([n for n, _ in runs], deadline)):
+        options = _REGISTRY[name][1]()
+        if limit is not None:
+            options = dataclasses.replace(options, time_limit_s=limit)
+        out.append(variants.run_with(_REGISTRY[name][0], problem, budget_bytes, options,
+                                     chosen) if chosen else
+                   solve(problem, budget_bytes, name, options))
     fast = variants.fastest(problem)
     if fast:
         out.append(variants.run_with(baselines.store_all, problem, budget_bytes,
@@ -291,7 +324,8 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
                        least_time_limit_s=limit / 4)
     least.start(problem, milp)  # NOTE [Work aside] in solvers/aside.py
-    cheap = _cheap(problem, budget_bytes)
+    cheap = _cheap(problem, budget_bytes, start + limit * AUTO_CHEAP_SHARE)
+    cheap_s = time.perf_counter() - start
     # NOTE [Schedules remembered]; NOTE [Close enough]
     remembered = fitting(problem, budget_bytes, candidates) if not cheap[0].feasible else []
     settled = cheap[0].feasible or _close_enough(problem, cheap + remembered)
@@ -306,7 +340,12 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
         if not lower_sets.feasible and not any(r.feasible for r in cheap):
             # NOTE [Nothing cheap fits]
             share = milp_s + anneal_s + fine_s * (1 - AUTO_FLOOR_FINE_KEPT)
-        milp = dataclasses.replace(milp, time_limit_s=max(1.0, share - spent))
+        # NOTE [Heuristics in their time]: the phases after the MILP keep their time (all
+        # but the DP's and the MILP's share), less what the heuristics took past their grace
+        after = limit - dp_s - share
+        end = deadline + min(cheap_s, limit * AUTO_CHEAP_GRACE) - after
+        milp = dataclasses.replace(milp, time_limit_s=max(1.0, min(
+            share - spent, end - time.perf_counter())))
     results = cheap if settled else \
         cheap + [lower_sets, solve(problem, budget_bytes, "milp", milp)]
     floors = [(r.min_feasible_bytes, r.floor_schedule) for r in results + [lower_sets]]

@@ -3,6 +3,7 @@ searches on the idle core, each rung only past a proved infeasibility of the one
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 from solvers import coarse, joint, schedule_from_kept, simulate, solve
@@ -63,8 +64,8 @@ def _no_heuristic_fits(monkeypatch):
     """joint.milp's heuristics made to find nothing within the budget."""
     real = joint._heuristic
 
-    def none_fit(problem, budget_bytes):
-        r = real(problem, budget_bytes)
+    def none_fit(problem, budget_bytes, deadline):
+        r = real(problem, budget_bytes, deadline)
         return dataclasses.replace(r, status=Status.INFEASIBLE, schedule=None, objective_s=None,
                                    peak_bytes=None)
     monkeypatch.setattr(joint, "_heuristic", none_fit)
@@ -112,7 +113,7 @@ def test_the_ladder_begins_before_the_bound_and_stops_where_the_rounding_fits(mo
         "collected" if aside is not None else "nothing aside"))
     # a start found after all (as the relaxation's rounding may be): the heuristic's schedule
     monkeypatch.setattr(joint, "_best_start", lambda problem, budget, *a:
-                        heuristic(problem, budget).schedule)
+                        heuristic(problem, budget, math.inf).schedule)
     r = joint.milp(p, _store_all_peak(p) - 1, SMALL)  # a heuristic's schedule fits there
     assert r.feasible
     assert events[:3] == ["ladder", "bound", "stopped"] and "nothing aside" in events, events

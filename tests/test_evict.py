@@ -3,6 +3,7 @@ and keeps the expensive ones, where Chen's segments recompute everything in a se
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import pytest
@@ -79,10 +80,11 @@ def test_drop_and_refill_beats_putting_back_greedily():
     assert r.feasible and r.objective_s <= better.time_s + 1e-9
 
 
-def _least(p: Problem, rankings: int, monkeypatch) -> tuple[int, frozenset[int]]:
+def _least(p: Problem, rankings: int, monkeypatch,
+           deadline: float = math.inf) -> tuple[int, frozenset[int]]:
     monkeypatch.setattr(evict, "LEAST_RANKINGS", rankings)
-    evict._least_peak.cache_clear()
-    return evict._least_peak(p, 8, 24)
+    p.memo.clear()
+    return evict._least_peak(p, 8, 24, deadline)
 
 
 def test_least_peak_tries_jittered_rankings(monkeypatch):
@@ -98,5 +100,9 @@ def test_least_peak_tries_jittered_rankings(monkeypatch):
         assert _least(p, rankings, monkeypatch) == jittered
         assert simulate(p, schedule_from_kept(p, jittered[1])).peak_bytes == jittered[0]
         lower += jittered[0] < alone[0]
+        # out of time, one round of the profiled ranking; a later call goes on with the others
+        cut = _least(p, rankings, monkeypatch, deadline=0.0)
+        later = evict._least_peak(p, 8, 24, math.inf)
+        assert alone[0] <= cut[0] and jittered[0] <= later[0] <= cut[0]
+        assert simulate(p, schedule_from_kept(p, later[1])).peak_bytes == later[0]
     assert lower >= 1
-    evict._least_peak.cache_clear()
