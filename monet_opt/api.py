@@ -319,7 +319,7 @@ class _Planner:
         self.plan = make_plan(problem, lowered.op_labels, result, limit)
         self.slots = slots
         return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
-                                 num_fwd_outputs, slots=slots, **kwargs)
+                                 num_fwd_outputs, slots=slots, held=held, **kwargs)
 
     def _cached_profile(self, joint, lowered: Lowered, measure) -> Profile:
         """NOTE [The time limit in the cache key]

@@ -30,11 +30,27 @@ _OVERWRITES = "monet_overwrites"  # node meta: (phase, the argument it writes in
 
 
 def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: Schedule,
-              num_fwd_outputs: int, slots: GradientSlots | None = None, **kwargs):
+              num_fwd_outputs: int, slots: GradientSlots | None = None,
+              held: tuple[int, ...] = (), **kwargs):
     """partition_fn for aot_function: (forward GraphModule, backward GraphModule). slots: the
-    parameters whose gradients the backward adds in place (NOTE [Accumulating in place])."""
+    parameters whose gradients the backward adds in place (NOTE [Accumulating in place]).
+    held: the positions, among the joint's outputs, of those the plan holds for the whole
+    step (NOTE [Held outputs handed to the backward])."""
     rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs)
-    for node in rebuilt.graph.nodes:  # NOTE [Selective checkpointing's tags]
+    outputs = next(iter(rebuilt.graph.find_nodes(op="output"))).args[0]
+    held_names = {outputs[k].name for k in held if isinstance(outputs[k], fx.Node)}
+    for node in rebuilt.graph.nodes:  # NOTE [Held outputs handed to the backward]
+#   default_partition hands the backward every forward value that is an output of the graph
+#   (the output node counts as a backward user) and that something copied into the backward
+#   reads; it copies there any forward op whose inputs it has, and keeps a random one (impure)
+#   alive. A pruned layer's weight (weight_orig * mask, kept on its module by the prune hook:
+#   NOTE [Tensors kept on a module]) fed such a copy of the forward's dropout, so once our dead
+#   code pass dropped that copy the backward was handed the weight and read none of it: the
+#   internal error above, under plans that recompute that weight rather than read it (an MLP
+#   pruned after optimize(), eviction and Chen's at 40-70 % of the way from its least peak).
+#   A tensor the plan holds for the whole step is alive to its end anyway, so handing it to the
+#   backward holds nothing more: those are let be.
+# NOTE [Selective checkpointing's tags]
         for key in _AC_TAGS:
             node.meta.pop(key, None)
     fw, bw = default_partition(rebuilt, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
@@ -42,7 +58,8 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
         add_accumulation(bw, slots)  # the views it leaves at the end are dead code next
     _drop_dead_code(bw)
     unread = [n.name for n in bw.graph.find_nodes(op="placeholder")
-              if not n.users and not n.name.startswith(("primals", "tangents"))]
+              if not n.users and not n.name.startswith(("primals", "tangents"))
+              and n.name not in held_names]
     # held to the backward's end, where the simulator freed them (NOTE [Unread recomputation])
     internal_assert(not unread, f"the backward is handed {unread[:5]} and reads none of them")
     for gm, phase in ((fw, FORWARD), (bw, BACKWARD)):
