@@ -35,7 +35,8 @@ from solvers.simulate import Simulation, simulate
 class EvictOptions:
     """rounds: how often the ranking is recomputed against what is still kept. probes: how many
     eviction counts each round simulates before bisecting. time_limit_s: wall time for the
-    whole solve (putting back stops there)."""
+    whole solve (the least-peak search gets its first LEAST_SHARE; putting back stops at the
+    end: NOTE [Least peak over rankings])."""
 
     rounds: int = 8
     probes: int = 24
