@@ -29,7 +29,7 @@ def test_no_room_at_all_is_infeasible():
     assert boundary_bound(p, p.fixed_bytes) == math.inf
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(n=st.integers(1, 24), seed=st.integers(0, 10**6), frac=st.floats(0.0, 1.0),
        masks=st.booleans())
 def test_bound_is_below_every_schedule(n, seed, frac, masks):

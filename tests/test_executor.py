@@ -85,7 +85,7 @@ def test_plans_train_exactly_and_within_limit(factory):
         # Below the heuristics' least peak the MILP may still find a plan, or say it cannot.
         try:
             optimized = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
-                                           time_limit_s=10)
+                                           time_limit_s=4)
         except monet_opt.InfeasibleBudgetError as err:
             assert limit < plan.min_feasible_bytes, f"{label}: a known-feasible limit refused"
             assert err.memory_limit_bytes == limit < err.min_feasible_bytes

@@ -186,7 +186,7 @@ def test_chain_recomputation_saves_memory():
     assert least < store.peak_bytes - 0.5 * (store.peak_bytes - p.fixed_bytes)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(n=st.integers(1, 28), seed=st.integers(0, 10**6), frac=st.floats(0.0, 1.0))
 def test_random_dags_every_solver(n, seed, frac):
     p = autodiff_problem(n, random.Random(seed), name=f"dag{n}-{seed}")
@@ -206,7 +206,7 @@ def test_random_dags_every_solver(n, seed, frac):
     assert results["auto"].objective_s <= max(best, close) * (1 + 1e-9)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(n=st.integers(2, 24), seed=st.integers(0, 10**6))
 def test_cost_never_rises_with_budget(n, seed):
     p = autodiff_problem(n, random.Random(seed), name=f"mono{n}-{seed}")
