@@ -56,6 +56,15 @@ def forward(x, weight, bias, running_mean, running_var, training, momentum, eps)
     return out, mean, invstd, new_mean, new_var
 
 
+def forward_in_place(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """_native_batch_norm_legit's outputs (the running statistics updated in place) from
+    cuDNN's kernel (NOTE [Statistics updated in place] in monet_opt/stats_in_place.py)."""
+    out, mean, invstd, reserve = aten.cudnn_batch_norm(x, weight, bias, running_mean,
+                                                       running_var, True, momentum, eps)
+    internal_assert(reserve.numel() == 0, "cuDNN's BatchNorm kept a reserve space")
+    return out, mean, invstd
+
+
 def recompute(x, weight, bias, training, momentum, eps):
     """_native_batch_norm_legit.no_stats's outputs from the kernel `forward` runs."""
     throwaway = torch.zeros_like(weight), torch.ones_like(weight)

@@ -17,20 +17,28 @@ import dataclasses
 from typing import Sequence
 
 import torch
+import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from monet_opt.memory import allocated_bytes, dense_parts
+from monet_opt.stats_in_place import MARK
 from solvers import Problem
 
 
-def held(out, read) -> tuple[int, ...]:
+def held(out, read, node: fx.Node | None = None) -> tuple[int, ...]:
     """Each tensor in `out` (a tensor, or a tuple or list of values): the bytes of its storages
-    not among those of the tensors in `read` nor of an earlier output."""
+    not among those of the tensors in `read` nor of an earlier output; none for the new values
+    of buffers that the step's forward updates in place (`node`'s, NOTE [Statistics updated in
+    place] in monet_opt/stats_in_place.py)."""
     seen = {p.untyped_storage().data_ptr() for t in pytree.tree_leaves(read)
             if isinstance(t, torch.Tensor) for p in dense_parts(t)}
+    in_place = () if node is None else node.meta.get(MARK, ())
     found = []
-    for t in out if isinstance(out, (tuple, list)) else (out,):
+    for k, t in enumerate(out if isinstance(out, (tuple, list)) else (out,)):
         if not isinstance(t, torch.Tensor):
+            continue
+        if k in in_place:
+            found.append(0)
             continue
         nbytes = 0
         for part in dense_parts(t):

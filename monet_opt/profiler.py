@@ -274,7 +274,7 @@ def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> dict[str, tuple[
 
     def run(node, args, kwargs, env):
         out = env[node.name] = cudnn_bn.kernel(node)(*args, **kwargs)
-        held[node.name] = output_bytes.held(out, (args, kwargs))
+        held[node.name] = output_bytes.held(out, (args, kwargs), node)
     _walk(gm, inputs, run)
     return held
 

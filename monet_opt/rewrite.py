@@ -18,7 +18,7 @@ import torch.fx as fx
 from functorch.compile import default_partition
 from torch.fx._lazy_graph_module import _make_graph_module
 
-from monet_opt import cudnn_bn, recompute, variants
+from monet_opt import cudnn_bn, recompute, stats_in_place, variants
 from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
 from monet_opt.lower import OVERWRITING, Lowered
@@ -64,6 +64,8 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
     internal_assert(not unread, f"the backward is handed {unread[:5]} and reads none of them")
     for gm, phase in ((fw, FORWARD), (bw, BACKWARD)):
         _write_in_place(gm, phase)
+        if phase == FORWARD:
+            stats_in_place.apply(gm)  # NOTE [Statistics updated in place]
         cudnn_bn.use_cudnn(gm)  # NOTE [cuDNN's BatchNorm]
         gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())
         gm.recompile()

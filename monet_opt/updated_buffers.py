@@ -36,7 +36,7 @@ from monet_opt import recompute
 def snapshots(joint: fx.GraphModule, is_view) -> list[fx.Node]:
     """The placeholders of buffers the step updates that an op a schedule could recompute
     reads, directly or through views (`is_view(node)`: it aliases its first argument)."""
-    updated = _updated_inputs(joint)
+    updated = updated_inputs(joint)
     if not updated:
         return []
 
@@ -57,7 +57,7 @@ def rerun_reads(node: fx.Node) -> list[fx.Node]:
     return found
 
 
-def _updated_inputs(joint: fx.GraphModule) -> set[fx.Node]:
+def updated_inputs(joint: fx.GraphModule) -> set[fx.Node]:
     """The placeholders whose tensors the step updates in place (AOTAutograd's output
     descriptors name them)."""
     output = next(iter(joint.graph.find_nodes(op="output")))

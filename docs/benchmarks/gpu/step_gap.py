@@ -1,14 +1,16 @@
 """Where our store-all step loses time against eager: step time, the host's time to issue a
-step, and the kernels' time, for eager and for our plan at eager's peak in three builds (as
-shipped; convolution backwards not split, NOTE [Conv backward split]; no variants).
+step, and the kernels' time, for eager and for our plan at eager's peak in four builds (as
+shipped; convolution backwards not split, NOTE [Conv backward split]; no variants; BatchNorm
+statistics updated functionally, as before NOTE [Statistics updated in place]).
 
 Why (2026-11-28, gpu/README.md, fifth lease): on an H200, DenseNet-121 (batch 128, 224x224)
 took 0.103 s a step under our store-all plan where eager took 0.084 s (+23.6 %), while the other
 seven bench models were within -0.5 to +2.9 % of eager. Suspects: the split convolution
 backwards (on an H100 the halves took 35.4 ms where ResNet-50's combined calls took 31.5 ms),
 the host falling behind the GPU on DenseNet's many small kernels (1,575 ops; the wrapper alone
-takes 2.6 ms a call on the 2-core CPU machine), the copies around cuDNN's BatchNorm (NOTE
-[cuDNN's BatchNorm]). Kernels' time beside host time tells which.
+takes 2.6 ms a call on the 2-core CPU machine), the clones and copies around cuDNN's BatchNorm
+(NOTE [cuDNN's BatchNorm], now updated in place: NOTE [Statistics updated in place]). Kernels'
+time beside host time tells which.
 
     python docs/benchmarks/gpu/step_gap.py                        # on a GPU: DenseNet-121 b128
     python docs/benchmarks/gpu/step_gap.py --model resnet50 --batch 184
@@ -25,9 +27,9 @@ import warnings
 import torch
 
 import monet_opt
-from monet_opt import conv_split, zoo
+from monet_opt import conv_split, stats_in_place, zoo
 
-BUILDS = ("as shipped", "no conv split", "no variants")
+BUILDS = ("as shipped", "no conv split", "no variants", "stats functional")
 
 
 def _sync(device: torch.device) -> None:
@@ -52,9 +54,15 @@ def _split_on(devices: frozenset[str]):
 
 
 def _build(name: str, model, x, time_limit: float):
-    with _split_on(frozenset() if name == "no conv split" else conv_split.SPLIT_DEVICES):
-        return monet_opt.optimize(model, x, 1 << 45, time_limit_s=time_limit, profile_dir=None,
-                                  variants=name != "no variants")
+    mark = stats_in_place.mark
+    if name == "stats functional":
+        stats_in_place.mark = lambda joint: 0
+    try:
+        with _split_on(frozenset() if name == "no conv split" else conv_split.SPLIT_DEVICES):
+            return monet_opt.optimize(model, x, 1 << 45, time_limit_s=time_limit,
+                                      profile_dir=None, variants=name != "no variants")
+    finally:
+        stats_in_place.mark = mark
 
 
 def _grads(model, x) -> list[torch.Tensor]:
