@@ -83,6 +83,15 @@ def backward(grad, x, weight, running_mean, running_var, mean, invstd, train, ep
 
 _no_reserve: dict[torch.device, torch.Tensor] = {}  # an empty reserve space per device
 _KERNELS = {TRAIN: forward, RECOMPUTE: recompute, BACKWARD: backward}
+_IN_PLACE = {TRAIN: forward_in_place}
+
+
+def in_place_kernel(node: fx.Node):
+    """What runs for a training BatchNorm `node` that updates its running statistics in place
+    (NOTE [Statistics updated in place] in monet_opt/stats_in_place.py): cuDNN's kernel where
+    `kernel` would swap it, else ATen's in-place op."""
+    swapped = kernel(node) is not node.target
+    return _IN_PLACE[TRAIN] if swapped else aten._native_batch_norm_legit.default
 
 
 def kernel(node: fx.Node):

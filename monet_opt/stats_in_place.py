@@ -32,8 +32,7 @@ from monet_opt import cudnn_bn, updated_buffers
 aten = torch.ops.aten
 MARK = "monet_updates_in_place"  # node meta: the outputs that are its buffers' new values
 _STATS = (3, 4)  # the functional BatchNorm's new running mean and variance
-_IN_PLACE = {cudnn_bn.TRAIN: aten._native_batch_norm_legit.default,
-             aten.add.Tensor: aten.add_.Tensor}
+_UPDATES = (cudnn_bn.TRAIN, aten.add.Tensor)  # what may update a buffer in place
 
 
 def mark(joint: fx.GraphModule) -> int:
@@ -44,7 +43,7 @@ def mark(joint: fx.GraphModule) -> int:
     slots = _mutation_slots(output)
     count = 0
     for node in joint.graph.nodes:
-        if node.op != "call_function" or node.target not in _IN_PLACE:
+        if node.op != "call_function" or node.target not in _UPDATES:
             continue
         if node.target is cudnn_bn.TRAIN:
             pairs = [(node.args[k], _getitem(node, k)) for k in _STATS]
@@ -67,19 +66,19 @@ def apply(fw: fx.GraphModule) -> int:
     returns how many. Before cudnn_bn.use_cudnn; call recompile() after."""
     count = 0
     for node in list(fw.graph.nodes):
-        if node.op != "call_function" or MARK not in node.meta or node.target not in _IN_PLACE:
+        if node.op != "call_function" or MARK not in node.meta or node.target not in _UPDATES:
             continue
         if node.target is cudnn_bn.TRAIN:
-            swap = cudnn_bn.kernel(node) is cudnn_bn.forward
+            run = cudnn_bn.in_place_kernel(node)
             for k in _STATS:
                 got = _getitem(node, k)
                 if got is not None:
                     got.replace_all_uses_with(node.args[k])
                     fw.graph.erase_node(got)
             node.meta["val"] = tuple(node.meta["val"][:3])
-            node.target = cudnn_bn.forward_in_place if swap else _IN_PLACE[cudnn_bn.TRAIN]
+            node.target = run
         else:
-            node.target = _IN_PLACE[node.target]
+            node.target = aten.add_.Tensor
         count += 1
     return count
 

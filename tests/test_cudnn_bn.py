@@ -27,6 +27,9 @@ def _stand_ins(monkeypatch) -> collections.Counter:
     for target, name in ((cudnn_bn.TRAIN, "forward"), (cudnn_bn.RECOMPUTE, "rerun"),
                          (cudnn_bn.BACKWARD, "backward")):
         monkeypatch.setitem(cudnn_bn._KERNELS, target, counted(name, target))
+    # NOTE [Statistics updated in place]: the forward's BatchNorms update their buffers
+    monkeypatch.setitem(cudnn_bn._IN_PLACE, cudnn_bn.TRAIN,
+                        counted("forward", torch.ops.aten._native_batch_norm_legit.default))
     monkeypatch.setattr(cudnn_bn, "runs_cudnn", lambda *args: True)
     return calls
 
