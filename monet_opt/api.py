@@ -11,7 +11,7 @@ from torch import nn
 
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
                        grouped_attention, grouped_math, host_random, late_grads, output_bytes,
-                       rewrite, saved_clones)
+                       rewrite, saved_clones, stats_in_place)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.attributes import Watched, warn_if_forward_changed
@@ -280,6 +280,7 @@ class _Planner:
         if bn_split.NAME in self.families:
             bn_split.split_batch_norm(joint)  # NOTE [BatchNorm recomputed from its statistics]
         late_grads.make_results_late(joint)  # NOTE [Results made late]
+        stats_in_place.mark(joint)  # NOTE [Statistics updated in place]
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain

@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from monet_opt import bn_split, recompute, stats_in_place, updated_buffers
+from monet_opt import bn_split, recompute, updated_buffers
 from monet_opt.errors import UnsupportedGraphError
 from monet_opt.memory import allocated_bytes, dense_parts, refuse_sparse_made
+from monet_opt.stats_in_place import MARK
 from solvers import NO_PRODUCER, Op, Problem, Tensor
 from solvers.problem import reader_counts
 
@@ -94,7 +95,6 @@ def is_view_node(node: fx.Node) -> bool:
 
 def lower(joint: fx.GraphModule, num_fwd_outputs: int, name: str = "model") -> Lowered:
     refuse_sparse_made(joint, is_view_node)  # NOTE [Sparse inputs] in monet_opt/memory.py
-    stats_in_place.mark(joint)  # NOTE [Statistics updated in place]
     b = _Builder()
     for node in joint.graph.nodes:
         if node.op == "placeholder":
@@ -217,7 +217,7 @@ class _Builder:
             nbytes = _copy_bytes(node.args[0].meta.get("val"))
             if nbytes is not None:
                 self.tensors[outs[0]] = dataclasses.replace(self.tensors[outs[0]], bytes=nbytes)
-        for k in node.meta.get(stats_in_place.MARK, ()):  # the buffers themselves, made in place
+        for k in node.meta.get(MARK, ()):  # NOTE [Statistics updated in place]: the buffers
             self.tensors[outs[k]] = dataclasses.replace(self.tensors[outs[k]], bytes=0)
         if isinstance(val, (tuple, list)):
             self.multi[node.name] = tuple(self._index_map(vals, outs))
