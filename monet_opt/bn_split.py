@@ -29,8 +29,9 @@ NOTE [BatchNorm recomputed from its statistics]
   kernels differ) the BatchNorm stays one op and recomputes whole.
 
   The normalization allocates rstd * weight and the 1 - eps vector for a moment: the second op's
-  workspace. The pass-through in the forward allocates them too, so the forward's memory is
-  what the simulator says at that op, to the byte.
+  workspace. The pass-through in the forward allocates as many bytes (one empty tensor: three
+  calls fewer than making them, NOTE [Direct calls] in monet_opt/direct_calls.py), so the
+  forward's memory is what the simulator says at that op, to the byte.
 """
 from __future__ import annotations
 
@@ -54,20 +55,24 @@ def apply_stats(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor
                 fused: torch.Tensor | None = None) -> torch.Tensor:
     """The training BatchNorm's output from its batch mean and rstd; `fused`, where given, is
     that output already made (the forward), returned as is."""
+    if fused is not None:  # as many bytes as the temporaries below, in one call
+        torch.empty(_workspace(rstd, weight), dtype=torch.uint8, device=rstd.device)
+        return fused  # NOTE [BatchNorm recomputed from its statistics]
     scale = rstd if weight is None else rstd * weight
     unit = torch.ones_like(rstd) - eps
-    if fused is not None:
-        return fused  # the temporaries above: NOTE [BatchNorm recomputed from its statistics]
     return _BN_INFERENCE(x, scale, bias, mean, unit, 0.0, eps)[0]
 
 
 def workspace_bytes(node: fx.Node) -> int:
     """What apply_stats allocates beside its output: rstd * weight and the 1 - eps vector."""
     _x, weight, _bias, _mean, rstd, _eps = node.args[:FUSED_ARG]
-    r = rstd.meta["val"]
-    w = weight.meta["val"] if isinstance(weight, fx.Node) else None
-    scale_dtype = r.dtype if w is None else torch.promote_types(r.dtype, w.dtype)
-    return r.numel() * (scale_dtype.itemsize + r.element_size())
+    return _workspace(rstd.meta["val"], weight.meta["val"] if isinstance(weight, fx.Node)
+                      else None)
+
+
+def _workspace(rstd: torch.Tensor, weight: torch.Tensor | None) -> int:
+    scale_dtype = rstd.dtype if weight is None else torch.promote_types(rstd.dtype, weight.dtype)
+    return rstd.numel() * (scale_dtype.itemsize + rstd.element_size())
 
 
 def split_batch_norm(gm: fx.GraphModule) -> int:

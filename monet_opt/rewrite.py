@@ -18,7 +18,7 @@ import torch.fx as fx
 from functorch.compile import default_partition
 from torch.fx._lazy_graph_module import _make_graph_module
 
-from monet_opt import cudnn_bn, recompute, stats_in_place, variants
+from monet_opt import cudnn_bn, direct_calls, recompute, stats_in_place, variants
 from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
 from monet_opt.lower import OVERWRITING, Lowered
@@ -67,7 +67,8 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
         if phase == FORWARD:
             stats_in_place.apply(gm)  # NOTE [Statistics updated in place]
         cudnn_bn.use_cudnn(gm)  # NOTE [cuDNN's BatchNorm]
-        gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())
+        direct_calls.drop_detaches(gm)  # NOTE [Direct calls]
+        gm.graph.set_codegen(direct_calls.DirectCodeGen())
         gm.recompile()
     return fw, bw
 
