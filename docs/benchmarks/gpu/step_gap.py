@@ -1,7 +1,8 @@
 """Where our store-all step loses time against eager: step time, the host's time to issue a
-step, and the kernels' time, for eager and for our plan at eager's peak in four builds (as
+step, and the kernels' time, for eager and for our plan at eager's peak in five builds (as
 shipped; convolution backwards not split, NOTE [Conv backward split]; no variants; BatchNorm
-statistics updated functionally, as before NOTE [Statistics updated in place]).
+statistics updated functionally, as before NOTE [Statistics updated in place]; ops called
+through OpOverload and detaches kept, as before NOTE [Direct calls]).
 
 Why (2026-11-28, gpu/README.md, fifth lease): on an H200, DenseNet-121 (batch 128, 224x224)
 took 0.103 s a step under our store-all plan where eager took 0.084 s (+23.6 %), while the other
@@ -27,9 +28,9 @@ import warnings
 import torch
 
 import monet_opt
-from monet_opt import conv_split, stats_in_place, zoo
+from monet_opt import conv_split, direct_calls, stats_in_place, zoo
 
-BUILDS = ("as shipped", "no conv split", "no variants", "stats functional")
+BUILDS = ("as shipped", "no conv split", "no variants", "stats functional", "no direct calls")
 
 
 def _sync(device: torch.device) -> None:
@@ -54,15 +55,18 @@ def _split_on(devices: frozenset[str]):
 
 
 def _build(name: str, model, x, time_limit: float):
-    mark = stats_in_place.mark
+    saved = stats_in_place.mark, direct_calls.DirectCodeGen, direct_calls.drop_detaches
     if name == "stats functional":
         stats_in_place.mark = lambda joint: 0
+    if name == "no direct calls":
+        direct_calls.DirectCodeGen = torch.fx.graph._BoxedCodeGen  # FX's own codegen
+        direct_calls.drop_detaches = lambda gm: 0
     try:
         with _split_on(frozenset() if name == "no conv split" else conv_split.SPLIT_DEVICES):
             return monet_opt.optimize(model, x, 1 << 45, time_limit_s=time_limit,
                                       profile_dir=None, variants=name != "no variants")
     finally:
-        stats_in_place.mark = mark
+        stats_in_place.mark, direct_calls.DirectCodeGen, direct_calls.drop_detaches = saved
 
 
 def _grads(model, x) -> list[torch.Tensor]:
