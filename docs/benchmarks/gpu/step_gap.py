@@ -101,7 +101,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=5, help="steps per round")
     ap.add_argument("--time-limit", type=float, default=5.0)
+    ap.add_argument("--builds", default=",".join(BUILDS), help="of: " + ", ".join(BUILDS))
     args = ap.parse_args()
+    builds = args.builds.split(",")
+    if not set(builds) <= set(BUILDS):
+        ap.error(f"--builds: {sorted(set(builds) - set(BUILDS))} not among {BUILDS}")
     warnings.simplefilter("ignore")
     device = torch.device(args.device)
     torch.backends.cudnn.benchmark = True
@@ -112,7 +116,7 @@ def main() -> None:
           f"{torch.__version__}, cudnn.benchmark", flush=True)
     want = _grads(model, x)
     methods = {"eager": model}
-    for build in BUILDS:
+    for build in builds:
         t0 = time.perf_counter()
         methods[build] = _build(build, model, x, args.time_limit)
         got = _grads(methods[build], x)
@@ -149,7 +153,7 @@ def main() -> None:
         print(f"{k:15s} {w * 1e3:8.2f} {(w / base - 1) * 100:+8.1f}% {h * 1e3:8.2f} "
               f"{kt:11.2f} {kn:9.0f}")
     if kernels:
-        for k in BUILDS:
+        for k in builds:
             diffs = {n: kernels[k].get(n, (0, 0))[0] - kernels["eager"].get(n, (0, 0))[0]
                      for n in set(kernels[k]) | set(kernels["eager"])}
             print(f"kernels, {k} minus eager (us a step; launches ours/eager):")
