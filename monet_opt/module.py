@@ -348,7 +348,7 @@ def walk(model: nn.Module) -> tuple[list[nn.Module], dict[str, torch.Tensor],
     the same in the same order, from one walk over the modules where those are three (0.3 of
     the 0.57 ms a step spent outside the step itself, on a 12-layer GPT-2). A tensor tied under
     several names keeps its first; they are looked for once, after the walk (DenseNet-121's
-    433 modules: 1.27 -> 0.66 ms a call against checking each tensor as it is found)."""
+    433 modules, least of 30 rounds: 0.76 ms a call, 0.91 checking each tensor as found)."""
     modules: list[nn.Module] = []
     params: dict[str, torch.Tensor] = {}
     buffers: dict[str, torch.Tensor] = {}
