@@ -56,7 +56,7 @@ class DirectCodeGen(_BoxedCodeGen):
         for op in sorted(ops, key=str):
             name = "_op_" + re.sub(r"\W", "_", str(op))
             if name in names or re.search(rf"\b{name}\b", src):
-                continue  # taken (it cannot be: node names are lower case); left as FX wrote it
+                continue  # a name taken (FX names no node so): left as FX wrote it
             called = re.compile(rf"(?<![\w.]){re.escape(_get_qualified_name(op))}\(")
             src, n = called.subn(name + "(", src)
             if n:
