@@ -19,13 +19,14 @@ git log -1 --format='commit %h %s' 2>/dev/null
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
 nproc; grep -m1 "model name" /proc/cpuinfo
 END=${END_S:-560}
-timeout 200 python3 docs/benchmarks/gpu/step_gap.py --rounds 5 2>&1 | grep -v -i "warn" \
+timeout 230 python3 docs/benchmarks/gpu/step_gap.py --rounds 5 2>&1 | grep -v -i "warn" \
     | tee "$OUT/step_gap_densenet121.txt"
-timeout 120 python3 docs/benchmarks/gpu/step_gap.py --model resnet50 --batch 184 --rounds 5 \
+timeout 100 python3 docs/benchmarks/gpu/step_gap.py --model resnet50 --batch 184 --rounds 5 \
     --builds "as shipped,no conv split,no direct calls" 2>&1 | grep -v -i "warn" \
     | tee "$OUT/step_gap_resnet50.txt"
-timeout 200 python3 -m pytest -q -rxX --tb=short -p no:cacheprovider tests/test_cuda.py \
-    > "$OUT/test_cuda.log" 2>&1
+LEFT=$((END - SECONDS - 5))
+timeout "$(( LEFT < 200 ? (LEFT > 1 ? LEFT : 1) : 200 ))" python3 -m pytest -q -rxX --tb=short \
+    -p no:cacheprovider tests/test_cuda.py > "$OUT/test_cuda.log" 2>&1
 tail -n 5 "$OUT/test_cuda.log"
 LEFT=$((END - SECONDS))  # timeout 0 would mean no limit at all
 if [ "$LEFT" -gt 60 ]; then
