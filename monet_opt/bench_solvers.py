@@ -164,8 +164,10 @@ def near_floor(name: str, time_limit_s: float, out, names=("auto",), size: dict 
     (`above`: shares of it), the least peak known to every solve as an earlier call's (NOTE
     [Least peaks remembered]): how far the predicted step time moves from solve to solve
     there."""
-    problem, _floor, _act, store_all = lowered(name, out, size)
-    first = solvers.solve(problem, store_all.peak_bytes, "auto", time_limit_s=time_limit_s)
+    problem, floor, _act, store_all = lowered(name, out, size)
+    # at a budget nothing fits: the least-peak program's whole time (NOTE [The least peak
+    # where store-all fits] in solvers/least.py)
+    first = solvers.solve(problem, floor, "auto", time_limit_s=time_limit_s)
     least = first.min_feasible_bytes
     known = [first.floor_schedule] if first.floor_schedule is not None else []
     print(f"Least peak {mib(least)} MiB. Predicted overhead vs store-all of each solve "

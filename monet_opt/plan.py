@@ -48,7 +48,8 @@ class Plan:
     gradient_bytes: int        # what the backward returns (parameter and input gradients)
     store_all_peak_bytes: int  # the peak with nothing recomputed
     store_all_step_time_s: float
-    min_feasible_bytes: int    # the least peak the solver can reach
+    min_feasible_bytes: int    # the least peak the solver reached (briefly searched
+    # where store-all fits: NOTE [The least peak where store-all fits] in solvers/least.py)
     rows: tuple[OpRow, ...]
     solver_note: str = ""      # what the solver restricted or fell back to, if anything
     variants: tuple[str, ...] = ()  # the operator variants in use ("family:backward node")

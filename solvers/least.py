@@ -2,6 +2,19 @@
 
 Run aside (NOTE [Work aside] in solvers/aside.py) where the problem is large: "auto" starts it
 first and collects it at its end.
+
+NOTE [The least peak where store-all fits]
+  "auto" reports the least peak it can reach at every budget, and where store-all fits that
+  was most of its time: the program had a quarter of the limit (7.5 s of the default 30), to
+  answer a question the caller did not ask, on every optimize() whose limit fits, and on each
+  step planned anew for a smaller last batch. Where store-all fits it now gets
+  AUTO_FITTING_LEAST_SHARE of the limit (1 s of 30; each of its two programs gets at least
+  1 s). The least peak said there is then a bound a tighter budget improves on: a budget
+  below store-all's peak gets the whole quarter, starting from the lowest schedule known,
+  so the least peak reported only goes down from call to call. Across calls the profile
+  directory keeps that schedule (NOTE [Least peaks remembered] in solvers/remembered.py);
+  within a process, without one, least_peak() starts from the lowest it has found for the
+  same problem, so a budget one call named is met by the next.
 """
 from __future__ import annotations
 
@@ -36,7 +49,7 @@ def least_peak(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     key = _key(problem, options)
     if key not in _done:
         running = _aside.pop(key, None)
-        value = running.result() if running is not None else _solve(*key)
+        value = running.result() if running is not None else _solve(*_started(*key))
         _done[key] = value
         while len(_done) > CACHE_SIZE:
             _done.popitem(last=False)
@@ -50,7 +63,7 @@ def start(problem: Problem, options: MilpOptions) -> None:
     key = _key(problem, options)
     if can_fork() and key not in _done and key not in _aside and \
             len(problem.ops) >= ASIDE_MIN_OPS:
-        _aside[key] = Aside(_solve, *key)
+        _aside[key] = Aside(_solve, *_started(*key))
 
 
 def forget_inherited() -> None:
@@ -82,6 +95,20 @@ def _key(problem: Problem, options: MilpOptions) -> tuple[Problem, MilpOptions]:
     if options.least_time_limit_s is not None:
         options = dataclasses.replace(options, time_limit_s=1.0)  # not read: one cache entry
     return problem, options
+
+
+def _started(problem: Problem, options: MilpOptions) -> tuple[Problem, MilpOptions]:
+    """`options` starting from the lowest least peak found in this process for `problem`
+    where that is lower than their least_start (NOTE [The least peak where store-all fits])."""
+    found = [value for (p, _), value in _done.items() if p == problem]
+    if not found:
+        return problem, options
+    peak, schedule = min(found, key=lambda value: value[0])
+    if options.least_start is not None:
+        with contextlib.suppress(InvalidScheduleError, IndexError):
+            if simulate(problem, options.least_start).peak_bytes <= peak:
+                return problem, options
+    return problem, dataclasses.replace(options, least_start=schedule)
 
 
 def _solve(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:

@@ -56,6 +56,9 @@ AUTO_CLOSE_ENOUGH = 0.005
 # up to AUTO_CHEAP_GRACE of the limit of theirs is not taken from the MILP's share.
 AUTO_CHEAP_SHARE = 0.25
 AUTO_CHEAP_GRACE = 0.1
+# The least-peak program's share of "auto"'s limit where store-all fits (NOTE [The least peak
+# where store-all fits] in solvers/least.py); elsewhere it gets a quarter.
+AUTO_FITTING_LEAST_SHARE = 1 / 30
 
 
 def _pruned(problem: Problem, budget_bytes: int, best: SolveResult,
@@ -145,7 +148,8 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     windows], AUTO_FINE_SHARE of the limit) and pruned of recomputation it can do without
     (NOTE [Pruning recomputation]) in the time left. Its `min_feasible_bytes`
     is the least of theirs (the heuristics, the DP's memory-centric pass and the MILP's
-    least-peak program always run, so it is known even when store-all fits). An infeasible
+    least-peak program always run, so it is known even when store-all fits; there the
+    program is brief: NOTE [The least peak where store-all fits]). An infeasible
     budget is not an exception here: the result has status INFEASIBLE and says the least
     budget that would do. `time_limit_s` caps the MILP (overrides its options' limit);
     for "auto" it is the whole solve's (default: MilpOptions' limit), shared out between the
@@ -235,15 +239,15 @@ _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")
 #   and a third of their activations: the same least peaks, +6.57/+17.12 -> +6.49/+18.58 % and
 #   +4.05/+10.58 -> +4.05/+9.98 % predicted (an earlier run of the old code: +19.77 % at a
 #   third on GoogLeNet), each in 27-28 s as before.
-def _cheap(problem: Problem, budget_bytes: int,
+def _cheap(problem: Problem, budget_bytes: int, store_all: SolveResult,
            deadline: float = math.inf) -> list[SolveResult]:
     """The heuristics, with no variants and (where the problem has any) the lightest ones;
-    store-all with the fastest ones (first: plain store-all, whose fit auto asks about). Those
-    that search share the time to `deadline`."""
+    store-all with the fastest ones. First: plain store-all (`store_all`, already run), whose
+    fit auto asks about. Those that search share the time to `deadline`."""
     light = variants.lightest(problem)
-    runs = [(name, frozenset()) for name in _HEURISTICS]
+    runs = [(name, frozenset()) for name in _HEURISTICS[1:]]
     runs += [(name, light) for name in _HEURISTICS] if light else []
-    out = []
+    out = [store_all]
     for (name, chosen), limit in zip(runs, timeshare.limits([n for n, _ in runs], deadline)):
         options = _REGISTRY[name][1]()
         if limit is not None:
@@ -321,10 +325,13 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     milp_s = limit - polish_s - dp_s - anneal_s
     # the MILP solver's own least-peak time at this limit: auto's least peak is then no worse
     # for lack of time than the MILP's alone (NOTE [The least peak's time])
+    # NOTE [The least peak where store-all fits] in solvers/least.py
+    store_all = solve(problem, budget_bytes, "store_all")
+    least_s = limit * (AUTO_FITTING_LEAST_SHARE if store_all.feasible else 0.25)
     milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
-                       least_time_limit_s=limit / 4)
+                       least_time_limit_s=least_s)
     least.start(problem, milp)  # NOTE [Work aside] in solvers/aside.py
-    cheap = _cheap(problem, budget_bytes, start + limit * AUTO_CHEAP_SHARE)
+    cheap = _cheap(problem, budget_bytes, store_all, start + limit * AUTO_CHEAP_SHARE)
     cheap_s = time.perf_counter() - start
     # NOTE [Schedules remembered]; NOTE [Close enough]
     remembered = fitting(problem, budget_bytes, candidates) if not cheap[0].feasible else []
