@@ -239,15 +239,15 @@ _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")
 #   and a third of their activations: the same least peaks, +6.57/+17.12 -> +6.49/+18.58 % and
 #   +4.05/+10.58 -> +4.05/+9.98 % predicted (an earlier run of the old code: +19.77 % at a
 #   third on GoogLeNet), each in 27-28 s as before.
-def _cheap(problem: Problem, budget_bytes: int, store_all: SolveResult,
-           deadline: float = math.inf) -> list[SolveResult]:
+def _cheap(problem: Problem, budget_bytes: int, deadline: float = math.inf,
+           store_all: SolveResult | None = None) -> list[SolveResult]:
     """The heuristics, with no variants and (where the problem has any) the lightest ones;
-    store-all with the fastest ones. First: plain store-all (`store_all`, already run), whose
-    fit auto asks about. Those that search share the time to `deadline`."""
+    store-all with the fastest ones. First: plain store-all (`store_all` where already run),
+    whose fit auto asks about. Those that search share the time to `deadline`."""
     light = variants.lightest(problem)
     runs = [(name, frozenset()) for name in _HEURISTICS[1:]]
     runs += [(name, light) for name in _HEURISTICS] if light else []
-    out = [store_all]
+    out = [store_all or solve(problem, budget_bytes, "store_all")]
     for (name, chosen), limit in zip(runs, timeshare.limits([n for n, _ in runs], deadline)):
         options = _REGISTRY[name][1]()
         if limit is not None:
@@ -331,7 +331,7 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
                        least_time_limit_s=least_s)
     least.start(problem, milp)  # NOTE [Work aside] in solvers/aside.py
-    cheap = _cheap(problem, budget_bytes, store_all, start + limit * AUTO_CHEAP_SHARE)
+    cheap = _cheap(problem, budget_bytes, start + limit * AUTO_CHEAP_SHARE, store_all)
     cheap_s = time.perf_counter() - start
     # NOTE [Schedules remembered]; NOTE [Close enough]
     remembered = fitting(problem, budget_bytes, candidates) if not cheap[0].feasible else []
