@@ -10,11 +10,15 @@ NOTE [The least peak where store-all fits]
   step planned anew for a smaller last batch. Where store-all fits it now gets
   AUTO_FITTING_LEAST_SHARE of the limit (1 s of 30; each of its two programs gets at least
   1 s). The least peak said there is then a bound a tighter budget improves on: a budget
-  below store-all's peak gets the whole quarter, starting from the lowest schedule known,
-  so the least peak reported only goes down from call to call. Across calls the profile
-  directory keeps that schedule (NOTE [Least peaks remembered] in solvers/remembered.py);
-  within a process, without one, least_peak() starts from the lowest it has found for the
-  same problem, so a budget one call named is met by the next.
+  below store-all's peak gets the whole quarter, and the least peak it reports is no higher
+  than the lowest schedule known, so it only goes down from call to call. Across calls the
+  profile directory keeps that schedule (NOTE [Least peaks remembered] in
+  solvers/remembered.py); within a process, without one, least_peak() is given the lowest
+  it has found for the same problem, so a budget one call named is met by the next.
+  The program itself searches from Chen's schedules every time, not from the known one:
+  started from the brief search's schedule, it stayed there (ResNet-50 b16 128², make
+  bench-solvers' CPU problem: 324.9 MiB, where from Chen's it reaches 293.9 MiB in the same
+  7.5 s; docs/benchmarks/fitting_least.md).
 """
 from __future__ import annotations
 
@@ -98,8 +102,8 @@ def _key(problem: Problem, options: MilpOptions) -> tuple[Problem, MilpOptions]:
 
 
 def _started(problem: Problem, options: MilpOptions) -> tuple[Problem, MilpOptions]:
-    """`options` starting from the lowest least peak found in this process for `problem`
-    where that is lower than their least_start (NOTE [The least peak where store-all fits])."""
+    """`options` with the lowest least peak found in this process for `problem` as their
+    least_start where it is lower (NOTE [The least peak where store-all fits])."""
     found = [value for (p, _), value in _done.items() if p == problem]
     if not found:
         return problem, options
@@ -121,10 +125,10 @@ def _solve(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
             sched = variants.run_with(heuristic, problem, floor, opts, chosen).schedule
             if best is None or floor < best[0]:
                 best = (floor, sched)
+    known = None
     if options.least_start is not None:  # NOTE [Least peaks remembered]
         with contextlib.suppress(InvalidScheduleError, IndexError):
-            best = min(best, (simulate(problem, options.least_start).peak_bytes,
-                              options.least_start), key=lambda b: b[0])
+            known = (simulate(problem, options.least_start).peak_bytes, options.least_start)
     # NOTE [Least peak with variants]
     #   Variant reads move stage boundaries (where recomputation may run), so the program
     #   with variants can end a byte above the same program without them. The plain problem
@@ -148,4 +152,4 @@ def _solve(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
             sched = sched if plain is problem else \
                 dataclasses.replace(sched, variants=frozenset())
             best = min(best, (simulate(problem, sched).peak_bytes, sched), key=lambda b: b[0])
-    return best
+    return best if known is None else min(best, known, key=lambda b: b[0])

@@ -34,7 +34,7 @@ class MilpOptions:
     variables fit; max_recompute_vars: then recomputation is limited to a window of nearby
     ancestors until the R variables fit (the result's note says which). rel_gap: stop once the
     proven gap is below this. least_start: a low-peak schedule found before (NOTE [Least peaks
-    remembered]); the least-peak program starts from it where it is lower than Chen's.
+    remembered]); the least-peak program reports it where it is lower than what it finds.
     least_time_limit_s: the least-peak program's time (default a quarter of time_limit_s)."""
 
     backend: str = "highs"

@@ -10,9 +10,10 @@ NOTE [Least peaks remembered]
   `known` on the next solve of the same problem. `with_known` makes the answer no worse for
   it: the least peak reported is at most a known schedule's, and a budget no solver met this
   time but a known schedule fits is answered with that schedule. The MILP's memory-centric
-  program also starts from the lowest known schedule (MilpOptions.least_start), so what it
-  reaches only goes down from call to call. Schedules that do not run on the problem (made for
-  another graph) are ignored: the simulator decides.
+  program also reports no more than the lowest known schedule (MilpOptions.least_start), so
+  what it reaches only goes down from call to call (it searches from Chen's schedules: NOTE
+  [The least peak where store-all fits] in solvers/least.py). Schedules that do not run on
+  the problem (made for another graph) are ignored: the simulator decides.
 """
 from __future__ import annotations
 
