@@ -323,10 +323,10 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     # only where the whole program is coarsened: elsewhere the MILP keeps its time (it is exact)
     anneal_s = limit * AUTO_ANNEAL_SHARE if _coarsened(problem) else 0.0
     milp_s = limit - polish_s - dp_s - anneal_s
-    # the MILP solver's own least-peak time at this limit: auto's least peak is then no worse
-    # for lack of time than the MILP's alone (NOTE [The least peak's time])
-    # NOTE [The least peak where store-all fits] in solvers/least.py
     store_all = solve(problem, budget_bytes, "store_all")
+    # the MILP solver's own least-peak time at this limit: auto's least peak is then no worse
+    # for lack of time than the MILP's alone (NOTE [The least peak's time]), unless store-all
+    # fits (NOTE [The least peak where store-all fits] in solvers/least.py)
     least_s = limit * (AUTO_FITTING_LEAST_SHARE if store_all.feasible else 0.25)
     milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
                        least_time_limit_s=least_s)
