@@ -118,10 +118,12 @@ def test_a_lower_least_peak_replaces_the_stored_one(direct, monkeypatch):
     assert json.loads(path.read_text())["peak_bytes"] == least
 
 
-def test_the_least_peak_program_starts_from_a_known_schedule(monkeypatch):
-    """MilpOptions.least_start: a known schedule lower than Chen's least peak is where the
-    memory-centric program starts, so a program stopped before it finds anything still
-    reports that schedule's peak, not Chen's."""
+def test_the_least_peak_program_reports_a_known_schedule(monkeypatch):
+    """MilpOptions.least_start: a known schedule lower than Chen's least peak is reported by a
+    memory-centric program stopped before it finds anything, not Chen's; the program searches
+    from Chen's schedules all the same (NOTE [The least peak where store-all fits]: from a
+    brief search's schedule it stayed there, 324.9 MiB on a ResNet-50 where from Chen's it
+    reached 293.9 MiB)."""
     for seed in range(20):
         rng = random.Random(seed)
         problem = autodiff_problem(20, rng)
@@ -131,11 +133,14 @@ def test_the_least_peak_program_starts_from_a_known_schedule(monkeypatch):
             break
     else:
         pytest.fail("no random DAG where the MILP's least peak is below Chen's")
-    monkeypatch.setattr(least, "solve_program", lambda *args, **kwargs: (None, None))
+    warm = []
+    monkeypatch.setattr(least, "solve_program",
+                        lambda program, options, start: warm.append(start) or (None, None))
     joint.least_peak.cache_clear()
     assert joint.least_peak(problem, MilpOptions(time_limit_s=1.0))[0] == chen
     started = MilpOptions(time_limit_s=1.0, least_start=found.floor_schedule)
     assert joint.least_peak(problem, started) == (found.min_feasible_bytes, found.floor_schedule)
+    assert warm and all(solvers.simulate(problem, w).peak_bytes == chen for w in warm)
 
 
 def _searches_cut_short(monkeypatch):
