@@ -26,8 +26,11 @@ NOTE [Attributes read as constants]
 """
 from __future__ import annotations
 
+import functools
+import operator
 import warnings
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import torch
 from torch import nn
@@ -37,6 +40,8 @@ from monet_opt.global_reads import MISSING as _MISSING
 from monet_opt.global_reads import Read, global_reads
 from monet_opt.global_reads import plain as _plain
 from monet_opt.input_spec import LeafSpec
+
+_TRAINING = operator.attrgetter("training")
 
 
 def _public(owner: object) -> dict:
@@ -78,18 +83,23 @@ class Watched:
                 where.append((position, True, tuple(_public(config))))
         return Watched(tuple(where), tuple(maybe), global_reads(model))
 
+    @functools.cached_property
+    def _columns(self) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[tuple[str, ...], ...]]:
+        return tuple(zip(*self.where)) or ((), (), ())
+
     def values(self, modules: list[nn.Module]) -> tuple:
         """The modules' classes and the watched values now (`modules`: model.modules(), as a
         list)."""
-        out: list = [tuple(map(type, modules)), tuple(m.training for m in modules)]
-        for position, in_config, names in self.where:
-            if position >= len(modules):
-                out.extend([_MISSING] * len(names))
-                continue
-            owner = modules[position]
-            owner = vars(owner).get("config", _MISSING) if in_config else owner
-            found = getattr(owner, "__dict__", {})
-            out.extend(found.get(name, _MISSING) for name in names)
+        out: list = [tuple(map(type, modules)), tuple(map(_TRAINING, modules))]
+        positions, configs, names = self._columns
+        if positions and positions[-1] < len(modules):  # positions ascend: every module there
+            owners = map(vars, map(modules.__getitem__, positions))
+        else:
+            owners = (vars(modules[p]) if p < len(modules) else {} for p in positions)
+        for found, in_config, own in zip(owners, configs, names):
+            if in_config:
+                found = getattr(found.get("config"), "__dict__", {})
+            out.extend(map(found.get, own, repeat(_MISSING)))
         for k in self.maybe_tensors:  # a tensor's spec: its values are an input of the step
             if isinstance(out[k], torch.Tensor):
                 out[k] = LeafSpec.of(out[k])

@@ -21,6 +21,7 @@ NOTE [Module hooks]
 """
 from __future__ import annotations
 
+import operator
 import warnings
 
 from torch import nn
@@ -43,8 +44,12 @@ Hooks = tuple[tuple[int, str, tuple[int, ...]], ...]
 def hooks_of(modules: list[nn.Module]) -> Hooks:
     """(position in `modules`, a model's modules() in order, kind, hook ids) of every module
     hook, then of every global one (position -1)."""
-    own = [(k, kind, tuple(hooks)) for k, m in enumerate(modules)
-           for kind in KINDS if (hooks := m.__dict__[kind])]
+    dicts = list(map(vars, modules))
+    tables = {kind: list(map(operator.itemgetter(kind), dicts)) for kind in KINDS}
+    hooked = sorted({k for found in tables.values() if any(found)  # mostly none: C-level
+                     for k, hooks in enumerate(found) if hooks})
+    own = [(k, kind, tuple(tables[kind][k])) for k in hooked for kind in KINDS
+           if tables[kind][k]]
     shared = [(-1, kind, tuple(getattr(nn_module, kind))) for kind in GLOBAL_KINDS
               if getattr(nn_module, kind)]
     return tuple(own + shared)

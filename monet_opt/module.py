@@ -5,8 +5,10 @@ import copy
 import dataclasses
 import functools
 import inspect
+import operator
 import time
 import warnings
+from itertools import repeat
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -32,6 +34,7 @@ from monet_opt.replan_text import WHAT_TO_DO, situation, too_many
 from monet_opt.step import (ReplanWarning, Step, describe_autocast, param_key,
                             resident_gradient_bytes, step_key)
 from monet_opt.units import format_bytes
+from monet_opt.walk import Walk
 
 
 # NOTE [New input shapes]
@@ -102,6 +105,7 @@ from monet_opt.units import format_bytes
 #   module's own limit does not apply inside it; optimize(opt, ...) plans opt.model, leaving opt
 #   as it was (tests/test_wrapping.py).
 _TRACED = (FakeTensor, FunctionalTensor)
+_TRAINING, _GRAD = operator.attrgetter("training"), operator.attrgetter("grad")
 
 
 class OptimizedModule(nn.Module):
@@ -142,8 +146,7 @@ class OptimizedModule(nn.Module):
         self._any_shape = any_shape and plan_step is not None
         self._training_flags = training_flags
         self._autocast = autocast
-        self._in_flight = InFlight()
-        self._held = HeldOutputs()  # NOTE [Outputs held through the backward]
+        self._fresh()  # steps in flight, outputs held (NOTE [Outputs held through the backward])
 
     @property
     def plans(self) -> Mapping[str, Plan]:
@@ -164,12 +167,13 @@ class OptimizedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
-        modules, params, buffers = walk(self.model)  # params in the order the steps take them
+        # params in the order the steps take them; NOTE [Names kept between walks]
+        modules, params, buffers = self._walk(self.model)
         mine = list(params.values())
         leaves, treedef = pytree.tree_flatten((args, kwargs))
         if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)):
             return self.model(*args, **kwargs)  # NOTE [Optimized inside optimized]
-        flags = tuple(m.training for m in modules)
+        flags = tuple(map(_TRAINING, modules))
         if flags != self._training_flags and not self.training:
             return self.model(*args, **kwargs)  # NOTE [Optimized in eval mode]
         if not any(p.requires_grad for p in mine) and not any(
@@ -201,8 +205,10 @@ class OptimizedModule(nn.Module):
         inputs = InputSpec.tensors_of(leaves, "monet_opt: every argument of a training step") \
             if new_structure else first.check(leaves, structure, any_shape=self._any_shape)
         # functional_call(opt, fast_weights) gives non-leaf parameters, which hold no gradient
-        resident = tuple(k for k, p in enumerate(named.values())
-                         if p.is_leaf and p.grad is not None)
+        grads = list(map(_GRAD, named.values()))
+        resident = () if all(map(operator.is_, grads, repeat(None))) else tuple(
+            k for k, (p, grad) in enumerate(zip(named.values(), grads))
+            if p.is_leaf and grad is not None)
         now = param_key(named, buffers)
         resident_bytes = resident_gradient_bytes(self.model) if resident else 0
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
@@ -291,9 +297,7 @@ class OptimizedModule(nn.Module):
     def __copy__(self) -> OptimizedModule:
         twin = type(self).__new__(type(self))
         twin.__dict__.update(self.__dict__)
-        twin._in_flight = InFlight()
-        twin._held = HeldOutputs()
-        return twin
+        return twin._fresh()
 
     def __deepcopy__(self, memo: dict) -> OptimizedModule:
         """A copy of the module and its model; the steps' compiled code is shared, as functions
@@ -301,9 +305,14 @@ class OptimizedModule(nn.Module):
         twin = type(self).__new__(type(self))
         memo[id(self)] = twin
         twin.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        twin._in_flight = InFlight()
-        twin._held = HeldOutputs()
-        return twin
+        return twin._fresh()
+
+    def _fresh(self) -> OptimizedModule:
+        """A copy's own record of steps in flight, outputs held and its last walk."""
+        self._in_flight = InFlight()
+        self._held = HeldOutputs()
+        self._walk = Walk()
+        return self
 
     # state_dict keys are the model's own, not prefixed with "model."
     def state_dict(self, *args: Any, **kwargs: Any):
@@ -340,33 +349,3 @@ def for_model(model: nn.Module) -> type[OptimizedModule]:
     return type("OptimizedModule", (OptimizedModule,),
                 {"forward": forward, "__module__": __name__,
                  "__qualname__": f"OptimizedModule[{type(model).__qualname__}]"})
-
-
-def walk(model: nn.Module) -> tuple[list[nn.Module], dict[str, torch.Tensor],
-                                     dict[str, torch.Tensor]]:
-    """list(model.modules()), dict(model.named_parameters()) and dict(model.named_buffers()),
-    the same in the same order, from one walk over the modules where those are three (0.3 of
-    the 0.57 ms a step spent outside the step itself, on a 12-layer GPT-2). A tensor tied under
-    several names keeps its first; they are looked for once, after the walk (DenseNet-121's
-    433 modules, least of 30 rounds: 0.76 ms a call, 0.91 checking each tensor as found)."""
-    modules: list[nn.Module] = []
-    params: dict[str, torch.Tensor] = {}
-    buffers: dict[str, torch.Tensor] = {}
-    for prefix, module in model.named_modules():
-        modules.append(module)
-        own_params, own_buffers = module._parameters, module._buffers
-        if own_params or own_buffers:
-            dot = prefix + "." if prefix else ""
-            for found, members in ((params, own_params), (buffers, own_buffers)):
-                for name, t in members.items():
-                    if t is not None:
-                        found[dot + name] = t
-    return modules, _first_names(params), _first_names(buffers)
-
-
-def _first_names(found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`found` with each tensor under its first name only."""
-    if len(set(map(id, found.values()))) == len(found):
-        return found
-    seen: set[int] = set()
-    return {name: t for name, t in found.items() if id(t) not in seen and not seen.add(id(t))}

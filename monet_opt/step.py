@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Callable
 
 import torch
@@ -76,11 +77,16 @@ def step_key(structure: tuple, leaves: tuple, params: tuple, resident: tuple[int
     return structure, leaves, params, resident, resident_bytes, shared, traced, values
 
 
+_PARAM = operator.attrgetter("shape", "dtype", "device", "requires_grad")
+_BUFFER = operator.attrgetter("shape", "dtype", "device")
+
+
 def param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> tuple:
-    """What a traced step fixes of the parameters and buffers, by name (NOTE [Parameters
-    changed] in monet_opt/module.py)."""
-    return (tuple((n, p.shape, p.dtype, p.device, p.requires_grad) for n, p in params.items()),
-            tuple((n, b.shape, b.dtype, b.device) for n, b in buffers.items()))
+    """What a traced step fixes of the parameters and buffers: their names, and each one's
+    shape, dtype, device and, a parameter's, requires_grad (NOTE [Parameters changed] in
+    monet_opt/module.py)."""
+    return (tuple(params), tuple(map(_PARAM, params.values())),
+            tuple(buffers), tuple(map(_BUFFER, buffers.values())))
 
 
 def describe_autocast(state: tuple) -> str:

@@ -203,21 +203,6 @@ def test_weights_tied_after_optimize_plan_a_step():
     assert len(ours[1]) == len(expected[1]) == 1 and torch.equal(ours[1][0], expected[1][0])
 
 
-def test_one_walk_finds_what_torch_finds():
-    """module.walk: the modules, parameters and buffers a step takes, as torch lists them (a
-    module used twice, a tied weight, a missing bias, a buffer both modules hold)."""
-    from monet_opt.module import walk
-    shared = nn.Linear(4, 4, bias=False)
-    model = nn.Sequential(nn.Embedding(10, 4), shared, nn.BatchNorm1d(4), shared,
-                          nn.Linear(4, 10))
-    model[4].weight = model[0].weight
-    model[2].register_buffer("twice", model[2].running_mean)
-    modules, params, buffers = walk(model)
-    assert modules == list(model.modules())
-    assert list(params.items()) == list(model.named_parameters())
-    assert list(buffers.items()) == list(model.named_buffers())
-
-
 SCALE, WARM = 1.0, True  # globals the forward below reads, changed by the test as a loop would
 SCHEDULE = types.SimpleNamespace(p=0.1)
 
