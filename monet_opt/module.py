@@ -8,7 +8,6 @@ import inspect
 import operator
 import time
 import warnings
-from itertools import repeat
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -32,7 +31,7 @@ from monet_opt.memory import storage_groups
 from monet_opt.plan import Plan
 from monet_opt.replan_text import WHAT_TO_DO, situation, too_many
 from monet_opt.step import (ReplanWarning, Step, describe_autocast, param_key,
-                            resident_gradient_bytes, step_key)
+                            resident_gradient_bytes, resident_positions, step_key)
 from monet_opt.units import format_bytes
 from monet_opt.walk import Walk
 
@@ -105,7 +104,7 @@ from monet_opt.walk import Walk
 #   module's own limit does not apply inside it; optimize(opt, ...) plans opt.model, leaving opt
 #   as it was (tests/test_wrapping.py).
 _TRACED = (FakeTensor, FunctionalTensor)
-_TRAINING, _GRAD = operator.attrgetter("training"), operator.attrgetter("grad")
+_TRAINING = operator.attrgetter("training")
 
 
 class OptimizedModule(nn.Module):
@@ -204,11 +203,7 @@ class OptimizedModule(nn.Module):
         new_structure = self._any_shape and structure != (first.treedef, first.constants)
         inputs = InputSpec.tensors_of(leaves, "monet_opt: every argument of a training step") \
             if new_structure else first.check(leaves, structure, any_shape=self._any_shape)
-        # functional_call(opt, fast_weights) gives non-leaf parameters, which hold no gradient
-        grads = list(map(_GRAD, named.values()))
-        resident = () if all(map(operator.is_, grads, repeat(None))) else tuple(
-            k for k, (p, grad) in enumerate(zip(named.values(), grads))
-            if p.is_leaf and grad is not None)
+        resident = resident_positions(list(named.values()))
         now = param_key(named, buffers)
         resident_bytes = resident_gradient_bytes(self.model) if resident else 0
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]

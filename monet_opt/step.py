@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from itertools import repeat
 from typing import Callable
 
 import torch
@@ -62,6 +63,19 @@ class Step:
 def resident_gradient_bytes(model: nn.Module) -> int:
     """Bytes of the parameters' gradients in place now (storages counted once)."""
     return resident_bytes([p.grad for p in model.parameters() if p.grad is not None])
+
+
+_GRAD, _IS_LEAF = operator.attrgetter("grad"), operator.attrgetter("is_leaf")
+
+
+def resident_positions(params: list[torch.Tensor]) -> tuple[int, ...]:
+    """Where among `params` a gradient is in place. functional_call(opt, fast_weights) gives
+    non-leaf parameters, which hold none (and warn when asked)."""
+    grads = list(map(_GRAD, params)) if all(map(_IS_LEAF, params)) else \
+        [p.grad if p.is_leaf else None for p in params]
+    if all(map(operator.is_, grads, repeat(None))):
+        return ()
+    return tuple(k for k, grad in enumerate(grads) if grad is not None)
 
 
 def step_key(structure: tuple, leaves: tuple, params: tuple, resident: tuple[int, ...],
