@@ -77,6 +77,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 
+from monet_opt.aot_call import FlatCall
 from monet_opt.attribute_tensors import tensor_attributes
 from monet_opt.attributes import SideEffectWarning
 from monet_opt.errors import CaptureError, user_stacklevel
@@ -325,7 +326,8 @@ class CompiledStep:
 
     def __init__(self, compiled: Callable, target: torch.nn.Module, kept: Kept,
                  attributes: tuple[str, ...] = ()) -> None:
-        self._compiled, self._target, self._kept = compiled, target, kept
+        # NOTE [Arguments flattened once] in monet_opt/aot_call.py
+        self._compiled, self._target, self._kept = FlatCall(compiled), target, kept
         self.attributes = attributes  # the tensor attributes it reads, after the buffers
 
     @property
