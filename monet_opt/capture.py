@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
+import sys
 from typing import Callable
 
 import torch
@@ -137,8 +139,8 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
     target = model
     if export_example is not None:
         args, kwargs = export_example
-        target = forward_state.exported(model, lambda: torch.export.export(
-            model, args, kwargs, strict=False).module())
+        target = forward_state.exported(model, lambda: _no_partial_graph(
+            lambda: torch.export.export(model, args, kwargs, strict=False).module()))
     params, buffers, attributes = state_names(model)
     names = params + buffers + attributes
     n_state = len(names)
@@ -165,6 +167,27 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
     compiled = aot_function(flat_model, fw_compiler=boxed, bw_compiler=boxed,
                             partition_fn=kept.partitioning(partition_fn), enable_log=False)
     return forward_state.CompiledStep(compiled, target, kept, tuple(attributes))
+
+
+# NOTE [Export's partial graph]
+#   torch.export, failing on a data-dependent expression, prints the graph it had traced so far
+#   to stderr before raising: the whole model's ops up to that line, thousands of lines on a
+#   large one, ahead of the CaptureError that names the line and what to do (a Faster R-CNN in
+#   training, whose transform draws a size with .item(): 44 lines of one model's arguments and
+#   ops). The export route is the last one tried, so the error says all there is; what export
+#   writes to stderr is held while it runs and written out after it, less that graph.
+def _no_partial_graph(export: Callable):
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            return export()
+    except BaseException as err:
+        graph = getattr(err, "partial_fx_graph", None)
+        if graph:  # printed once by each of export's wrappers it passed
+            held = io.StringIO(held.getvalue().replace(f"{graph}\n", ""))
+        raise
+    finally:
+        sys.stderr.write(held.getvalue())
 
 
 class _Compiled(Exception):

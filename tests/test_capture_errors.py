@@ -186,3 +186,23 @@ def test_an_input_the_model_cannot_take_says_to_check_eager():
     the profiler's real run: the op's message, and the question to ask."""
     with pytest.raises(RuntimeError, match=r"(?s)same dtype.*run eagerly on sample_input"):
         monet_opt.optimize(nn.Linear(8, 2), torch.randint(0, 3, (4, 8)), HUGE, profile_dir=None)
+
+
+class Pick(nn.Module):
+    """Picks a head by a number it draws: data-dependent on every route."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        k = int(torch.empty(1).uniform_(0.0, 3.0).item())
+        return self.heads[k](x).sum()
+
+
+def test_export_failing_prints_no_partial_graph(capsys):
+    """torch.export printed the graph it had traced to stderr before failing (NOTE [Export's
+    partial graph]): only the error, naming the line, is left."""
+    with pytest.raises(monet_opt.CaptureError, match=r"k = int\(torch.empty"):
+        monet_opt.optimize(Pick(), torch.randn(4, 8), HUGE, profile_dir=None)
+    assert "def forward" not in capsys.readouterr().err
