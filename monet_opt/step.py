@@ -28,8 +28,8 @@ class Step:
     """One traced training step and its plan, for inputs of one shape and a step that begins
     with `resident_bytes` of gradients in place, those of the parameters at positions
     `resident` among them. run(*params, *buffers, *attributes, *inputs) runs it; inputs
-    describes the inputs ('float32[4x3x16x16]'); slots: where its backward adds gradients in place (NOTE
-    [Accumulating in place]), bound to the parameters before each run."""
+    describes the inputs ('float32[4x3x16x16]'); slots: where its backward adds gradients in
+    place (NOTE [Accumulating in place]), bound to the parameters before each run."""
 
     run: Callable
     spec: InputSpec
