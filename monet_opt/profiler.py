@@ -14,18 +14,17 @@ identical signature; its error check and workspace are still taken at every site
 
 Each operator variant is measured where its backward op runs: encode the argument it replaces,
 run the replacement (`variants.run`), and report its result's `relative_error` against the
-op's own (0.0: bitwise equal; the caller decides what is acceptable). Workspace is the peak of
-what the call allocates beyond its result: a live-bytes counter on CPU, the allocator's peak on
-CUDA.
+op's own (0.0: bitwise equal; the caller decides what is acceptable). Its time is the difference
+from its op's, timed beside it (NOTE [Variants timed beside their op] in
+monet_opt/variant_probe.py). Workspace is the peak of what the call allocates beyond its
+result: a live-bytes counter on CPU, the allocator's peak on CUDA.
 
 The time limit: NOTE [The profiling time limit] in monet_opt/profile_budget.py.
 """
 from __future__ import annotations
 
 import functools
-import operator
 import statistics
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -35,20 +34,21 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from monet_opt import cudnn_bn, output_bytes, recompute, variants
+from monet_opt import cudnn_bn, output_bytes, recompute
 from monet_opt.lower import Lowered, is_effect_token
-from monet_opt.errors import VariantGuardError
 from monet_opt.memory import counted
 from monet_opt.profile_budget import Budget, estimates
+from monet_opt.variant_probe import VariantProbe, timed_call as _call
 
 # What a profile holds, in the profile directory's keys: a profile an older profiler made
 # (revision 1: no recomputation times; 2: variants measured without the op's keyword
 # arguments, their results' strides unchecked, variants that cannot pay still offered; 3: no
 # op workspace on CUDA, CUDA tensors' exact bytes rather than the allocator's blocks; 4: 1-bit
 # ReLU masks and pooling's shape-only variants refused after channels-last layers; 5: outputs
-# counted by their shapes: NOTE [Outputs larger than their shapes]) is not served to this one.
-# Raise it when what the profiler measures changes meaning.
-PROFILER_REVISION = 6
+# counted by their shapes: NOTE [Outputs larger than their shapes]; 6: variants' times against
+# their op's median over the pass: NOTE [Variants timed beside their op]) is not served to this
+# one. Raise it when what the profiler measures changes meaning.
+PROFILER_REVISION = 7
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -80,113 +80,13 @@ class ProfileResult:
     op_output_bytes: tuple[tuple[int, ...] | None, ...] = ()
 
 
-class _VariantProbe:
-    """Samples for the variants at the backward nodes they replace."""
-
-    def __init__(self, lowered: Lowered) -> None:
-        self.at: dict[str, list[int]] = {}
-        for v, site in enumerate(lowered.variant_sites):
-            self.at.setdefault(site.backward_node, []).append(v)
-        self.sites = lowered.variant_sites
-        n = len(self.sites)
-        self.times: list[tuple[float, float] | None] = [None] * n  # (encode s, run s)
-        self.workspace = [(0, 0)] * n
-        self.error = [float("inf")] * n  # inf: not measured
-        self.seen: dict[tuple, tuple[float, float]] = {}
-
-    def keep_until(self) -> dict[str, str]:
-        """Forward values a family reads in its op's argument's place -> the backward node
-        they must live until."""
-        return {site.reads: site.backward_node for site in self.sites if site.reads is not None}
-
-    def measure(self, node: fx.Node, args, kwargs, result, sig: tuple, cuda: bool,
-                budget: Budget, env: dict) -> None:
-        for v in self.at.get(node.name, ()):
-            site = self.sites[v]
-            fam = variants.family(site.family)
-            x = args[site.arg]
-            replacement = functools.partial(variants.run, (site.family,), (site.params,))
-            enc_fn = None if fam.encode is None else \
-                functools.partial(fam.encode, x, *site.params)
-            # one counted run: workspace and the relative error (also the warm-up)
-            enc, enc_ws = counted(enc_fn, cuda) if enc_fn else \
-                (site.like if site.reads is None else env[site.reads], 0)
-            want = result
-            if fam.draw is not None:  # NOTE [Generator-state replay]: the state's own draw
-                drawn = fam.draw(*site.params)
-                want = node.target(*(drawn if k == site.arg else a for k, a in enumerate(args)),
-                                   **kwargs)
-            new_args = tuple(enc if k == site.arg else a for k, a in enumerate(args))
-            try:
-                out, run_ws = counted(functools.partial(replacement, *new_args, **kwargs), cuda)
-            except VariantGuardError:  # e.g. NOTE [BatchNorm from its output]
-                continue
-            self.workspace[v] = (enc_ws, run_ws)
-            self.error[v] = relative_error(out, want, _used_outputs(node))
-            key = (site.family, repr(site.params), sig)
-            if key not in self.seen:
-                n = max(1, budget.repeats_now())
-                enc_s = [_call(enc_fn, (), {}, cuda)[1] for _ in range(n)] if enc_fn else [0.0]
-                run_s = [_call(replacement, new_args, kwargs, cuda)[1] for _ in range(n)]
-                self.seen[key] = (statistics.median(enc_s), statistics.median(run_s))
-            self.times[v] = self.seen[key]
-
-    def costs(self, op_time: dict[str, float]) -> tuple[tuple[float, int, float, int], ...]:
-        out = []
-        for v, site in enumerate(self.sites):
-            enc_s, run_s = self.times[v] or (0.0, 0.0)
-            extra = run_s - op_time.get(site.backward_node, 0.0) if self.times[v] else 0.0
-            out.append((enc_s, self.workspace[v][0], extra, self.workspace[v][1]))
-        return tuple(out)
-
-
-def _used_outputs(node: fx.Node) -> frozenset[int] | None:
-    """Which outputs of a multi-output node the graph reads (None: all). Unread ones may hold
-    anything: convolution_backward returns a tensor for a gradient its output_mask declined."""
-    val = node.meta.get("val")
-    if not isinstance(val, (tuple, list)):
-        return None
-    return frozenset(u.args[1] for u in node.users if u.target is operator.getitem)
-
-
-def relative_error(got, want, only: frozenset[int] | None = None) -> float:
-    """0.0 when `got` is bitwise `want` (tensors or tuples of them, the outputs in `only`
-    if given; NaNs where want has them); else the largest max-abs relative error over the
-    outputs; inf when shapes, strides (the graph's views of an output expect its layout),
-    dtypes or the NaN/inf pattern differ."""
-    gots = got if isinstance(got, (tuple, list)) else (got,)
-    wants = want if isinstance(want, (tuple, list)) else (want,)
-    if len(gots) != len(wants):
-        return float("inf")
-    worst = 0.0
-    for k, (a, b) in enumerate(zip(gots, wants)):
-        if only is not None and k not in only:
-            continue
-        if a is None and b is None:
-            continue
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \
-                a.shape != b.shape or a.dtype != b.dtype or a.stride() != b.stride():
-            return float("inf")
-        if torch.equal(a, b) or (torch.equal(a.isnan(), b.isnan())
-                                 and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))):
-            continue
-        finite = b.isfinite()
-        if not bool(finite.any()):
-            return float("inf")
-        if not (torch.equal(a.isfinite(), finite) and torch.equal(a[~finite], b[~finite])):
-            return float("inf")
-        diff = (a[finite].double() - b[finite].double()).abs().max().item()
-        worst = max(worst, diff / max(b[finite].double().abs().max().item(), 1e-30))
-    return worst
-
-
 def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
             repeats: int = 3, time_limit_s: float | None = None) -> ProfileResult:
     """Time every op and variant of `lowered` (see the module docstring and NOTE [The profiling
     time limit]); warns with `ProfileTimeLimitWarning` when ops had to be estimated."""
     nodes = {n.name: n for n in joint.graph.nodes if n.op == "call_function"}
     wanted = [name for name in lowered.op_nodes if name in nodes]
-    probe = _VariantProbe(lowered)
+    probe = VariantProbe(lowered)
     budget = Budget(repeats, time_limit_s, len(wanted), lowered.problem.name or "model")
     devices = sorted({t.device for t in primals if t.device.type == "cuda"}, key=str)
     with unset_fake_temporarily(), torch.no_grad(), recompute.kept_generators(joint), \
@@ -212,7 +112,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
             ProfileTimeLimitWarning, stacklevel=2)
     return ProfileResult(
         op_time_s=tuple(op_time.get(name, 0.0) for name in lowered.op_nodes),
-        variant_costs=probe.costs(op_time), variant_error=tuple(probe.error),
+        variant_costs=probe.costs(), variant_error=tuple(probe.error),
         variant_measured=tuple(t is not None for t in probe.times),
         estimated_ops=len(missing), reduced_ops=budget.reduced, timed_signatures=signatures,
         op_rerun_s=tuple(reruns.get(name) for name in lowered.op_nodes),
@@ -239,7 +139,7 @@ def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
 
 
 def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
-         probe: _VariantProbe, budget: Budget
+         probe: VariantProbe, budget: Budget
          ) -> tuple[dict[str, float], dict[str, float], int, dict[str, int]]:
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
     the same of their recomputations where those run otherwise, how many distinct signatures
@@ -321,7 +221,7 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
 
 
 def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tuple],
-                  seen: dict[tuple, list[float]], wanted: set[str], probe: _VariantProbe,
+                  seen: dict[tuple, list[float]], wanted: set[str], probe: VariantProbe,
                   budget: Budget, cuda: bool, reruns: dict[str, tuple],
                   workspace: dict[tuple, int]) -> None:
     """Run `node` for its value; if the problem schedules it, time it (or, for a signature
@@ -360,7 +260,7 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
                 seen[key] = _samples(target, rerun, kwargs, cuda, max(1, repeats))
             reruns[node.name] = key
         budget.op_done(repeats)
-    probe.measure(node, args, kwargs, env[node.name], sig, cuda, budget, env)
+    probe.measure(node, target, args, kwargs, env[node.name], sig, cuda, budget, env)
 
 
 # NOTE [Noisy samples]
@@ -385,16 +285,3 @@ def _samples(target, args, kwargs, cuda: bool, n: int) -> list[float]:
 
 
 _RERUN = "recomputed"  # marks the signature of a recomputation's timing
-
-
-def _call(target, args, kwargs, cuda: bool):
-    if cuda:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = target(*args, **kwargs)
-        end.record()
-        end.synchronize()
-        return out, start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    out = target(*args, **kwargs)
-    return out, time.perf_counter() - t0

@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 
 import monet_opt
 from monet_opt import cudnn_bn, variants_impl
-from monet_opt.profiler import relative_error
+from monet_opt.variant_probe import relative_error
 from tests import models
 from tests.test_executor import HUGE, _check_memory, assert_same, run_steps
 from tests.test_variants_lossy import _families, assert_trains_within_bounds

@@ -11,7 +11,7 @@ import torch
 
 import monet_opt
 from monet_opt import api, variants_bn, variants_impl
-from monet_opt.profiler import relative_error
+from monet_opt.variant_probe import relative_error
 from tests import models
 from tests.test_executor import HUGE, _check_memory
 from tests.test_variants import _no_recompute_peak, free_variants  # noqa: F401 (a fixture)

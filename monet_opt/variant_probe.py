@@ -1,0 +1,149 @@
+"""Operator variants measured where their backward op runs, and how far a result is from another.
+
+NOTE [Variants timed beside their op]
+  A variant's cost to the plan is its time minus its op's. The op's time is the median over
+  the profiling pass: its first calls back to back, then one run at every later op of its
+  signature, each in its place in the step, where what it reads has long left the cache (NOTE
+  [Noisy samples] in monet_opt/profiler.py). The variant was timed only back to back, right
+  after encoding, its inputs warm. So the difference favoured every variant: on DenseNet-121 at
+  batch 2 x 32² (CPU), 40 ReLUs' threshold_backward, one signature, took 7.6 us by the pass's
+  median against 2.9 us back to back, and their 1-bit-sign-as-bool variant (an `le` in the
+  forward, a `where` in the backward) 3.5 + 2.7 us: predicted 1.4 us faster each, all 40 were
+  chosen at an unlimited budget, and the step measured 1 ms slower than without them (46.8
+  against 45.8 ms, least of 40 interleaved rounds; `where` alone took 14.8 us against
+  threshold_backward's 2.9 at that shape, timeit). Now the op is timed again beside its
+  variant, the three calls interleaved (op, encode, variant) at the same site, and the
+  variant's extra time is the difference of those medians: like against like.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+import statistics
+import time
+
+import torch
+import torch.fx as fx
+
+from monet_opt import variants
+from monet_opt.errors import VariantGuardError
+from monet_opt.lower import Lowered
+from monet_opt.memory import counted
+from monet_opt.profile_budget import Budget
+
+
+class VariantProbe:
+    """Samples for the variants at the backward nodes they replace."""
+
+    def __init__(self, lowered: Lowered) -> None:
+        self.at: dict[str, list[int]] = {}
+        for v, site in enumerate(lowered.variant_sites):
+            self.at.setdefault(site.backward_node, []).append(v)
+        self.sites = lowered.variant_sites
+        n = len(self.sites)
+        self.times: list[tuple[float, float] | None] = [None] * n  # (encode, extra s)
+        self.workspace = [(0, 0)] * n
+        self.error = [float("inf")] * n  # inf: not measured
+        self.seen: dict[tuple, tuple[float, float]] = {}
+
+    def keep_until(self) -> dict[str, str]:
+        """Forward values a family reads in its op's argument's place -> the backward node
+        they must live until."""
+        return {site.reads: site.backward_node for site in self.sites if site.reads is not None}
+
+    def measure(self, node: fx.Node, target, args, kwargs, result, sig: tuple, cuda: bool,
+                budget: Budget, env: dict) -> None:
+        for v in self.at.get(node.name, ()):
+            site = self.sites[v]
+            fam = variants.family(site.family)
+            x = args[site.arg]
+            replacement = functools.partial(variants.run, (site.family,), (site.params,))
+            enc_fn = None if fam.encode is None else \
+                functools.partial(fam.encode, x, *site.params)
+            # one counted run: workspace and the relative error (also the warm-up)
+            enc, enc_ws = counted(enc_fn, cuda) if enc_fn else \
+                (site.like if site.reads is None else env[site.reads], 0)
+            want = result
+            if fam.draw is not None:  # NOTE [Generator-state replay]: the state's own draw
+                drawn = fam.draw(*site.params)
+                want = node.target(*(drawn if k == site.arg else a for k, a in enumerate(args)),
+                                   **kwargs)
+            new_args = tuple(enc if k == site.arg else a for k, a in enumerate(args))
+            try:
+                out, run_ws = counted(functools.partial(replacement, *new_args, **kwargs), cuda)
+            except VariantGuardError:  # e.g. NOTE [BatchNorm from its output]
+                continue
+            self.workspace[v] = (enc_ws, run_ws)
+            self.error[v] = relative_error(out, want, used_outputs(node))
+            key = (site.family, repr(site.params), sig)
+            if key not in self.seen:  # NOTE [Variants timed beside their op]
+                n = max(1, budget.repeats_now())
+                enc_s, run_s, op_s = [], [], []
+                for _ in range(n):
+                    op_s.append(timed_call(target, args, kwargs, cuda)[1])
+                    enc_s.append(timed_call(enc_fn, (), {}, cuda)[1] if enc_fn else 0.0)
+                    run_s.append(timed_call(replacement, new_args, kwargs, cuda)[1])
+                self.seen[key] = (statistics.median(enc_s),
+                                  statistics.median(run_s) - statistics.median(op_s))
+            self.times[v] = self.seen[key]
+
+    def costs(self) -> tuple[tuple[float, int, float, int], ...]:
+        """Per variant: (encode s, encode workspace, run minus its op's time s, run workspace);
+        zeros where not measured."""
+        zero = (0.0, 0.0)
+        return tuple((enc_s, enc_ws, extra_s, run_ws) for (enc_s, extra_s), (enc_ws, run_ws)
+                     in zip((t or zero for t in self.times), self.workspace))
+
+
+def used_outputs(node: fx.Node) -> frozenset[int] | None:
+    """Which outputs of a multi-output node the graph reads (None: all). Unread ones may hold
+    anything: convolution_backward returns a tensor for a gradient its output_mask declined."""
+    val = node.meta.get("val")
+    if not isinstance(val, (tuple, list)):
+        return None
+    return frozenset(u.args[1] for u in node.users if u.target is operator.getitem)
+
+
+def relative_error(got, want, only: frozenset[int] | None = None) -> float:
+    """0.0 when `got` is bitwise `want` (tensors or tuples of them, the outputs in `only`
+    if given; NaNs where want has them); else the largest max-abs relative error over the
+    outputs; inf when shapes, strides (the graph's views of an output expect its layout),
+    dtypes or the NaN/inf pattern differ."""
+    gots = got if isinstance(got, (tuple, list)) else (got,)
+    wants = want if isinstance(want, (tuple, list)) else (want,)
+    if len(gots) != len(wants):
+        return float("inf")
+    worst = 0.0
+    for k, (a, b) in enumerate(zip(gots, wants)):
+        if only is not None and k not in only:
+            continue
+        if a is None and b is None:
+            continue
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \
+                a.shape != b.shape or a.dtype != b.dtype or a.stride() != b.stride():
+            return float("inf")
+        if torch.equal(a, b) or (torch.equal(a.isnan(), b.isnan())
+                                 and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))):
+            continue
+        finite = b.isfinite()
+        if not bool(finite.any()):
+            return float("inf")
+        if not (torch.equal(a.isfinite(), finite) and torch.equal(a[~finite], b[~finite])):
+            return float("inf")
+        diff = (a[finite].double() - b[finite].double()).abs().max().item()
+        worst = max(worst, diff / max(b[finite].double().abs().max().item(), 1e-30))
+    return worst
+
+
+def timed_call(target, args, kwargs, cuda: bool):
+    """(target(*args, **kwargs), its time in s: CUDA events on a GPU, else the wall clock)."""
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = target(*args, **kwargs)
+        end.record()
+        end.synchronize()
+        return out, start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    out = target(*args, **kwargs)
+    return out, time.perf_counter() - t0
