@@ -7,6 +7,7 @@ many small kernels waits for. One thread and process time (not wall time), so th
 each round.
 
     PYTHONPATH=. python docs/benchmarks/host_time.py --rounds 60
+    PYTHONPATH=. python docs/benchmarks/host_time.py --epilogue   # AOTAutograd's per buffer
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import argparse
 import random
 import statistics
 import time
+import timeit
 import warnings
 
 import torch
@@ -65,13 +67,37 @@ def measure(name: str, rounds: int) -> dict[str, list[float]]:
     return times
 
 
+def epilogue(name: str) -> str:
+    """What AOTAutograd's epilogue does per updated buffer once its new value is the buffer
+    itself (NOTE [Statistics updated in place]): copy it into itself, and (its autograd
+    Function) make a view of it; here from a Python loop, least of 7 x 200."""
+    bufs = list(getattr(zoo, name)(*MODELS[name])[0].buffers())
+
+    def copies():
+        for b in bufs:
+            b.copy_(b)
+
+    def views():
+        for b in bufs:
+            b.view_as(b)
+    c, v = (min(timeit.repeat(f, number=200, repeat=7)) / 200 for f in (copies, views))
+    return f"| {name} | {len(bufs)} | {c * 1e6:.0f} | {v * 1e6:.0f} |"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--epilogue", action="store_true", help="time AOTAutograd's epilogue's calls")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
+    if args.epilogue:
+        print("| model | buffers | copy_ into itself, us a step | view_as, us a step |\n"
+              "|---|---|---|---|")
+        for name in args.models.split(","):
+            print(epilogue(name), flush=True)
+        return
     random.seed(0)
     print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds, process time a step\n")
     print("| model (batch, size) | method | least ms | median ms | vs eager (least) "
