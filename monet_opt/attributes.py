@@ -41,7 +41,7 @@ from monet_opt.global_reads import Read, global_reads
 from monet_opt.global_reads import plain as _plain
 from monet_opt.input_spec import LeafSpec
 
-_TRAINING = operator.attrgetter("training")
+TRAINING = operator.attrgetter("training")
 
 
 def _public(owner: object) -> dict:
@@ -90,7 +90,7 @@ class Watched:
     def values(self, modules: list[nn.Module]) -> tuple:
         """The modules' classes and the watched values now (`modules`: model.modules(), as a
         list)."""
-        out: list = [tuple(map(type, modules)), tuple(map(_TRAINING, modules))]
+        out: list = [tuple(map(type, modules)), tuple(map(TRAINING, modules))]
         positions, configs, names = self._columns
         if positions and positions[-1] < len(modules):  # positions ascend: every module there
             owners = map(vars, map(modules.__getitem__, positions))

@@ -5,7 +5,6 @@ import copy
 import dataclasses
 import functools
 import inspect
-import operator
 import time
 import warnings
 from types import MappingProxyType
@@ -19,7 +18,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from monet_opt import output_grad
-from monet_opt.attributes import Watched
+from monet_opt.attributes import TRAINING, Watched
 from monet_opt.capture import autocast_state
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.input_spec import InputSpec, LeafSpec, constants_of
@@ -104,7 +103,6 @@ from monet_opt.walk import Walk
 #   module's own limit does not apply inside it; optimize(opt, ...) plans opt.model, leaving opt
 #   as it was (tests/test_wrapping.py).
 _TRACED = (FakeTensor, FunctionalTensor)
-_TRAINING = operator.attrgetter("training")
 
 
 class OptimizedModule(nn.Module):
@@ -172,7 +170,7 @@ class OptimizedModule(nn.Module):
         leaves, treedef = pytree.tree_flatten((args, kwargs))
         if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)):
             return self.model(*args, **kwargs)  # NOTE [Optimized inside optimized]
-        flags = tuple(map(_TRAINING, modules))
+        flags = tuple(map(TRAINING, modules))
         if flags != self._training_flags and not self.training:
             return self.model(*args, **kwargs)  # NOTE [Optimized in eval mode]
         if not any(p.requires_grad for p in mine) and not any(
