@@ -126,9 +126,15 @@ def test_batchnorm_runs_cudnn_as_eager_does(monkeypatch):
     backward and its reruns with cuDNN's kernels, as eager does, so the store-all plan and the
     least plan (which reruns BatchNorms) give eager's losses, gradients and running statistics
     bitwise."""
-    swapped = []
-    use = cudnn_bn.use_cudnn
+    swapped = []  # BatchNorms pointed at cuDNN's kernels, counted where each graph is rewritten
+    use, in_place = cudnn_bn.use_cudnn, cudnn_bn.in_place_kernel
     monkeypatch.setattr(cudnn_bn, "use_cudnn", lambda gm: swapped.append(use(gm)) or swapped[-1])
+
+    def in_place_counted(node):  # the forward's, NOTE [Statistics updated in place]
+        run = in_place(node)
+        swapped.append(int(run is cudnn_bn.forward_in_place))
+        return run
+    monkeypatch.setattr(cudnn_bn, "in_place_kernel", in_place_counted)
     torch.manual_seed(0)
     base = nn.Sequential(nn.BatchNorm2d(8), nn.ReLU(), nn.BatchNorm2d(8), nn.ReLU(),
                          nn.BatchNorm2d(8)).cuda()
