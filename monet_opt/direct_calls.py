@@ -16,7 +16,9 @@ NOTE [Direct calls]
   another path only for an op whose Python dispatch is on: those keep their OpOverload. Were
   it turned on later, the bound `_op` is still the C++ dispatcher's handle, the path the op
   took before.) On tiny inputs, where a CPU step is mostly calls, DenseNet-121's step went
-  from +12.0 to +6.0 % over eager's (docs/benchmarks/host_time.md).
+  from +12.0 to +6.0 % over eager's (docs/benchmarks/host_time.md). On an H200 (batch 128,
+  sixth lease), with the detaches below: 86.2 ms a step against 89.7 ms through OpOverload
+  with the detaches kept, eager 85.1 ms (h200/step_gap_densenet121.txt).
 
   And AOTAutograd's graphs detach every tensor the backward keeps, twice (`detach(detach(
   relu))`: 2 calls per ReLU, 242 a step on DenseNet-121). A detach makes a new tensor on the

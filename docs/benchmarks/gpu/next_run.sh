@@ -1,40 +1,33 @@
 #!/usr/bin/env bash
 # What the next lent GPU runs (about nine minutes), as one command, with .whl carried as for
-# device_run.sh, most wanted first:
-#   - step_gap.py on DenseNet-121 b128: the fifth lease measured our store-all step there at
-#     +23.6 % of eager (0.103 s against 0.084 s) where the plan predicts -0.7 %, the other seven
-#     bench models within -0.5 to +2.9 %; eager, ours as shipped, ours without the split
-#     convolution backwards, ours without variants, with the host's time to issue a step and
-#     the kernels' time a step beside each (which kernels differ from eager's), and ours with
-#     the BatchNorm statistics updated functionally (as before NOTE [Statistics updated in place]),
-#     ours with ops called through OpOverload and detaches kept (as before NOTE [Direct calls]);
-#   - the same on ResNet-50 at MONeT's batch (184), where ours was +2.7 % (three builds);
-#   - the CUDA contract tests (tests/test_cuda.py; the fourth lease ran all: 13 passed,
-#     1 xfailed in 195 s; the fifth ran out of time after 13);
-#   - in the time left, U-Net's torch.compile budgets at equal peak (issue 5): budgets 0.5 and
-#     0.3 beside our auto at half the activations.
+# device_run.sh, most wanted first, each merged into a copy of h200/bench.json that comes back
+# in $OUT (then here: monet_opt.bench report.write / plots.write into docs/benchmarks/gpu/h200/):
+#   - DenseNet-121 at all limits: the fifth lease's points carry the ~20 ms a step our
+#     store-all step has lost since (sixth lease, step_gap.py: +23.6 % -> +1.3 %), with
+#     inductor at budget 0.1 beside them;
+#   - U-Net against inductor at budgets 0.1 and 0.0: at 0.5 and 0.3 (sixth lease) it held 8.2-9.0
+#     GiB where our half holds 5.64, so there was no point at equal peak;
+#   - ResNet-50 at all limits: its auto points were solved with HiGHS stalled after fork
+#     (NOTE [HiGHS after fork]; its least at +152 %).
 # Earlier runs on an H200: docs/benchmarks/gpu/README.md.
 source docs/benchmarks/gpu/device_setup.sh
 git log -1 --format='commit %h %s' 2>/dev/null
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
 nproc; grep -m1 "model name" /proc/cpuinfo
 END=${END_S:-560}
-timeout 230 python3 docs/benchmarks/gpu/step_gap.py --rounds 5 2>&1 | grep -v -i "warn" \
-    | tee "$OUT/step_gap_densenet121.txt"
-timeout 100 python3 docs/benchmarks/gpu/step_gap.py --model resnet50 --batch 184 --rounds 5 \
-    --builds "as shipped,no conv split,no direct calls" 2>&1 | grep -v -i "warn" \
-    | tee "$OUT/step_gap_resnet50.txt"
-LEFT=$((END - SECONDS - 5))
-timeout "$(( LEFT < 200 ? (LEFT > 1 ? LEFT : 1) : 200 ))" python3 -m pytest -q -rxX --tb=short \
-    -p no:cacheprovider tests/test_cuda.py > "$OUT/test_cuda.log" 2>&1
-tail -n 5 "$OUT/test_cuda.log"
-LEFT=$((END - SECONDS))  # timeout 0 would mean no limit at all
-if [ "$LEFT" -gt 60 ]; then
-    mkdir -p /tmp/gpu
-    timeout "$LEFT" python3 -m monet_opt.cli bench --device cuda --models unet --limits 50 \
-        --solvers auto --compile-budgets 0.5,0.3 --rounds 5 --time-limit 12 --no-merge \
-        --out /tmp/gpu 2>&1 | grep -v -i "warn" > "$OUT/bench_gpu.log"
-    tail -n 20 "$OUT/bench_gpu.log"
-    cp /tmp/gpu/bench.json "$OUT/" 2>/dev/null
-fi
+mkdir -p /tmp/gpu && cp docs/benchmarks/gpu/h200/bench.json /tmp/gpu/
+bench() {  # seconds, then the bench's arguments
+    local left=$((END - SECONDS - 10)) limit=$1
+    shift
+    [ "$left" -lt 60 ] && { echo "skipped $*: ${left}s left"; return; }
+    timeout "$(( left < limit ? left : limit ))" python3 -m monet_opt.cli bench --device cuda \
+        --solvers auto --rounds 5 --time-limit 12 --out /tmp/gpu "$@" 2>&1 | grep -v -i "warn"
+    cp /tmp/gpu/bench.json "$OUT/"  # after each model: what ran comes back if the next is cut
+}
+bench 230 --models densenet121 --limits 100,50,a33,min --compile-budgets 0.1 \
+    | tee "$OUT/bench_densenet121.log"
+bench 170 --models unet --limits 100,50,min --compile-budgets 0.1,0.0 \
+    | tee "$OUT/bench_unet.log"
+bench 200 --models resnet50 --limits 100,50,a33,min --compile-budgets 0.5 \
+    | tee "$OUT/bench_resnet50.log"
 echo "ended at ${SECONDS}s"
