@@ -46,9 +46,10 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # op workspace on CUDA, CUDA tensors' exact bytes rather than the allocator's blocks; 4: 1-bit
 # ReLU masks and pooling's shape-only variants refused after channels-last layers; 5: outputs
 # counted by their shapes: NOTE [Outputs larger than their shapes]; 6: variants' times against
-# their op's median over the pass: NOTE [Variants timed beside their op]) is not served to this
-# one. Raise it when what the profiler measures changes meaning.
-PROFILER_REVISION = 7
+# their op's median over the pass: NOTE [Variants timed beside their op]; 7: recomputations
+# timed warm: NOTE [Recomputation reads a cold input]) is not served to this one. Raise it
+# when what the profiler measures changes meaning.
+PROFILER_REVISION = 8
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -149,10 +150,13 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
     seen: dict[tuple, list[float]] = {}  # signature -> its samples (NOTE [Noisy samples])
     workspace: dict[tuple, int] = {}  # signature -> its workspace bytes (NOTE [Workspace])
     cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
-    _walk(gm, inputs, lambda node, args, kwargs, env: _measure_node(
-        node, args, kwargs, env, measured, seen, wanted, probe, budget, cuda, reruns,
-        workspace),
-        budget.over, probe.keep_until())
+    try:
+        _walk(gm, inputs, lambda node, args, kwargs, env: _measure_node(
+            node, args, kwargs, env, measured, seen, wanted, probe, budget, cuda, reruns,
+            workspace),
+            budget.over, probe.keep_until())
+    finally:
+        _flush.clear()  # held for the pass only (NOTE [Recomputation reads a cold input])
     median = {sig: statistics.median(samples) for sig, samples in seen.items()}
     return ({name: median[sig] for name, sig in measured.items()},
             {name: median[key] for name, key in reruns.items()},
@@ -257,7 +261,8 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
             key = (*sig, _RERUN)
             if key not in seen:
                 target(*rerun, **kwargs)  # its warm-up: the forward never ran this form
-                seen[key] = _samples(target, rerun, kwargs, cuda, max(1, repeats))
+                seen[key] = _samples(target, rerun, kwargs, cuda, max(1, repeats)) if cuda \
+                    else _cold_samples(target, rerun, kwargs, max(1, repeats))
             reruns[node.name] = key
         budget.op_done(repeats)
     probe.measure(node, target, args, kwargs, env[node.name], sig, cuda, budget, env)
@@ -285,3 +290,38 @@ def _samples(target, args, kwargs, cuda: bool, n: int) -> list[float]:
 
 
 _RERUN = "recomputed"  # marks the signature of a recomputation's timing
+
+
+# NOTE [Recomputation reads a cold input]
+#   The one recomputation timed apart from its op, a split BatchNorm's normalization from its
+#   kept statistics (NOTE [BatchNorm recomputed from its statistics] in bn_split.py), reads the
+#   BatchNorm's input, which a plan recomputing it keeps: written in the forward, read in the
+#   backward, long out of the cache. Timed back to back it is warm, and on the 2-core CPU
+#   machine the same call takes 2.5-6x as long cold (docs/benchmarks/cold_inputs.md): DenseNet-
+#   121 at half its activations, 40 such reruns a step, measured +5.6 % where +2.7 % was
+#   predicted. So on a CPU each of its samples follows a write of FLUSH_BYTES (twice that
+#   machine's 32 MiB L3). A GPU's kernels read device memory either way (its L2 holds a few
+#   tens of MiB against activations of hundreds), and cuDNN's rerun is timed as before.
+#   bench_ops, DenseNet-121 b16 128² at half its activations, two runs each, measured /
+#   predicted over store-all: +4.6/+2.7 % and +5.9/+3.3 % before, +5.0/+4.1 % and
+#   +5.1/+5.7 % after (docs/benchmarks/cold_inputs.md). A rerun whose input was itself just
+#   recomputed reads it warm and is over-priced; in the plans seen the input is kept.
+FLUSH_BYTES = 64 << 20
+_flush: list[torch.Tensor] = []
+
+
+def _evict_caches() -> None:
+    """Write FLUSH_BYTES, so that what the next call reads comes from memory."""
+    if not _flush:
+        _flush.append(torch.empty(FLUSH_BYTES // 4, dtype=torch.float32))
+    _flush[0].fill_(1.0)
+
+
+def _cold_samples(target, args, kwargs, n: int) -> list[float]:
+    """n timed calls of target(*args, **kwargs), each after the caches were flushed (NOTE
+    [Recomputation reads a cold input])."""
+    out = []
+    for _ in range(n):
+        _evict_caches()
+        out.append(_call(target, args, kwargs, False)[1])
+    return out

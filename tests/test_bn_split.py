@@ -11,7 +11,7 @@ from torch import nn
 
 import monet_opt
 import solvers
-from monet_opt import bn_split
+from monet_opt import api, bn_split, profiler
 from tests import models
 from tests.test_executor import HUGE, assert_same, call, run_steps
 
@@ -112,3 +112,28 @@ def test_a_training_op_without_its_statistics_read_is_left_whole():
     x = torch.randn(2, 4, 8, 8)  # no gradient wanted for the input either
     problem = monet_opt.lower_problem(model, x, profile_repeats=1)
     assert _apply_ops(problem) == []
+
+
+def test_a_recomputed_normalization_is_timed_with_its_input_cold(monkeypatch):
+    """NOTE [Recomputation reads a cold input]: on a CPU every sample of a split BatchNorm's
+    rerun is taken right after the caches were flushed (here a flushed call reads 1 s), the
+    ops' first runs as before; the flush's buffer is not held after profiling."""
+    flushed = []
+    evict, timed = profiler._evict_caches, profiler._call
+
+    def flush():
+        flushed.append(True)
+        evict()
+
+    def call_after_flush(target, args, kwargs, cuda):
+        out, s = timed(target, args, kwargs, cuda)
+        cold, flushed[:] = bool(flushed), []
+        return out, 1.0 if cold else s
+    monkeypatch.setattr(profiler, "_evict_caches", flush)
+    monkeypatch.setattr(profiler, "_call", call_after_flush)
+    model, x, _ = models.small_cnn()
+    problem = api.lower_problem(model, x)
+    reruns = [op for op in problem.ops if op.recompute_time_s is not None]
+    assert reruns and all(op.recompute_time_s == 1.0 for op in reruns)
+    assert all(op.time_s < 1.0 for op in problem.ops)
+    assert not profiler._flush
