@@ -313,7 +313,7 @@ _flush: list[torch.Tensor] = []
 def _evict_caches() -> None:
     """Write FLUSH_BYTES, so that what the next call reads comes from memory."""
     if not _flush:
-        _flush.append(torch.empty(FLUSH_BYTES // 4, dtype=torch.float32))
+        _flush.append(torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device="cpu"))
     _flush[0].fill_(1.0)
 
 
