@@ -54,7 +54,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         solver: "auto" (store-all, or a schedule within 0.5 % of its time, when one fits;
             else the fastest schedule any solver finds: NOTE [Close enough]), or one of
             `solvers.available_solvers()`: "milp" (the joint program, HiGHS), "evict"
-            (cheapest-first eviction: recompute what costs least per byte), "dp" (Kusumoto et
+            (cheapest-first eviction: recompute what costs least per byte), "remat" (drop and
+            make again as often as the limit asks, offline DTR), "dp" (Kusumoto et
             al.'s lower-set DP), "checkmate" (Checkmate's MILP, a baseline: recomputation
             only), "chen" (the better of "chen_greedy" and "chen_sqrt"), "store_all".
         time_limit_s: wall time the solve may spend ("auto": heuristics, the DP, the MILP,

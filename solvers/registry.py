@@ -7,7 +7,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
-                     prune, timeshare, variants)
+                     prune, remat, timeshare, variants)
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
@@ -19,7 +19,7 @@ from solvers.stages import build_stages
 SolverFn = Callable[[Problem, int, Any], SolveResult]
 
 # Solvers that choose operator variants themselves; the others see the plain problem.
-_VARIANT_AWARE = {"milp"}
+_VARIANT_AWARE = {"milp", "remat"}
 
 _REGISTRY: dict[str, tuple[SolverFn, type]] = {
     "store_all": (baselines.store_all, baselines.BaselineOptions),
@@ -30,6 +30,7 @@ _REGISTRY: dict[str, tuple[SolverFn, type]] = {
     "milp": (joint.milp, MilpOptions),
     "checkmate": (checkmate.checkmate_milp, checkmate.CheckmateOptions),
     "dp": (dp.dp, dp.DpOptions),
+    "remat": (remat.remat, remat.RematOptions),
 }
 
 # The lower-set program's share of "auto" (it runs whatever else does; a cap, not a target).
@@ -143,9 +144,10 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
 
     "auto": store-all when it fits (nothing is faster), or a heuristic's schedule within
     AUTO_CLOSE_ENOUGH of it (NOTE [Close enough]); otherwise store-all, Chen's heuristics,
-    the lower-set DP (capped at AUTO_DP_TIME_LIMIT_S) and the joint MILP, and the fastest
-    feasible schedule, polished (NOTE [Polishing]), refined by fine windows (NOTE [Fine
-    windows], AUTO_FINE_SHARE of the limit) and pruned of recomputation it can do without
+    eviction, rematerializing (NOTE [Rematerializing under the budget]), the lower-set DP
+    (capped at AUTO_DP_TIME_LIMIT_S) and the joint MILP, and the fastest feasible schedule,
+    polished (NOTE [Polishing]), refined by fine windows (NOTE [Fine windows],
+    AUTO_FINE_SHARE of the limit) and pruned of recomputation it can do without
     (NOTE [Pruning recomputation]) in the time left. Its `min_feasible_bytes`
     is the least of theirs (the heuristics, the DP's memory-centric pass and the MILP's
     least-peak program always run, so it is known even when store-all fits; there the
@@ -241,12 +243,14 @@ _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")
 #   third on GoogLeNet), each in 27-28 s as before.
 def _cheap(problem: Problem, budget_bytes: int, deadline: float = math.inf,
            store_all: SolveResult | None = None) -> list[SolveResult]:
-    """The heuristics, with no variants and (where the problem has any) the lightest ones;
-    store-all with the fastest ones. First: plain store-all (`store_all` where already run),
-    whose fit auto asks about. Those that search share the time to `deadline`."""
+    """The heuristics, with no variants and (where the problem has any) the lightest ones
+    (rematerializing tries both itself); store-all with the fastest ones. First: plain
+    store-all (`store_all` where already run), whose fit auto asks about. Those that search
+    share the time to `deadline`."""
     light = variants.lightest(problem)
-    runs = [(name, frozenset()) for name in _HEURISTICS[1:]]
+    runs: list[tuple[str, frozenset[int] | None]] = [(n, frozenset()) for n in _HEURISTICS[1:]]
     runs += [(name, light) for name in _HEURISTICS] if light else []
+    runs.append(("remat", None))  # it chooses between none and the lightest itself
     out = [store_all or solve(problem, budget_bytes, "store_all")]
     for (name, chosen), limit in zip(runs, timeshare.limits([n for n, _ in runs], deadline)):
         options = _REGISTRY[name][1]()

@@ -7,7 +7,7 @@ from typing import Iterator, Sequence
 
 # the heuristics that search, and their weights in sharing the time (eviction's least-peak
 # search takes several times the greedy sweep's time); the others run one simulation
-WEIGHTS = {"chen_greedy": 1.0, "evict": 3.0}
+WEIGHTS = {"chen_greedy": 1.0, "evict": 3.0, "remat": 3.0}
 
 
 def limits(names: Sequence[str], deadline: float) -> Iterator[float | None]:

@@ -117,6 +117,26 @@ def test_baseline_plans_train_exactly(solver):
     _check_memory(optimized, x, loss_fn, limit, solver)
 
 
+def test_rematerialized_plans_train_exactly():
+    """NOTE [Rematerializing under the budget]: at the least peak its passes reach on a GPT-2
+    with dropout, where ops run again more than once in the backward, the plan trains bitwise
+    like store-all and its measured peak is within the limit and the prediction."""
+    torch.manual_seed(0)
+    base, x, loss_fn = models.gpt2_tiny()
+    reference = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as err:
+        monet_opt.optimize(copy.deepcopy(base), x, 1, solver="remat", profile_repeats=1)
+    limit = err.value.min_feasible_bytes
+    optimized = monet_opt.optimize(copy.deepcopy(base), x, limit, solver="remat",
+                                   profile_repeats=1)
+    assert optimized.plan.solver == "remat"
+    assert max(r.recomputed for r in optimized.plan.rows) > 1
+    run = run_steps(optimized, optimized.model, x, loss_fn)
+    ref_run = run_steps(reference, reference.model, x, loss_fn)
+    assert_same(run, ref_run, exact=True, what="rematerialized plan vs store-all plan")
+    _check_memory(optimized, x, loss_fn, limit, "remat")
+
+
 def _check_memory(optimized, x, loss_fn, limit, label):
     resident = monet_opt.resident_tensors(optimized.model, x)
     measured = monet_opt.measure_peak(lambda: loss_fn(call(optimized, x)).backward(), resident)

@@ -1,0 +1,78 @@
+"""Rematerializing under the budget (solvers/remat.py): copies dropped and made again as often
+as the budget asks, within it by the simulator's count, below what keeping a set and
+recomputing it once can reach."""
+from __future__ import annotations
+
+import math
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solvers import remat, simulate, solve, variants
+from solvers.remat import RematOptions, rematerialize
+from tests.problems import autodiff_problem, chain, with_masks
+
+
+def test_a_chain_goes_below_what_recomputing_once_reaches():
+    """On a chain of 30 the least peak is the fixed memory and three activations (the op
+    running, its input and the gradient), reached by making earlier copies again and again;
+    a kept set recomputed once (eviction, Chen, the lower-set DP) holds many more."""
+    p = chain(30)
+    least = solve(p, 0, "remat").min_feasible_bytes
+    assert least == p.fixed_bytes + 3 * 10
+    assert all(solve(p, 0, s).min_feasible_bytes >= least + 60 for s in ("evict", "chen", "dp"))
+    r = solve(p, least, "remat")
+    sim = simulate(p, r.schedule)
+    assert r.feasible and sim.peak_bytes == r.peak_bytes <= least
+    assert max(sim.recompute_counts) > 1  # the same op made again more than once
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 24), seed=st.integers(0, 10**6), frac=st.floats(0.0, 1.0),
+       masks=st.booleans())
+def test_every_pass_is_within_its_budget(n, seed, frac, masks):
+    """A pass counts bytes as the simulator does (or more), so what it returns fits; with no
+    limit it recomputes nothing."""
+    rng = random.Random(seed)
+    p = autodiff_problem(n, rng)
+    p = with_masks(p, rng) if masks else p
+    free = rematerialize(p, math.inf)
+    assert simulate(p, free).time_s == p.base_time_s
+    store_peak = simulate(p, free).peak_bytes
+    budget = int(p.fixed_bytes + frac * (store_peak - p.fixed_bytes))
+    for a, b in remat.WEIGHTS:
+        for chosen in (frozenset(), variants.lightest(p)):
+            schedule = rematerialize(p, budget, a, b, chosen)
+            if schedule is not None:
+                assert simulate(p, schedule).peak_bytes <= budget
+
+
+def test_a_pass_gives_up_once_it_is_slower_than_asked():
+    p = chain(12)
+    budget = solve(p, 0, "remat").min_feasible_bytes
+    made = rematerialize(p, budget)
+    time_s = simulate(p, made).time_s
+    assert time_s > p.base_time_s  # it had to make copies again
+    assert rematerialize(p, budget, give_up_s=time_s) is not None
+    assert rematerialize(p, budget, give_up_s=time_s - 1e-6) is None
+
+
+def test_the_least_peak_search_goes_on_where_the_clock_stopped_it():
+    """Cut short, the bisection is kept with the problem; the next solve finishes it."""
+    p = chain(40)
+    first = solve(p, 0, "remat", RematOptions(time_limit_s=1e-9))
+    state = p.memo[("remat", remat.WEIGHTS)]
+    assert not state.done and "stopped by the clock" in first.note
+    second = solve(p, 0, "remat")
+    assert state.done and second.min_feasible_bytes < first.min_feasible_bytes
+    assert second.min_feasible_bytes == p.fixed_bytes + 3 * 10
+
+
+def test_auto_finds_a_chain_plan_near_its_floor():
+    """Below what recomputing once reaches, auto's plan is rematerialized."""
+    p = chain(30)
+    least = solve(p, 0, "remat").min_feasible_bytes
+    r = solve(p, least + 10, "auto", time_limit_s=5)
+    assert r.feasible and r.peak_bytes <= least + 10
+    assert r.min_feasible_bytes == least
