@@ -75,7 +75,10 @@ def remat(problem: Problem, budget_bytes: int, options: RematOptions) -> SolveRe
         if found and time.perf_counter() > passes_end:
             break
         fastest = min((sim.time_s for _, sim in found), default=math.inf)
-        schedule = rematerialize(problem, budget_bytes, a, b, chosen, fastest)
+        try:
+            schedule = rematerialize(problem, budget_bytes, a, b, chosen, fastest, deadline)
+        except Timeout:
+            break
         if schedule is not None:
             sim = simulate(problem, schedule)
             found.append((schedule, sim))
@@ -127,7 +130,10 @@ class _Least:
             mid = (self.lo + self.hi) // 2
             self.probes += 1
             for chosen, (a, b) in self.passes:
-                schedule = rematerialize(self.problem, mid, a, b, chosen)
+                try:
+                    schedule = rematerialize(self.problem, mid, a, b, chosen, deadline=deadline)
+                except Timeout:
+                    return
                 if schedule is not None:
                     sim = simulate(self.problem, schedule)
                     if sim.peak_bytes <= mid:
@@ -138,22 +144,27 @@ class _Least:
 
 
 def rematerialize(problem: Problem, budget_bytes: float, a: float = 1.0, b: float = 1.0,
-                  chosen: frozenset[int] = frozenset(), give_up_s: float = math.inf
-                  ) -> Schedule | None:
+                  chosen: frozenset[int] = frozenset(), give_up_s: float = math.inf,
+                  deadline: float = math.inf) -> Schedule | None:
     """One pass (NOTE [Rematerializing under the budget]) with `chosen` variants in use, or None
     where some op cannot run within the budget however much is evicted, or where the step would
-    take longer than `give_up_s` (every op once, and what the pass has made again so far)."""
+    take longer than `give_up_s` (every op once, and what the pass has made again so far).
+    Raises Timeout past `deadline` (time.perf_counter())."""
     plain = problem.with_variants(chosen)
     facts = plain.memo.get("remat_facts")
     if facts is None:
         facts = plain.memo["remat_facts"] = _Facts(plain)
-    walk = _Walk(facts, budget_bytes, a, b, give_up_s - plain.base_time_s)
+    walk = _Walk(facts, budget_bytes, a, b, give_up_s - plain.base_time_s, deadline)
     try:
         kept = walk.forward()
         backward = walk.backward()
     except _NoRoom:
         return None
     return Schedule(kept=kept, backward=backward, variants=chosen)
+
+
+class Timeout(Exception):
+    """A pass ran past its deadline."""
 
 
 class _NoRoom(Exception):
@@ -207,9 +218,13 @@ class _Walk:
     backward order made so far."""
 
     def __init__(self, facts: _Facts, budget_bytes: float, a: float, b: float,
-                 spare_s: float) -> None:
+                 spare_s: float, deadline: float) -> None:
         self.f, self.budget, self.a, self.b = facts, budget_bytes, a, b
         self.spare_s = spare_s  # what making copies again may cost before the pass gives up
+        self.deadline = deadline
+        # the held copies and the backward's own tensors by the position after which they go
+        self.expiring: dict[float, list[int]] = {}
+        self.backward_phase = False
         self.held: dict[int, int] = {}
         self.others: dict[int, int] = {}  # backward tensors and tangents, until their last read
         self.resident = facts.p.fixed_bytes
@@ -224,6 +239,8 @@ class _Walk:
         saved, outputs = p.saved_for_backward, set(p.forward_outputs)
         for i in p.forward_ops:
             self.k = i
+            if time.perf_counter() > self.deadline:
+                raise Timeout
             self._make_room(i, forward=True)
             self._add(i, lambda t: True)
             for t in p.ops[i].inputs + p.ops[i].outputs:
@@ -240,13 +257,21 @@ class _Walk:
         for t in p.tangents:
             self.others[t] = f.size[t]
             self.resident += f.size[t]
+        self.backward_phase, self.k = True, 0
+        for t in self.held:
+            self._expires(t, f.need_until[t])
+        for t in p.tangents:
+            self._expires(t, f.last_backward[t])
         for pos, i in enumerate(f.bwd):
             self.k = pos
+            if time.perf_counter() > self.deadline:
+                raise Timeout
             self._run(i)
-            for t in [t for t in self.held if f.need_until[t] <= pos]:
-                self._drop(t)
-            for t in [t for t in self.others if f.last_backward[t] <= pos]:
-                self.resident -= self.others.pop(t)
+            for t in self.expiring.pop(pos, ()):
+                if t in self.held:
+                    self._drop(t)
+                elif t in self.others:
+                    self.resident -= self.others.pop(t)
         return tuple(self.order)
 
     def _run(self, i: int) -> None:
@@ -289,10 +314,17 @@ class _Walk:
             if backward:
                 self.others[t] = f.size[t]
                 self.resident += f.size[t]
+                self._expires(t, f.last_backward[t])
             elif held(t):
                 self.held[t] = f.size[t]
                 self.resident += f.size[t]
+                if self.backward_phase:
+                    self._expires(t, f.need_until[t])
         self.cost_of.clear()
+
+    def _expires(self, t: int, pos: float) -> None:
+        """t goes after backward position `pos` (or the running one, if that is later)."""
+        self.expiring.setdefault(max(pos, self.k), []).append(t)
 
     def _drop(self, t: int) -> None:
         self.resident -= self.held.pop(t)
