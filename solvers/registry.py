@@ -91,6 +91,22 @@ def _refined(problem: Problem, budget_bytes: int, best: SolveResult,
                                note=f"{best.note}; {note}" if best.note else note)
 
 
+def _to_refine(feasible: list[SolveResult], deadline: float
+               ) -> list[tuple[SolveResult, float]]:
+    """The fastest schedule and when its fine windows stop; where that is rematerialized
+    and a schedule recomputing once is also at hand, the fastest of those first, in half the
+    time: windows made more of a polished or annealed plan than of a rematerialized one a little
+    faster (NOTE [Nothing cheap fits])."""
+    def key(r: SolveResult):
+        return (r.objective_s, r.peak_bytes)
+    best = min(feasible, key=key)
+    once = [r for r in feasible if r.solver != "remat"]
+    if best.solver != "remat" or not once:
+        return [(best, deadline)]
+    half = (time.perf_counter() + deadline) / 2
+    return [(min(once, key=key), half), (best, deadline)]
+
+
 def _annealed(problem: Problem, budget_bytes: int, feasible: list[SolveResult],
               deadline: float) -> SolveResult:
     """The fastest of `feasible`, or a faster schedule annealing finds from their kept sets
@@ -314,6 +330,15 @@ def _cheap(problem: Problem, budget_bytes: int, deadline: float = math.inf,
 #   profile, old rule -> this, at the least peak and 2/5 % above: +67.3/+62.5/+60.2 % ->
 #   +67.3/+15.6/+14.0 %. Where the whole program has no start, a coarser one now searches
 #   aside on the idle core (NOTE [A coarser program aside] in solvers/coarse.py).
+#   A rematerialized schedule (NOTE [Rematerializing under the budget] in solvers/remat.py)
+#   fits far below what recomputing once reaches, but it is no start for polishing and
+#   annealing, which recompute their kept sets once; counted as something cheap that fits, it
+#   took the MILP's time near the floor: GoogLeNet (b32 128², CPU) at 155 MiB, auto 12 s,
+#   +35.7 % without the heuristic, +39.8 % with it (docs/benchmarks/remat.md). So it does not
+#   count here, nor is it polished (it had taken one of the three places of the schedules
+#   polished, whose kept sets polishing recomputes once), and where it is the fastest, fine
+#   windows refine it and the fastest schedule recomputing once, in half the time each: there
+#   windows had made +39.8 % of its +44.5 %, and +35.5 % of polishing's +45.1 % without it.
 def _auto(problem: Problem, budget_bytes: int, limit: float,
           least_start: Schedule | None = None, candidates: Sequence[Schedule] = ()
           ) -> SolveResult:
@@ -348,8 +373,9 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
             least.least_peak(problem, milp)  # here, unless cached
         spent = max(time.perf_counter() - before, milp_s / 4)
         share = milp_s - fine_s
-        if not lower_sets.feasible and not any(r.feasible for r in cheap):
-            # NOTE [Nothing cheap fits]
+        if not lower_sets.feasible and not any(r.feasible for r in cheap
+                                               if r.solver != "remat"):
+            # NOTE [Nothing cheap fits]; a rematerialized schedule fitting does not count
             share = milp_s + anneal_s + fine_s * (1 - AUTO_FLOOR_FINE_KEPT)
         # NOTE [Heuristics in their time]: the phases after the MILP keep their time (all
         # but the DP's and the MILP's share), less what the heuristics took past their grace
@@ -365,16 +391,19 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     min_peak, floor = floor_of(floors)
     feasible = [r for r in results + remembered if r.feasible]
     if feasible and not settled:  # NOTE [Polishing] in solvers/evict.py
-        top = sorted(feasible, key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
+        # kept sets recomputed once: a rematerialized schedule's is no start (NOTE [Nothing
+        # cheap fits])
+        top = sorted((r for r in feasible if r.solver != "remat"),
+                     key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
         polished = evict.polish(problem, budget_bytes, [r.schedule for r in top], max(
-            1.0, deadline - fine_s - prune_s - anneal_s - time.perf_counter()))
-        if polished.objective_s < top[0].objective_s:
+            1.0, deadline - fine_s - prune_s - anneal_s - time.perf_counter())) if top else None
+        if polished is not None and polished.objective_s < top[0].objective_s:
             feasible.append(dataclasses.replace(polished, note=(
                 "kept sets of the best schedules (" + ", ".join(r.solver for r in top) +
                 ") recomputed on demand and put back into greedily")))
         feasible.append(_annealed(problem, budget_bytes, feasible, deadline - fine_s - prune_s))
-        feasible.append(_refined(problem, budget_bytes, min(
-            feasible, key=lambda r: (r.objective_s, r.peak_bytes)), deadline - prune_s))
+        for best, until in _to_refine(feasible, deadline - prune_s):
+            feasible.append(_refined(problem, budget_bytes, best, until))
         feasible.append(_pruned(problem, budget_bytes, min(
             feasible, key=lambda r: (r.objective_s, r.peak_bytes)), deadline))
     elapsed = time.perf_counter() - start

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers import remat, simulate, solve, variants
+from solvers import registry, remat, simulate, solve, variants
 from solvers.remat import RematOptions, rematerialize
+from solvers.schedule import SolveResult, Status
 from tests.problems import autodiff_problem, chain, with_masks
 
 
@@ -76,3 +79,19 @@ def test_auto_finds_a_chain_plan_near_its_floor():
     r = solve(p, least + 10, "auto", time_limit_s=5)
     assert r.feasible and r.peak_bytes <= least + 10
     assert r.min_feasible_bytes == least
+
+
+def test_fine_windows_also_refine_the_fastest_plan_that_recomputes_once():
+    """Where the fastest plan is rematerialized, windows refine it and the fastest plan that
+    recomputes once, each in half the time left (NOTE [Nothing cheap fits])."""
+    def result(solver, objective_s):
+        return SolveResult(solver=solver, status=Status.FEASIBLE, schedule=None,
+                           objective_s=objective_s, peak_bytes=1, bound_s=None, gap=None,
+                           solve_time_s=0.0, min_feasible_bytes=1)
+    once, slower, remade = result("polish", 2.0), result("evict", 3.0), result("remat", 1.0)
+    end = time.perf_counter() + 100.0
+    (first, half), (second, until) = registry._to_refine([slower, remade, once], end)
+    assert (first, second, until) == (once, remade, end)
+    assert half == pytest.approx(end - 50.0, abs=1.0)
+    assert registry._to_refine([slower, once], end) == [(once, end)]
+    assert registry._to_refine([remade], end) == [(remade, end)]
