@@ -57,6 +57,10 @@ AUTO_CLOSE_ENOUGH = 0.005
 # up to AUTO_CHEAP_GRACE of the limit of theirs is not taken from the MILP's share.
 AUTO_CHEAP_SHARE = 0.25
 AUTO_CHEAP_GRACE = 0.1
+# Fine windows refine a rematerialized schedule only where it is faster by more than this
+# share of the step with no recomputation than the fastest recomputing once (NOTE [Nothing
+# cheap fits]).
+AUTO_REMAT_MARGIN = 0.15
 # The least-peak program's share of "auto"'s limit where store-all fits (NOTE [The least peak
 # where store-all fits] in solvers/least.py); elsewhere it gets a quarter.
 AUTO_FITTING_LEAST_SHARE = 1 / 30
@@ -91,20 +95,19 @@ def _refined(problem: Problem, budget_bytes: int, best: SolveResult,
                                note=f"{best.note}; {note}" if best.note else note)
 
 
-def _to_refine(feasible: list[SolveResult], deadline: float
-               ) -> list[tuple[SolveResult, float]]:
-    """The fastest schedule and when its fine windows stop; where that is rematerialized
-    and a schedule recomputing once is also at hand, the fastest of those first, in half the
-    time: windows made more of a polished or annealed plan than of a rematerialized one a little
-    faster (NOTE [Nothing cheap fits])."""
+def _to_refine(problem: Problem, feasible: list[SolveResult]) -> SolveResult:
+    """The schedule fine windows refine: the fastest, unless that is rematerialized and a
+    schedule recomputing once is within AUTO_REMAT_MARGIN of it (NOTE [Nothing cheap
+    fits]): windows make more of those."""
     def key(r: SolveResult):
         return (r.objective_s, r.peak_bytes)
     best = min(feasible, key=key)
     once = [r for r in feasible if r.solver != "remat"]
     if best.solver != "remat" or not once:
-        return [(best, deadline)]
-    half = (time.perf_counter() + deadline) / 2
-    return [(min(once, key=key), half), (best, deadline)]
+        return best
+    other = min(once, key=key)
+    margin = AUTO_REMAT_MARGIN * problem.no_recompute_time_s
+    return other if other.objective_s <= best.objective_s + margin else best
 
 
 def _annealed(problem: Problem, budget_bytes: int, feasible: list[SolveResult],
@@ -336,9 +339,13 @@ def _cheap(problem: Problem, budget_bytes: int, deadline: float = math.inf,
 #   took the MILP's time near the floor: GoogLeNet (b32 128², CPU) at 155 MiB, auto 12 s,
 #   +35.7 % without the heuristic, +39.8 % with it (docs/benchmarks/remat.md). So it does not
 #   count here, nor is it polished (it had taken one of the three places of the schedules
-#   polished, whose kept sets polishing recomputes once), and where it is the fastest, fine
-#   windows refine it and the fastest schedule recomputing once, in half the time each: there
-#   windows had made +39.8 % of its +44.5 %, and +35.5 % of polishing's +45.1 % without it.
+#   polished, whose kept sets polishing recomputes once). Fine windows made +39.8 % of its
+#   +44.5 % there, where without it they had made +35.5 % of polishing's +45.1 %: they refine
+#   it only where it is faster than the fastest schedule recomputing once by more than
+#   AUTO_REMAT_MARGIN of the step (BERT-base's H200 problem at 1,822 MiB: +23.2 % against the
+#   MILP's +258 %; windows +22.7 %): with 5 %, GoogLeNet at a third of its activations came
+#   out at +19.7 % (its +21.3 % refined), where windows had made +17.8 % of a schedule
+#   recomputing once.
 def _auto(problem: Problem, budget_bytes: int, limit: float,
           least_start: Schedule | None = None, candidates: Sequence[Schedule] = ()
           ) -> SolveResult:
@@ -402,8 +409,8 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
                 "kept sets of the best schedules (" + ", ".join(r.solver for r in top) +
                 ") recomputed on demand and put back into greedily")))
         feasible.append(_annealed(problem, budget_bytes, feasible, deadline - fine_s - prune_s))
-        for best, until in _to_refine(feasible, deadline - prune_s):
-            feasible.append(_refined(problem, budget_bytes, best, until))
+        feasible.append(_refined(problem, budget_bytes, _to_refine(problem, feasible),
+                                 deadline - prune_s))
         feasible.append(_pruned(problem, budget_bytes, min(
             feasible, key=lambda r: (r.objective_s, r.peak_bytes)), deadline))
     elapsed = time.perf_counter() - start

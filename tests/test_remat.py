@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -81,17 +79,20 @@ def test_auto_finds_a_chain_plan_near_its_floor():
     assert r.min_feasible_bytes == least
 
 
-def test_fine_windows_also_refine_the_fastest_plan_that_recomputes_once():
-    """Where the fastest plan is rematerialized, windows refine it and the fastest plan that
-    recomputes once, each in half the time left (NOTE [Nothing cheap fits])."""
+def test_fine_windows_refine_a_rematerialized_plan_only_well_ahead():
+    """Windows refine the fastest plan that recomputes once, unless a rematerialized plan is
+    faster by more than AUTO_REMAT_MARGIN of the step (NOTE [Nothing cheap fits])."""
+    p = chain(4)
+    step = p.no_recompute_time_s
+    margin = registry.AUTO_REMAT_MARGIN * step
+
     def result(solver, objective_s):
         return SolveResult(solver=solver, status=Status.FEASIBLE, schedule=None,
                            objective_s=objective_s, peak_bytes=1, bound_s=None, gap=None,
                            solve_time_s=0.0, min_feasible_bytes=1)
-    once, slower, remade = result("polish", 2.0), result("evict", 3.0), result("remat", 1.0)
-    end = time.perf_counter() + 100.0
-    (first, half), (second, until) = registry._to_refine([slower, remade, once], end)
-    assert (first, second, until) == (once, remade, end)
-    assert half == pytest.approx(end - 50.0, abs=1.0)
-    assert registry._to_refine([slower, once], end) == [(once, end)]
-    assert registry._to_refine([remade], end) == [(remade, end)]
+    once, slower = result("polish", 2 * step), result("evict", 3 * step)
+    close, ahead = result("remat", 2 * step - margin / 2), result("remat", 2 * step - 2 * margin)
+    assert registry._to_refine(p, [slower, close, once]) is once
+    assert registry._to_refine(p, [slower, ahead, once]) is ahead
+    assert registry._to_refine(p, [slower, once]) is once
+    assert registry._to_refine(p, [close]) is close
