@@ -3,7 +3,8 @@ from solvers.errors import (InvalidProblemError, InvalidScheduleError, SolverErr
                             UnknownSolverError)
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import NO_PRODUCER, Op, Problem, Tensor, Variant
-from solvers.registry import available_solvers, solve, without_unread
+from solvers.prune import without_unread
+from solvers.registry import available_solvers, solve
 from solvers.schedule import Schedule, SolveResult, Status
 from solvers.simulate import Simulation, simulate
 

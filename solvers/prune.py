@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from solvers.errors import InvalidScheduleError
 from solvers.problem import Problem
-from solvers.schedule import Schedule
+from solvers.schedule import Schedule, SolveResult, gap_of
 from solvers.simulate import simulate
 
 
@@ -80,3 +81,34 @@ def drop_unread(problem: Problem, schedule: Schedule) -> Schedule:
     if len(order) == len(schedule.backward) and kept == schedule.kept:
         return schedule
     return dataclasses.replace(schedule, kept=frozenset(kept), backward=tuple(reversed(order)))
+
+
+def without_unread(problem: Problem, result: SolveResult) -> SolveResult:
+    """`result` with its schedule's and least-peak schedule's unread recomputation dropped
+    (NOTE [Unread recomputation] in solvers/prune.py), their time and peak simulated again."""
+    changes: dict[str, Any] = {}
+    if result.schedule is not None:
+        schedule = drop_unread(problem, result.schedule)
+        if schedule != result.schedule:
+            sim = simulate(problem, schedule)
+            note = _unread_note(result.schedule, schedule)
+            gap = None if result.gap is None else gap_of(sim.time_s, result.bound_s)
+            changes.update(schedule=schedule, objective_s=sim.time_s, peak_bytes=sim.peak_bytes,
+                           gap=gap, note=f"{result.note}; {note}" if result.note else note)
+    if result.floor_schedule is not None:
+        floor = drop_unread(problem, result.floor_schedule)
+        if floor != result.floor_schedule:
+            peak = simulate(problem, floor).peak_bytes
+            least = result.min_feasible_bytes
+            changes.update(floor_schedule=floor,
+                           min_feasible_bytes=peak if least is None else min(least, peak))
+    return dataclasses.replace(result, **changes) if changes else result
+
+
+def _unread_note(before: Schedule, after: Schedule) -> str:
+    """What drop_unread took from `before`: recomputation steps, kept tensors, or both."""
+    steps = len(before.backward) - len(after.backward)
+    kept = len(before.kept) - len(after.kept)
+    parts = [f"{n} {what}" for n, what in ((steps, "unread recomputations"),
+                                            (kept, "kept tensors nothing reads")) if n]
+    return f"{' and '.join(parts)} dropped (NOTE [Unread recomputation])"

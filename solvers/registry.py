@@ -11,6 +11,7 @@ from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
+from solvers.prune import without_unread
 from solvers.remembered import fitting, floor_of, lowest, with_known
 from solvers.schedule import Schedule, SolveResult, Status, gap_of
 from solvers.simulate import simulate
@@ -58,8 +59,8 @@ AUTO_CLOSE_ENOUGH = 0.005
 AUTO_CHEAP_SHARE = 0.25
 AUTO_CHEAP_GRACE = 0.1
 # Fine windows refine a rematerialized schedule only where it is faster by more than this
-# share of the step with no recomputation than the fastest recomputing once (NOTE [Nothing
-# cheap fits]).
+# share of the step with no recomputation than the fastest recomputing once (NOTE
+# [Rematerializing in auto] in solvers/remat.py).
 AUTO_REMAT_MARGIN = 0.15
 # The least-peak program's share of "auto"'s limit where store-all fits (NOTE [The least peak
 # where store-all fits] in solvers/least.py); elsewhere it gets a quarter.
@@ -97,8 +98,8 @@ def _refined(problem: Problem, budget_bytes: int, best: SolveResult,
 
 def _to_refine(problem: Problem, feasible: list[SolveResult]) -> SolveResult:
     """The schedule fine windows refine: the fastest, unless that is rematerialized and a
-    schedule recomputing once is within AUTO_REMAT_MARGIN of it (NOTE [Nothing cheap
-    fits]): windows make more of those."""
+    schedule recomputing once is within AUTO_REMAT_MARGIN of it (NOTE [Rematerializing
+    in auto] in solvers/remat.py): windows make more of those."""
     def key(r: SolveResult):
         return (r.objective_s, r.peak_bytes)
     best = min(feasible, key=key)
@@ -209,37 +210,6 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     return without_unread(problem, with_known(problem, budget_bytes, result, known))
 
 
-def without_unread(problem: Problem, result: SolveResult) -> SolveResult:
-    """`result` with its schedule's and least-peak schedule's unread recomputation dropped
-    (NOTE [Unread recomputation] in solvers/prune.py), their time and peak simulated again."""
-    changes: dict[str, Any] = {}
-    if result.schedule is not None:
-        schedule = prune.drop_unread(problem, result.schedule)
-        if schedule != result.schedule:
-            sim = simulate(problem, schedule)
-            note = _unread_note(result.schedule, schedule)
-            gap = None if result.gap is None else gap_of(sim.time_s, result.bound_s)
-            changes.update(schedule=schedule, objective_s=sim.time_s, peak_bytes=sim.peak_bytes,
-                           gap=gap, note=f"{result.note}; {note}" if result.note else note)
-    if result.floor_schedule is not None:
-        floor = prune.drop_unread(problem, result.floor_schedule)
-        if floor != result.floor_schedule:
-            peak = simulate(problem, floor).peak_bytes
-            least = result.min_feasible_bytes
-            changes.update(floor_schedule=floor,
-                           min_feasible_bytes=peak if least is None else min(least, peak))
-    return dataclasses.replace(result, **changes) if changes else result
-
-
-def _unread_note(before: Schedule, after: Schedule) -> str:
-    """What drop_unread took from `before`: recomputation steps, kept tensors, or both."""
-    steps = len(before.backward) - len(after.backward)
-    kept = len(before.kept) - len(after.kept)
-    parts = [f"{n} {what}" for n, what in ((steps, "unread recomputations"),
-                                            (kept, "kept tensors nothing reads")) if n]
-    return f"{' and '.join(parts)} dropped (NOTE [Unread recomputation])"
-
-
 _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")
 
 
@@ -333,19 +303,8 @@ def _cheap(problem: Problem, budget_bytes: int, deadline: float = math.inf,
 #   profile, old rule -> this, at the least peak and 2/5 % above: +67.3/+62.5/+60.2 % ->
 #   +67.3/+15.6/+14.0 %. Where the whole program has no start, a coarser one now searches
 #   aside on the idle core (NOTE [A coarser program aside] in solvers/coarse.py).
-#   A rematerialized schedule (NOTE [Rematerializing under the budget] in solvers/remat.py)
-#   fits far below what recomputing once reaches, but it is no start for polishing and
-#   annealing, which recompute their kept sets once; counted as something cheap that fits, it
-#   took the MILP's time near the floor: GoogLeNet (b32 128², CPU) at 155 MiB, auto 12 s,
-#   +35.7 % without the heuristic, +39.8 % with it (docs/benchmarks/remat.md). So it does not
-#   count here, nor is it polished (it had taken one of the three places of the schedules
-#   polished, whose kept sets polishing recomputes once). Fine windows made +39.8 % of its
-#   +44.5 % there, where without it they had made +35.5 % of polishing's +45.1 %: they refine
-#   it only where it is faster than the fastest schedule recomputing once by more than
-#   AUTO_REMAT_MARGIN of the step (BERT-base's H200 problem at 1,822 MiB: +23.2 % against the
-#   MILP's +258 %; windows +22.7 %): with 5 %, GoogLeNet at a third of its activations came
-#   out at +19.7 % (its +21.3 % refined), where windows had made +17.8 % of a schedule
-#   recomputing once.
+#   A rematerialized schedule does not count here, is not polished, and is refined by fine
+#   windows only when well ahead (NOTE [Rematerializing in auto] in solvers/remat.py).
 def _auto(problem: Problem, budget_bytes: int, limit: float,
           least_start: Schedule | None = None, candidates: Sequence[Schedule] = ()
           ) -> SolveResult:
@@ -382,7 +341,7 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
         share = milp_s - fine_s
         if not lower_sets.feasible and not any(r.feasible for r in cheap
                                                if r.solver != "remat"):
-            # NOTE [Nothing cheap fits]; a rematerialized schedule fitting does not count
+            # NOTE [Nothing cheap fits]; not a rematerialized schedule
             share = milp_s + anneal_s + fine_s * (1 - AUTO_FLOOR_FINE_KEPT)
         # NOTE [Heuristics in their time]: the phases after the MILP keep their time (all
         # but the DP's and the MILP's share), less what the heuristics took past their grace
@@ -398,8 +357,8 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     min_peak, floor = floor_of(floors)
     feasible = [r for r in results + remembered if r.feasible]
     if feasible and not settled:  # NOTE [Polishing] in solvers/evict.py
-        # kept sets recomputed once: a rematerialized schedule's is no start (NOTE [Nothing
-        # cheap fits])
+        # kept sets recomputed once: a rematerialized schedule's is no start (NOTE
+        # [Rematerializing in auto] in solvers/remat.py)
         top = sorted((r for r in feasible if r.solver != "remat"),
                      key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
         polished = evict.polish(problem, budget_bytes, [r.schedule for r in top], max(

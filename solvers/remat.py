@@ -32,6 +32,20 @@ NOTE [Rematerializing under the budget]
   peak 324.9 -> 265.9 MiB; DenseNet-121's H200 problem (b128) least peak 2,834 -> 1,781 MiB,
   its plans above that the other heuristics' (the pass alone 2-17 points behind them). On a
   chain it reaches the floor of three activations, making early ops again quadratically often.
+
+NOTE [Rematerializing in auto]
+  A rematerialized schedule fits far below what recomputing once reaches, but it is no start
+  for polishing and annealing, which recompute their kept sets once. Counted as something
+  cheap that fits (NOTE [Nothing cheap fits] in solvers/registry.py), it took the MILP's time
+  near the floor: GoogLeNet (b32 128², CPU) at 155 MiB, auto 12 s, +35.7 % without the
+  heuristic, +39.8 % with it (docs/benchmarks/remat.md). So it does not count there, nor is it
+  polished (it had taken one of the three places of the schedules polished). Fine windows made
+  +39.8 % of its +44.5 % there, where without it they had made +35.5 % of polishing's +45.1 %:
+  they refine it only where it is faster than the fastest schedule recomputing once by more
+  than AUTO_REMAT_MARGIN of the step (BERT-base's H200 problem at 1,822 MiB: +23.2 % against
+  the MILP's +258 %; windows +22.7 %); with 5 %, GoogLeNet at a third of its activations came
+  out at +19.7 % (its +21.3 % refined), where windows had made +17.8 % of a schedule
+  recomputing once.
 """
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def test_auto_finds_a_chain_plan_near_its_floor():
 
 def test_fine_windows_refine_a_rematerialized_plan_only_well_ahead():
     """Windows refine the fastest plan that recomputes once, unless a rematerialized plan is
-    faster by more than AUTO_REMAT_MARGIN of the step (NOTE [Nothing cheap fits])."""
+    faster by more than AUTO_REMAT_MARGIN of the step (NOTE [Rematerializing in auto])."""
     p = chain(4)
     step = p.no_recompute_time_s
     margin = registry.AUTO_REMAT_MARGIN * step
