@@ -13,9 +13,10 @@ back, most expensive first, whatever still fits.
 NOTE [Recompute cost]
   Evicting x means its producer runs again in the backward, and so does every producer of an
   input that is no longer held (on-demand recomputation stops at kept tensors). cost(x | kept)
-  sums the time of that closure; it is re-ranked each round, since every eviction lengthens the
-  closures of what reads the evicted tensor. The ranking is a heuristic; the simulator's time
-  and peak are what the result reports.
+  sums the time of that closure (Problem.remake_s, which rematerializing scores by too); it is
+  re-ranked each round, since every eviction lengthens the closures of what reads the evicted
+  tensor. The ranking is a heuristic; the simulator's time and peak are what the result
+  reports.
 """
 from __future__ import annotations
 
@@ -146,20 +147,8 @@ def _ranked(problem: Problem, kept: frozenset[int], candidates: set[int],
     def key(x: int) -> tuple[float, int]:
         size = problem.tensors[x].bytes
         scale = jitter.get(x, 1.0) if jitter else 1.0
-        return (_recompute_s(problem, x, kept) * scale / size if size else float("inf"), x)
+        return (problem.remake_s(x, kept) * scale / size if size else float("inf"), x)
     return sorted(candidates, key=key)
-
-
-def _recompute_s(problem: Problem, x: int, kept: frozenset[int]) -> float:
-    ops, stack = set(), [problem.tensors[x].producer]
-    while stack:
-        i = stack.pop()
-        if i in ops:
-            continue
-        ops.add(i)
-        stack.extend(problem.tensors[t].producer for t in problem.ops[i].inputs
-                     if t not in kept and problem.tensors[t].producer != NO_PRODUCER)
-    return sum(problem.ops[i].rerun_s for i in ops)
 
 
 def _evict_count(ranked: list[int], kept: frozenset[int], budget_bytes: int, judge,
@@ -250,7 +239,7 @@ def _put_back(problem: Problem, kept: frozenset[int], budget_bytes: int, judge,
               deadline: float) -> frozenset[int]:
     """Re-keep evicted tensors, most expensive per byte first, while the budget holds."""
     out = sorted(set(problem.saved_for_backward) - kept, reverse=True,
-                 key=lambda x: _recompute_s(problem, x, kept) / max(1, problem.tensors[x].bytes))
+                 key=lambda x: problem.remake_s(x, kept) / max(1, problem.tensors[x].bytes))
     for x in out:
         if time.perf_counter() > deadline:
             break

@@ -140,6 +140,27 @@ class Problem:
         needed |= {t for t in self.backward_outputs if t in fwd}
         return frozenset(needed)
 
+    def remake_s(self, t: int, held) -> float:
+        """The time to make forward tensor t again from what is in `held`: its producer and the
+        producer of every input not held, each once (NOTE [Recompute cost] in
+        solvers/evict.py; rematerializing's evicted neighbourhood, solvers/remat.py)."""
+        made, rerun = self._made_inputs
+        seen, stack, cost = set(), [self.tensors[t].producer], 0.0
+        while stack:
+            j = stack.pop()
+            if j not in seen:
+                seen.add(j)
+                cost += rerun[j]
+                stack.extend(producer for u, producer in made[j] if u not in held)
+        return cost
+
+    @cached_property
+    def _made_inputs(self) -> tuple[tuple[tuple[tuple[int, int], ...], ...], tuple[float, ...]]:
+        """Per op, its inputs some op makes with their producers; per op, its rerun_s."""
+        made = tuple(tuple((t, self.tensors[t].producer) for t in op.inputs
+                           if self.tensors[t].producer != NO_PRODUCER) for op in self.ops)
+        return made, tuple(op.rerun_s for op in self.ops)
+
     @cached_property
     def encode_ops(self) -> dict[int, int]:
         """Op id -> the variant whose encode op it is."""

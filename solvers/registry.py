@@ -96,6 +96,12 @@ def _refined(problem: Problem, budget_bytes: int, best: SolveResult,
                                note=f"{best.note}; {note}" if best.note else note)
 
 
+def _once(r: SolveResult) -> bool:
+    """Whether r recomputes a kept set once, on demand: not a rematerialized schedule (NOTE
+    [Rematerializing in auto] in solvers/remat.py)."""
+    return r.solver != "remat"
+
+
 def _to_refine(problem: Problem, feasible: list[SolveResult]) -> SolveResult:
     """The schedule fine windows refine: the fastest, unless that is rematerialized and a
     schedule recomputing once is within AUTO_REMAT_MARGIN of it (NOTE [Rematerializing
@@ -103,8 +109,8 @@ def _to_refine(problem: Problem, feasible: list[SolveResult]) -> SolveResult:
     def key(r: SolveResult):
         return (r.objective_s, r.peak_bytes)
     best = min(feasible, key=key)
-    once = [r for r in feasible if r.solver != "remat"]
-    if best.solver != "remat" or not once:
+    once = [r for r in feasible if _once(r)]
+    if _once(best) or not once:
         return best
     other = min(once, key=key)
     margin = AUTO_REMAT_MARGIN * problem.no_recompute_time_s
@@ -339,9 +345,8 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
             least.least_peak(problem, milp)  # here, unless cached
         spent = max(time.perf_counter() - before, milp_s / 4)
         share = milp_s - fine_s
-        if not lower_sets.feasible and not any(r.feasible for r in cheap
-                                               if r.solver != "remat"):
-            # NOTE [Nothing cheap fits]; not a rematerialized schedule
+        if not lower_sets.feasible and not any(r.feasible and _once(r) for r in cheap):
+            # NOTE [Nothing cheap fits]
             share = milp_s + anneal_s + fine_s * (1 - AUTO_FLOOR_FINE_KEPT)
         # NOTE [Heuristics in their time]: the phases after the MILP keep their time (all
         # but the DP's and the MILP's share), less what the heuristics took past their grace
@@ -357,9 +362,7 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     min_peak, floor = floor_of(floors)
     feasible = [r for r in results + remembered if r.feasible]
     if feasible and not settled:  # NOTE [Polishing] in solvers/evict.py
-        # kept sets recomputed once: a rematerialized schedule's is no start (NOTE
-        # [Rematerializing in auto] in solvers/remat.py)
-        top = sorted((r for r in feasible if r.solver != "remat"),
+        top = sorted((r for r in feasible if _once(r)),
                      key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
         polished = evict.polish(problem, budget_bytes, [r.schedule for r in top], max(
             1.0, deadline - fine_s - prune_s - anneal_s - time.perf_counter())) if top else None
@@ -367,7 +370,9 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
             feasible.append(dataclasses.replace(polished, note=(
                 "kept sets of the best schedules (" + ", ".join(r.solver for r in top) +
                 ") recomputed on demand and put back into greedily")))
-        feasible.append(_annealed(problem, budget_bytes, feasible, deadline - fine_s - prune_s))
+        once = [r for r in feasible if _once(r)]  # annealing starts from these alone too
+        if once:
+            feasible.append(_annealed(problem, budget_bytes, once, deadline - fine_s - prune_s))
         feasible.append(_refined(problem, budget_bytes, _to_refine(problem, feasible),
                                  deadline - prune_s))
         feasible.append(_pruned(problem, budget_bytes, min(

@@ -39,13 +39,17 @@ NOTE [Rematerializing in auto]
   cheap that fits (NOTE [Nothing cheap fits] in solvers/registry.py), it took the MILP's time
   near the floor: GoogLeNet (b32 128², CPU) at 155 MiB, auto 12 s, +35.7 % without the
   heuristic, +39.8 % with it (docs/benchmarks/remat.md). So it does not count there, nor is it
-  polished (it had taken one of the three places of the schedules polished). Fine windows made
-  +39.8 % of its +44.5 % there, where without it they had made +35.5 % of polishing's +45.1 %:
-  they refine it only where it is faster than the fastest schedule recomputing once by more
-  than AUTO_REMAT_MARGIN of the step (BERT-base's H200 problem at 1,822 MiB: +23.2 % against
-  the MILP's +258 %; windows +22.7 %); with 5 %, GoogLeNet at a third of its activations came
-  out at +19.7 % (its +21.3 % refined), where windows had made +17.8 % of a schedule
-  recomputing once.
+  polished (it had taken one of the three places of the schedules polished), nor a start for
+  annealing (its kept set, recomputed once, could fit and be the fastest start: the bench's
+  ResNet-50 problem at a third of its activations, auto 30 s, three runs, +6.4-6.9 % without
+  the heuristic, +7.3-7.7 % with it; five runs with it no start, +6.6-7.3 % and +6.2-7.6 %;
+  GoogLeNet at a third, auto 12 s, five runs, +19.7-20.9 % and +18.4-19.4 %, where the
+  heuristic had cost 0.2-2.2 points). Fine windows made +39.8 % of its +44.5 % at GoogLeNet's
+  155 MiB, where without it they had made +35.5 % of polishing's +45.1 %: they refine it only
+  where it is faster than the fastest schedule recomputing once by more than AUTO_REMAT_MARGIN
+  of the step (BERT-base's H200 problem at 1,822 MiB: +23.2 % against the MILP's +258 %;
+  windows +22.7 %); with 5 %, GoogLeNet at a third of its activations came out at +19.7 % (its
+  +21.3 % refined), where windows had made +17.8 % of a schedule recomputing once.
 """
 from __future__ import annotations
 

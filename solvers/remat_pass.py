@@ -244,22 +244,9 @@ class _Walk:
         return reads[n] if n < len(reads) else self.f.need_until[t]
 
     def _cost(self, t: int) -> float:
-        """The time to make t again from what is held: its producer and every producer of an
-        input no longer held, each once."""
+        """The time to make t again from what is held (Problem.remake_s), kept until the held
+        set changes."""
         cost = self.cost_of.get(t)
-        if cost is not None:
-            return cost
-        f = self.f
-        seen: set[int] = set()
-        stack = [f.producer[t]]
-        cost = 0.0
-        while stack:
-            j = stack.pop()
-            if j in seen:
-                continue
-            seen.add(j)
-            cost += f.rerun[j]
-            stack.extend(f.producer[u] for u in f.p.ops[j].inputs
-                         if f.forward[u] and u not in self.held)
-        self.cost_of[t] = cost = max(cost, 1e-12)
+        if cost is None:
+            cost = self.cost_of[t] = max(self.f.p.remake_s(t, self.held), 1e-12)
         return cost
