@@ -7,6 +7,9 @@
 #   - GPT-2 against inductor at budgets 0.5 and 0.3 in the same run as our half (the third
 #     lease's budget 0.5, 5,871 MiB at +6.5 %, and the fourth's half, 5,203 MiB at +3.7 %, came
 #     from different runs);
+#   - BERT-base at its least peak, now a rematerialized plan's (NOTE [Rematerializing under the
+#     budget]; 1,656 -> 1,404 MiB on the kept H200 problem, docs/benchmarks/remat.md): the first
+#     such plan run on a GPU, its measured peak and time against the prediction;
 #   - DenseNet-121 at all limits, in the time left: the fifth lease's points carry the ~20 ms
 #     a step our store-all step has lost since (sixth lease, step_gap.py: +23.6 % -> +1.3 %);
 #   - in the time left, ResNet-50 at all limits: its auto points were solved with HiGHS stalled
@@ -30,6 +33,8 @@ bench 160 --models unet --limits 100,50,min --compile-budgets 0.1,0.0 \
     | tee "$OUT/bench_unet.log"
 bench 200 --models gpt2 --limits 100,50,a33,min --compile-budgets 0.5,0.3 \
     | tee "$OUT/bench_gpt2.log"
+bench 150 --models bert_base --limits min --compile-budgets none \
+    | tee "$OUT/bench_bert_base.log"
 bench 230 --models densenet121 --limits 100,50,a33,min --compile-budgets none \
     | tee "$OUT/bench_densenet121.log"
 bench 200 --models resnet50 --limits 100,50,a33,min --compile-budgets none \
