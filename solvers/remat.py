@@ -26,12 +26,13 @@ NOTE [Rematerializing under the budget]
   goes on from where it stopped), and its schedule is the floor schedule (NOTE [Least peaks
   remembered] in solvers/remembered.py).
   Auto in 12 s with it and without it, predicted over store-all (docs/benchmarks/remat.md):
-  that BERT-base problem at 1,656 / 1,822 MiB +259.5 / +257.9 % -> +28.8 / +22.7 %, its least
-  peak 1,656 -> 1,404 MiB; U-Net's H200 problem (b11 416x608) at half its activations
-  +30.3-43.2 -> +23.7-24.4 %; ResNet-50 (CPU, b16 128²) at a third +12.6 -> +8.1 %, its least
-  peak 324.9 -> 265.9 MiB; DenseNet-121's H200 problem (b128) least peak 2,834 -> 1,781 MiB,
-  its plans above that the other heuristics' (the pass alone 2-17 points behind them). On a
-  chain it reaches the floor of three activations, making early ops again quadratically often.
+  that BERT-base problem at 1,656 / 1,822 MiB +259.5 / +255.1-257.9 % -> +28.8 / +22.7 %,
+  its least peak 1,656 -> 1,404 MiB; U-Net's H200 problem (b11 416x608) at half its
+  activations +30.3-43.2 -> +23.7-24.4 %; ResNet-50 (CPU, b16 128²) at a third +12.3-12.6 ->
+  +8.1 %, its least peak 324.9 -> 265.9 MiB; DenseNet-121's H200 problem (b128) least peak
+  2,834 -> 1,781 MiB, its plans above that the other heuristics' (the pass alone 2-17 points
+  behind them). On a chain it reaches the floor of three activations, making early ops again
+  quadratically often.
 
 NOTE [Rematerializing in auto]
   A rematerialized schedule fits far below what recomputing once reaches, but it is no start
@@ -44,12 +45,13 @@ NOTE [Rematerializing in auto]
   ResNet-50 problem at a third of its activations, auto 30 s, three runs, +6.4-6.9 % without
   the heuristic, +7.3-7.7 % with it; five runs with it no start, +6.6-7.3 % and +6.2-7.6 %;
   GoogLeNet at a third, auto 12 s, five runs, +19.7-20.9 % and +18.4-19.4 %, where the
-  heuristic had cost 0.2-2.2 points). Fine windows made +39.8 % of its +44.5 % at GoogLeNet's
-  155 MiB, where without it they had made +35.5 % of polishing's +45.1 %: they refine it only
-  where it is faster than the fastest schedule recomputing once by more than AUTO_REMAT_MARGIN
-  of the step (BERT-base's H200 problem at 1,822 MiB: +23.2 % against the MILP's +258 %;
-  windows +22.7 %); with 5 %, GoogLeNet at a third of its activations came out at +19.7 % (its
-  +21.3 % refined), where windows had made +17.8 % of a schedule recomputing once.
+  heuristic had cost 0.2-2.2 points; remat.md's run +18.9 and +20.7 %: the cell's spread).
+  Fine windows made +39.8 % of its +44.5 % at GoogLeNet's 155 MiB, where without it they had
+  made +35.5 % of polishing's +45.1 %: they refine it only where it is faster than the fastest
+  schedule recomputing once by more than AUTO_REMAT_MARGIN of the step (BERT-base's H200
+  problem at 1,822 MiB: +23.2 % against the MILP's +258 %; windows +22.7 %); with 5 %,
+  GoogLeNet at a third of its activations came out at +19.7 % (its +21.3 % refined), where
+  windows had made +17.8 % of a schedule recomputing once.
 """
 from __future__ import annotations
 
