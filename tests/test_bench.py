@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def _other_run() -> results.ModelRun:
 def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     results.save(tmp_path / results.JSON_NAME, {"other": _other_run()})
     argv = ["--models", "tiny_cnn", "--quick", "--out", str(tmp_path), "--solvers",
-            "auto,no_such_solver", "--limits", "100,a90,min", "--compile-backend",
+            "auto,no_such_solver", "--limits", "100,a90,min,min+20", "--compile-backend",
             "aot_eager_decomp_partition", "--compile-budgets", "0.5", "--rounds", "1"]
     assert run.main(argv) == 0
 
@@ -55,10 +56,12 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     assert eager.peak_bytes == m.eager_peak_bytes and eager.overhead == 0.0
     # The profiler sees what the counter sees, plus scratch memory inside kernels.
     assert m.eager_peak_bytes <= eager.profiler_peak_bytes <= 1.1 * m.eager_peak_bytes
-    assert [p.setting for p in by_family["ours"]] == ["100%", "90% act", "min"]
+    assert [p.setting for p in by_family["ours"]] == ["100%", "90% act", "min", "min+20%"]
     most = by_family["ours"][1]  # the floor and 90 % of eager's activations
     activations = m.eager_peak_bytes - m.floor_bytes
     assert most.limit_bytes == m.floor_bytes + int(activations * 90.0 / 100)
+    least, above = by_family["ours"][2:]
+    assert above.limit_bytes == int(least.limit_bytes * 1.2)
     for p in by_family["ours"]:
         assert p.status == "ok", p.note
         assert p.peak_bytes <= p.limit_bytes
@@ -67,7 +70,7 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
         assert p.step_time_s > 0 and p.eager_step_time_s == eager.step_time_s
         assert p.solve_time_s >= 0 and p.plan_time_s > 0
         assert p.predicted_overhead is not None and p.predicted_overhead > -1
-    assert by_family["ours"][-1].peak_bytes < eager.peak_bytes
+    assert least.peak_bytes < eager.peak_bytes
     assert {p.method for p in by_family["checkpoint"]} == \
         {peer.name for peer in models.SPECS["tiny_cnn"].checkpoint}
     (compiled,) = by_family["compile"]
@@ -81,11 +84,20 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
 
     md = (tmp_path / "bench.md").read_text()
     assert "## tiny_cnn" in md and "## other" in md
-    for text in (m.device, m.torch_version, m.git_commit, m.command, "| monet_opt auto | min |", "Timing noise"):
+    for text in (m.device, m.torch_version, m.git_commit, m.command, "| monet_opt auto | min |",
+                 "| monet_opt auto | min+20% |", "Timing noise"):
         assert text in md
     for name in ("bench_frontier.png", "bench_frontier_tiny_cnn.png",
                  "bench_timeline_tiny_cnn.png", "bench_frontier_other.png"):
         assert (tmp_path / name).read_bytes().startswith(PNG), name
+
+
+@pytest.mark.parametrize("limit", ["half", "a", "min+", "min-10", "0"])
+def test_a_limit_that_is_none_is_refused_before_anything_runs(tmp_path, limit):
+    with pytest.raises(SystemExit, match=re.escape(f"--limits: limit '{limit}': give a share")):
+        run.main(["--models", "tiny_cnn", "--quick", "--out", str(tmp_path),
+                  "--limits", f"100,{limit}"])
+    assert not any(tmp_path.iterdir())
 
 
 def test_channels_last_run_times_the_model_as_built_beside(tmp_path):

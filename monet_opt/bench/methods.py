@@ -57,11 +57,29 @@ def measured_point(ctx: Context, runner: Runner, base: Point) -> Point:
                    grad_rel_diff=measure.grad_rel_diff(grads, ctx.ref_grads))
 
 
+def check_limit(setting: str) -> None:
+    """Raises ValueError, saying what a limit may be, unless `setting` is one (`limit_of`)."""
+    number = setting[4:] if setting.startswith("min+") else setting[1:] \
+        if setting.startswith("a") else setting
+    try:
+        ok = setting == "min" or float(number) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"limit {setting!r}: give a share of eager's peak in % ('50'), of its activations "
+            f"('a33': the floor and 33 % of them), 'min' (the least peak the solver reports) or "
+            f"'min+10' (10 % above it)")
+
+
 def limit_of(setting: str, ctx: Context, least: int | None) -> int | None:
     """"50": half of eager's measured peak; "a33": the floor and a third of eager's activations
-    (3x less activation memory); "min": the least peak the solver reported."""
+    (3x less activation memory); "min": the least peak the solver reported; "min+10": 10 %
+    above it (None while no solve has reported it)."""
     if setting == "min":
         return least
+    if setting.startswith("min+"):
+        return None if least is None else int(least * (1 + float(setting[4:]) / 100))
     if setting.startswith("a"):
         activations = ctx.eager_peak_bytes - ctx.floor_bytes
         return ctx.floor_bytes + int(activations * float(setting[1:]) / 100)
@@ -69,8 +87,9 @@ def limit_of(setting: str, ctx: Context, least: int | None) -> int | None:
 
 
 def label_of(setting: str) -> str:
-    return "min" if setting == "min" else f"{setting[1:]}% act" if setting.startswith("a") \
-        else f"{setting}%"
+    if setting.startswith("min"):
+        return setting + ("%" if "+" in setting else "")
+    return f"{setting[1:]}% act" if setting.startswith("a") else f"{setting}%"
 
 
 def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float

@@ -125,6 +125,7 @@ def timeline(ax, run: ModelRun) -> None:
                   "vertical lines: backward starts", fontsize=8)
     ax.set_ylabel("memory, MiB")
     limit = "the least feasible" if tl.setting == "min" else \
+        f"{tl.setting[4:]} above the least feasible" if tl.setting.startswith("min+") else \
         f"the floor and {tl.setting.split()[0]} of eager's activations" \
         if tl.setting.endswith(" act") else f"{tl.setting} of eager's peak"
     ax.set_title(f"{run.meta.model}: {tl.method}, limit {limit}", fontsize=9)

@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="docs/benchmarks", help="folder for bench.json/.md/.png")
     p.add_argument("--limits", help=f"shares of eager's peak in %%, of its activations "
                                     f"('a33': the floor and 33%% of them) and/or 'min' "
-                                    f"(default {','.join(LIMITS)})")
+                                    f"('min+10': 10%% above it) (default {','.join(LIMITS)})")
     p.add_argument("--solvers", default=",".join(SOLVERS),
                    help="the solvers to run through our executor (a name not in "
                         "solvers.available_solvers() is skipped and reported; 'checkmate': "
@@ -91,6 +91,11 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
     if unknown:
         raise SystemExit(f"monet-opt bench: unknown models {unknown}; choose from "
                          f"{sorted(models.SPECS)}")
+    for setting in args.limits.split(",") if args.limits else ():
+        try:
+            methods.check_limit(setting)
+        except ValueError as exc:
+            raise SystemExit(f"monet-opt bench --limits: {exc}") from None
     budgets = args.compile_budgets or ",".join(map(str, QUICK_BUDGETS if args.quick else BUDGETS))
     return Settings(
         models=names, regime="quick" if args.quick else device.type.replace("cuda", "gpu"),
