@@ -29,7 +29,9 @@ commit, device and torch version it was measured with. Regenerate rather than ed
   machine single steps vary by 10-20 %; each model states how far apart eager timed twice in
   the same block came out (its timing noise).
 - **Limits** are shares of eager's measured peak, or ("33% act") the floor and that share of
-  eager's activations; "min" is the least peak the solver reports.
+  eager's activations; "min" is the least peak the solver reports, "min+10%" 10 % above it
+  (the knee of the frontier: a rematerialized least point is much slower than one a little
+  higher).
 - **Predicted**: the plan's simulated peak; error = (predicted - measured) / measured.
 - **grad diff**: max |g - g_eager| / max |g_eager| over all parameters, same seed. torch.compile
   draws dropout masks differently from eager, so on models with dropout its gradients differ
@@ -97,7 +99,7 @@ def summary(run: ModelRun, u: tuple[str, int]) -> list[str]:
     m = run.meta
     half = m.floor_bytes + (m.eager_peak_bytes - m.floor_bytes) // 2
     rows = ["| method | least overhead with activations halved (peak <= "
-            f"{size(half, u)}) | least measured peak (activations cut vs eager) |",
+            f"{size(half, u)}) | least measured peak (activations cut vs eager), its overhead |",
             "|---|---|---|"]
     ok = [p for p in run.points if p.status == "ok" and p.peak_bytes is not None]
     for method in dict.fromkeys(p.method for p in ok if p.family != "eager"):
@@ -106,7 +108,7 @@ def summary(run: ModelRun, u: tuple[str, int]) -> list[str]:
         least = min(mine, key=lambda p: p.peak_bytes)
         cut = 1 - (least.peak_bytes - m.floor_bytes) / max(1, m.eager_peak_bytes - m.floor_bytes)
         rows.append(f"| {method} | {pct(min(under)) if under else 'none reached'} | "
-                    f"{size(least.peak_bytes, u)} ({cut:.0%}) |")
+                    f"{size(least.peak_bytes, u)} ({cut:.0%}), {pct(least.overhead)} |")
     planned = [p for p in ok if p.limit_bytes is not None]
     if planned:
         within = sum(1 for p in planned if p.within_limit)

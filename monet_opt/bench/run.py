@@ -23,7 +23,7 @@ from monet_opt.bench.methods import Context, Measured
 from monet_opt.memory import resident_bytes
 from monet_opt.units import format_bytes
 
-LIMITS = ("100", "80", "60", "50", "40", "33", "a50", "a33", "min")
+LIMITS = ("100", "80", "60", "50", "40", "33", "a50", "a33", "min", "min+10")
 QUICK_LIMITS = ("100", "50", "min")
 SOLVERS = ("auto", "milp", "dp", "checkmate")
 BUDGETS = (1.0, 0.7, 0.5, 0.3, 0.1, 0.0)
