@@ -98,7 +98,7 @@ atexit.register(cache_clear)
 def _key(problem: Problem, options: MilpOptions) -> tuple[Problem, MilpOptions]:
     if options.least_time_limit_s is not None:
         options = dataclasses.replace(options, time_limit_s=1.0)  # not read: one cache entry
-    return problem, options
+    return problem, dataclasses.replace(options, refine_left=True)  # not read either
 
 
 def _started(problem: Problem, options: MilpOptions) -> tuple[Problem, MilpOptions]:

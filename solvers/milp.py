@@ -35,7 +35,9 @@ class MilpOptions:
     ancestors until the R variables fit (the result's note says which). rel_gap: stop once the
     proven gap is below this. least_start: a low-peak schedule found before (NOTE [Least peaks
     remembered]); the least-peak program reports it where it is lower than what it finds.
-    least_time_limit_s: the least-peak program's time (default a quarter of time_limit_s)."""
+    least_time_limit_s: the least-peak program's time (default a quarter of time_limit_s).
+    refine_left: the time left after a schedule the program did not find goes to fine windows
+    on it (NOTE [Time left near the floor] in solvers/joint.py); "auto" refines its best itself."""
 
     backend: str = "highs"
     time_limit_s: float = 60.0
@@ -44,6 +46,7 @@ class MilpOptions:
     rel_gap: float = 1e-3
     least_start: Schedule | None = None
     least_time_limit_s: float | None = None
+    refine_left: bool = True
 
 
 class BuildTimeout(Exception):

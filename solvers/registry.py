@@ -330,7 +330,7 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     # fits (NOTE [The least peak where store-all fits] in solvers/least.py)
     least_s = limit * (AUTO_FITTING_LEAST_SHARE if store_all.feasible else 0.25)
     milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
-                       least_time_limit_s=least_s)
+                       least_time_limit_s=least_s, refine_left=False)  # refined below
     least.start(problem, milp)  # NOTE [Work aside] in solvers/aside.py
     cheap = _cheap(problem, budget_bytes, start + limit * AUTO_CHEAP_SHARE, store_all)
     cheap_s = time.perf_counter() - start

@@ -11,6 +11,7 @@ import pytest
 from solvers import baselines, joint, registry, remat, solve
 from solvers.milp import MilpOptions
 from solvers.mip import MipResult
+from solvers.windows import Refined
 from tests.problems import autodiff_problem
 
 LIMIT_S = 12.0
@@ -107,3 +108,47 @@ def test_without_a_start_the_whole_program_gets_the_larger_share(monkeypatch):
     assert no_start and not with_start
     assert share_none == pytest.approx(joint.NO_START_SHARE, abs=0.05)
     assert share_start == pytest.approx(joint.WHOLE_PROGRAM_SHARE, abs=0.05)
+
+
+@pytest.mark.parametrize("seed", [3, 5])
+def test_time_left_near_the_floor_goes_to_fine_windows(monkeypatch, seed):
+    """NOTE [Time left near the floor]: where the whole program and its windows find nothing
+    and the memory-centric program's schedule is returned early, the MILP solver refines it by
+    fine windows in the time left (never slower, and within the budget); "auto", which refines
+    its best itself, turns that off."""
+    p = autodiff_problem(10, random.Random(seed))
+    least = solve(p, 10 ** 12, "milp", time_limit_s=4).min_feasible_bytes
+    budget = int(least * 1.1)
+
+    def finds_nothing(program, options, start):
+        return MipResult("infeasible", None, None, None), None
+
+    monkeypatch.setattr(joint, "solve_program", finds_nothing)
+    monkeypatch.setattr(joint, "_best_start", lambda *args: None)
+    # as where the program is coarsened: windows of stages cannot move that schedule
+    monkeypatch.setattr(joint.windows, "refine",
+                        lambda program, s, options, deadline: Refined(s, 0.0, 0, 1, 0))
+    kept = joint.milp(p, budget, MilpOptions(time_limit_s=LIMIT_S, refine_left=False))
+    refined = joint.milp(p, budget, MilpOptions(time_limit_s=LIMIT_S))
+    assert "memory-centric program's" in kept.note and "near the floor" not in kept.note
+    assert refined.feasible and refined.peak_bytes <= budget
+    assert refined.objective_s < kept.objective_s * (1 - 1e-6)
+    assert "fine windows with the time left" in refined.note
+    assert refined.solve_time_s < LIMIT_S + 1
+
+
+def test_auto_refines_the_milps_schedule_itself(monkeypatch):
+    """auto gives the MILP refine_left=False (NOTE [Time left near the floor]): fine windows
+    on its best come out of auto's own share."""
+    p = autodiff_problem(8, random.Random(3))
+    given = []
+    _, options = registry._REGISTRY["milp"]
+
+    def recorded(problem, budget, o):
+        given.append(o.refine_left)
+        return joint.milp(problem, budget, o)
+
+    monkeypatch.setitem(registry._REGISTRY, "milp", (recorded, options))
+    least = solve(p, 10 ** 12, "auto", time_limit_s=2).min_feasible_bytes
+    solve(p, least, "auto", time_limit_s=4)
+    assert given == [False]
