@@ -39,6 +39,9 @@ REFINE_LEFT_MIN_S = 1.0
 #   solvers/fine.py), measured +28.7 / +10.2 / +31.0 / +42.2 %. The time left now goes to
 #   fine windows on that schedule (each window a small program at full resolution: still the
 #   MILP's). "auto" sets refine_left off: it refines its best itself, in its own share.
+#   On the kept GoogLeNet CPU problem at the MILP's least peak and 10 / 20 % above it: +47.0 /
+#   +41.6 / +40.4 % -> +38.0 / +25.2 / +21.3 %; DenseNet-121's H200 problem +26.1 % at all
+#   three -> +25.0 / +25.1 / +23.4 % (docs/benchmarks/milp_time_left.md).
 
 # NOTE [No start, longer search]
 #   Where no heuristic schedule and no rounding of the LP fits the budget (near the least peak),

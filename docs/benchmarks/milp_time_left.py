@@ -1,0 +1,61 @@
+"""NOTE [Time left near the floor] in solvers/joint.py: the MILP solver alone (solver="milp")
+at its own least peak and 10 / 20 % above it, on kept problems (the CPU's GoogLeNet and
+ResNet-50, the lent H200's DenseNet-121, U-Net and BERT-base). Run from the checkout's root:
+`python docs/benchmarks/milp_time_left.py [--time-limit 30] [--models googlenet,resnet50]`;
+it prints markdown. Predicted overhead over store-all (the simulator's step time) and how long
+the solve took; "-": no plan fits."""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import platform
+import time
+
+import solvers
+
+FILES = {"h200b": "docs/benchmarks/gpu/h200/problems_h200b.json.gz",
+         "cpu": "docs/benchmarks/problems_cpu.json.gz"}
+MODELS = (("googlenet", "cpu"), ("resnet50", "cpu"), ("densenet121", "h200b"),
+          ("unet", "h200b"), ("bert_base", "h200b"))
+ABOVE = (0.0, 0.1, 0.2)
+
+
+def problem(name: str, where: str) -> tuple[solvers.Problem, str]:
+    with gzip.open(FILES[where], "rt") as f:
+        saved = json.load(f)["problems"]
+    key = next(k for k in saved if k.startswith(name + " "))
+    return solvers.Problem.from_json(saved[key]["problem"]), key
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--models", help="default: " + ",".join(m for m, _ in MODELS))
+    args = ap.parse_args()
+    chosen = set(args.models.split(",")) if args.models else {m for m, _ in MODELS}
+    print(f"Command: `python docs/benchmarks/milp_time_left.py --time-limit {args.time_limit:g}"
+          + (f" --models {args.models}`" if args.models else "`")
+          + f". Solved on {platform.machine()}, {time.strftime('%Y-%m-%d')}.\n")
+    print("| problem | budget | MiB | predicted overhead | solve s |")
+    print("|---|---|---|---|---|")
+    for name, where in MODELS:
+        if name not in chosen:
+            continue
+        p, key = problem(name, where)
+        store = solvers.simulate(p, solvers.schedule_from_kept(p, p.saved_for_backward))
+        floor = p.fixed_bytes + sum(p.tensors[t].bytes for t in p.backward_outputs)
+        least = solvers.solve(p, floor, "milp", time_limit_s=args.time_limit).min_feasible_bytes
+        for above in ABOVE:
+            budget = int(least * (1 + above))
+            begun = time.perf_counter()
+            r = solvers.solve(p, budget, "milp", time_limit_s=args.time_limit)
+            took = time.perf_counter() - begun
+            overhead = f"{r.objective_s / store.time_s - 1:+.1%}" if r.feasible else "-"
+            label = "the MILP's least peak" if not above else f"{above:.0%} above it"
+            print(f"| {key} | {label} | {budget / 2**20:,.1f} | {overhead} | {took:.1f} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
