@@ -17,17 +17,23 @@ from tests.problems import autodiff_problem
 LIMIT_S = 12.0
 
 
-def _milp_limits(monkeypatch, problem, budget):
-    """auto's result at `budget` and the time limits it gave the MILP."""
-    limits = []
+def _milp_options(monkeypatch, problem, budget, limit_s=LIMIT_S):
+    """auto's result at `budget` and the options it gave the MILP."""
+    given = []
     _, options = registry._REGISTRY["milp"]
 
     def recorded(p, b, o):
-        limits.append(o.time_limit_s)
+        given.append(o)
         return joint.milp(p, b, o)
 
     monkeypatch.setitem(registry._REGISTRY, "milp", (recorded, options))
-    return solve(problem, budget, "auto", time_limit_s=LIMIT_S), limits
+    return solve(problem, budget, "auto", time_limit_s=limit_s), given
+
+
+def _milp_limits(monkeypatch, problem, budget):
+    """auto's result at `budget` and the time limits it gave the MILP."""
+    result, given = _milp_options(monkeypatch, problem, budget)
+    return result, [o.time_limit_s for o in given]
 
 
 def _no_remat(monkeypatch):
@@ -141,14 +147,6 @@ def test_auto_refines_the_milps_schedule_itself(monkeypatch):
     """auto gives the MILP refine_left=False (NOTE [Time left near the floor]): fine windows
     on its best come out of auto's own share."""
     p = autodiff_problem(8, random.Random(3))
-    given = []
-    _, options = registry._REGISTRY["milp"]
-
-    def recorded(problem, budget, o):
-        given.append(o.refine_left)
-        return joint.milp(problem, budget, o)
-
-    monkeypatch.setitem(registry._REGISTRY, "milp", (recorded, options))
     least = solve(p, 10 ** 12, "auto", time_limit_s=2).min_feasible_bytes
-    solve(p, least, "auto", time_limit_s=4)
-    assert given == [False]
+    _, given = _milp_options(monkeypatch, p, least, limit_s=4)
+    assert [o.refine_left for o in given] == [False]

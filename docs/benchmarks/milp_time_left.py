@@ -7,25 +7,15 @@ the solve took; "-": no plan fits."""
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import platform
 import time
 
 import solvers
+from remat import problem  # docs/benchmarks/remat.py: a kept problem by model and file
 
-FILES = {"h200b": "docs/benchmarks/gpu/h200/problems_h200b.json.gz",
-         "cpu": "docs/benchmarks/problems_cpu.json.gz"}
 MODELS = (("googlenet", "cpu"), ("resnet50", "cpu"), ("densenet121", "h200b"),
           ("unet", "h200b"), ("bert_base", "h200b"))
 ABOVE = (0.0, 0.1, 0.2)
-
-
-def problem(name: str, where: str) -> tuple[solvers.Problem, str]:
-    with gzip.open(FILES[where], "rt") as f:
-        saved = json.load(f)["problems"]
-    key = next(k for k in saved if k.startswith(name + " "))
-    return solvers.Problem.from_json(saved[key]["problem"]), key
 
 
 def main() -> None:
