@@ -31,10 +31,10 @@ REFINE_LEFT_MIN_S = 1.0
 
 # NOTE [Time left near the floor]
 #   Near its least peak the whole program (recomputation at stage starts only) is often proved
-#   infeasible within seconds, and the schedule returned was the memory-centric program's (or
-#   a heuristic's), tight at every moment and slow, with the rest of the time limit unused: at
-#   10 % above the least peak on the CPU bench (0ef195b, limit 30 s) the MILP solver ended in
-#   8-20 s on GPT-2 (narrow), MobileNetV2, GoogLeNet and DenseNet-121 at +52.6 / +34.2 / +45.3 /
+#   infeasible within seconds (or ends early, having found nothing better), and the schedule
+#   returned was the memory-centric program's (or the warm start's), tight and slow, with the
+#   rest of the time limit unused: at 10 % above the least peak on the CPU bench (0ef195b,
+#   limit 30 s) the MILP solver ended in 8-20 s on GPT-2 (narrow), MobileNetV2, GoogLeNet and DenseNet-121 at +52.6 / +34.2 / +45.3 /
 #   +129.9 %, where "auto", which refines its best by fine windows (NOTE [Fine windows] in
 #   solvers/fine.py), measured +28.7 / +10.2 / +31.0 / +42.2 %. The time left now goes to
 #   fine windows on that schedule (each window a small program at full resolution: still the
