@@ -8,6 +8,7 @@ import time
 from solvers import baselines, coarse, evict, fine, timeshare, variants, windows
 from solvers.bound import boundary_bound
 from solvers.least import least_peak
+from solvers.least import start as start_least_peak
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
 from solvers.mip import solve_relaxation
 from solvers.ondemand import schedule_from_kept
@@ -32,16 +33,26 @@ REFINE_LEFT_MIN_S = 1.0
 # NOTE [Time left near the floor]
 #   Near its least peak the whole program (recomputation at stage starts only) is often proved
 #   infeasible within seconds (or ends early, having found nothing better), and the schedule
-#   returned was the memory-centric program's (or the warm start's), tight and slow, with the
-#   rest of the time limit unused: at 10 % above the least peak on the CPU bench (0ef195b,
-#   limit 30 s) the MILP solver ended in 8-20 s on GPT-2 (narrow), MobileNetV2, GoogLeNet and DenseNet-121 at +52.6 / +34.2 / +45.3 /
-#   +129.9 %, where "auto", which refines its best by fine windows (NOTE [Fine windows] in
-#   solvers/fine.py), measured +28.7 / +10.2 / +31.0 / +42.2 %. The time left now goes to
-#   fine windows on that schedule (each window a small program at full resolution: still the
-#   MILP's). "auto" sets refine_left off: it refines its best itself, in its own share.
-#   On the kept GoogLeNet CPU problem at the MILP's least peak and 10 / 20 % above it: +47.0 /
-#   +41.6 / +40.4 % -> +38.0 / +25.2 / +21.3 %; DenseNet-121's H200 problem +26.1 % at all
-#   three -> +25.0 / +25.1 / +23.4 % (docs/benchmarks/milp_time_left.md).
+#   returned was the memory-centric program's (or the warm start's), tight and slow, with the rest
+#   of the time limit unused: at 10 % above the least peak on the CPU bench (0ef195b, limit 30 s)
+#   the MILP solver ended in 8-20 s on GPT-2 (narrow), MobileNetV2, GoogLeNet and DenseNet-121 at
+#   +52.6 / +34.2 / +45.3 / +129.9 %, where "auto", which refines its best by fine windows (NOTE
+#   [Fine windows] in solvers/fine.py), measured +28.7 / +10.2 / +31.0 / +42.2 %. The time left now
+#   goes to fine windows on that schedule (each window a small program at full resolution: still the
+#   MILP's). "auto" sets refine_left off: it refines its best itself, in its own share. On the kept
+#   GoogLeNet CPU problem at the MILP's least peak and 10 / 20 % above it: +47.0 / +41.6 / +40.4 %
+#   -> +38.0 / +25.2 / +21.3 %; DenseNet-121's H200 problem +26.1 % at all three -> +25.0 / +25.1 /
+#   +23.4 % (docs/benchmarks/milp_time_left.md).
+
+# NOTE [The least peak within the limit]
+#   The MILP solver reports the least budget it meets again (min_feasible_bytes), from its
+#   memory-centric program (solvers/least.py), which runs for least_time_limit_s (a quarter of
+#   the limit by default). Alone it ran that program at its end, past its limit: GoogLeNet and
+#   ResNet-50 (the CPU's kept problems, 25 % of the activations, limit 30 s) took 38.9 and
+#   38.8 s. It now begins the program aside (NOTE [Work aside] in solvers/aside.py), as "auto"
+#   does, on the core its search leaves idle: the same plans (+27.5 / +59.4 % predicted) in
+#   30.1 s each (GoogLeNet at half its activations +5.2 %, 39.3 -> 30.1 s). Where the platform
+#   cannot fork, or the problem is small (least.ASIDE_MIN_OPS), it still runs at the end.
 
 # NOTE [No start, longer search]
 #   Where no heuristic schedule and no rounding of the LP fits the budget (near the least peak),
@@ -74,6 +85,7 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     again)."""
     start = time.perf_counter()
     deadline = start + options.time_limit_s
+    start_least_peak(problem, options)  # NOTE [The least peak within the limit]
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
     heuristic = _heuristic(problem, budget_bytes,
                            start + options.time_limit_s * HEURISTIC_SHARE)

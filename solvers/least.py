@@ -1,7 +1,8 @@
 """The memory-centric program: the least budget the joint program can meet, and its schedule.
 
-Run aside (NOTE [Work aside] in solvers/aside.py) where the problem is large: "auto" starts it
-first and collects it at its end.
+Run aside (NOTE [Work aside] in solvers/aside.py) where the problem is large: "auto" and the
+MILP solver start it first and collect it at their end (NOTE [The least peak within the limit]
+in solvers/joint.py).
 
 NOTE [The least peak where store-all fits]
   "auto" reports the least peak it can reach at every budget, and where store-all fits that

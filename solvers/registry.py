@@ -275,7 +275,8 @@ def _cheap(problem: Problem, budget_bytes: int, deadline: float = math.inf,
 #   +7.38 % (gaps 1.9-2.2 / 2.0 %) to +4.99 / +7.08 % (gaps 1.0 / 1.7 %), twice each. The MILP
 #   is cut by that time limit however the program's answer comes (here, aside or from the
 #   cache of an earlier solve in the process), so a zoo solved in one process, or the bench,
-#   shares its time as a lone solve does.
+#   shares its time as a lone solve does. (The MILP solver alone begins it aside too: NOTE
+#   [The least peak within the limit] in solvers/joint.py.)
 #   The program itself gets what the MILP solver alone gives it at the same limit (a quarter),
 #   though the MILP is cut by a quarter of its own share only: with a quarter of the MILP's
 #   share (2.5 s of 30) auto's least peak on ResNet-50 (b16, 128², make bench) was 322.7 MiB

@@ -8,7 +8,7 @@ import random
 import pytest
 
 import solvers
-from solvers import least
+from solvers import joint, least
 from solvers.aside import Aside, can_fork
 from solvers.errors import SolverError
 from solvers.milp import MilpOptions
@@ -94,3 +94,25 @@ def test_auto_gives_the_least_peak_program_the_milp_solvers_time(monkeypatch, be
         least.cache_clear()
         solvers.solve(problem, budget, caller, time_limit_s=12.0)
     assert given["auto"] == given["milp"] == 3.0
+
+
+@needs_fork
+def test_the_milp_solver_alone_runs_the_least_peak_program_aside(monkeypatch):
+    """NOTE [The least peak within the limit]: the MILP solver begins its memory-centric
+    program aside before it searches, and collects it at its end, as auto does."""
+    problem = autodiff_problem(14, random.Random(9))
+    monkeypatch.setattr(least, "ASIDE_MIN_OPS", 0)
+    least.cache_clear()
+    seen = []
+    solve_program = joint.solve_program
+
+    def recorded(program, options, warm=None):
+        seen.append(any(p == problem for p, _ in least._aside))
+        return solve_program(program, options, warm)
+
+    monkeypatch.setattr(joint, "solve_program", recorded)
+    result = solvers.solve(problem, 10 ** 12, "milp", time_limit_s=4.0)
+    assert seen and seen[0]
+    assert least._aside == {}
+    here = least.least_peak(problem, MilpOptions(time_limit_s=4.0))
+    assert result.min_feasible_bytes <= here[0]
