@@ -6,12 +6,11 @@ it prints markdown. Predicted overhead over store-all (the simulator's step time
 the solve took; "-": no plan fits."""
 from __future__ import annotations
 
-import argparse
-import platform
 import time
 
 import solvers
-from remat import problem  # docs/benchmarks/remat.py: a kept problem by model and file
+# docs/benchmarks/remat.py: a kept problem by model and file, the scripts' arguments
+from remat import arguments, problem
 
 MODELS = (("googlenet", "cpu"), ("resnet50", "cpu"), ("densenet121", "h200b"),
           ("unet", "h200b"), ("bert_base", "h200b"))
@@ -19,14 +18,7 @@ ABOVE = (0.0, 0.1, 0.2)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--time-limit", type=float, default=30.0)
-    ap.add_argument("--models", help="default: " + ",".join(m for m, _ in MODELS))
-    args = ap.parse_args()
-    chosen = set(args.models.split(",")) if args.models else {m for m, _ in MODELS}
-    print(f"Command: `python docs/benchmarks/milp_time_left.py --time-limit {args.time_limit:g}"
-          + (f" --models {args.models}`" if args.models else "`")
-          + f". Solved on {platform.machine()}, {time.strftime('%Y-%m-%d')}.\n")
+    args, chosen = arguments("milp_time_left.py", 30.0, MODELS)
     print("| problem | budget | MiB | predicted overhead | solve s |")
     print("|---|---|---|---|---|")
     for name, where in MODELS:

@@ -44,15 +44,21 @@ def overhead(r: solvers.SolveResult, base_s: float) -> str:
     return f"{r.objective_s / base_s - 1:+.1%}" if r.feasible else "-"
 
 
-def main() -> None:
+def arguments(script: str, time_limit_s: float, models) -> tuple[argparse.Namespace, set]:
+    """A kept-problem script's --time-limit and --models (`models`: its (name, file) pairs),
+    and the models chosen; prints the command line it was run with."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--time-limit", type=float, default=12.0)
-    ap.add_argument("--models", help="default: " + ",".join(m for m, _ in MODELS))
+    ap.add_argument("--time-limit", type=float, default=time_limit_s)
+    ap.add_argument("--models", help="default: " + ",".join(m for m, _ in models))
     args = ap.parse_args()
-    chosen = set(args.models.split(",")) if args.models else {m for m, _ in MODELS}
-    print(f"Command: `python docs/benchmarks/remat.py --time-limit {args.time_limit:g}"
+    print(f"Command: `python docs/benchmarks/{script} --time-limit {args.time_limit:g}"
           + (f" --models {args.models}`" if args.models else "`")
           + f". Solved on {platform.machine()}, {time.strftime('%Y-%m-%d')}.\n")
+    return args, set(args.models.split(",")) if args.models else {m for m, _ in models}
+
+
+def main() -> None:
+    args, chosen = arguments("remat.py", 12.0, MODELS)
     full, old = registry._REGISTRY, without_remat()
     for name, where in MODELS:
         if name not in chosen:
