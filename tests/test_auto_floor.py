@@ -143,6 +143,30 @@ def test_time_left_near_the_floor_goes_to_fine_windows(monkeypatch, seed):
     assert refined.solve_time_s < LIMIT_S + 1
 
 
+@pytest.mark.parametrize("seed", [1, 3])
+def test_time_left_near_the_floor_prunes_first(monkeypatch, seed):
+    """NOTE [Time left near the floor]: before fine windows, the time left drops the
+    recomputation the memory-centric program's schedule can do without (here windows move
+    nothing, so what is gained is pruning's)."""
+    p = autodiff_problem(10, random.Random(seed))
+    least = solve(p, 10 ** 12, "milp", time_limit_s=4).min_feasible_bytes
+
+    def finds_nothing(program, options, start):
+        return MipResult("infeasible", None, None, None), None
+
+    monkeypatch.setattr(joint, "solve_program", finds_nothing)
+    monkeypatch.setattr(joint, "_best_start", lambda *args: None)
+    monkeypatch.setattr(joint.windows, "refine",
+                        lambda program, s, options, deadline: Refined(s, 0.0, 0, 1, 0))
+    monkeypatch.setattr(joint.fine, "refine",
+                        lambda problem, budget, s, deadline, options: Refined(s, 0.0, 0, 1, 0))
+    kept = joint.milp(p, least, MilpOptions(time_limit_s=LIMIT_S, refine_left=False))
+    pruned = joint.milp(p, least, MilpOptions(time_limit_s=LIMIT_S))
+    assert pruned.feasible and pruned.peak_bytes <= least
+    assert pruned.objective_s < kept.objective_s * (1 - 1e-6)
+    assert "recomputations it could do without dropped" in pruned.note
+
+
 def test_auto_refines_the_milps_schedule_itself(monkeypatch):
     """auto gives the MILP refine_left=False (NOTE [Time left near the floor]): fine windows
     on its best come out of auto's own share."""
