@@ -4,6 +4,29 @@ Run aside (NOTE [Work aside] in solvers/aside.py) where the problem is large: "a
 MILP solver start it first and collect it at their end (NOTE [The least peak within the limit]
 in solvers/joint.py).
 
+NOTE [The least peak's time]
+  The MILP runs its memory-centric program (this module) for least_time_limit_s of its
+  own, cached per problem, on top of its time limit. The first solve of a problem in a
+  process, which is every optimize() of a fresh process, thus ran the MILP that much past its
+  share, out of the time fine windows were to have: on DenseNet-121 (b16, 128², 40 % of its
+  activations) the MILP took 20.6 s of auto's 30 and fine windows none (+17.6 %), where a
+  second solve of the same profile, the program cached, gave them 10 s (+14.9 %). So auto
+  gives the MILP its share less that time. Where the platform can fork, the program runs
+  aside from the start (NOTE [Work aside] in solvers/aside.py), on the core the search
+  leaves idle, and the time cut from the MILP (least_time_limit_s) goes to fine windows:
+  ResNet-50 (b32, 160², auto 60 s) at 50 / 40 % of its activations went from +6.02-6.35 /
+  +7.38 % (gaps 1.9-2.2 / 2.0 %) to +4.99 / +7.08 % (gaps 1.0 / 1.7 %), twice each. The MILP
+  is cut by that time limit however the program's answer comes (here, aside or from the
+  cache of an earlier solve in the process), so a zoo solved in one process, or the bench,
+  shares its time as a lone solve does. (The MILP solver alone begins it aside too: NOTE
+  [The least peak within the limit] in solvers/joint.py.)
+  The program itself gets what the MILP solver alone gives it at the same limit (a quarter),
+  though the MILP is cut by a quarter of its own share only: with a quarter of the MILP's
+  share (2.5 s of 30) auto's least peak on ResNet-50 (b16, 128², make bench) was 322.7 MiB
+  where the MILP solver's was 293.9 MiB (its coarser program needs about 2.5 s to find it;
+  in 1.25 s it ends at its start); with 7.5 s both 293.9 MiB. Aside, the longer program runs
+  on the idle core, and what the MILP waits for it comes out of the phases after it.
+
 NOTE [The least peak where store-all fits]
   "auto" reports the least peak it can reach at every budget, and where store-all fits that
   was most of its time: the program had a quarter of the limit (7.5 s of the default 30), to

@@ -261,28 +261,6 @@ def _cheap(problem: Problem, budget_bytes: int, deadline: float = math.inf,
     return out
 
 
-# NOTE [The least peak's time]
-#   The MILP runs its memory-centric program (solvers/least.py) for least_time_limit_s of its
-#   own, cached per problem, on top of its time limit. The first solve of a problem in a
-#   process, which is every optimize() of a fresh process, thus ran the MILP that much past its
-#   share, out of the time fine windows were to have: on DenseNet-121 (b16, 128², 40 % of its
-#   activations) the MILP took 20.6 s of auto's 30 and fine windows none (+17.6 %), where a
-#   second solve of the same profile, the program cached, gave them 10 s (+14.9 %). So auto
-#   gives the MILP its share less that time. Where the platform can fork, the program runs
-#   aside from the start (NOTE [Work aside] in solvers/aside.py), on the core the search
-#   leaves idle, and the time cut from the MILP (least_time_limit_s) goes to fine windows:
-#   ResNet-50 (b32, 160², auto 60 s) at 50 / 40 % of its activations went from +6.02-6.35 /
-#   +7.38 % (gaps 1.9-2.2 / 2.0 %) to +4.99 / +7.08 % (gaps 1.0 / 1.7 %), twice each. The MILP
-#   is cut by that time limit however the program's answer comes (here, aside or from the
-#   cache of an earlier solve in the process), so a zoo solved in one process, or the bench,
-#   shares its time as a lone solve does. (The MILP solver alone begins it aside too: NOTE
-#   [The least peak within the limit] in solvers/joint.py.)
-#   The program itself gets what the MILP solver alone gives it at the same limit (a quarter),
-#   though the MILP is cut by a quarter of its own share only: with a quarter of the MILP's
-#   share (2.5 s of 30) auto's least peak on ResNet-50 (b16, 128², make bench) was 322.7 MiB
-#   where the MILP solver's was 293.9 MiB (its coarser program needs about 2.5 s to find it;
-#   in 1.25 s it ends at its start); with 7.5 s both 293.9 MiB. Aside, the longer program runs
-#   on the idle core, and what the MILP waits for it comes out of the phases after it.
 # NOTE [Nothing cheap fits]
 #   Near the least peak no heuristic and no lower-set schedule fits, so annealing, polishing
 #   and fine windows have only the MILP's schedule to start from, and where the MILP's whole
@@ -328,7 +306,7 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     store_all = solve(problem, budget_bytes, "store_all")
     # the MILP solver's own least-peak time at this limit: auto's least peak is then no worse
     # for lack of time than the MILP's alone (NOTE [The least peak's time]), unless store-all
-    # fits (NOTE [The least peak where store-all fits] in solvers/least.py)
+    # fits (NOTE [The least peak where store-all fits]; both in solvers/least.py)
     least_s = limit * (AUTO_FITTING_LEAST_SHARE if store_all.feasible else 0.25)
     milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
                        least_time_limit_s=least_s, refine_left=False)  # refined below
@@ -340,7 +318,7 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     settled = cheap[0].feasible or _close_enough(problem, cheap + remembered)
     dp_options = dp.DpOptions(mode="memory" if settled else "time", time_limit_s=dp_s)
     lower_sets = solve(problem, budget_bytes, "dp", dp_options)  # memory: only its least peak
-    if not settled:  # NOTE [The least peak's time]
+    if not settled:  # NOTE [The least peak's time] in solvers/least.py
         before = time.perf_counter()
         if not least.running(problem, milp):
             least.least_peak(problem, milp)  # here, unless cached
@@ -378,6 +356,11 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
                                  deadline - prune_s))
         feasible.append(_pruned(problem, budget_bytes, min(
             feasible, key=lambda r: (r.objective_s, r.peak_bytes)), deadline))
+    if not feasible:  # NOTE [The least peak in the time left] in solvers/remat.py
+        late = remat.least_until(problem, budget_bytes, deadline, min_peak)
+        min_peak, floor = floor_of([(min_peak, floor), (late.min_feasible_bytes,
+                                                        late.floor_schedule)])
+        feasible = [late] if late.feasible else []
     elapsed = time.perf_counter() - start
     if not feasible:
         return SolveResult(solver="auto", status=Status.INFEASIBLE, schedule=None,

@@ -3,6 +3,7 @@ as the budget asks, within it by the simulator's count, below what keeping a set
 recomputing it once can reach."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -77,6 +78,23 @@ def test_auto_finds_a_chain_plan_near_its_floor():
     r = solve(p, least + 10, "auto", time_limit_s=5)
     assert r.feasible and r.peak_bytes <= least + 10
     assert r.min_feasible_bytes == least
+
+
+def test_where_nothing_fits_auto_goes_on_with_the_least_peak_search(monkeypatch):
+    """NOTE [The least peak in the time left]: the pass's least-peak search, stopped by the
+    clock in auto's heuristics, goes on in the time auto has left where nothing fits, and auto
+    reports the pass's least peak."""
+    real = remat.remat
+
+    def hurried(problem, budget_bytes, options):
+        return real(problem, budget_bytes, dataclasses.replace(options, time_limit_s=1e-9))
+
+    monkeypatch.setitem(registry._REGISTRY, "remat", (hurried, RematOptions))
+    p = chain(40)
+    r = solve(p, 0, "auto", time_limit_s=5)
+    assert not r.feasible
+    assert p.memo[("remat", remat.WEIGHTS)].probes > 0  # none in the heuristics' phase
+    assert r.min_feasible_bytes == p.fixed_bytes + 3 * 10  # the pass's floor on a chain
 
 
 def test_fine_windows_refine_a_rematerialized_plan_only_well_ahead():

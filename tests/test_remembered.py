@@ -152,6 +152,10 @@ def _searches_cut_short(monkeypatch):
                            min_feasible_bytes=None)
     for name in ("milp", "dp", "remat"):
         monkeypatch.setitem(registry._REGISTRY, name, (nothing, registry._REGISTRY[name][1]))
+    # and its search in the time left where nothing fits (NOTE [The least peak in the time left])
+    monkeypatch.setattr(registry.remat, "least_until",
+                        lambda problem, budget_bytes, deadline, below=None: nothing(
+                            problem, budget_bytes, None))
 
 
 def _only_the_milp_reaches():
