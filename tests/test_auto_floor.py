@@ -116,6 +116,21 @@ def test_without_a_start_the_whole_program_gets_the_larger_share(monkeypatch):
     assert share_start == pytest.approx(joint.WHOLE_PROGRAM_SHARE, abs=0.05)
 
 
+def _the_program_finds_nothing(monkeypatch, p) -> int:
+    """p's least peak; then the MILP's whole program finds nothing, nothing starts it, and
+    windows of stages cannot move a schedule (as where the program is coarsened)."""
+    least = solve(p, 10 ** 12, "milp", time_limit_s=4).min_feasible_bytes
+
+    def finds_nothing(program, options, start):
+        return MipResult("infeasible", None, None, None), None
+
+    monkeypatch.setattr(joint, "solve_program", finds_nothing)
+    monkeypatch.setattr(joint, "_best_start", lambda *args: None)
+    monkeypatch.setattr(joint.windows, "refine",
+                        lambda program, s, options, deadline: Refined(s, 0.0, 0, 1, 0))
+    return least
+
+
 @pytest.mark.parametrize("seed", [3, 5])
 def test_time_left_near_the_floor_goes_to_fine_windows(monkeypatch, seed):
     """NOTE [Time left near the floor]: where the whole program and its windows find nothing
@@ -123,17 +138,7 @@ def test_time_left_near_the_floor_goes_to_fine_windows(monkeypatch, seed):
     fine windows in the time left (never slower, and within the budget); "auto", which refines
     its best itself, turns that off."""
     p = autodiff_problem(10, random.Random(seed))
-    least = solve(p, 10 ** 12, "milp", time_limit_s=4).min_feasible_bytes
-    budget = int(least * 1.1)
-
-    def finds_nothing(program, options, start):
-        return MipResult("infeasible", None, None, None), None
-
-    monkeypatch.setattr(joint, "solve_program", finds_nothing)
-    monkeypatch.setattr(joint, "_best_start", lambda *args: None)
-    # as where the program is coarsened: windows of stages cannot move that schedule
-    monkeypatch.setattr(joint.windows, "refine",
-                        lambda program, s, options, deadline: Refined(s, 0.0, 0, 1, 0))
+    budget = int(_the_program_finds_nothing(monkeypatch, p) * 1.1)
     kept = joint.milp(p, budget, MilpOptions(time_limit_s=LIMIT_S, refine_left=False))
     refined = joint.milp(p, budget, MilpOptions(time_limit_s=LIMIT_S))
     assert "memory-centric program's" in kept.note and "near the floor" not in kept.note
@@ -149,15 +154,7 @@ def test_time_left_near_the_floor_prunes_first(monkeypatch, seed):
     recomputation the memory-centric program's schedule can do without (here windows move
     nothing, so what is gained is pruning's)."""
     p = autodiff_problem(10, random.Random(seed))
-    least = solve(p, 10 ** 12, "milp", time_limit_s=4).min_feasible_bytes
-
-    def finds_nothing(program, options, start):
-        return MipResult("infeasible", None, None, None), None
-
-    monkeypatch.setattr(joint, "solve_program", finds_nothing)
-    monkeypatch.setattr(joint, "_best_start", lambda *args: None)
-    monkeypatch.setattr(joint.windows, "refine",
-                        lambda program, s, options, deadline: Refined(s, 0.0, 0, 1, 0))
+    least = _the_program_finds_nothing(monkeypatch, p)
     monkeypatch.setattr(joint.fine, "refine",
                         lambda problem, budget, s, deadline, options: Refined(s, 0.0, 0, 1, 0))
     kept = joint.milp(p, least, MilpOptions(time_limit_s=LIMIT_S, refine_left=False))
