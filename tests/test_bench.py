@@ -118,6 +118,34 @@ def test_channels_last_run_times_the_model_as_built_beside(tmp_path):
         run._channels_last("gpt2", nn.Linear(2, 2), {"input_ids": torch.zeros(1, 4)})
 
 
+def test_min_is_the_least_the_solver_reports_when_asked(tmp_path, monkeypatch):
+    """NOTE [The least peak, asked for]: "min" is solved at the least a solve at the floor
+    reports (or a lower one seen before), not only at what the earlier limits saw."""
+    import monet_opt
+    limits: list[int] = []  # every limit optimize() was called with
+    reported: dict[int, int] = {}  # limit -> the least peak its InfeasibleBudgetError gave
+
+    def spy(model, x, limit, **kwargs):
+        limits.append(limit)
+        try:
+            return optimize(model, x, limit, **kwargs)
+        except monet_opt.InfeasibleBudgetError as exc:
+            reported[limit] = exc.min_feasible_bytes
+            raise
+
+    optimize = monet_opt.optimize
+    monkeypatch.setattr(monet_opt, "optimize", spy)
+    argv = ["--models", "tiny_cnn", "--quick", "--out", str(tmp_path), "--solvers", "auto",
+            "--limits", "100,min", "--compile-budgets", "none", "--rounds", "1", "--no-merge"]
+    assert run.main(argv) == 0
+    r = results.load(tmp_path / results.JSON_NAME)["tiny_cnn"]
+    assert r.meta.floor_bytes in reported, limits
+    _, least = [p for p in r.points if p.family == "ours"]
+    assert least.setting == "min" and least.status == "ok", least.note
+    assert least.limit_bytes <= reported[r.meta.floor_bytes]
+    assert least.peak_bytes <= least.limit_bytes and limits[-1] == least.limit_bytes
+
+
 def _tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)

@@ -29,7 +29,8 @@ commit, device and torch version it was measured with. Regenerate rather than ed
   machine single steps vary by 10-20 %; each model states how far apart eager timed twice in
   the same block came out (its timing noise).
 - **Limits** are shares of eager's measured peak, or ("33% act") the floor and that share of
-  eager's activations; "min" is the least peak the solver reports, "min+10%" 10 % above it
+  eager's activations; "min" is the least peak the solver reports when asked (a solve at
+  the floor) or at an earlier limit, "min+10%" 10 % above it
   (the knee of the frontier: a rematerialized least point is much slower than one a little
   higher).
 - **Predicted**: the plan's simulated peak; error = (predicted - measured) / measured.
