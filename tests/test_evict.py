@@ -61,6 +61,29 @@ def test_polish_keeps_more_of_a_schedule_that_keeps_too_little():
     assert r.objective_s == pytest.approx(solve(p, budget, "milp").objective_s)
 
 
+def test_polish_puts_back_into_every_schedule_however_long_the_first_takes(monkeypatch):
+    """NOTE [Polishing]: each schedule's kept set gets its share of the time; a put-back that
+    takes all it is given (on DenseNet-121 a second or more) left the others none."""
+    import time
+    p = chain(9)
+    budget = solve(p, 10**9, "store_all").peak_bytes - 10
+    schedules = [solve(p, budget, name).schedule for name in ("chen_sqrt", "evict", "milp")]
+    called: list[float] = []
+
+    def slow(problem, kept, budget_bytes, judge, deadline):
+        called.append(deadline)
+        time.sleep(max(0.0, deadline - time.perf_counter()))
+        return kept
+
+    monkeypatch.setattr(evict, "_put_back", slow)
+    limit = 0.6
+    start = time.perf_counter()
+    r = polish(p, budget, schedules, time_limit_s=limit)
+    assert r.feasible and len(called) >= len(schedules)  # drop and refill may put back more
+    assert called[0] <= start + limit * evict.PUT_BACK_SHARE / len(schedules) + 0.05
+    assert all(d <= start + limit * evict.PUT_BACK_SHARE + 0.05 for d in called[:3])
+
+
 def test_drop_and_refill_beats_putting_back_greedily():
     """NOTE [Drop and refill]: greedy putting back stops at the first tensor that does not fit;
     dropping a cheap kept tensor can make room for dearer ones."""
