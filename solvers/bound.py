@@ -30,18 +30,44 @@ NOTE [Cuts through the backward]
   of the step (alive then, whatever the schedule), and q_j's outputs and workspace. Every
   schedule gives a solution of this program with its own time or less, so its least value
   bounds every schedule. More cuts only add rows: the bound never drops.
+
+NOTE [The bound's kept set]
+  The program at the first backward op alone (one cut) is small (HiGHS solves it in 0.1-0.6 s
+  on the kept problems), and its least-time solution is a kept set, the copies alive then,
+  with variants: what that moment's memory forces out, chosen across the whole network at
+  once, the knapsack annealing walks toward one swap at a time (NOTE [Annealing kept sets]).
+  Recomputed on demand it took exactly the bound's time on every kept problem, but the
+  moments later in the backward, where recomputed copies and gradients are alive too, go over
+  the budget: by 1-6 % on GoogLeNet (CPU) and DenseNet-121 (H200), 13 % on BERT-base (H200),
+  26-62 % on ResNet-50 (CPU, H200). Eviction's rounds from it (cheapest per byte first, NOTE
+  [Recompute cost] in solvers/evict.py) make it fit where the excess is small: GoogLeNet at a
+  third of its activations +16.2 % predicted (the bound +12.0 %; eviction's own +32 %),
+  DenseNet-121 at a quarter +14.4 %; not on ResNet-50, where it starts nothing. Auto adds it
+  to the schedules it polishes, anneals and refines by windows (AUTO_BOUND_KEPT_SHARE in
+  solvers/registry.py), not to the heuristics that decide whether to search at all. Auto in
+  30 s, predicted, before -> after: the bench's GoogLeNet profile at 848ef6b at a third of its
+  activations +21.3 -> +16.1 %; the bench's DenseNet-121 profile (1,577 ops) at 40 % of
+  eager's peak +10.6 -> +6.5 %, at a third of its activations +9.8 -> +6.6 %; the kept
+  problems (`python docs/benchmarks/auto_shares.py`, docs/benchmarks/auto_shares.md): H200
+  DenseNet-121 at a half / a third / a quarter +10.6 / +14.8 / +17.5 -> +6.7 / +11.1 /
+  +13.9 %, CPU GoogLeNet at a half +6.5 -> +5.4 %, the rest within their spread.
 """
 from __future__ import annotations
 
 import math
 import time
 
+from solvers import evict
 from solvers.mip import Mip, solve_mip
 from solvers.problem import Problem
+from solvers.schedule import SolveResult, Status
 from solvers.stages import reading_positions
 
 # The most moments of the backward the bound looks at (NOTE [Cuts through the backward]).
 MAX_BOUND_CUTS = 64
+
+
+KEPT_START = "bound_kept"  # kept_start's results' solver name
 
 
 def boundary_bound(problem: Problem, budget_bytes: int, time_limit_s: float = 5.0,
@@ -147,7 +173,29 @@ class _Program:
                 mip.row([(self.rerun[j][o], 1.0), (self.chosen[p.encode_ops[o]], -1.0)], hi=0.0)
 
 
+def kept_start(problem: Problem, budget_bytes: int, time_limit_s: float) -> SolveResult:
+    """NOTE [The bound's kept set]: the forward tensors alive at the first backward op, and the
+    variants chosen, in the fastest solution HiGHS finds in `time_limit_s` of the program at
+    that one moment, recomputed on demand and made to fit by eviction in as long again
+    (infeasible where HiGHS found none or nothing fits)."""
+    start = time.perf_counter()
+    prog = _build(problem, budget_bytes, cut_positions(problem, 1))
+    res = None if prog.mip.trivially_infeasible or not prog.live else \
+        solve_mip(prog.mip, "highs", time_limit_s=time_limit_s, rel_gap=1e-4)
+    if res is None or res.values is None:
+        return SolveResult(solver=KEPT_START, status=Status.INFEASIBLE, schedule=None,
+                           objective_s=None, peak_bytes=None, bound_s=None, gap=None,
+                           solve_time_s=time.perf_counter() - start, min_feasible_bytes=None)
+    kept = frozenset(x for x, v in prog.live[0].items() if res.values[v] > 0.5)
+    chosen = frozenset(v for v, var in prog.chosen.items() if res.values[var] > 0.5)
+    return evict.fitted(problem, budget_bytes, kept, chosen, KEPT_START, time_limit_s)
+
+
 def _program(p: Problem, budget_bytes: int, cuts: list[int]) -> Mip:
+    return _build(p, budget_bytes, cuts).mip
+
+
+def _build(p: Problem, budget_bytes: int, cuts: list[int]) -> _Program:
     prog = _Program(p, cuts)
     mip = prog.mip
     bwd = p.backward_ops
@@ -169,7 +217,7 @@ def _program(p: Problem, budget_bytes: int, cuts: list[int]) -> Mip:
             mip.trivially_infeasible = True
     if not cuts and budget_bytes < p.fixed_bytes:
         mip.trivially_infeasible = True
-    return mip
+    return prog
 
 
 def _resident_at(p: Problem, q: int) -> int:

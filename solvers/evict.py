@@ -219,6 +219,19 @@ def polish(problem: Problem, budget_bytes: int, schedules: list[Schedule],
     return best_of("polish", problem, budget_bytes, seen, start)
 
 
+def fitted(problem: Problem, budget_bytes: int, kept: frozenset[int], chosen: frozenset[int],
+           name: str, time_limit_s: float) -> SolveResult:
+    """`kept` (with variants `chosen`) recomputed on demand, and where that is over the budget,
+    eviction's rounds from it (cheapest per byte first) until it fits; the result as `name`'s,
+    infeasible where none fits."""
+    start = time.perf_counter()
+    seen: list[tuple[Schedule, Simulation]] = []
+    plain = problem.with_variants(chosen)
+    _search(plain, kept & frozenset(plain.forward_tensors), budget_bytes,
+            _judge_into(problem, chosen, seen), EvictOptions(), start + time_limit_s)
+    return best_of(name, problem, budget_bytes, seen, start)
+
+
 def _judge_into(problem: Problem, chosen: frozenset[int], seen: list):
     """A judge of kept sets (with variants `chosen`) that records every simulation in `seen`."""
     def judge(k: frozenset[int]) -> Simulation:

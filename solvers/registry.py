@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 
 from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
                      prune, remat, timeshare, variants)
+from solvers.bound import kept_start
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
@@ -65,6 +66,9 @@ AUTO_REMAT_MARGIN = 0.15
 # The least-peak program's share of "auto"'s limit where store-all fits (NOTE [The least peak
 # where store-all fits] in solvers/least.py); elsewhere it gets a quarter.
 AUTO_FITTING_LEAST_SHARE = 1 / 30
+# The most of "auto"'s limit (a cap; about a second on the bench's models) the bound's kept
+# set may take to solve, and again to fit (NOTE [The bound's kept set] in solvers/bound.py).
+AUTO_BOUND_KEPT_SHARE = 1 / 15
 
 
 def _pruned(problem: Problem, budget_bytes: int, best: SolveResult,
@@ -318,6 +322,9 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     settled = cheap[0].feasible or _close_enough(problem, cheap + remembered)
     dp_options = dp.DpOptions(mode="memory" if settled else "time", time_limit_s=dp_s)
     lower_sets = solve(problem, budget_bytes, "dp", dp_options)  # memory: only its least peak
+    # a start for polishing, annealing and windows, not a heuristic that settles anything
+    starts = [] if settled else [kept_start(problem, budget_bytes,
+                                            limit * AUTO_BOUND_KEPT_SHARE)]
     if not settled:  # NOTE [The least peak's time] in solvers/least.py
         before = time.perf_counter()
         if not least.running(problem, milp):
@@ -339,7 +346,7 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     if settled:  # the MILP's least peak, as if it had run
         floors.append(least.least_peak(problem, milp))
     min_peak, floor = floor_of(floors)
-    feasible = [r for r in results + remembered if r.feasible]
+    feasible = [r for r in results + remembered + starts if r.feasible]
     if feasible and not settled:  # NOTE [Polishing] in solvers/evict.py
         top = sorted((r for r in feasible if _once(r)),
                      key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
