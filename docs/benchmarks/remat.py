@@ -18,6 +18,7 @@ import solvers
 from solvers import baselines, registry, remat
 
 FILES = {"h200b": "docs/benchmarks/gpu/h200/problems_h200b.json.gz",
+         "h200": "docs/benchmarks/gpu/h200/problems_h200.json.gz",
          "cpu": "docs/benchmarks/problems_cpu.json.gz"}
 MODELS = (("bert_base", "h200b"), ("unet", "h200b"), ("densenet121", "h200b"),
           ("resnet50", "cpu"), ("googlenet", "cpu"))
@@ -44,16 +45,21 @@ def overhead(r: solvers.SolveResult, base_s: float) -> str:
     return f"{r.objective_s / base_s - 1:+.1%}" if r.feasible else "-"
 
 
-def arguments(script: str, time_limit_s: float, models) -> tuple[argparse.Namespace, set]:
+def arguments(script: str, time_limit_s: float, models, repeated: str = ""
+              ) -> tuple[argparse.Namespace, set]:
     """A kept-problem script's --time-limit and --models (`models`: its (name, file) pairs),
-    and the models chosen; prints the command line it was run with."""
+    and the models chosen; prints the command line it was run with. `repeated`: the name of
+    one more option that may be given many times (args.repeated, a list)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-limit", type=float, default=time_limit_s)
     ap.add_argument("--models", help="default: " + ",".join(m for m, _ in models))
+    if repeated:
+        ap.add_argument(f"--{repeated}", action="append", default=[], dest="repeated")
     args = ap.parse_args()
     print(f"Command: `python docs/benchmarks/{script} --time-limit {args.time_limit:g}"
-          + (f" --models {args.models}`" if args.models else "`")
-          + f". Solved on {platform.machine()}, {time.strftime('%Y-%m-%d')}.\n")
+          + (f" --models {args.models}" if args.models else "")
+          + "".join(f" --{repeated} {v}" for v in getattr(args, "repeated", []))
+          + f"`. Solved on {platform.machine()}, {time.strftime('%Y-%m-%d')}.\n")
     return args, set(args.models.split(",")) if args.models else {m for m, _ in models}
 
 
