@@ -54,6 +54,7 @@ NOTE [The bound's kept set]
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -65,8 +66,6 @@ from solvers.stages import reading_positions
 
 # The most moments of the backward the bound looks at (NOTE [Cuts through the backward]).
 MAX_BOUND_CUTS = 64
-
-
 KEPT_START = "bound_kept"  # kept_start's results' solver name
 
 
@@ -188,7 +187,10 @@ def kept_start(problem: Problem, budget_bytes: int, time_limit_s: float) -> Solv
                            solve_time_s=time.perf_counter() - start, min_feasible_bytes=None)
     kept = frozenset(x for x, v in prog.live[0].items() if res.values[v] > 0.5)
     chosen = frozenset(v for v, var in prog.chosen.items() if res.values[var] > 0.5)
-    return evict.fitted(problem, budget_bytes, kept, chosen, KEPT_START, time_limit_s)
+    fitted = evict.fitted(problem, budget_bytes, kept, chosen, KEPT_START, time_limit_s)
+    return dataclasses.replace(fitted, note=(
+        "the boundary bound's kept set at the first backward op, recomputed on demand and "
+        "evicted from until it fits (NOTE [The bound's kept set])"))
 
 
 def _program(p: Problem, budget_bytes: int, cuts: list[int]) -> Mip:
