@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
                      prune, remat, timeshare, variants)
-from solvers.bound import kept_start
+from solvers.bound import KEPT_REMAT, kept_starts
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
@@ -103,8 +103,9 @@ def _refined(problem: Problem, budget_bytes: int, best: SolveResult,
 
 def _once(r: SolveResult) -> bool:
     """Whether r recomputes a kept set once, on demand: not a rematerialized schedule (NOTE
-    [Rematerializing in auto] in solvers/remat.py)."""
-    return r.solver != "remat"
+    [Rematerializing in auto] in solvers/remat.py; the bound's kept set rematerialized, NOTE
+    [The bound's kept set] in solvers/bound.py)."""
+    return r.solver not in ("remat", KEPT_REMAT)
 
 
 def _to_refine(problem: Problem, feasible: list[SolveResult]) -> SolveResult:
@@ -324,8 +325,8 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     dp_options = dp.DpOptions(mode="memory" if settled else "time", time_limit_s=dp_s)
     lower_sets = solve(problem, budget_bytes, "dp", dp_options)  # memory: only its least peak
     # a start for polishing, annealing and windows, not a heuristic that settles anything
-    starts = [] if settled else [kept_start(problem, budget_bytes,
-                                            limit * AUTO_BOUND_KEPT_SHARE)]
+    starts = [] if settled else kept_starts(problem, budget_bytes,
+                                            limit * AUTO_BOUND_KEPT_SHARE)
     if not settled:  # NOTE [The least peak's time] in solvers/least.py
         before = time.perf_counter()
         if not least.running(problem, milp):

@@ -77,10 +77,10 @@ from solvers import variants
 from solvers.baselines import best_of
 from solvers.problem import Problem
 from solvers.remat_pass import Timeout, rematerialize
-from solvers.schedule import Schedule, SolveResult
+from solvers.schedule import Schedule, SolveResult, Status
 from solvers.simulate import Simulation, simulate
 
-__all__ = ["RematOptions", "Timeout", "least_until", "remat", "rematerialize"]
+__all__ = ["RematOptions", "Timeout", "from_kept", "least_until", "remat", "rematerialize"]
 
 # The (a, b) of the eviction score cost^a / (bytes * distance^b) tried, in this order.
 WEIGHTS = ((1.0, 0.0), (2.0, 1.0), (1.0, 0.5), (1.0, 1.0), (0.5, 1.0), (1.0, 2.0))
@@ -132,6 +132,30 @@ def remat(problem: Problem, budget_bytes: int, options: RematOptions) -> SolveRe
     return dataclasses.replace(result, solve_time_s=time.perf_counter() - start,
                                min_feasible_bytes=least.floor[1].peak_bytes, note=least.note,
                                floor_schedule=least.floor[0])
+
+
+def from_kept(problem: Problem, budget_bytes: int, kept: frozenset[int],
+              chosen: frozenset[int], name: str, deadline: float) -> SolveResult:
+    """The fastest pass within the budget (each weight of WEIGHTS, each pass given up once it
+    is slower than the fastest so far) whose forward keeps no more than `kept` (with variants
+    `chosen`): the backward evicts and makes again what that set does not fit (NOTE [The
+    bound's kept set] in solvers/bound.py); the result as `name`'s."""
+    start = time.perf_counter()
+    found: list[tuple[Schedule, Simulation]] = []
+    for a, b in WEIGHTS:
+        fastest = min((sim.time_s for _, sim in found), default=math.inf)
+        try:
+            schedule = rematerialize(problem, budget_bytes, a, b, chosen, fastest, deadline,
+                                     kept=kept)
+        except Timeout:
+            break
+        if schedule is not None:
+            found.append((schedule, simulate(problem, schedule)))
+    if not found:
+        return SolveResult(solver=name, status=Status.INFEASIBLE, schedule=None,
+                           objective_s=None, peak_bytes=None, bound_s=None, gap=None,
+                           solve_time_s=time.perf_counter() - start, min_feasible_bytes=None)
+    return best_of(name, problem, budget_bytes, found, start)
 
 
 def least_until(problem: Problem, budget_bytes: int, deadline: float,

@@ -13,22 +13,24 @@ from solvers.schedule import Schedule
 
 def rematerialize(problem: Problem, budget_bytes: float, a: float = 1.0, b: float = 1.0,
                   chosen: frozenset[int] = frozenset(), give_up_s: float = math.inf,
-                  deadline: float = math.inf) -> Schedule | None:
+                  deadline: float = math.inf, kept: frozenset[int] | None = None
+                  ) -> Schedule | None:
     """One pass (NOTE [Rematerializing under the budget]) with `chosen` variants in use, or None
     where some op cannot run within the budget however much is evicted, or where the step would
     take longer than `give_up_s` (every op once, and what the pass has made again so far).
-    Raises Timeout past `deadline` (time.perf_counter())."""
+    Raises Timeout past `deadline` (time.perf_counter()). `kept`: where given, the forward
+    holds for the backward no more than these."""
     plain = problem.with_variants(chosen)
     facts = plain.memo.get("remat_facts")
     if facts is None:
         facts = plain.memo["remat_facts"] = _Facts(plain)
     walk = _Walk(facts, budget_bytes, a, b, give_up_s - plain.base_time_s, deadline)
     try:
-        kept = walk.forward()
+        held = walk.forward(kept)
         backward = walk.backward()
     except _NoRoom:
         return None
-    return Schedule(kept=kept, backward=backward, variants=chosen)
+    return Schedule(kept=held, backward=backward, variants=chosen)
 
 
 class Timeout(Exception):
@@ -100,9 +102,11 @@ class _Walk:
         self.cost_of: dict[int, float] = {}
         self.k = 0  # the forward step, then the backward position, running
 
-    def forward(self) -> frozenset[int]:
+    def forward(self, kept: frozenset[int] | None) -> frozenset[int]:
         f, p = self.f, self.f.p
         saved, outputs = p.saved_for_backward, set(p.forward_outputs)
+        if kept is not None:
+            saved = saved & kept
         for i in p.forward_ops:
             self.k = i
             if time.perf_counter() > self.deadline:

@@ -12,7 +12,7 @@ from pathlib import Path
 from hypothesis import given, settings, strategies as st
 
 from solvers import Problem, Status, simulate, solve
-from solvers.bound import boundary_bound, kept_start
+from solvers.bound import boundary_bound, kept_starts
 from tests.problems import autodiff_problem, chain, with_masks
 
 
@@ -55,9 +55,8 @@ def test_bound_is_below_every_schedule(n, seed, frac, masks):
     # one cut is the same program with fewer rows (NOTE [Cuts through the backward])
     one = boundary_bound(p, budget, cuts=1)
     assert one <= bound * (1 + 2e-4) + 1e-9
-    start = kept_start(p, budget, 5.0)
-    if start.feasible:  # no faster than the one-moment program, and within the budget
-        sim = simulate(p, start.schedule)
+    for start in kept_starts(p, budget, 5.0):  # no faster than the one-moment program
+        sim = simulate(p, start.schedule)     # and within the budget
         assert sim.peak_bytes <= budget and sim.time_s >= one * (1 - 2e-4) - 1e-9
 
 
@@ -79,8 +78,9 @@ def test_cuts_see_the_pressure_later_in_the_backward():
 def test_auto_starts_from_the_bounds_kept_set():
     """NOTE [The bound's kept set]: GoogLeNet (b32 128², its CPU profile kept in docs/benchmarks)
     at a third of its activations. Every heuristic's schedule there is +21 % or slower, and
-    auto without the start ended at +20.5 % in 12 s (+21.1 % in 8 s, its rematerialized
-    schedule); the bound's kept set made to fit is +16.2 %, and auto polishes it to +14.7 %."""
+    auto without the starts ended at +20.5 % in 12 s (+21.1 % in 8 s, its rematerialized
+    schedule); the bound's kept set made to fit by eviction is +16.2 %, rematerialized under
+    the budget +13.3 %."""
     path = Path(__file__).resolve().parents[1] / "docs/benchmarks/problems_cpu.json.gz"
     with gzip.open(path, "rt") as f:
         saved = json.load(f)["problems"]
@@ -88,8 +88,8 @@ def test_auto_starts_from_the_bounds_kept_set():
     p = Problem.from_json(text)
     floor = p.fixed_bytes + sum(p.tensors[t].bytes for t in p.backward_outputs)
     budget = floor + (solve(p, 10**15, "store_all").peak_bytes - floor) // 3
-    start = kept_start(p, budget, 5.0)
-    assert start.feasible and start.peak_bytes <= budget
-    assert start.objective_s < 1.17 * p.no_recompute_time_s
+    starts = kept_starts(p, budget, 5.0)
+    assert starts and all(r.peak_bytes <= budget for r in starts)
+    assert min(r.objective_s for r in starts) < 1.14 * p.no_recompute_time_s
     r = solve(Problem.from_json(text), budget, "auto", time_limit_s=12)
-    assert r.feasible and r.objective_s < 1.17 * p.no_recompute_time_s
+    assert r.feasible and r.objective_s < 1.15 * p.no_recompute_time_s

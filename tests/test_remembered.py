@@ -144,14 +144,16 @@ def test_the_least_peak_program_reports_a_known_schedule(monkeypatch):
 
 
 def _searches_cut_short(monkeypatch):
-    """'auto' as if its clock had stopped the MILP, the DP and rematerializing before they
-    found anything (the other heuristics, polishing and windows still run)."""
+    """'auto' as if its clock had stopped the MILP, the DP, rematerializing and the bound's
+    kept sets before they found anything (the other heuristics, polishing and windows still
+    run)."""
     def nothing(problem, budget_bytes, options):
         return SolveResult(solver="cut", status=Status.TIMEOUT, schedule=None, objective_s=None,
                            peak_bytes=None, bound_s=None, gap=None, solve_time_s=0.0,
                            min_feasible_bytes=None)
     for name in ("milp", "dp", "remat"):
         monkeypatch.setitem(registry._REGISTRY, name, (nothing, registry._REGISTRY[name][1]))
+    monkeypatch.setattr(registry, "kept_starts", lambda problem, budget_bytes, limit: [])
     # and its search in the time left where nothing fits (NOTE [The least peak in the time left])
     monkeypatch.setattr(registry.remat, "least_until",
                         lambda problem, budget_bytes, deadline, below=None: nothing(
