@@ -30,58 +30,18 @@ NOTE [Cuts through the backward]
   of the step (alive then, whatever the schedule), and q_j's outputs and workspace. Every
   schedule gives a solution of this program with its own time or less, so its least value
   bounds every schedule. More cuts only add rows: the bound never drops.
-
-NOTE [The bound's kept set]
-  The program at the first backward op alone (one cut) is small (HiGHS solves it in 0.1-0.6 s
-  on the kept problems), and its least-time solution is a kept set, the copies alive then,
-  with variants: what that moment's memory forces out, chosen across the whole network at
-  once, the knapsack annealing walks toward one swap at a time (NOTE [Annealing kept sets]).
-  Recomputed on demand it took exactly the bound's time on every kept problem, but the
-  moments later in the backward, where recomputed copies and gradients are alive too, go over
-  the budget: by 1-6 % on GoogLeNet (CPU) and DenseNet-121 (H200), 13 % on BERT-base (H200),
-  26-62 % on ResNet-50 (CPU, H200). Eviction's rounds from it (cheapest per byte first, NOTE
-  [Recompute cost] in solvers/evict.py) make it fit where the excess is small: GoogLeNet at a
-  third of its activations +16.2 % predicted (the bound +12.0 %; eviction's own +32 %),
-  DenseNet-121 at a quarter +14.4 %; not on ResNet-50. Lowering the program's budget does not
-  help there (ResNet-50 at a third, CPU: at 50-100 % of the activations' budget every kept
-  set overshoots by 18-26 %), nor do the later live sets of a program with more cuts, used to
-  drop copies at each cut (2-16 cuts: 1-48 % over): the excess comes between the moments
-  looked at, where a chain recomputed on demand is held to its last read. So the kept set is
-  also rematerialized: the forward keeps no more than it, and the backward evicts and makes
-  again what does not fit (NOTE [Rematerializing under the budget] in solvers/remat.py),
-  in under a second: GoogLeNet (CPU) at a half / a third / a quarter of its activations
-  +5.1 / +13.3 / +23.2 % predicted (on demand and evicted +5.6 / +16.2 % / none fits),
-  BERT-base (H200) at a third +12.2 % (+12.4 %); far slower where the on-demand one fits
-  (DenseNet-121, H200, +16.9-29.7 % against +6.7-14.4 %) and on ResNet-50 (+10.1-38.5 %, not
-  faster than auto's own). Auto adds both to the schedules it refines by windows, the one
-  recomputing once also to those it polishes and anneals (AUTO_BOUND_KEPT_SHARE in
-  solvers/registry.py), not to the heuristics that decide whether to search at all. Auto in
-  30 s, predicted, before -> after: the bench's GoogLeNet profile at 848ef6b at a third of its
-  activations +21.3 -> +16.1 %; the bench's DenseNet-121 profile (1,577 ops) at 40 % of
-  eager's peak +10.6 -> +6.5 %, at a third of its activations +9.8 -> +6.6 %; the kept
-  problems (`python docs/benchmarks/auto_shares.py`, docs/benchmarks/auto_shares.md): H200
-  DenseNet-121 at a half / a third / a quarter +10.6 / +14.8 / +17.5 -> +6.7 / +11.1 /
-  +13.9 %, CPU GoogLeNet at a half +6.5 -> +5.4 %, the rest within their spread; with the
-  rematerialized start too, CPU GoogLeNet at a half / a third / a quarter +5.35 / +14.65 /
-  +25.12 -> +5.09 / +13.33 / +23.10 %, the rest within their spread (sum of the 11 cells
-  +151.03 -> +147.92 %).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 
-from solvers import evict, remat
 from solvers.mip import Mip, solve_mip
 from solvers.problem import Problem
-from solvers.schedule import SolveResult
 from solvers.stages import reading_positions
 
 # The most moments of the backward the bound looks at (NOTE [Cuts through the backward]).
 MAX_BOUND_CUTS = 64
-KEPT_START = "bound_kept"  # kept_start's results' solver name: recomputed on demand
-KEPT_REMAT = "bound_kept_remat"  # or rematerialized
 
 
 def boundary_bound(problem: Problem, budget_bytes: int, time_limit_s: float = 5.0,
@@ -128,7 +88,7 @@ def cut_positions(p: Problem, cuts: int) -> list[int]:
     return sorted({0} | {reading[k * len(reading) // cuts] for k in range(1, max(1, cuts))})
 
 
-class _Program:
+class Program:
     """The program's variables, made as rows first need them (NOTE [Cuts through the
     backward])."""
 
@@ -187,36 +147,13 @@ class _Program:
                 mip.row([(self.rerun[j][o], 1.0), (self.chosen[p.encode_ops[o]], -1.0)], hi=0.0)
 
 
-def kept_starts(problem: Problem, budget_bytes: int, time_limit_s: float
-                ) -> list[SolveResult]:
-    """NOTE [The bound's kept set]: the forward tensors alive at the first backward op, and the
-    variants chosen, in the fastest solution HiGHS finds in `time_limit_s` of the program at
-    that one moment, recomputed on demand and made to fit by eviction in as long again, and
-    rematerialized under the budget in the backward in as long again: those that fit (none
-    where HiGHS found no solution)."""
-    prog = _build(problem, budget_bytes, cut_positions(problem, 1))
-    res = None if prog.mip.trivially_infeasible or not prog.live else \
-        solve_mip(prog.mip, "highs", time_limit_s=time_limit_s, rel_gap=1e-4)
-    if res is None or res.values is None:
-        return []
-    kept = frozenset(x for x, v in prog.live[0].items() if res.values[v] > 0.5)
-    chosen = frozenset(v for v, var in prog.chosen.items() if res.values[var] > 0.5)
-    fitted = evict.fitted(problem, budget_bytes, kept, chosen, KEPT_START, time_limit_s)
-    remade = remat.from_kept(problem, budget_bytes, kept, chosen, KEPT_REMAT,
-                             time.perf_counter() + time_limit_s)
-    how = {KEPT_START: "recomputed on demand and evicted from until it fits",
-           KEPT_REMAT: "rematerialized under the budget in the backward"}
-    return [dataclasses.replace(r, note=f"the boundary bound's kept set at the first backward "
-                                f"op, {how[r.solver]} (NOTE [The bound's kept set])")
-            for r in (fitted, remade) if r.feasible]
-
-
 def _program(p: Problem, budget_bytes: int, cuts: list[int]) -> Mip:
-    return _build(p, budget_bytes, cuts).mip
+    return build_program(p, budget_bytes, cuts).mip
 
 
-def _build(p: Problem, budget_bytes: int, cuts: list[int]) -> _Program:
-    prog = _Program(p, cuts)
+def build_program(p: Problem, budget_bytes: int, cuts: list[int]) -> Program:
+    """The program of NOTE [Cuts through the backward] at backward positions `cuts`."""
+    prog = Program(p, cuts)
     mip = prog.mip
     bwd = p.backward_ops
     for ids in prog.groups.values():

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
                      prune, remat, timeshare, variants)
-from solvers.bound import KEPT_REMAT, kept_starts
+from solvers.bound_start import KEPT_REMAT, kept_starts
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
@@ -67,8 +67,8 @@ AUTO_REMAT_MARGIN = 0.15
 # where store-all fits] in solvers/least.py); elsewhere it gets a quarter.
 AUTO_FITTING_LEAST_SHARE = 1 / 30
 # The most of "auto"'s limit (a cap: the solve took 0.1-0.6 s on the kept problems) the
-# bound's kept set may take to solve, and again to fit (NOTE [The bound's kept set] in
-# solvers/bound.py).
+# bound's kept set may take to solve, and again to fit by eviction and by rematerializing
+# (NOTE [The bound's kept set] in solvers/bound_start.py).
 AUTO_BOUND_KEPT_SHARE = 1 / 15
 
 
@@ -104,7 +104,7 @@ def _refined(problem: Problem, budget_bytes: int, best: SolveResult,
 def _once(r: SolveResult) -> bool:
     """Whether r recomputes a kept set once, on demand: not a rematerialized schedule (NOTE
     [Rematerializing in auto] in solvers/remat.py; the bound's kept set rematerialized, NOTE
-    [The bound's kept set] in solvers/bound.py)."""
+    [The bound's kept set] in solvers/bound_start.py)."""
     return r.solver not in ("remat", KEPT_REMAT)
 
 

@@ -139,7 +139,7 @@ def from_kept(problem: Problem, budget_bytes: int, kept: frozenset[int],
     """The fastest pass within the budget (each weight of WEIGHTS, each pass given up once it
     is slower than the fastest so far) whose forward keeps no more than `kept` (with variants
     `chosen`): the backward evicts and makes again what that set does not fit (NOTE [The
-    bound's kept set] in solvers/bound.py); the result as `name`'s."""
+    bound's kept set] in solvers/bound_start.py); the result as `name`'s."""
     start = time.perf_counter()
     found: list[tuple[Schedule, Simulation]] = []
     for a, b in WEIGHTS:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from solvers import NO_PRODUCER, Op, Problem, Tensor, Variant
+from solvers import NO_PRODUCER, Op, Problem, Tensor, Variant, solve
 
 
 def autodiff_problem(n_fwd: int, rng: random.Random, fan_in: int = 2, fixed: int = 1000,
@@ -129,3 +129,10 @@ def diamonds(k: int, size: int = 10, fixed: int = 100) -> Problem:
         ops.append(Op(f"b{i}", True, 2.0, grads + fwd_inputs[i], (grad_of[i],)))
     return Problem(tuple(ops), tuple(tensors), fixed, forward_outputs=(n - 1,),
                    backward_outputs=(grad_of[0],), name=f"diamonds{k}")
+
+
+def budget_between(p: Problem, frac: float) -> int:
+    """A budget `frac` of the way from auto's least peak on `p` up to store-all's peak."""
+    store_peak = solve(p, 10**12, "store_all").peak_bytes
+    least = solve(p, 10**12, "auto").min_feasible_bytes
+    return int(least + frac * (store_peak - least))

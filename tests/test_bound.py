@@ -1,19 +1,19 @@
 """NOTE [The boundary bound] (solvers/bound.py): below every schedule, above the no-recompute
-time, and infeasible exactly where nothing fits at the start of the backward; NOTE [The bound's
-kept set]: a start within the budget, no faster than the bound. No torch."""
+time, and infeasible exactly where nothing fits at the start of the backward; with forward rows
+(solvers/bound_start.py) still below every schedule, and the starts made from it above it and
+within the budget. No torch."""
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import random
-from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from solvers import Problem, Status, simulate, solve
-from solvers.bound import boundary_bound, kept_starts
-from tests.problems import autodiff_problem, chain, with_masks
+from solvers import Status, simulate, solve
+from solvers.bound import boundary_bound
+from solvers.bound_start import kept_starts
+from tests.test_bound_start import one_cut_with_forward_rows
+from tests.problems import autodiff_problem, budget_between, chain, with_masks
 
 
 def test_chain_bound_counts_the_forced_recomputation():
@@ -41,23 +41,24 @@ def test_bound_is_below_every_schedule(n, seed, frac, masks):
     p = autodiff_problem(n, rng, name=f"bound{n}-{seed}")
     if masks:
         p = with_masks(p, rng)
-    store_peak = solve(p, 10**12, "store_all").peak_bytes
-    least = solve(p, 10**12, "auto").min_feasible_bytes
-    budget = int(least + frac * (store_peak - least))
+    budget = budget_between(p, frac)
     bound = boundary_bound(p, budget)
     assert bound is not None and bound >= p.no_recompute_time_s - 1e-9
+    # the one-cut program with a row at every forward op (NOTE [Forward rows])
+    forward = one_cut_with_forward_rows(p, budget)
     for solver in ("auto", "milp", "evict", "dp", "chen"):
         r = solve(p, budget, solver)
         if r.feasible:
             assert bound <= r.objective_s + 1e-9, (solver, bound, r.objective_s)
+            assert forward <= r.objective_s * (1 + 2e-6) + 1e-9, (solver, forward)
     # A smaller budget never helps, up to the bound program's own relative gap (1e-4 each).
     assert boundary_bound(p, budget - 1) >= bound * (1 - 2e-4) - 1e-9
     # one cut is the same program with fewer rows (NOTE [Cuts through the backward])
     one = boundary_bound(p, budget, cuts=1)
     assert one <= bound * (1 + 2e-4) + 1e-9
-    for start in kept_starts(p, budget, 5.0):  # no faster than the one-moment program
-        sim = simulate(p, start.schedule)     # and within the budget
-        assert sim.peak_bytes <= budget and sim.time_s >= one * (1 - 2e-4) - 1e-9
+    for start in kept_starts(p, budget, 5.0):  # NOTE [The bound's kept set]: within the
+        sim = simulate(p, start.schedule)     # budget, no faster than its program
+        assert sim.peak_bytes <= budget and sim.time_s >= forward * (1 - 2e-6) - 1e-9
 
 
 def test_cuts_see_the_pressure_later_in_the_backward():
@@ -73,23 +74,3 @@ def test_cuts_see_the_pressure_later_in_the_backward():
     assert exact.status == Status.OPTIMAL
     assert math.isclose(one, p.no_recompute_time_s, rel_tol=1e-6)
     assert one + 1e-6 < many <= exact.objective_s + 1e-9
-
-
-def test_auto_starts_from_the_bounds_kept_set():
-    """NOTE [The bound's kept set]: GoogLeNet (b32 128², its CPU profile kept in docs/benchmarks)
-    at a third of its activations. Every heuristic's schedule there is +21 % or slower, and
-    auto without the starts ended at +20.5 % in 12 s (+21.1 % in 8 s, its rematerialized
-    schedule); the bound's kept set made to fit by eviction is +16.2 %, rematerialized under
-    the budget +13.3 %."""
-    path = Path(__file__).resolve().parents[1] / "docs/benchmarks/problems_cpu.json.gz"
-    with gzip.open(path, "rt") as f:
-        saved = json.load(f)["problems"]
-    text = saved[next(k for k in saved if k.startswith("googlenet "))]["problem"]
-    p = Problem.from_json(text)
-    floor = p.fixed_bytes + sum(p.tensors[t].bytes for t in p.backward_outputs)
-    budget = floor + (solve(p, 10**15, "store_all").peak_bytes - floor) // 3
-    starts = kept_starts(p, budget, 5.0)
-    assert starts and all(r.peak_bytes <= budget for r in starts)
-    assert min(r.objective_s for r in starts) < 1.14 * p.no_recompute_time_s
-    r = solve(Problem.from_json(text), budget, "auto", time_limit_s=12)
-    assert r.feasible and r.objective_s < 1.15 * p.no_recompute_time_s

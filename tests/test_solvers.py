@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from solvers import (InvalidProblemError, InvalidScheduleError, NO_PRODUCER, Op, Problem,
                      Schedule, Status, Tensor, UnknownSolverError, available_solvers,
                      registry, schedule_from_kept, simulate, solve)
-from tests.problems import autodiff_problem, chain, diamonds
+from tests.problems import autodiff_problem, budget_between, chain, diamonds
 
 SOLVERS = available_solvers()  # every registered solver: "chen" and "checkmate" included
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -190,9 +190,7 @@ def test_chain_recomputation_saves_memory():
 @given(n=st.integers(1, 28), seed=st.integers(0, 10**6), frac=st.floats(0.0, 1.0))
 def test_random_dags_every_solver(n, seed, frac):
     p = autodiff_problem(n, random.Random(seed), name=f"dag{n}-{seed}")
-    store_peak = solve(p, 10**12, "store_all").peak_bytes
-    least = solve(p, 10**12, "auto").min_feasible_bytes
-    budget = int(least + frac * (store_peak - least))
+    budget = budget_between(p, frac)
     # Checkmate's O(n^2) MILP only on the smaller graphs (it is slow to prove optimality).
     results = {s: check_result(p, budget, s) for s in SOLVERS if s != "checkmate" or n <= 12}
     assert results["auto"].feasible, dump_on_failure(p, budget, "auto")
