@@ -58,7 +58,7 @@ def boundary_bound(problem: Problem, budget_bytes: int, time_limit_s: float = 5.
         positions = cut_positions(problem, k)
         if left <= 0 or positions == last:
             break
-        res = solve_mip(_program(problem, budget_bytes, positions), "highs",
+        res = solve_mip(build_program(problem, budget_bytes, positions).mip, "highs",
                         time_limit_s=left, rel_gap=1e-4)
         if res.status == "infeasible":
             return math.inf
@@ -88,7 +88,7 @@ def cut_positions(p: Problem, cuts: int) -> list[int]:
     return sorted({0} | {reading[k * len(reading) // cuts] for k in range(1, max(1, cuts))})
 
 
-class Program:
+class BoundProgram:
     """The program's variables, made as rows first need them (NOTE [Cuts through the
     backward])."""
 
@@ -147,13 +147,9 @@ class Program:
                 mip.row([(self.rerun[j][o], 1.0), (self.chosen[p.encode_ops[o]], -1.0)], hi=0.0)
 
 
-def _program(p: Problem, budget_bytes: int, cuts: list[int]) -> Mip:
-    return build_program(p, budget_bytes, cuts).mip
-
-
-def build_program(p: Problem, budget_bytes: int, cuts: list[int]) -> Program:
+def build_program(p: Problem, budget_bytes: int, cuts: list[int]) -> BoundProgram:
     """The program of NOTE [Cuts through the backward] at backward positions `cuts`."""
-    prog = Program(p, cuts)
+    prog = BoundProgram(p, cuts)
     mip = prog.mip
     bwd = p.backward_ops
     for ids in prog.groups.values():

@@ -65,7 +65,7 @@ import dataclasses
 import time
 
 from solvers import evict, remat
-from solvers.bound import Program, build_program, cut_positions
+from solvers.bound import BoundProgram, build_program, cut_positions
 from solvers.mip import solve_mip
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
@@ -123,7 +123,7 @@ def _fastest(r: SolveResult) -> tuple[bool, float, float]:
 class _ForwardRows:
     """NOTE [Forward rows]: the rows of a program at forward positions, added on demand."""
 
-    def __init__(self, prog: Program, budget_bytes: int) -> None:
+    def __init__(self, prog: BoundProgram, budget_bytes: int) -> None:
         self.prog, self.budget = prog, budget_bytes
         p = prog.p
         self.born = {t: k for k, i in enumerate(p.forward_ops) for t in p.ops[i].outputs}
