@@ -146,6 +146,37 @@ def test_min_is_the_least_the_solver_reports_when_asked(tmp_path, monkeypatch):
     assert least.peak_bytes <= least.limit_bytes and limits[-1] == least.limit_bytes
 
 
+def test_a_run_cut_while_compiling_keeps_what_was_timed(tmp_path, monkeypatch):
+    """NOTE [A run cut short]: killed during torch.compile's second budget, the file holds the
+    model's run with our points timed, the first budget's point, and the second named as not
+    run; the models already in the file stay."""
+    results.save(tmp_path / results.JSON_NAME, {"other": _other_run()})
+    compiled = run.methods.compiled
+    calls = []
+
+    def cut(ctx, backend, budget, rounds):
+        calls.append(budget)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as a lent machine's time limit ends the process
+        return compiled(ctx, backend, budget, rounds)
+
+    monkeypatch.setattr(run.methods, "compiled", cut)
+    argv = ["--models", "tiny_cnn", "--quick", "--out", str(tmp_path), "--solvers", "auto",
+            "--limits", "100,min", "--compile-backend", "aot_eager_decomp_partition",
+            "--compile-budgets", "0.5,0.3", "--rounds", "1"]
+    with pytest.raises(KeyboardInterrupt):
+        run.main(argv)
+    runs = results.load(tmp_path / results.JSON_NAME)
+    assert set(runs) == {"other", "tiny_cnn"}
+    r = runs["tiny_cnn"]
+    ours = [p for p in r.points if p.family == "ours"]
+    assert [p.setting for p in ours] == ["100%", "min"]
+    assert all(p.status == "ok" and p.step_time_s > 0 for p in ours)
+    assert [p.setting for p in r.points if p.family == "compile"] == ["budget 0.5"]
+    assert [s for s in r.meta.skipped if "compile" in s] == \
+        ["torch.compile budget 0.3: the run ended before it"]
+
+
 def _tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)

@@ -9,6 +9,7 @@ import platform
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -130,7 +131,8 @@ def run(s: Settings) -> int:
     path = s.out / results.JSON_NAME
     runs = results.load(path) if s.merge else {}
     for name in s.models:
-        runs[name] = bench_model(models.SPECS[name], s)
+        runs[name] = bench_model(models.SPECS[name], s,
+                                 lambda r, name=name: results.save(path, {**runs, name: r}))
         results.save(path, runs)
     report.write(s.out, runs)
     plots.write(s.out, runs)
@@ -138,7 +140,11 @@ def run(s: Settings) -> int:
     return 0
 
 
-def bench_model(spec: models.BenchModel, s: Settings) -> results.ModelRun:
+def bench_model(spec: models.BenchModel, s: Settings,
+                save: Callable[[results.ModelRun], None] = lambda run: None
+                ) -> results.ModelRun:
+    """One model's run. `save` is handed the run as it stands before each torch.compile budget
+    (NOTE [A run cut short])."""
     started = time.perf_counter()
     model, x, config = spec.build(s.regime, s.size)
     model, x = model.to(s.device), to_device(x, s.device)
@@ -166,12 +172,27 @@ def bench_model(spec: models.BenchModel, s: Settings) -> results.ModelRun:
         measured += methods.ours(ctx, solver, s.limits, s.time_limit_s)
     measured += [methods.checkpoint(ctx, peer) for peer in spec.checkpoint]
     points, noise, as_built_s = _timed(ctx, eager_point, measured, s.rounds, as_built)
-    points += [methods.compiled(ctx, s.compile_backend, b, s.rounds) for b in s.compile_budgets]
-    meta = _meta(spec.name, config, s, ctx, points[0], tuple(skipped),
-                 time.perf_counter() - started)
-    meta = replace(meta, timing_noise=noise, as_built_step_time_s=as_built_s)
-    return results.ModelRun(meta=meta, points=tuple(points),
-                            timeline=_timeline(ctx, measured, s.device))
+    timeline = _timeline(ctx, measured, s.device)
+
+    def model_run(pending: tuple[float, ...]) -> results.ModelRun:
+        not_run = tuple(skipped) + tuple(f"torch.compile budget {b:g}: the run ended before "
+                                         f"it" for b in pending)
+        meta = _meta(spec.name, config, s, ctx, points[0], not_run, time.perf_counter() - started)
+        meta = replace(meta, timing_noise=noise, as_built_step_time_s=as_built_s)
+        return results.ModelRun(meta=meta, points=tuple(points), timeline=timeline)
+
+    for i, budget in enumerate(s.compile_budgets):
+        save(model_run(s.compile_budgets[i:]))
+        points.append(methods.compiled(ctx, s.compile_backend, budget, s.rounds))
+    return model_run(())
+
+
+# NOTE [A run cut short]
+#   torch.compile's first call can take minutes (GPT-2 at budget 0.5 on the H200: 131 s), and a
+#   lent machine's run is cut at its time limit, where everything of the model would be lost with
+#   the points already timed (the seventh lease lost GPT-2's that way). So the bench saves the
+#   model's run before each budget, each budget not yet run named in the run's "Not run" (its
+#   meta.skipped), and once more when the model is done.
 
 
 def _timed(ctx: Context, eager_point: results.Point, measured: list[Measured], rounds: int,
@@ -195,6 +216,8 @@ def _timed(ctx: Context, eager_point: results.Point, measured: list[Measured], r
             out.append(m.point)
             continue
         step = times[m.runner.name]
+        print(f"  {m.runner.name:<32} {step:.3f} s, overhead {step / eager_s - 1:+.1%}",
+              flush=True)
         out.append(replace(m.point, step_time_s=step, eager_step_time_s=eager_s,
                            overhead=step / eager_s - 1))
     if as_built is not None:
