@@ -23,7 +23,10 @@ NOTE [The bound's kept set]
   +5.1 / +13.3 / +23.2 % predicted (on demand and evicted +5.6 / +16.2 % / none fits),
   BERT-base (H200) at a third +12.2 % (+12.4 %); far slower where the on-demand one fits
   (DenseNet-121, H200, +16.9-29.7 % against +6.7-14.4 %) and on ResNet-50 (+10.1-38.5 %, not
-  faster than auto's own). Auto adds both to the schedules it refines by windows, the one
+  faster than auto's own; nor when the pass also drops, at each cut of a 2-16-cut program,
+  the copies its solution does not hold there: CPU ResNet-50 at a quarter of its activations
+  +15.5-20.2 % predicted, the kept set alone +14.3-18.2 %, auto in 30 s +12.8 %, the bound
+  +8.3 %). Auto adds both to the schedules it refines by windows, the one
   recomputing once also to those it polishes and anneals (AUTO_BOUND_KEPT_SHARE in
   solvers/registry.py), not to the heuristics that decide whether to search at all. Auto in
   30 s, predicted, before -> after: the bench's GoogLeNet profile at 848ef6b at a third of its
