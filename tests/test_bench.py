@@ -3,6 +3,7 @@ wrappers train like eager."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 
@@ -175,6 +176,35 @@ def test_a_run_cut_while_compiling_keeps_what_was_timed(tmp_path, monkeypatch):
     assert [p.setting for p in r.points if p.family == "compile"] == ["budget 0.5"]
     assert [s for s in r.meta.skipped if "compile" in s] == \
         ["torch.compile budget 0.3: the run ended before it"]
+
+
+def test_a_run_names_what_it_replaces_of_the_models_run_in_the_file(tmp_path):
+    """A model's run in bench.json is replaced whole: before anything runs, the bench names
+    the points of the old run that the new one will not have."""
+    def point(method, family, setting):
+        return results.Point(model="other", method=method, family=family, setting=setting,
+                             status="ok")
+    old = dataclasses.replace(_other_run(), points=(
+        point("eager", "eager", ""), point("monet_opt auto", "ours", "100%"),
+        point("monet_opt auto", "ours", "33% act"), point("monet_opt milp", "ours", "min"),
+        point("checkmate (our executor)", "checkmate", "min"),
+        point("torch.compile inductor", "compile", "budget 0.5")))
+    parser = argparse.ArgumentParser()
+    run.add_arguments(parser)
+
+    def told(*argv):
+        argv = ["--models", "tiny_cnn", "--out", str(tmp_path), *argv]
+        return run.replacing(tmp_path / "bench.json", old,
+                             run.settings_from(parser.parse_args(argv), argv))
+
+    said = told("--limits", "min", "--solvers", "auto,milp", "--compile-budgets", "none")
+    assert said.startswith(f"{tmp_path / 'bench.json'}: other's run of now (commit g)")
+    assert said.endswith("with its points that this run does not have: monet_opt auto 100%, "
+                         "monet_opt auto 33% act, checkmate (our executor) min, "
+                         "torch.compile inductor budget 0.5 (--out another folder keeps them)")
+    said = told("--limits", "100,a33,min", "--solvers", "auto,milp,checkmate",
+                "--compile-budgets", "0.5")
+    assert said.endswith("is replaced by this one")
 
 
 def _tiny_gpt2():

@@ -115,12 +115,18 @@ def asked_least(ctx: Context, solver: str, time_limit_s: float) -> int | None:
     return None
 
 
+def method_of(solver: str) -> tuple[str, str]:
+    """The family and method name of `solver`'s points."""
+    if solver == "checkmate":
+        return "checkmate", "checkmate (our executor)"
+    return "ours", f"monet_opt {solver}"
+
+
 def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
          ) -> list[Measured]:
     """optimize() with `solver` at every limit (`limit_of`). Limits below the least peak the
     solver reported are not solved again."""
-    family = "checkmate" if solver == "checkmate" else "ours"
-    method = "checkmate (our executor)" if family == "checkmate" else f"monet_opt {solver}"
+    family, method = method_of(solver)
     out: list[Measured] = []
     least: int | None = None
     for setting in limits:

@@ -131,6 +131,9 @@ def run(s: Settings) -> int:
     path = s.out / results.JSON_NAME
     runs = results.load(path) if s.merge else {}
     for name in s.models:
+        if name in runs:
+            print(replacing(path, runs[name], s), flush=True)
+    for name in s.models:
         runs[name] = bench_model(models.SPECS[name], s,
                                  lambda r, name=name: results.save(path, {**runs, name: r}))
         results.save(path, runs)
@@ -138,6 +141,23 @@ def run(s: Settings) -> int:
     plots.write(s.out, runs)
     print(f"wrote {path}, {s.out / report.MD_NAME} and plots into {s.out}")
     return 0
+
+
+def replacing(path: Path, old: results.ModelRun, s: Settings) -> str:
+    """What this run replaces of `old`, the model's run in `path`: a model's run is replaced
+    whole, so the points at limits, solvers or budgets this run does not have are named."""
+    limits = {methods.label_of(limit) for limit in s.limits}
+    budgets = {f"budget {b:g}" for b in s.compile_budgets}
+    solved = {methods.method_of(solver)[1] for solver in s.solvers}
+    gone = [f"{p.method} {p.setting}" for p in old.points
+            if (p.family in ("ours", "checkmate") and (p.method not in solved
+                                                       or p.setting not in limits))
+            or (p.family == "compile" and p.setting not in budgets)]
+    where = f"{path}: {old.meta.model}'s run of {old.meta.date} (commit {old.meta.git_commit})"
+    if not gone:
+        return f"{where} is replaced by this one"
+    return (f"{where} is replaced by this one, with its points that this run does not have: "
+            f"{', '.join(gone)} (--out another folder keeps them)")
 
 
 def bench_model(spec: models.BenchModel, s: Settings,
