@@ -10,6 +10,7 @@ from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least
                      prune, remat, timeshare, variants)
 from solvers.bound_start import KEPT_REMAT, kept_starts
 from solvers.errors import SolverError, UnknownSolverError
+from solvers.lazy_cuts import CUTS_SOLVER, lazy_cuts
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
 from solvers.prune import without_unread
@@ -70,6 +71,9 @@ AUTO_FITTING_LEAST_SHARE = 1 / 30
 # bound's kept set may take to solve, and again to fit by eviction and by rematerializing
 # (NOTE [The bound's kept set] in solvers/bound_start.py).
 AUTO_BOUND_KEPT_SHARE = 1 / 15
+# The most of "auto"'s limit the cut program's rounds may take (NOTE [Cuts where the schedule
+# goes over] in solvers/lazy_cuts.py); they end at the first schedule that fits.
+AUTO_CUTS_SHARE = 1 / 3
 
 
 def _pruned(problem: Problem, budget_bytes: int, best: SolveResult,
@@ -105,7 +109,7 @@ def _once(r: SolveResult) -> bool:
     """Whether r recomputes a kept set once, on demand: not a rematerialized schedule (NOTE
     [Rematerializing in auto] in solvers/remat.py; the bound's kept set rematerialized, NOTE
     [The bound's kept set] in solvers/bound_start.py)."""
-    return r.solver not in ("remat", KEPT_REMAT)
+    return r.solver not in ("remat", KEPT_REMAT, CUTS_SOLVER)
 
 
 def _to_refine(problem: Problem, feasible: list[SolveResult]) -> SolveResult:
@@ -327,6 +331,11 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     # a start for polishing, annealing and windows, not a heuristic that settles anything
     starts = [] if settled else kept_starts(problem, budget_bytes,
                                             limit * AUTO_BOUND_KEPT_SHARE)
+    cuts = None if settled else lazy_cuts(problem, budget_bytes, limit * AUTO_CUTS_SHARE)
+    if cuts is not None:  # NOTE [Proven close enough] in solvers/lazy_cuts.py
+        starts.append(cuts)
+        settled = cuts.feasible and cuts.objective_s - cuts.bound_s <= \
+            AUTO_CLOSE_ENOUGH * problem.no_recompute_time_s
     if not settled:  # NOTE [The least peak's time] in solvers/least.py
         before = time.perf_counter()
         if not least.running(problem, milp):
@@ -383,6 +392,8 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
         # at stage starts only); a schedule from outside it beat that bound, so only the
         # no-recompute time is sure to hold.
         bound = problem.no_recompute_time_s
+    if cuts is not None and cuts.bound_s is not None:  # it holds for every schedule
+        bound = max(bound, cuts.bound_s)
     gap = gap_of(best.objective_s, bound)
     return SolveResult(solver=f"auto:{best.solver}", status=best.status, schedule=best.schedule,
                        objective_s=best.objective_s, peak_bytes=best.peak_bytes,

@@ -4,7 +4,8 @@ of the problem's activations. Run from the checkout's root:
 `python docs/benchmarks/auto_shares.py [--time-limit 30] [--models googlenet,resnet50]
 [--try AUTO_ANNEAL_SHARE=0.15 --try AUTO_REMAT_MARGIN=0.05,AUTO_FINE_SHARE=0.4]`; it prints
 markdown, a column per setting: predicted overhead over store-all (the simulator's step time),
-"-" where no plan fits, and the sum of each column over the cells where every setting fits."""
+the seconds auto took and the gap it reported, "-" where no plan fits, and the sum of each
+column's overheads over the cells where every setting fits."""
 from __future__ import annotations
 
 import math
@@ -35,9 +36,10 @@ def settings(tried: list[str]) -> list[dict[str, float]]:
 
 
 def solved(name: str, where: str, budget: int, setting: dict[str, float], limit: float
-           ) -> float:
+           ) -> tuple[float, str]:
     """auto's predicted overhead with `setting`, on the problem loaded afresh (a solve leaves
-    what it found with the problem, NOTE [Heuristics in their time], for a later one)."""
+    what it found with the problem, NOTE [Heuristics in their time], for a later one), and its
+    cell: that overhead, the seconds auto took and the gap it reported."""
     p, _ = problem(name, where)
     kept = {constant: getattr(registry, constant) for constant in setting}
     try:
@@ -47,7 +49,10 @@ def solved(name: str, where: str, budget: int, setting: dict[str, float], limit:
     finally:
         for constant, value in kept.items():
             setattr(registry, constant, value)
-    return r.objective_s / p.no_recompute_time_s - 1 if r.feasible else math.nan
+    if not r.feasible:
+        return math.nan, "-"
+    over = r.objective_s / p.no_recompute_time_s - 1
+    return over, f"{over:+.2%} ({r.solve_time_s:.0f} s, gap {r.gap:.1%})"
 
 
 def main() -> None:
@@ -66,9 +71,9 @@ def main() -> None:
         for share in shares:
             budget = floor + int(act * share)
             got = [solved(name, where, budget, s, args.time_limit) for s in tried]
-            if not any(math.isnan(g) for g in got):
-                sums = [a + g for a, g in zip(sums, got)]
-            cells = " | ".join("-" if math.isnan(g) else f"{g:+.2%}" for g in got)
+            if not any(math.isnan(g) for g, _ in got):
+                sums = [a + g for a, (g, _) in zip(sums, got)]
+            cells = " | ".join(cell for _, cell in got)
             print(f"| {key} | {share:.0%} | {budget / 2**20:,.1f} | {cells} |", flush=True)
     print("| sum | | | " + " | ".join(f"{s:+.2%}" for s in sums) + " |")
 

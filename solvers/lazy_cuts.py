@@ -1,0 +1,196 @@
+"""Schedules read off the cut program, with cuts added where they go over the budget.
+
+NOTE [Cuts where the schedule goes over]
+  A solution of the program of NOTE [Cuts through the backward] (solvers/bound.py) is a
+  schedule, where it fits: keep the copies alive at the first cut; in each segment run the
+  backward ops in order, each forward copy they or their reruns read recomputed on demand if
+  it is not alive; before the next cut recompute what that cut's live set holds and is not
+  alive, and let go of every copy it does not hold (reads after it recompute them). Its step
+  time is the program's objective: it recomputes only ops the solution reruns in that
+  segment. Between cuts nothing bounds its memory, so it goes over there; a cut at the
+  backward op where it goes over most (of each run of steps over the budget, the worst few)
+  bounds that moment, and the program is solved again. Where it goes over at a cut already
+  there (a recomputation just before the cut's op, whose chain is alive then, or an encode
+  op's reads in the forward, which NOTE [Forward rows] leaves out), that cut's row is given
+  the excess less room instead; where it goes over in the forward, a forward row is added
+  there. The first schedule that fits ends the rounds. Until some row is given less room,
+  every row holds for every schedule, so each round's proven bound bounds every schedule.
+  Measured on the kept problems before it joined auto (docs/benchmarks/auto_shares.md): it
+  fit in 1-18 s on 9 of the 11 cells, at or below auto's own 30 s schedule on 8; the
+  program's size grows with the cuts (CPU ResNet-50 at a quarter of its activations: 9 cuts
+  solved in 13 s, 13 cuts not in 130 s).
+
+NOTE [Proven close enough]
+  Where the schedule found is within AUTO_CLOSE_ENOUGH of the no-recompute step above the
+  bound proven on the way (solvers/registry.py), no search can gain more than that, and auto
+  stops there, as it does for a heuristic's schedule that close to store-all (NOTE [Close
+  enough]). On the kept H200 DenseNet-121 at a third of its activations and BERT-base at a
+  third, the rounds' schedule was auto's own 30 s answer, 0.05 and 0.01 points above the
+  bound, found in 2.7 and 0.9 s.
+"""
+from __future__ import annotations
+
+import time
+
+from solvers.bound import _resident_at, build_program, cut_positions
+from solvers.bound_start import _ForwardRows
+from solvers.mip import solve_mip
+from solvers.problem import NO_PRODUCER, Problem
+from solvers.schedule import Schedule, SolveResult, Status, gap_of
+from solvers.simulate import Simulation, simulate
+
+CUTS_SOLVER = "bound_cuts"  # its results' solver name
+# The program is solved to within this share of its optimum: the time-limited rounds stop
+# sooner, and a schedule this close is refined afterwards anyway.
+ROUND_GAP = 0.01
+# The most new cuts a round adds: the worst moments over the budget (NOTE [Cuts where the
+# schedule goes over]); 153 at once on CPU ResNet-50 made a program HiGHS did not solve in 2 min.
+CUTS_PER_ROUND = 4
+# The most of its time one round's solve may take: a program the clock cuts short still gives
+# a schedule, and the rounds after it their chance.
+ROUND_SHARE = 1 / 3
+
+
+def lazy_cuts(problem: Problem, budget_bytes: int, time_limit_s: float) -> SolveResult:
+    """NOTE [Cuts where the schedule goes over]: the first schedule read off the cut program
+    that fits within `budget_bytes`, in at most `time_limit_s`; infeasible where none did."""
+    start = time.perf_counter()
+    deadline = start + time_limit_s
+    rounds = _Rounds(problem, budget_bytes)
+    found, bound = None, None
+    while found is None and (left := deadline - time.perf_counter()) > 0:
+        res, schedule, sim = rounds.solve(min(left, time_limit_s * ROUND_SHARE))
+        if res is None:
+            break
+        if rounds.exact and res.bound is not None:  # HiGHS's dual bound, optimal or not
+            bound = res.bound if bound is None else max(bound, res.bound)
+        if sim.peak_bytes <= budget_bytes:
+            found = (schedule, sim)
+        elif not rounds.tighten(sim):
+            break
+    elapsed = time.perf_counter() - start
+    if found is None:
+        return SolveResult(solver=CUTS_SOLVER, status=Status.INFEASIBLE, schedule=None,
+                           objective_s=None, peak_bytes=None, bound_s=bound, gap=None,
+                           solve_time_s=elapsed, min_feasible_bytes=None)
+    schedule, sim = found
+    bound = max(bound or 0.0, problem.no_recompute_time_s)
+    gap = gap_of(sim.time_s, bound)
+    return SolveResult(solver=CUTS_SOLVER, status=Status.OPTIMAL if gap == 0 else
+                       Status.FEASIBLE, schedule=schedule, objective_s=sim.time_s,
+                       peak_bytes=sim.peak_bytes, bound_s=bound, gap=gap, solve_time_s=elapsed,
+                       min_feasible_bytes=None,
+                       note=f"the cut program's solution at {len(rounds.cuts)} cuts, read off "
+                            "as a schedule (NOTE [Cuts where the schedule goes over])")
+
+
+class _Rounds:
+    """The cuts, forward rows and rooms taken so far, and a round of solving with them."""
+
+    def __init__(self, p: Problem, budget_bytes: int) -> None:
+        self.p, self.budget = p, budget_bytes
+        self.cuts = cut_positions(p, 1)
+        self.forward: dict[int, int] = {}  # forward position -> room taken from its row
+        self.taken: dict[int, int] = {}  # cut position -> room taken from its row
+        self.position = {b: q for q, b in enumerate(p.backward_ops)}
+
+    @property
+    def exact(self) -> bool:
+        """Whether every row holds for every schedule (none has had room taken)."""
+        return not any(self.forward.values()) and not self.taken
+
+    def solve(self, left: float) -> tuple:
+        """The program with this round's rows solved in `left` seconds, and its solution as a
+        schedule and that schedule's simulation; (None, None, None) where HiGHS found none."""
+        p = self.p
+        prog = build_program(p, self.budget, self.cuts)
+        if prog.mip.trivially_infeasible or not self.cuts:
+            return None, None, None
+        for j, q in enumerate(self.cuts):
+            if q in self.taken:  # the row at q again, with less room
+                prog.mip.row([(x, float(p.tensors[t].bytes)) for t, x in prog.live[j].items()],
+                             hi=float(self.budget - _resident_at(p, q) - self.taken[q]))
+        rows = _ForwardRows(prog, self.budget)
+        for k, taken in self.forward.items():
+            rows.budget = self.budget - taken
+            rows.add(k)
+        res = solve_mip(prog.mip, "highs", time_limit_s=left, rel_gap=ROUND_GAP)
+        if res.values is None:
+            return None, None, None
+        live = [{t for t, v in at.items() if res.values[v] > 0.5} for at in prog.live]
+        chosen = frozenset(v for v, var in prog.chosen.items() if res.values[var] > 0.5)
+        schedule = read_off(p, self.cuts, live, chosen)
+        return res, schedule, simulate(p, schedule)
+
+    def tighten(self, sim: Simulation) -> bool:
+        """Rows where `sim` goes over the budget (NOTE [Cuts where the schedule goes over]);
+        False where there is nothing to add."""
+        n_fwd, steps = len(self.p.forward_ops), sim.steps
+        new_cuts: set[int] = set()
+        excess: dict[int, int] = {}
+        worst = self._worst(sim)
+        for k in worst:
+            over = sim.live_bytes[k] - self.budget
+            if k < n_fwd:  # a row there, then less room in it
+                self.forward[k] = self.forward[k] + over if k in self.forward else 0
+                continue
+            later = next((s for s in steps[k:] if s in self.position), None)
+            if later is None:  # after the last backward op: its gradients' recomputation
+                continue
+            q = self.position[later]
+            if q in self.cuts:
+                excess[q] = max(excess.get(q, 0), over)
+            else:
+                new_cuts.add(q)
+        for q, over in excess.items():
+            self.taken[q] = self.taken.get(q, 0) + over
+        self.cuts = sorted(set(self.cuts) | new_cuts)
+        return any(k < n_fwd for k in worst) or bool(new_cuts or excess)
+
+    def _worst(self, sim: Simulation) -> list[int]:
+        """The step where each run of consecutive steps over the budget is highest, the
+        CUTS_PER_ROUND highest of those."""
+        runs: list[list[int]] = []
+        for k, live in enumerate(sim.live_bytes):
+            if live > self.budget:
+                if runs and runs[-1][-1] == k - 1:
+                    runs[-1].append(k)
+                else:
+                    runs.append([k])
+        tops = [max(run, key=lambda k: sim.live_bytes[k]) for run in runs]
+        return sorted(tops, key=lambda k: -sim.live_bytes[k])[:CUTS_PER_ROUND]
+
+
+def read_off(p: Problem, cuts: list[int], live: list[set[int]],
+             chosen: frozenset[int]) -> Schedule:
+    """The schedule of a solution of the cut program (NOTE [Cuts where the schedule goes
+    over]): `live[j]`, the forward copies alive at cut j; `chosen`, the variants."""
+    pv = p.with_variants(chosen)
+    fwd = set(pv.forward_tensors)
+    kept = frozenset(live[0]) & fwd
+    alive = set(kept) | set(pv.tangents)
+    order: list[int] = []
+
+    def ensure(tensors) -> None:
+        missing: set[int] = set()
+        stack = [pv.tensors[t].producer for t in tensors if t not in alive]
+        while stack:
+            i = stack.pop()
+            if i not in missing:
+                missing.add(i)
+                stack += [pv.tensors[t].producer for t in pv.ops[i].inputs if t not in alive]
+        for i in sorted(missing):
+            order.append(i)
+            alive.update(pv.ops[i].outputs)
+
+    bwd = pv.backward_ops
+    for j, (q, end) in enumerate(zip(cuts, cuts[1:] + [len(bwd)])):
+        if j > 0:
+            ensure(live[j] & fwd)
+            alive.difference_update(fwd - live[j])
+        for b in bwd[q:end]:
+            ensure(pv.ops[b].inputs)
+            order.append(b)
+            alive.update(pv.ops[b].outputs)
+    ensure([t for t in pv.backward_outputs if pv.tensors[t].producer != NO_PRODUCER])
+    return Schedule(kept=kept, backward=tuple(order), variants=chosen)
