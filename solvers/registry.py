@@ -71,8 +71,7 @@ AUTO_FITTING_LEAST_SHARE = 1 / 30
 # bound's kept set may take to solve, and again to fit by eviction and by rematerializing
 # (NOTE [The bound's kept set] in solvers/bound_start.py).
 AUTO_BOUND_KEPT_SHARE = 1 / 15
-# The most of "auto"'s limit the cut program's rounds may take (NOTE [Cuts where the schedule
-# goes over] in solvers/lazy_cuts.py); they end at the first schedule that fits.
+# The most of "auto"'s limit the cut program's rounds take (NOTE in solvers/lazy_cuts.py).
 AUTO_CUTS_SHARE = 1 / 3
 
 

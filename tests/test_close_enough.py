@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from solvers import registry, simulate, solve
+from solvers import Status, registry, simulate, solve
 from tests.problems import chain
 
 
@@ -49,7 +49,25 @@ def test_auto_takes_a_heuristic_within_reach_of_no_recomputation(monkeypatch):
 def test_auto_searches_on_when_the_heuristic_is_dearer(monkeypatch):
     p, budget = _chain_with_a_cheap_op(0.9)  # recomputing it costs 0.75 % of the step
     assert 0.9 > p.no_recompute_time_s * registry.AUTO_CLOSE_ENOUGH
+    # without the cut program's rounds, which prove it the least (the test below)
+    monkeypatch.setattr(registry, "AUTO_CUTS_SHARE", 0.0)
     called = _solvers_called(monkeypatch)
     r = solve(p, budget, "auto", time_limit_s=4)
     assert r.feasible and r.peak_bytes <= budget
     assert "milp" in called
+
+
+def test_auto_stops_where_the_rounds_prove_their_schedule_close(monkeypatch):
+    """NOTE [Proven close enough] (solvers/lazy_cuts.py): the same chain, where the cheapest
+    recomputation is dearer than close enough to store-all: the cut program's rounds find it
+    and prove nothing is faster, so auto stops without the MILP, its gap that proof's."""
+    p, budget = _chain_with_a_cheap_op(0.9)
+    called = _solvers_called(monkeypatch)
+    start = time.perf_counter()
+    r = solve(p, budget, "auto", time_limit_s=30)
+    assert time.perf_counter() - start < 15
+    assert r.feasible and r.peak_bytes <= budget and "milp" not in called
+    assert r.objective_s - r.bound_s <= registry.AUTO_CLOSE_ENOUGH * p.no_recompute_time_s
+    assert r.gap is not None and r.gap <= registry.AUTO_CLOSE_ENOUGH
+    exact = solve(p, budget, "checkmate")
+    assert exact.status == Status.OPTIMAL and r.bound_s <= exact.objective_s * (1 + 1e-6)

@@ -154,6 +154,8 @@ def _searches_cut_short(monkeypatch):
     for name in ("milp", "dp", "remat"):
         monkeypatch.setitem(registry._REGISTRY, name, (nothing, registry._REGISTRY[name][1]))
     monkeypatch.setattr(registry, "kept_starts", lambda problem, budget_bytes, limit: [])
+    monkeypatch.setattr(registry, "lazy_cuts",
+                        lambda problem, budget_bytes, limit: nothing(problem, budget_bytes, None))
     # and its search in the time left where nothing fits (NOTE [The least peak in the time left])
     monkeypatch.setattr(registry.remat, "least_until",
                         lambda problem, budget_bytes, deadline, below=None: nothing(
