@@ -38,8 +38,9 @@ import time
 from solvers.bound import _resident_at, build_program, cut_positions
 from solvers.bound_start import _ForwardRows
 from solvers.mip import solve_mip
-from solvers.problem import NO_PRODUCER, Problem
-from solvers.schedule import Schedule, SolveResult, Status, gap_of
+from solvers.ondemand import schedule_from_cuts
+from solvers.problem import Problem
+from solvers.schedule import SolveResult, Status, gap_of
 from solvers.simulate import Simulation, simulate
 
 CUTS_SOLVER = "bound_cuts"  # its results' solver name
@@ -122,7 +123,7 @@ class _Rounds:
             return None, None, None
         live = [{t for t, v in at.items() if res.values[v] > 0.5} for at in prog.live]
         chosen = frozenset(v for v, var in prog.chosen.items() if res.values[var] > 0.5)
-        schedule = read_off(p, self.cuts, live, chosen)
+        schedule = schedule_from_cuts(p, self.cuts, live, chosen)
         return res, schedule, simulate(p, schedule)
 
     def tighten(self, sim: Simulation) -> bool:
@@ -162,38 +163,3 @@ class _Rounds:
                     runs.append([k])
         tops = [max(run, key=lambda k: sim.live_bytes[k]) for run in runs]
         return sorted(tops, key=lambda k: -sim.live_bytes[k])[:CUTS_PER_ROUND]
-
-
-def read_off(p: Problem, cuts: list[int], live: list[set[int]],
-             chosen: frozenset[int]) -> Schedule:
-    """The schedule of a solution of the cut program (NOTE [Cuts where the schedule goes
-    over]): `live[j]`, the forward copies alive at cut j; `chosen`, the variants."""
-    pv = p.with_variants(chosen)
-    fwd = set(pv.forward_tensors)
-    kept = frozenset(live[0]) & fwd
-    alive = set(kept) | set(pv.tangents)
-    order: list[int] = []
-
-    def ensure(tensors) -> None:
-        missing: set[int] = set()
-        stack = [pv.tensors[t].producer for t in tensors if t not in alive]
-        while stack:
-            i = stack.pop()
-            if i not in missing:
-                missing.add(i)
-                stack += [pv.tensors[t].producer for t in pv.ops[i].inputs if t not in alive]
-        for i in sorted(missing):
-            order.append(i)
-            alive.update(pv.ops[i].outputs)
-
-    bwd = pv.backward_ops
-    for j, (q, end) in enumerate(zip(cuts, cuts[1:] + [len(bwd)])):
-        if j > 0:
-            ensure(live[j] & fwd)
-            alive.difference_update(fwd - live[j])
-        for b in bwd[q:end]:
-            ensure(pv.ops[b].inputs)
-            order.append(b)
-            alive.update(pv.ops[b].outputs)
-    ensure([t for t in pv.backward_outputs if pv.tensors[t].producer != NO_PRODUCER])
-    return Schedule(kept=kept, backward=tuple(order), variants=chosen)

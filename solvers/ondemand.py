@@ -15,9 +15,19 @@ from solvers.schedule import Schedule
 def schedule_from_kept(problem: Problem, kept: frozenset[int] | set[int],
                        variants: frozenset[int] = frozenset()) -> Schedule:
     """The recompute-on-demand schedule for `kept`, with `variants` in use."""
+    return schedule_from_cuts(problem, [0], [set(kept)], variants)
+
+
+def schedule_from_cuts(problem: Problem, cuts: list[int], live: list[set[int]],
+                       variants: frozenset[int] = frozenset()) -> Schedule:
+    """The recompute-on-demand schedule that keeps `live[0]` and, at each later backward
+    position `cuts[j]`, holds the forward copies in `live[j]` alone: before it, those not alive
+    are recomputed, and the others are let go of (read again later, they are recomputed).
+    `cuts[0]` is 0 (NOTE [Cuts where the schedule goes over] in solvers/lazy_cuts.py)."""
     chosen = frozenset(variants)
     problem = problem.with_variants(chosen)
-    kept = frozenset(kept) & frozenset(problem.forward_tensors)
+    fwd = frozenset(problem.forward_tensors)
+    kept = frozenset(live[0]) & fwd
     available = set(kept) | set(problem.tangents)
     order: list[int] = []
 
@@ -36,9 +46,14 @@ def schedule_from_kept(problem: Problem, kept: frozenset[int] | set[int],
             order.append(i)
             available.update(problem.ops[i].outputs)
 
-    for b in problem.backward_ops:
-        ensure(problem.ops[b].inputs)
-        order.append(b)
-        available.update(problem.ops[b].outputs)
+    bwd = problem.backward_ops
+    for j, (q, end) in enumerate(zip(cuts, list(cuts[1:]) + [len(bwd)])):
+        if j > 0:
+            ensure(live[j] & fwd)
+            available.difference_update(fwd - live[j])
+        for b in bwd[q:end]:
+            ensure(problem.ops[b].inputs)
+            order.append(b)
+            available.update(problem.ops[b].outputs)
     ensure([t for t in problem.backward_outputs if problem.tensors[t].producer != NO_PRODUCER])
     return Schedule(kept=kept, backward=tuple(order), variants=chosen)
