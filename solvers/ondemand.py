@@ -15,10 +15,10 @@ from solvers.schedule import Schedule
 def schedule_from_kept(problem: Problem, kept: frozenset[int] | set[int],
                        variants: frozenset[int] = frozenset()) -> Schedule:
     """The recompute-on-demand schedule for `kept`, with `variants` in use."""
-    return schedule_from_cuts(problem, [0], [set(kept)], variants)
+    return schedule_from_cuts(problem, [0], [kept], variants)
 
 
-def schedule_from_cuts(problem: Problem, cuts: list[int], live: list[set[int]],
+def schedule_from_cuts(problem: Problem, cuts: list[int], live: list[frozenset[int] | set[int]],
                        variants: frozenset[int] = frozenset()) -> Schedule:
     """The recompute-on-demand schedule that keeps `live[0]` and, at each later backward
     position `cuts[j]`, holds the forward copies in `live[j]` alone: before it, those not alive
