@@ -41,8 +41,8 @@ def test_normalization_is_bitwise_the_training_output(shape, channels_last, affi
 
 
 class BNNet(nn.Module):
-    """Conv-BN-ReLU blocks large enough that the normalization costs a fraction of the
-    training BatchNorm on CPU."""
+    """Conv-BN-ReLU blocks large enough that the normalization, timed warm, costs a fraction
+    of the training BatchNorm on CPU."""
 
     def __init__(self, width: int = 32, blocks: int = 4):
         super().__init__()
@@ -68,8 +68,11 @@ def test_split_is_offered_with_variants_and_profiled_as_recomputed():
     for i in applies:
         stats = problem.tensors[problem.ops[i].inputs[-1]].producer  # rstd's producer
         assert problem.ops[stats].name.startswith("_native_batch_norm_legit_functional")
-        # the pass-through costs about nothing; the normalization less than the training op
-        assert problem.ops[i].recompute_time_s < problem.ops[stats].time_s
+        # the pass-through costs about nothing; the normalization is timed after a cache flush
+        # (NOTE [Recomputation reads a cold input]) and the training op warm, so it is not
+        # always the cheaper of the two here (0.9-1.8x the training op in runs on this 2-core
+        # machine; about 0.3x both warm): bounded, not ordered
+        assert problem.ops[i].recompute_time_s < 3 * problem.ops[stats].time_s
         assert problem.ops[i].time_s < problem.ops[i].recompute_time_s
     plain = monet_opt.lower_problem(model, x, profile_repeats=1, variants=False)
     assert _apply_ops(plain) == []
