@@ -44,7 +44,8 @@ class Plan:
     status: str
     solve_time_s: float
     gap: float | None
-    fixed_bytes: int           # parameters, buffers, inputs (CUDA: and NOTE [CUDA blocks]'s slack)
+    fixed_bytes: int           # parameters, buffers, inputs (CUDA: and NOTE [CUDA blocks]'s slack;
+    #                            CPU: and NOTE [The step's generator states])
     gradient_bytes: int        # what the backward returns (parameter and input gradients)
     store_all_peak_bytes: int  # the peak with nothing recomputed
     store_all_step_time_s: float
@@ -82,7 +83,7 @@ class Plan:
             f"{format_bytes(self.min_feasible_bytes)})"
             + (f"\n  at                {self.peak_op}" if self.peak_op else ""),
             f"  fixed             {format_bytes(self.fixed_bytes)} parameters/buffers/inputs "
-            f"(CUDA: and the allocator's slack), "
+            f"(CUDA: and the allocator's slack; CPU: and random ops' generator states), "
             f"{format_bytes(self.gradient_bytes)} gradients",
             f"  predicted step    {self.predicted_step_time_s * 1e3:.2f} ms "
             f"({overhead:+.1%} vs no recomputation), {self.recomputed_ops} op runs recomputed",

@@ -19,6 +19,22 @@ NOTE [Recomputing random ops]
   gets the generator state captured just before its forward run; the recomputation runs with
   that state and restores the generator afterwards. It reproduces the forward's mask exactly and
   leaves the user's random stream as eager PyTorch leaves it.
+
+NOTE [The step's generator states]
+  The captured states are memory: on CPU each is the generator's 5056-byte Mersenne-Twister
+  state, held from its capture to the op's last recomputation. The plan did not count them (its
+  solvers see no such tensor), and the live-bytes counter did not see them either (NOTE
+  [Tensors made outside the dispatcher] in monet_opt/memory.py): once it did, a small CNN at its
+  least peak measured 5,056 B over its plan and limit, a tiny GPT-2 15,168 B (three dropouts
+  recomputed). So every step that has random ops makes a slot for each one's state, first
+  thing in its forward, and holds them to the end of its backward; a recomputed op's state is
+  copied into its slot. Their bytes do not depend on the schedule, so the plan counts them
+  with the parameters (`state_bytes`, on CPU; on CUDA they are host memory, not the device's),
+  and the solvers need nothing new. The cost: on CPU 5 KB per random op for the step, recomputed or
+  not (GPT-2's 37 dropouts: 185 KB, against a peak of hundreds of MB). One tensor per slot:
+  Generator.set_state crashed (segfault) on a slice of one larger buffer. Left uncounted, as a
+  kernel's scratch: the state get_state() makes to copy into a slot, and the one a replay
+  saves to put the generator back, each freed within its call.
 """
 from __future__ import annotations
 
@@ -27,7 +43,7 @@ import contextlib
 import torch
 import torch.fx as fx
 
-from monet_opt import bn_split, cudnn_bn
+from monet_opt import bn_split, cudnn_bn, memory
 
 _BN_BACKWARD_STATS_ARGS = (3, 4)
 _BN_BACKWARD_TRAIN_ARG = 7
@@ -95,7 +111,8 @@ def _generator(device: str) -> torch.Generator:
 def rng_state(device: str, generator: torch.Generator | None = None) -> torch.Tensor:
     """The generator state right now (a small CPU uint8 tensor): that of the generator the op
     is given, where it is given one (NOTE [Generators given to ops]), else the device's."""
-    return (_generator(device) if generator is None else generator).get_state()
+    state = (_generator(device) if generator is None else generator).get_state()
+    return memory.count_made(state)  # NOTE [Tensors made outside the dispatcher]
 
 
 # NOTE [Generators given to ops]
@@ -164,3 +181,40 @@ def with_generator_state(state: torch.Tensor, device: str, fn, /, *args, **kwarg
 
 def rng_state_nbytes(device: str) -> int:
     return int(rng_state(device).numel())
+
+
+def state_bytes(random_ops: list[fx.Node]) -> int:
+    """What the step's generator states add to a plan (NOTE [The step's generator states]):
+    their bytes where the plan counts host memory (every random op runs on the CPU: a CPU
+    step), else 0."""
+    devices = [_device(node) for node in random_ops]
+    if any(d.type != "cpu" for d in devices):
+        return 0
+    return sum(rng_state_nbytes(str(d)) for d in devices)
+
+
+def _device(node: fx.Node) -> torch.device:
+    val = node.meta["val"]
+    return next(v for v in (val if isinstance(val, (tuple, list)) else [val])
+                if isinstance(v, torch.Tensor)).device
+
+
+def new_state(device: str) -> torch.Tensor:
+    """A slot for one generator state of `device` (host memory, whatever the device)."""
+    return torch.empty(rng_state_nbytes(device), dtype=torch.uint8)
+
+
+def capture_state(slot: torch.Tensor, device: str,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """The generator state right now, copied into `slot`: the slot."""
+    state = (_generator(device) if generator is None else generator).get_state()
+    if state.numel() != slot.numel():
+        raise RuntimeError(f"monet_opt: a generator state of {state.numel()} B where the step "
+                           f"kept a {slot.numel()}-byte slot (a generator of another kind than "
+                           f"{device}'s own was given to a random op); please report this")
+    return slot.copy_(state)
+
+
+@torch.fx.node.has_side_effect
+def release_states(*slots: torch.Tensor) -> None:
+    """The backward's last use of the step's generator states: they are held to here."""

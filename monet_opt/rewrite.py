@@ -90,8 +90,8 @@ def _drop_dead_code(gm: fx.GraphModule) -> None:
     would draw from the generator during every backward, which eager PyTorch does not do, and
     allocate its outputs for nothing. The backward graph is functional, so nothing in it is
     impure; the schedule's own recomputations of random ops go through rng_replay."""
-    gm.graph.eliminate_dead_code(
-        is_impure_node=lambda node: node.op in ("placeholder", "output"))
+    gm.graph.eliminate_dead_code(is_impure_node=lambda node: node.op in (
+        "placeholder", "output") or node.target is recompute.release_states)
 
 
 def _write_in_place(gm: fx.GraphModule, phase: str) -> None:
@@ -111,6 +111,12 @@ def _write_in_place(gm: fx.GraphModule, phase: str) -> None:
                         f"{node.name} was to write into {arg}, which is read after it")
         args = (arg, *node.args[:k], *node.args[k + 1:])  # a + b as b += a, bitwise (IEEE)
         node.target, node.args = OVERWRITING[node.target], args
+
+
+def random_forward_ops(joint: fx.GraphModule, lowered: Lowered) -> list[fx.Node]:
+    """The joint's random forward ops, in order (NOTE [The step's generator states])."""
+    problem, nodes = lowered.problem, {n.name: n for n in joint.graph.nodes}
+    return [nodes[lowered.op_nodes[i]] for i in problem.forward_ops if problem.ops[i].is_random]
 
 
 def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
@@ -133,13 +139,15 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
             e.bind(n, e.g.node_copy(n))
     for name in lowered.snapshots:  # NOTE [Buffers the step updates]
         e.snapshots[name] = e.emit_clone(nodes[name])
+    e.make_states(random_forward_ops(joint, lowered))  # NOTE [The step's generator states]
     for k, i in enumerate(problem.forward_ops):
         if i in encodes:
             e.emit_encode(encodes[i], lowered.op_nodes[i])
         elif lowered.op_nodes[i] in nodes:  # not an unchosen variant's encode op
             node = nodes[lowered.op_nodes[i]]
-            e.emit(node, capture_rng=(i in recomputed and problem.ops[i].is_random)
-                   or node.name in replayed, overwrite=overwrites.get(k))
+            e.emit(node, capture_rng=node.name in replayed,
+                   capture_slot=i in recomputed and problem.ops[i].is_random,
+                   overwrite=overwrites.get(k))
     output = next(iter(joint.graph.find_nodes(op="output")))
     outs = list(output.args[0])
     fwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[:num_fwd_outputs]]
@@ -154,6 +162,7 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
         e.emit(node, rerun=not problem.ops[i].is_backward, variant=runs.get(node.name),
                overwrite=overwrites.get(k))
     bwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[num_fwd_outputs:]]
+    e.release_states()
     new_out = e.g.output(tuple(fwd_values + bwd_values))
     new_out.meta = copy.copy(output.meta)
     e.g.lint()
@@ -170,6 +179,8 @@ class _Emitter:
         self.current: dict[str, fx.Node] = {}   # old value name -> its readable copy
         self.views: dict[str, fx.Node] = {}     # old view name -> copy made in this phase
         self.rng: dict[str, fx.Node] = {}       # old random op -> its captured generator state
+        self.slots: dict[str, fx.Node] = {}  # NOTE [The step's generator states]
+        self.slot_state: dict[str, fx.Node] = {}  # old random op -> its slot, captured
         self.tag = FORWARD
         self.inplace = dict(lowered.inplace)
         self.getitems: dict[str, list[fx.Node]] = {}
@@ -222,14 +233,42 @@ class _Emitter:
         new.meta["partitioner_tag"] = self.tag
         self.current[name] = new
 
+    def make_states(self, random_ops: list[fx.Node]) -> None:
+        """NOTE [The step's generator states]: a slot for each random op's, made first."""
+        for op in random_ops:
+            self.slots[op.name] = self._state_node(recompute.new_state, (_device(op),), op)
+
+    def release_states(self) -> None:
+        if self.slots:
+            held = [self.slot_state.get(name, slot) for name, slot in self.slots.items()]
+            self.g.call_function(recompute.release_states, tuple(held)).meta[
+                "partitioner_tag"] = BACKWARD
+
+    def _state_node(self, target, args, op: fx.Node) -> fx.Node:
+        """A forward node making a generator state of random op `op`'s device (host memory;
+        its value faked as `op`'s are)."""
+        node = self.g.call_function(target, args)
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            nbytes = recompute.rng_state_nbytes(_device(op))
+        with _first_tensor(op).fake_mode:
+            node.meta["val"] = torch.empty(nbytes, dtype=torch.uint8)
+        node.meta["partitioner_tag"] = FORWARD
+        return node
+
     def emit(self, old: fx.Node, rerun: bool = False, capture_rng: bool = False,
-             variant: list | None = None, overwrite: int | None = None) -> None:
+             capture_slot: bool = False, variant: list | None = None,
+             overwrite: int | None = None) -> None:
         """Run `old` here: its op node and the getitems of its outputs. With chosen variants
         (sites), the library's replacement runs on their encoded arguments instead. overwrite:
-        the tensor the simulator has it write into (NOTE [Writing into a dying input])."""
+        the tensor the simulator has it write into (NOTE [Writing into a dying input]).
+        capture_rng: keep the generator state before it for a replaying variant (NOTE
+        [Generator-state replay]); capture_slot: copy it into the op's slot, for its
+        recomputation (NOTE [The step's generator states])."""
         n_keep = None
         if capture_rng:
             self._capture_rng(old)
+        if capture_slot:
+            self._capture_slot(old)
         if variant:
             args, kwargs = recompute.effective_args(old)
             enc = {site.arg: _stand_in(site, self) for site in variant}
@@ -242,7 +281,8 @@ class _Emitter:
             if recompute.is_random(old):
                 device = str(_first_tensor(old).device)
                 op_name = recompute.op_qualname(target)
-                args, target = (self.rng[old.name], device, op_name, *args), recompute.rng_replay
+                args, target = (self.slot_state[old.name], device, op_name, *args), \
+                    recompute.rng_replay
                 if kwargs.get("generator") is not None:  # NOTE [Generators given to ops]
                     kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
                     target = recompute.rng_replay_given
@@ -286,6 +326,12 @@ class _Emitter:
         state.meta["partitioner_tag"] = FORWARD
         self.rng[old.name] = state
 
+    def _capture_slot(self, old: fx.Node) -> None:
+        given = old.kwargs.get("generator")  # NOTE [Generators given to ops]
+        args = (self.slots[old.name], _device(old))
+        self.slot_state[old.name] = self._state_node(
+            recompute.capture_state, args if given is None else (*args, self.value(given)), old)
+
     def enter_backward(self, schedule: Schedule) -> None:
         """Only kept forward values (and resident ones) survive into the backward, where a
         buffer the step updates is read as the copy made of it first (NOTE [Buffers the step
@@ -317,6 +363,10 @@ def _producer(arg: fx.Node) -> str:
     """The op node whose output `arg` (a getitem of it) is."""
     internal_assert(arg.target is operator.getitem, f"{arg.name} is not an op's output")
     return arg.args[0].name
+
+
+def _device(node: fx.Node) -> str:
+    return str(_first_tensor(node).device)
 
 
 def _first_tensor(node: fx.Node) -> torch._subclasses.FakeTensor:
