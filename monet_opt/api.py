@@ -59,7 +59,9 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
             al.'s lower-set DP), "checkmate" (Checkmate's MILP, a baseline: recomputation
             only), "chen" (the better of "chen_greedy" and "chen_sqrt"), "store_all".
         time_limit_s: wall time the solve may spend ("auto": heuristics, the DP, the MILP,
-            polishing and pruning, shared out; "milp": the MILP; see plan.status).
+            polishing and pruning, shared out, and up to about a tenth more where the heuristics
+            were slow, which is not taken from the others: CPU ResNet-50's plans at a third of
+            its activations took 33.5 s at 30; "milp": the MILP; see plan.status).
         profile_repeats: timed runs per operator when profiling (after one warm-up).
         variants: offer the solver the exact operator variants of `monet_opt.variants` (ReLU
             and dropout masks, compact max-pool indices, shape-only pooling inputs: smaller
