@@ -178,7 +178,7 @@ class _Emitter:
         self.lowered = lowered
         self.current: dict[str, fx.Node] = {}   # old value name -> its readable copy
         self.views: dict[str, fx.Node] = {}     # old view name -> copy made in this phase
-        self.rng: dict[str, fx.Node] = {}       # old random op -> its captured generator state
+        self.rng: dict[str, fx.Node] = {}       # old random op -> its state, for a replay
         self.slots: dict[str, fx.Node] = {}  # NOTE [The step's generator states]
         self.slot_state: dict[str, fx.Node] = {}  # old random op -> its slot, captured
         self.tag = FORWARD
