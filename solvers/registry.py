@@ -71,9 +71,7 @@ AUTO_FITTING_LEAST_SHARE = 1 / 30
 # bound's kept set may take to solve, and again to fit by eviction and by rematerializing
 # (NOTE [The bound's kept set] in solvers/bound_start.py).
 AUTO_BOUND_KEPT_SHARE = 1 / 15
-# The most of "auto"'s limit the cut program's rounds take (NOTE in solvers/lazy_cuts.py):
-# 0.45 rather than a third fit on the H200's ResNet-50 at a third of its activations, +17.84
-# -> +17.01 % (twice), the rest of the kept cells within 0.1 point (auto_shares.md).
+# The most of "auto"'s limit the cut rounds take (NOTE in solvers/lazy_cuts.py; auto_shares.md)
 AUTO_CUTS_SHARE = 0.45
 
 
