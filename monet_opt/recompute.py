@@ -29,7 +29,7 @@ NOTE [The step's generator states]
   recomputed). So every step that has random ops makes a slot for each one's state, first
   thing in its forward, and holds them to the end of its backward; a recomputed op's state is
   copied into its slot. Their bytes do not depend on the schedule, so the plan counts them
-  with the parameters (`state_bytes`, on CPU; on CUDA they are host memory, not the device's),
+  with the parameters (rewrite.state_bytes, on CPU; on CUDA they are host memory, not the device's),
   and the solvers need nothing new. The cost: on CPU 5 KB per random op for the step, recomputed or
   not (GPT-2's 37 dropouts: 185 KB, against a peak of hundreds of MB). One tensor per slot:
   Generator.set_state crashed (segfault) on a slice of one larger buffer. Left uncounted, as a
@@ -183,25 +183,9 @@ def rng_state_nbytes(device: str) -> int:
     return int(rng_state(device).numel())
 
 
-def state_bytes(random_ops: list[fx.Node]) -> int:
-    """What the step's generator states add to a plan (NOTE [The step's generator states]):
-    their bytes where the plan counts host memory (every random op runs on the CPU: a CPU
-    step), else 0."""
-    devices = [_device(node) for node in random_ops]
-    if any(d.type != "cpu" for d in devices):
-        return 0
-    return sum(rng_state_nbytes(str(d)) for d in devices)
-
-
-def _device(node: fx.Node) -> torch.device:
-    val = node.meta["val"]
-    return next(v for v in (val if isinstance(val, (tuple, list)) else [val])
-                if isinstance(v, torch.Tensor)).device
-
-
-def new_state(device: str) -> torch.Tensor:
-    """A slot for one generator state of `device` (host memory, whatever the device)."""
-    return torch.empty(rng_state_nbytes(device), dtype=torch.uint8)
+def new_state(nbytes: int) -> torch.Tensor:
+    """A slot for one generator state (host memory, whatever the device)."""
+    return torch.empty(nbytes, dtype=torch.uint8)
 
 
 def capture_state(slot: torch.Tensor, device: str,

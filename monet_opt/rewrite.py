@@ -119,6 +119,17 @@ def random_forward_ops(joint: fx.GraphModule, lowered: Lowered) -> list[fx.Node]
     return [nodes[lowered.op_nodes[i]] for i in problem.forward_ops if problem.ops[i].is_random]
 
 
+def state_bytes(joint: fx.GraphModule, lowered: Lowered) -> int:
+    """What the step's generator states add to its plan (NOTE [The step's generator states] in
+    monet_opt/recompute.py): their bytes where the plan counts host memory (every random op
+    runs on the CPU: a CPU step), else 0."""
+    devices = [_device(op) for op in random_forward_ops(joint, lowered)]
+    if any(torch.device(d).type != "cpu" for d in devices):
+        return 0
+    sizes = {d: recompute.rng_state_nbytes(d) for d in set(devices)}
+    return sum(sizes[d] for d in devices)
+
+
 def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
                   num_fwd_outputs: int) -> fx.GraphModule:
     nodes = {n.name: n for n in joint.graph.nodes}
@@ -236,7 +247,7 @@ class _Emitter:
     def make_states(self, random_ops: list[fx.Node]) -> None:
         """NOTE [The step's generator states]: a slot for each random op's, made first."""
         for op in random_ops:
-            self.slots[op.name] = self._state_node(recompute.new_state, (_device(op),), op)
+            self.slots[op.name] = self._state_node(recompute.new_state, None, op)
 
     def release_states(self) -> None:
         if self.slots:
@@ -246,10 +257,10 @@ class _Emitter:
 
     def _state_node(self, target, args, op: fx.Node) -> fx.Node:
         """A forward node making a generator state of random op `op`'s device (host memory;
-        its value faked as `op`'s are)."""
-        node = self.g.call_function(target, args)
+        its value faked as `op`'s are); args None: the state's bytes."""
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
             nbytes = recompute.rng_state_nbytes(_device(op))
+        node = self.g.call_function(target, (nbytes,) if args is None else args)
         with _first_tensor(op).fake_mode:
             node.meta["val"] = torch.empty(nbytes, dtype=torch.uint8)
         node.meta["partitioner_tag"] = FORWARD
