@@ -250,8 +250,9 @@ def _device_of(tensors: Iterable[torch.Tensor]) -> torch.device:
     return torch.device("cpu")
 
 
-def counted(fn: Callable[[], Any], cuda: bool) -> tuple[Any, int]:
-    """(fn()'s result, its workspace): what `fn()` allocates at its peak beyond its result.
+def counted(fn: Callable[[], Any], cuda: bool, inputs: Any = ()) -> tuple[Any, int]:
+    """(fn()'s result, its workspace): what `fn()` allocates at its peak beyond its result;
+    `inputs`: the tensors (any nesting) it reads, alive before it runs.
 
     NOTE [Workspace]
       What an op allocates while it runs beyond its outputs (cuDNN's and cuBLAS's scratch, a
@@ -262,7 +263,14 @@ def counted(fn: Callable[[], Any], cuda: bool) -> tuple[Any, int]:
       torch 2.11): without it, steps peaked over their plans by up to 120 MiB, inside
       convolution backwards. On CPU: what the live-bytes counter sees, which is what ops
       return, not their scratch (DESIGN pitfall 5), so ops' workspace stays 0 there and
-      variants' counts only the tensors they make on the way."""
+      variants' counts only the tensors they make on the way. The counter starts with the
+      inputs: it counts a storage the first time an op returns it, so a view of an input
+      taken inside (a 1-bit mask's `packed.unsqueeze(1)` as it is unpacked) counted the input
+      as made there: a small CNN's plan with a ReLU's 1-bit mask predicted 1,024 B (the mask)
+      over what its step measured (tests/test_resident_grads.py, under load). Outputs that are
+      inputs' storages are not made either."""
+    given = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    old = {p.untyped_storage().data_ptr() for t in given for p in dense_parts(t)}
     if cuda:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -271,10 +279,11 @@ def counted(fn: Callable[[], Any], cuda: bool) -> tuple[Any, int]:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        with LiveBytes() as counter:
+        with LiveBytes(given) as counter:
+            base = counter.live
             out = fn()
-        peak = counter.peak
+        peak = counter.peak - base
     outs = out if isinstance(out, (tuple, list)) else (out,)
     made = sum(allocated_bytes(o.untyped_storage().nbytes(), o.device) for o in outs
-               if isinstance(o, torch.Tensor))
+               if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in old)
     return out, max(0, peak - made)

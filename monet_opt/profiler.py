@@ -47,9 +47,10 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # ReLU masks and pooling's shape-only variants refused after channels-last layers; 5: outputs
 # counted by their shapes: NOTE [Outputs larger than their shapes]; 6: variants' times against
 # their op's median over the pass: NOTE [Variants timed beside their op]; 7: recomputations
-# timed warm: NOTE [Recomputation reads a cold input]) is not served to this one. Raise it
-# when what the profiler measures changes meaning.
-PROFILER_REVISION = 8
+# timed warm: NOTE [Recomputation reads a cold input]; 8: CPU variants' workspace counting
+# views of their inputs as made: NOTE [Workspace]) is not served to this one. Raise it when
+# what the profiler measures changes meaning.
+PROFILER_REVISION = 9
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -253,7 +254,8 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
             budget.timed(s)
         seen[sig] = samples
         if cuda:  # after the timed calls: cuDNN's benchmark search is over (NOTE [Workspace])
-            workspace[sig] = counted(functools.partial(target, *args, **kwargs), cuda)[1]
+            workspace[sig] = counted(functools.partial(target, *args, **kwargs), cuda,
+                                     (args, kwargs))[1]
     if node.name in wanted:
         measured[node.name] = sig
         rerun = recompute.rerun_args(node, args)

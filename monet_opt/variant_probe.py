@@ -61,7 +61,7 @@ class VariantProbe:
             enc_fn = None if fam.encode is None else \
                 functools.partial(fam.encode, x, *site.params)
             # one counted run: workspace and the relative error (also the warm-up)
-            enc, enc_ws = counted(enc_fn, cuda) if enc_fn else \
+            enc, enc_ws = counted(enc_fn, cuda, (x, site.params)) if enc_fn else \
                 (site.like if site.reads is None else env[site.reads], 0)
             want = result
             if fam.draw is not None:  # NOTE [Generator-state replay]: the state's own draw
@@ -70,7 +70,8 @@ class VariantProbe:
                                    **kwargs)
             new_args = tuple(enc if k == site.arg else a for k, a in enumerate(args))
             try:
-                out, run_ws = counted(functools.partial(replacement, *new_args, **kwargs), cuda)
+                out, run_ws = counted(functools.partial(replacement, *new_args, **kwargs), cuda,
+                                      (new_args, kwargs))
             except VariantGuardError:  # e.g. NOTE [BatchNorm from its output]
                 continue
             self.workspace[v] = (enc_ws, run_ws)

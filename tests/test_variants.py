@@ -270,6 +270,23 @@ def test_variants_lower_the_least_peak_and_train_exactly():
     _check_memory(tight, x, loss_fn, limit, "least peak with variants")
 
 
+def test_one_bit_masks_measure_their_prediction():
+    """NOTE [Workspace]: unpacking a 1-bit mask views it; the workspace counter took that view
+    for a new 1,024-byte tensor, and the plan predicted the mask twice at the peak."""
+    torch.manual_seed(0)
+    base, x, loss_fn = models.small_cnn()
+    offered = ("relu.bit_mask", "dropout.bit_mask", "maxpool.shape_only")
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, variants=offered,
+                              profile_dir=None)
+    tight = monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
+                               profile_repeats=1, variants=offered, profile_dir=None)
+    assert "relu.bit_mask:" in " ".join(tight.plan.variants)
+    assert "threshold_backward" in tight.plan.peak_op
+    resident = monet_opt.resident_tensors(tight.model, x)
+    measured = monet_opt.measure_peak(lambda: loss_fn(tight(x)).backward(), resident)
+    assert measured == tight.plan.predicted_peak_bytes
+
+
 class _Activations(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
