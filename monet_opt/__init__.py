@@ -11,11 +11,11 @@ from monet_opt.memory import LiveBytes, measure_peak, resident_tensors
 from monet_opt.module import OptimizedModule, ReplanWarning
 from monet_opt.output_grad import OutputGradientWarning, WithLoss
 from monet_opt.plan import Plan
-from monet_opt.units import format_bytes, parse_memory_limit
+from monet_opt.units import Share, format_bytes, parse_memory_limit
 
 __all__ = ["CaptureError", "DoubleBackwardError", "HookWarning", "InfeasibleBudgetError",
            "LiveBytes", "MonetError", "NoBackwardError", "OptimizedModule",
            "OutputGradientWarning", "OutputsHeldWarning", "Plan", "PlanMismatchError",
-           "ReplanWarning", "SideEffectWarning", "StepsInFlightWarning", "UnsupportedGraphError",
-           "WithLoss", "format_bytes", "lower_problem", "measure_peak", "optimize",
-           "parse_memory_limit", "resident_tensors"]
+           "ReplanWarning", "Share", "SideEffectWarning", "StepsInFlightWarning",
+           "UnsupportedGraphError", "WithLoss", "format_bytes", "lower_problem", "measure_peak",
+           "optimize", "parse_memory_limit", "resident_tensors"]

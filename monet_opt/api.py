@@ -26,14 +26,14 @@ from monet_opt.lower import Lowered, lower
 from monet_opt.memory import cuda_slack, shared_bytes, sparse_bytes, storage_groups
 from monet_opt.lower_variants import attach_variants, with_costs
 from monet_opt.module import OptimizedModule, Step, for_model
-from monet_opt.plan import Plan, make_plan
+from monet_opt.plan import Plan, limit_bytes, make_plan
 from monet_opt.profiler import PROFILER_REVISION, profile
-from monet_opt.units import parse_memory_limit
+from monet_opt.units import Share, parse_limit
 import solvers
 from solvers.variants import useless as useless_variants
 
 
-def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
+def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Share, *,
              solver: str = "auto", time_limit_s: float = 30.0,
              profile_repeats: int = 3, variants: bool | Collection[str] = True,
              allow_lossy: bool = False,
@@ -50,7 +50,10 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
         sample_input: a tensor, a tuple of them (positional arguments) or a dict (keyword
             arguments), shaped exactly like the batches you will train on.
         memory_limit: the peak of everything the training step holds on the device
-            (parameters, gradients, activations, inputs): int bytes or a string like "512MiB".
+            (parameters, gradients, activations, inputs): int bytes or a string like "512MiB",
+            or a share of the step with nothing recomputed: "50% of activations" (above
+            parameters, buffers, inputs and gradients) or "60% of peak" (NOTE [Limits as
+            shares] in monet_opt/units.py; `opt.plan.memory_limit_bytes` says what it was).
         solver: "auto" (store-all, or a schedule within 0.5 % of its time, when one fits;
             else the fastest schedule any solver finds: NOTE [Close enough]), or one of
             `solvers.available_solvers()`: "milp" (the joint program, HiGHS), "evict"
@@ -100,7 +103,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     if isinstance(model, OptimizedModule):  # NOTE [Optimized inside optimized]
         model = model.model
     capture.refuse_untraceable(model)  # before the warnings below, which it would follow
-    limit = parse_memory_limit(memory_limit)
+    limit = parse_limit(memory_limit)
     if solver not in solvers.available_solvers():
         raise ValueError(f"monet_opt.optimize: unknown solver {solver!r}; choose one of "
                          f"{solvers.available_solvers()}")
@@ -137,6 +140,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str, *,
     watched = Watched.of(model)  # NOTE [Attributes read as constants]
     before = watched.values(list(model.modules()))
     first = plan_step(*capture.InputSpec.split(sample_input))
+    limit = first.plan.memory_limit_bytes  # other shapes: the same bytes (NOTE [Limits as shares])
     warn_if_forward_changed(model, watched, before)
     flags = tuple(m.training for m in model.modules())
     optimized = for_model(model)  # NOTE [The model's signature]
@@ -233,7 +237,7 @@ class _Planner:
       shows them so: fixed bytes, predicted, least and store-all peaks include them.
     """
 
-    def __init__(self, limit: int | None, solver: str, repeats: int, name: str,
+    def __init__(self, limit: int | Share | None, solver: str, repeats: int, name: str,
                  time_limit_s: float, *, cache: ProfileCache | None = None,
                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
                  profile_time_limit_s: float | None = None, resident: tuple[int, ...] = (),
@@ -312,7 +316,7 @@ class _Planner:
             if self.resident_bytes:  # NOTE [Gradients resident at the start]
                 problem = in_place_problem(problem, lowered, num_fwd_outputs, slots,
                                            self.resident_bytes)
-            limit = self.limit if self.limit is not None else 2 ** 62
+            limit = limit_bytes(self.limit, problem) if self.limit is not None else 2 ** 62
             if self.cache is None or self.limit is None:
                 result = solve(problem, limit, self.solver, time_limit_s=self.time_limit_s)
             else:
@@ -321,7 +325,7 @@ class _Planner:
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
             result = solvers.without_unread(problem, result)
         if not result.feasible:
-            raise InfeasibleBudgetError(self.limit, result.min_feasible_bytes, self.solver)
+            raise InfeasibleBudgetError(limit, result.min_feasible_bytes, self.solver, self.limit)
         self.plan = make_plan(problem, lowered.op_labels, result, limit)
         self.slots = slots
         return rewrite.partition(joint, joint_inputs, lowered, result.schedule,

@@ -29,15 +29,20 @@ class MonetError(Exception):
 class InfeasibleBudgetError(MonetError):
     """The memory limit is below the least peak any schedule we can build reaches."""
 
-    def __init__(self, memory_limit_bytes: int, min_feasible_bytes: int, solver: str) -> None:
-        from monet_opt.units import format_bytes
+    def __init__(self, memory_limit_bytes: int, min_feasible_bytes: int, solver: str,
+                 asked: object = None) -> None:
+        """asked: the limit as given where it was a share (NOTE [Limits as shares])."""
+        from monet_opt.units import Share, format_bytes
 
         self.memory_limit_bytes = int(memory_limit_bytes)
         self.min_feasible_bytes = int(min_feasible_bytes)
+        size = f"{format_bytes(memory_limit_bytes)} ({memory_limit_bytes} B)"
+        if isinstance(asked, Share):
+            size = f"{str(asked)!r} ({format_bytes(memory_limit_bytes)}, {memory_limit_bytes} B)"
         super().__init__(
-            f"monet_opt.optimize: memory_limit {format_bytes(memory_limit_bytes)} "
-            f"({memory_limit_bytes} B) is below the least peak solver {solver!r} can reach, "
-            f"{format_bytes(min_feasible_bytes)} ({min_feasible_bytes} B). Raise memory_limit "
+            f"monet_opt.optimize: memory_limit {size} is below the least peak solver "
+            f"{solver!r} can reach, {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} "
+            "B). Raise memory_limit "
             "to at least that, or use a smaller batch.")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from monet_opt.errors import internal_assert
-from monet_opt.units import format_bytes
+from monet_opt.units import Share, format_bytes
 from solvers import Problem, Schedule, Simulation, SolveResult, schedule_from_kept, simulate
 
 
@@ -111,8 +111,7 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
     """The plan of a feasible `result` on `problem`; labels: each op's source (or ())."""
     sim = simulate(problem, result.schedule)
     internal_assert(sim.peak_bytes == result.peak_bytes, "solver and simulator disagree")
-    store_all = simulate(problem, schedule_from_kept(problem, problem.saved_for_backward))
-    grads = sum(problem.tensors[t].bytes for t in problem.backward_outputs)
+    store_all, grads = _store_all(problem)
     return Plan(memory_limit_bytes=limit, predicted_peak_bytes=sim.peak_bytes,
                 predicted_step_time_s=sim.time_s, solver=result.solver,
                 status=result.status.value, solve_time_s=result.solve_time_s, gap=result.gap,
@@ -124,6 +123,20 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
                 in_place_runs=len(sim.overwrites), peak_op=_peak_op(problem, result.schedule, sim),
                 timeline=Timeline(op_time_s=sim.step_time_s, live_bytes=sim.live_bytes,
                                   backward_start=len(problem.forward_ops)))
+
+
+def limit_bytes(limit: int | Share, problem: Problem) -> int:
+    """`limit` in bytes on `problem`: a Share (NOTE [Limits as shares]) of its store-all step."""
+    if not isinstance(limit, Share):
+        return limit
+    store_all, grads = _store_all(problem)
+    return limit.bytes_of(problem.fixed_bytes + grads, store_all.peak_bytes)
+
+
+def _store_all(problem: Problem) -> tuple[Simulation, int]:
+    """The step with nothing recomputed, and the bytes of what its backward returns."""
+    store_all = simulate(problem, schedule_from_kept(problem, problem.saved_for_backward))
+    return store_all, sum(problem.tensors[t].bytes for t in problem.backward_outputs)
 
 
 def _peak_op(problem: Problem, schedule: Schedule, sim: Simulation) -> str:

@@ -27,7 +27,7 @@ from monet_opt import api
 from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
 from monet_opt.errors import UsageError, internal_assert
 from monet_opt.plan import Plan, make_plan
-from monet_opt.units import format_bytes, parse_memory_limit
+from monet_opt.units import Share, format_bytes, parse_limit, parse_memory_limit
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
@@ -64,7 +64,8 @@ def add_precompute_arguments(p: argparse.ArgumentParser) -> None:
                         "the same torch.autocast block (NOTE [Autocast is traced])")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--limits", metavar="L1,L2,...",
-                       help="memory limits, bytes or sizes such as 2GiB,1.5GiB,512MiB")
+                       help="memory limits, bytes or sizes such as 2GiB,1.5GiB,512MiB, or shares "
+                            "as optimize() takes them: '50%% of activations,60%% of peak'")
     group.add_argument("--fractions", metavar="F1,F2,...",
                        help="limits as fractions of the store-all activation memory (the peak "
                             "above parameters, buffers, inputs and gradients), e.g. 0.7,0.5,0.4 "
@@ -176,28 +177,27 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, Any]:
     return model, sample
 
 
-def requested_limits(args: argparse.Namespace) -> list[tuple[int, str]] | tuple[float, ...]:
-    """--limits as (bytes, as written) pairs, or the --fractions (checked before profiling)."""
+def requested_limits(args: argparse.Namespace) -> list[tuple[int | Share, str]]:
+    """--limits, or the --fractions, as (bytes or Share, as written) pairs, checked before
+    profiling."""
     if not args.limits:
-        return DEFAULT_FRACTIONS if not args.fractions else _fractions(args.fractions)
+        fractions = DEFAULT_FRACTIONS if not args.fractions else _fractions(args.fractions)
+        return [(Share(f, "activations"), f"{f:.0%} of activations") for f in fractions]
     out = []
     for text in args.limits.split(","):
         try:
-            out.append((parse_memory_limit(text.strip()), text.strip()))
+            out.append((parse_limit(text.strip()), text.strip()))
         except ValueError as exc:
             raise UsageError(f"bad --limits entry {text!r}: {exc}") from exc
     return out
 
 
-def limits_of(requested: list[tuple[int, str]] | tuple[float, ...],
-              base: Plan) -> list[tuple[int, str]]:
-    """(bytes, how it was asked) per limit; a fraction f of the store-all activation memory is
-    fixed memory + gradients + f x activations."""
-    if requested and not isinstance(requested[0], float):
-        return list(requested)
+def limits_of(requested: list[tuple[int | Share, str]], base: Plan) -> list[tuple[int, str]]:
+    """(bytes, how it was asked) per limit: a share of the base (store-all) plan's step as
+    optimize() makes it bytes (NOTE [Limits as shares] in monet_opt/units.py)."""
     floor = base.fixed_bytes + base.gradient_bytes
-    return [(floor + int(f * base.store_all_activation_bytes), f"{f:.0%} of activations")
-            for f in requested]
+    return [(limit.bytes_of(floor, base.store_all_peak_bytes) if isinstance(limit, Share)
+             else limit, asked) for limit, asked in requested]
 
 
 def _fractions(text: str) -> tuple[float, ...]:
@@ -205,7 +205,7 @@ def _fractions(text: str) -> tuple[float, ...]:
         values = tuple(float(f) for f in text.split(","))
     except ValueError as exc:
         raise UsageError(f"bad --fractions {text!r}: write numbers such as 0.7,0.5,0.4") from exc
-    if not all(0 < f for f in values):
+    if not all(0 < f < float("inf") for f in values):
         raise UsageError(f"bad --fractions {text!r}: each must be above 0 (1 = store-all)")
     return values
 

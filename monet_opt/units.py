@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
+from decimal import Decimal
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -30,6 +32,58 @@ def parse_memory_limit(value: object) -> int:
             if math.isfinite(n) and n >= 1:
                 return int(n)
     raise ValueError(f"memory_limit must be {_ACCEPTED}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class Share:
+    """NOTE [Limits as shares]
+      A limit may be written as a share of the step with nothing recomputed: "50% of
+      activations" (what torch.compile's activation_memory_budget means, and `monet-opt
+      precompute --fractions`: the floor, which is parameters, buffers, inputs and gradients,
+      plus that share of the store-all peak above it) or "60% of peak" (of the whole store-all
+      peak). Neither is known before the step is traced and profiled, so the first plan turns
+      the share into bytes (`Plan.memory_limit_bytes`) the way precompute does, byte for byte:
+      `optimize()` then finds precompute's schedules. Inputs of other shapes are planned under
+      those bytes, as under a limit given in bytes: the memory is what the limit bounds."""
+    fraction: float
+    of: str  # "activations" or "peak"
+
+    def __post_init__(self) -> None:
+        if self.of not in ("activations", "peak") or not 0 < self.fraction < math.inf:
+            raise ValueError(f"Share({self.fraction!r}, {self.of!r}): the fraction must be "
+                             "positive and finite, and `of` 'activations' or 'peak'")
+
+    def bytes_of(self, floor: int, store_all_peak: int) -> int:
+        """The limit in bytes, for a step whose floor and store-all peak are these."""
+        if self.of == "peak":
+            return int(self.fraction * store_all_peak)
+        return floor + int(self.fraction * (store_all_peak - floor))
+
+    def __str__(self) -> str:
+        return f"{self.fraction * 100:g}% of {self.of}"
+
+
+_SHARES = ("or a share of the store-all step: '50% of activations' (above parameters, buffers, "
+           "inputs and gradients) or '60% of peak'")
+
+
+def parse_limit(value: object) -> int | Share:
+    """`value` as bytes (parse_memory_limit) or as a Share (NOTE [Limits as shares]), or raise
+    ValueError saying what is accepted."""
+    if isinstance(value, Share):
+        return value
+    if isinstance(value, str) and "%" in value:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*(?:of\s+)?(activations|peak)\s*", value,
+                         re.IGNORECASE)
+        fraction = float(Decimal(m.group(1)) / 100) if m else 0.0
+        if fraction > 0:
+            return Share(fraction, m.group(2).lower())
+        raise ValueError(f"memory_limit {value!r}: write a positive share of 'activations' or "
+                         f"'peak', such as '50% of activations' or '60% of peak'")
+    try:
+        return parse_memory_limit(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; {_SHARES}") from None
 
 
 def format_bytes(n: float) -> str:

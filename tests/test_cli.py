@@ -69,6 +69,23 @@ def test_optimize_then_neither_profiles_nor_solves(zoo, monkeypatch):
     assert opt.plan.predicted_peak_bytes <= limit
 
 
+def test_a_share_asked_of_optimize_is_served_by_precompute(zoo, monkeypatch):
+    """NOTE [Limits as shares]: "80% of activations" is the bytes precompute's --fractions 0.8
+    solved, so nothing is profiled or solved again."""
+    root, out = zoo
+    solved = []
+    real_solve = solvers.solve
+    monkeypatch.setattr(solvers, "solve", lambda *a, **k: solved.append(a) or
+                        real_solve(*a, **k))
+    limit = int(next(line for line in out.splitlines() if "80% of" in line).split()[2])
+    opt = monet_opt.optimize(models.tiny_mlp(), torch.randn(64, 8), "80% of activations",
+                             profile_repeats=1, time_limit_s=5, profile_dir=root)
+    assert solved == [] and opt.plan.memory_limit_bytes == limit
+    again = precompute(root, "64x8", "--limits", "80% of activations")
+    row = next(line for line in again.splitlines() if "80% of" in line)
+    assert int(row.split()[2]) == limit
+
+
 def test_precompute_under_autocast_serves_optimize_under_autocast(tmp_path, monkeypatch):
     """--autocast profiles the mixed-precision step; optimize() inside the same torch.autocast
     block then neither profiles nor solves, and outside it finds nothing cached."""
