@@ -11,7 +11,7 @@ from torch import nn
 
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
                        grouped_attention, grouped_math, host_random, late_grads, output_bytes,
-                       rewrite, saved_clones, stats_in_place)
+                       progress, rewrite, saved_clones, stats_in_place)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.attributes import Watched, warn_if_forward_changed
@@ -24,7 +24,7 @@ from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_as
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
 from monet_opt.memory import cuda_slack, shared_bytes, sparse_bytes, storage_groups
-from monet_opt.lower_variants import attach_variants, with_costs
+from monet_opt.lower_variants import attach_variants, matching, with_costs
 from monet_opt.module import OptimizedModule, Step, for_model
 from monet_opt.plan import Plan, limit_bytes, make_plan
 from monet_opt.profiler import PROFILER_REVISION, profile
@@ -242,9 +242,9 @@ class _Planner:
                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
                  profile_time_limit_s: float | None = None, resident: tuple[int, ...] = (),
                  resident_bytes: int = 0, outputs_held: bool = False) -> None:
-        """limit None: only lower and profile (`self.problem`), then run store-all (and cache
-        no schedule). cache: the profile directory to consult, if any. variants: offer the
-        library's operator variants to the solver; allow_lossy: its lossy ones too.
+        """limit None: only lower and profile (`self.problem`), then run store-all (caching no
+        schedule). cache: the profile directory to consult, if any. variants, allow_lossy: the
+        library's operator variants offered to the solver, and its lossy ones.
         resident, resident_bytes: the parameters (positions) whose gradients are in place
         when the step begins, and the bytes of every gradient in place then (NOTE [Gradients
         resident at the start]). outputs_held: the caller holds the step's outputs through its
@@ -252,8 +252,7 @@ class _Planner:
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
         self.families = offered_families(variants, allow_lossy)
-        self.variants = bool(self.families)
-        self.allow_lossy = self.variants and allow_lossy
+        self.variants, self.allow_lossy = bool(self.families), bool(self.families) and allow_lossy
         self.profile_time_limit_s = profile_time_limit_s
         self.resident, self.resident_bytes = resident, resident_bytes
         self.outputs_held = outputs_held
@@ -291,10 +290,11 @@ class _Planner:
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain
-        measure = capture.collecting(lambda: _measured(  # NOTE [Tracing without the collector]
-            joint, lowered, self.primals, self.repeats, self.allow_lossy,
-            self.profile_time_limit_s))
-        solve = capture.collecting(solvers.solve)
+        told = progress.Progress(self.name)  # NOTE [Progress]
+        measure = told.profiling(capture.collecting(lambda: _measured(  # NOTE [Tracing without
+            joint, lowered, self.primals, self.repeats, self.allow_lossy,  # the collector]
+            self.profile_time_limit_s)))
+        solve = told.solving(capture.collecting(solvers.solve))
         with capture.planning():
             if self.cache is None:
                 problem = measure()
@@ -311,7 +311,7 @@ class _Planner:
             problem = held_problem(problem, {t for k in held for t in lowered.output_tensors[k]},
                                    held_loss(joint, lowered, problem, returned))
             self.problem = problem
-            lowered = _matching(lowered, problem)
+            lowered = matching(lowered, problem)
             slots = GradientSlots(self.resident, self.primals) if self.resident else None
             if self.resident_bytes:  # NOTE [Gradients resident at the start]
                 problem = in_place_problem(problem, lowered, num_fwd_outputs, slots,
@@ -327,6 +327,7 @@ class _Planner:
         if not result.feasible:
             raise InfeasibleBudgetError(limit, result.min_feasible_bytes, self.solver, self.limit)
         self.plan = make_plan(problem, lowered.op_labels, result, limit)
+        told.planned(self.plan, self.inputs)
         self.slots = slots
         return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
                                  num_fwd_outputs, slots=slots, held=held, **kwargs)
@@ -390,11 +391,4 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
         problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes
                                       + cuda_slack(store_all.peak_bytes, largest))
     return problem
-
-
-def _matching(lowered: Lowered, problem: solvers.Problem) -> Lowered:
-    """`lowered` carrying `problem`, its variant sites cut to the variants `problem` offers."""
-    names = {v.name for v in problem.variants}
-    sites = tuple(s for s in lowered.variant_sites if f"{s.family}:{s.backward_node}" in names)
-    return dataclasses.replace(lowered, problem=problem, variant_sites=sites)
 

@@ -166,3 +166,9 @@ def with_costs(lowered: Lowered, costs) -> Lowered:
     problem = dataclasses.replace(p, ops=tuple(ops), variants=tuple(out))
     return dataclasses.replace(lowered, problem=problem)
 
+
+def matching(lowered: Lowered, problem: Problem) -> Lowered:
+    """`lowered` carrying `problem`, its variant sites cut to the variants `problem` offers."""
+    names = {v.name for v in problem.variants}
+    sites = tuple(s for s in lowered.variant_sites if f"{s.family}:{s.backward_node}" in names)
+    return dataclasses.replace(lowered, problem=problem, variant_sites=sites)

@@ -14,7 +14,8 @@ from monet_opt import api, variants_bn, variants_impl
 from monet_opt.variant_probe import relative_error
 from tests import models
 from tests.test_executor import HUGE, _check_memory
-from tests.test_variants import _no_recompute_peak, free_variants  # noqa: F401 (a fixture)
+from tests.test_variants import (_no_recompute_peak, even_times,  # noqa: F401 (fixtures)
+                                 free_variants)
 from monet_opt.variants import LOSSY_OP_BOUND
 from tests.test_variants_lossy import assert_trains_within_bounds
 
@@ -63,26 +64,14 @@ def _bn_problem(base, x):
                               if var.name.startswith(BN))
 
 
-def _even_times(monkeypatch) -> None:
-    """The profiler reports every op at 1 ms (variants' costs as given)."""
-    measured = api.profile
-
-    def profile(*args, **kwargs):
-        result = measured(*args, **kwargs)
-        return dataclasses.replace(result, op_time_s=(1e-3,) * len(result.op_time_s),
-                                   op_rerun_s=(None,) * len(result.op_time_s))
-    monkeypatch.setattr(api, "profile", profile)
-
-
 def test_batchnorm_from_its_output_fits_where_recomputation_would_be_needed(  # noqa: F811
-        free_variants, monkeypatch):
+        free_variants, even_times):
     """conv-BN-SiLU: SiLU keeps the BatchNorm's output, so a BatchNorm that reads it instead of
     its input lets the convolution's output go at once. At the peak of keeping everything that
     way, the plan recomputes nothing, uses the family, stays within its limit (measured) and
     trains within the lossy bounds; without the family the same limit needs recomputation.
-    Every op is profiled at 1 ms: under load two SiLUs' recomputation was profiled within
-    auto's close-enough margin of the step (NOTE [Close enough]), and auto stopped there."""
-    _even_times(monkeypatch)
+    Every op is profiled at 1 ms (`even_times`): under load two SiLUs' recomputation was
+    profiled within auto's close-enough margin of the step, and auto stopped there."""
     torch.manual_seed(0)
     base, x, loss_fn = models.silu_cnn()
     problem, chosen = _bn_problem(base, x)
