@@ -195,6 +195,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
         [t.clone() for t in attribute_values(model, tuple(attributes))] + \
         list(inputs)
     planner.inputs = describe_inputs(args, kwargs)
+    progress.tracing(planner.name, planner.inputs)  # NOTE [Progress]
     devices = sorted({t.device for t in planner.primals if t.device.type == "cuda"}, key=str)
     with torch.random.fork_rng(devices=devices):
         step = capture.first_call(model, spec, args, kwargs, planner.primals, planner.partition,

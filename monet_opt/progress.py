@@ -2,12 +2,14 @@
 
 NOTE [Progress]
   A first optimize() of a large model traces it, profiles every op on the device and solves
-  for half a minute or more, and said nothing meanwhile; a call served from the profile
-  directory looked the same from outside. Each planned step now logs, at INFO on the
+  for half a minute or more; only a profiling that ran long said so (its progress, printed to
+  stderr: monet_opt/profile_budget.py), and a call served from the profile directory looked
+  the same from outside. Each planned step now logs, at INFO on the
   `monet_opt` logger (silent unless the program turns logging on, e.g.
-  `logging.basicConfig(level=logging.INFO)`), when it starts profiling and solving, how long
-  each took, and the plan it made: its predicted peak against the limit, its predicted
-  overhead, the solver, and whether the profile and the schedule came from the directory.
+  `logging.basicConfig(level=logging.INFO)`), when it starts tracing, profiling and solving,
+  how long the last two took, and the plan it made: its predicted peak against the limit, its
+  predicted overhead, the solver, and whether the profile and the schedule came from the
+  directory.
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ from monet_opt.plan import Plan
 from monet_opt.units import format_bytes
 
 log = logging.getLogger("monet_opt")
+
+
+def tracing(name: str, inputs: str) -> None:
+    log.info("%s: tracing one training step on %s ...", name, inputs)
 
 
 class Progress:

@@ -32,15 +32,16 @@ def test_each_phase_is_logged_and_what_the_directory_served(tmp_path):
         first = monet_opt.optimize(model, x, "50% of activations", profile_repeats=1,
                                    time_limit_s=3, profile_dir=tmp_path)
     assert [m.split(": ")[1].split(" ")[0] for m in said] == \
-        ["profiling", "profiled", "solving", "plan"], said
+        ["tracing", "profiling", "profiled", "solving", "plan"], said
     limit = monet_opt.format_bytes(first.plan.memory_limit_bytes)
-    assert f"solving for {limit} with 'auto' (up to 3 s)" in said[2]
-    assert f"of {limit}" in said[3] and first.plan.solver in said[3]
-    assert "profile directory" not in said[3]
+    assert "float32[4x3x16x16]" in said[0]
+    assert f"solving for {limit} with 'auto' (up to 3 s)" in said[3]
+    assert f"of {limit}" in said[4] and first.plan.solver in said[4]
+    assert "profile directory" not in said[4]
     with told(logging.INFO) as said:
         monet_opt.optimize(model, x, "50% of activations", profile_repeats=1, time_limit_s=3,
                            profile_dir=tmp_path)
-    assert len(said) == 1 and said[0].endswith("profile and schedule from the profile directory")
+    assert len(said) == 2 and said[1].endswith("profile and schedule from the profile directory")
 
 
 def test_silent_unless_asked():
