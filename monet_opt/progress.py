@@ -49,7 +49,7 @@ class Progress:
         """`fn` (solvers.solve: problem, budget bytes, solver, ...), logged."""
         def run(problem, budget, solver, *args, **kwargs):
             self.solved = True
-            limit = kwargs.get("time_limit_s", args[0] if args else None)
+            limit = kwargs.get("time_limit_s")
             log.info("%s: solving for %s with %r%s ...", self.name, _size(budget), solver,
                      "" if limit is None else f" (up to {limit:g} s)")
             return fn(problem, budget, solver, *args, **kwargs)
