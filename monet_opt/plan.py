@@ -69,9 +69,14 @@ class Plan:
         """How many forward op runs the backward adds."""
         return sum(r.recomputed for r in self.rows)
 
-    def explain(self) -> str:
-        overhead = self.predicted_step_time_s / self.store_all_step_time_s - 1 \
+    @property
+    def predicted_overhead(self) -> float:
+        """The predicted step over the store-all step's, less 1 (0 where that is 0 s)."""
+        return self.predicted_step_time_s / self.store_all_step_time_s - 1 \
             if self.store_all_step_time_s else 0.0
+
+    def explain(self) -> str:
+        overhead = self.predicted_overhead
         gap = "n/a" if self.gap is None else f"{self.gap:.2%}"
         head = [
             f"monet_opt plan: solver {self.solver} ({self.status}, gap {gap}, "

@@ -254,9 +254,7 @@ def _outcome(profile: Profile, result: solvers.SolveResult, limit: int) -> str:
     """The rest of a precompute line: peak, overhead, solver, status, time; or why none."""
     if result.feasible:
         plan = make_plan(profile.problem, profile.op_labels, result, limit)
-        overhead = plan.predicted_step_time_s / plan.store_all_step_time_s - 1 \
-            if plan.store_all_step_time_s else 0.0
-        return (f"{format_bytes(plan.predicted_peak_bytes):>11} {overhead:>+9.1%}  "
+        return (f"{format_bytes(plan.predicted_peak_bytes):>11} {plan.predicted_overhead:>+9.1%}  "
                 f"{result.solver:<17} {result.status.value:<10} {result.solve_time_s:>7.2f}")
     if result.status == solvers.Status.TIMEOUT:
         return (f"no schedule within the time limit ({result.solver}, "

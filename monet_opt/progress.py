@@ -56,15 +56,13 @@ class Progress:
         return run
 
     def planned(self, plan: Plan, inputs: str) -> None:
-        overhead = plan.predicted_step_time_s / plan.store_all_step_time_s - 1 \
-            if plan.store_all_step_time_s else 0.0
         cached = [what for what, done in (("profile", self.profiled), ("schedule", self.solved))
                   if not done]
         log.info("%s: plan for %s: predicted peak %s of %s (store-all %s), %+.1f %% step time, "
                  "%d op runs recomputed, solver %s (%s, %.1f s)%s", self.name, inputs,
                  format_bytes(plan.predicted_peak_bytes), format_bytes(plan.memory_limit_bytes),
-                 format_bytes(plan.store_all_peak_bytes), overhead * 100, plan.recomputed_ops,
-                 plan.solver, plan.status, plan.solve_time_s,
+                 format_bytes(plan.store_all_peak_bytes), plan.predicted_overhead * 100,
+                 plan.recomputed_ops, plan.solver, plan.status, plan.solve_time_s,
                  f"; {' and '.join(cached)} from the profile directory" if cached else "")
 
 
