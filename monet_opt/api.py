@@ -26,7 +26,7 @@ from monet_opt.lower import Lowered, lower
 from monet_opt.memory import cuda_slack, shared_bytes, sparse_bytes, storage_groups
 from monet_opt.lower_variants import attach_variants, matching, with_costs
 from monet_opt.module import OptimizedModule, Step, for_model
-from monet_opt.plan import Plan, limit_bytes, make_plan
+from monet_opt.plan import Plan, least_held, limit_bytes, make_plan
 from monet_opt.profiler import PROFILER_REVISION, profile
 from monet_opt.units import Share, parse_limit
 import solvers
@@ -325,8 +325,9 @@ class _Planner:
                                           self.time_limit_s, solve=solve)
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
             result = solvers.without_unread(problem, result)
-        if not result.feasible:
-            raise InfeasibleBudgetError(limit, result.min_feasible_bytes, self.solver, self.limit)
+        if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds
+            raise InfeasibleBudgetError(limit, result.min_feasible_bytes, self.solver, self.limit,
+                                        least_held(problem, result))
         self.plan = make_plan(problem, lowered.op_labels, result, limit)
         told.planned(self.plan, self.inputs)
         self.slots = slots

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import torch
 
@@ -30,12 +31,14 @@ class InfeasibleBudgetError(MonetError):
     """The memory limit is below the least peak any schedule we can build reaches."""
 
     def __init__(self, memory_limit_bytes: int, min_feasible_bytes: int, solver: str,
-                 asked: object = None) -> None:
-        """asked: the limit as given where it was a share (NOTE [Limits as shares])."""
+                 asked: object = None, held: Any = None) -> None:
+        """asked: the limit as given where it was a share (NOTE [Limits as shares]); held:
+        what the least peak's schedule holds there (a HeldAtPeak: NOTE [Held at the peak])."""
         from monet_opt.units import Share, format_bytes
 
         self.memory_limit_bytes = int(memory_limit_bytes)
         self.min_feasible_bytes = int(min_feasible_bytes)
+        self.held = held
         size = f"{format_bytes(memory_limit_bytes)} ({memory_limit_bytes} B)"
         if isinstance(asked, Share):
             size = f"{str(asked)!r} ({format_bytes(memory_limit_bytes)}, {memory_limit_bytes} B)"
@@ -43,7 +46,18 @@ class InfeasibleBudgetError(MonetError):
             f"monet_opt.optimize: memory_limit {size} is below the least peak solver "
             f"{solver!r} can reach, {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} "
             "B). Raise memory_limit "
-            "to at least that, or use a smaller batch.")
+            "to at least that, or use a smaller batch." + _held_text(held))
+
+
+def _held_text(held: Any) -> str:
+    """What the least peak holds, and how much of it the step made (NOTE [Held at the peak])."""
+    if held is None:
+        return ""
+    from monet_opt.units import format_bytes
+    made = held.total_bytes - held.fixed_bytes - held.gradients.bytes
+    return (f" At that peak ({held.op}) the step holds {held.text()}: activations and "
+            f"workspace {format_bytes(made)}, parameters, buffers, inputs and gradients "
+            f"{format_bytes(held.total_bytes - made)}.")
 
 
 class CaptureError(MonetError):

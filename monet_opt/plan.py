@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from monet_opt.errors import internal_assert
+from monet_opt.peak_held import HeldAtPeak, held_at
 from monet_opt.units import Share, format_bytes
 from solvers import Problem, Schedule, Simulation, SolveResult, schedule_from_kept, simulate
 
@@ -58,6 +59,7 @@ class Plan:
     in_place_runs: int = 0     # op runs writing into a dying input (NOTE [Writing into a dying
     #                            input] in solvers/simulate.py)
     peak_op: str = ""          # the op run at the predicted peak, with its phase and workspace
+    held_at_peak: HeldAtPeak | None = None  # what the step holds there (NOTE [Held at the peak])
 
     @property
     def store_all_activation_bytes(self) -> int:
@@ -86,7 +88,10 @@ class Plan:
             f"  predicted peak    {format_bytes(self.predicted_peak_bytes)} "
             f"(store-all {format_bytes(self.store_all_peak_bytes)}, least reachable "
             f"{format_bytes(self.min_feasible_bytes)})"
-            + (f"\n  at                {self.peak_op}" if self.peak_op else ""),
+            + (f"\n  at                {self.peak_op}" if self.peak_op else "")
+            + (f"\n  held there        {self.held_at_peak.text()}"
+               f"\n  largest there     {self.held_at_peak.largest_text()}"
+               if self.held_at_peak else ""),
             f"  fixed             {format_bytes(self.fixed_bytes)} parameters/buffers/inputs "
             f"(CUDA: and the allocator's slack; CPU: and random ops' generator states), "
             f"{format_bytes(self.gradient_bytes)} gradients",
@@ -126,8 +131,18 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
                 variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
                 rows=op_rows(problem, result.schedule, sim, labels),
                 in_place_runs=len(sim.overwrites), peak_op=_peak_op(problem, result.schedule, sim),
+                held_at_peak=held_at(problem, result.schedule, labels),
                 timeline=Timeline(op_time_s=sim.step_time_s, live_bytes=sim.live_bytes,
                                   backward_start=len(problem.forward_ops)))
+
+
+def least_held(problem: Problem, result: SolveResult) -> HeldAtPeak | None:
+    """What `result`'s least-peak schedule holds at its peak (NOTE [Held at the peak]), where
+    it has one that peaks at its least peak."""
+    if result.floor_schedule is None:
+        return None
+    held = held_at(problem, result.floor_schedule)
+    return held if held and held.total_bytes == result.min_feasible_bytes else None
 
 
 def limit_bytes(limit: int | Share, problem: Problem) -> int:

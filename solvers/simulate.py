@@ -81,6 +81,24 @@ def simulate(problem: Problem, schedule: Schedule) -> Simulation:
                       overwrites=tuple((k, tensor_of[c]) for k, c in overwrites))
 
 
+def alive_at(problem: Problem, schedule: Schedule, step: int) -> tuple[tuple[int, int], ...]:
+    """What the simulation of `schedule` holds while step `step` runs (an index into its
+    `steps`): (tensor, step that made this copy of it) per copy, fixed memory and the op's
+    workspace aside. An input the step writes its output into is held as that output (NOTE
+    [Writing into a dying input]). With them the step's `live_bytes` is fixed memory plus
+    these copies' bytes plus the op's `extra_bytes`."""
+    problem = problem.with_variants(schedule.variants)
+    _check_backward_order(problem, schedule)
+    steps = problem.forward_ops + schedule.backward
+    if not 0 <= step < len(steps):
+        raise IndexError(f"alive_at: step {step} of a schedule of {len(steps)} steps")
+    born, last, tensor_of, candidates = _copy_lifetimes(problem, schedule, steps)
+    written = {c for k, c in _overwrites(problem, born, last, tensor_of, candidates)
+               if k == step}
+    return tuple((tensor_of[c], born[c]) for c in range(len(born))
+                 if born[c] <= step <= last[c] and c not in written)
+
+
 def _check_backward_order(problem: Problem, schedule: Schedule) -> None:
     ran = [i for i in schedule.backward if 0 <= i < len(problem.ops) and problem.ops[i].is_backward]
     if any(not 0 <= i < len(problem.ops) for i in schedule.backward):

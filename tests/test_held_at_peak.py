@@ -1,0 +1,85 @@
+"""NOTE [Held at the peak] (monet_opt/peak_held.py): what a schedule holds at a step, read off
+the one simulator, sums to its simulated live bytes; plans and refused limits say it."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from torch import nn
+
+import monet_opt
+from solvers import Problem, Schedule, alive_at, schedule_from_kept, simulate
+from tests.problems import autodiff_problem, with_masks
+from tests.test_overwrite import _chain
+from tests.test_solvers import _accumulating
+
+
+def _assert_sums(problem: Problem, schedule: Schedule) -> None:
+    sim = simulate(problem, schedule)
+    plain = problem.with_variants(schedule.variants)
+    for k, i in enumerate(sim.steps):
+        held = sum(plain.tensors[t].bytes for t, _ in alive_at(problem, schedule, k))
+        assert problem.fixed_bytes + held + plain.ops[i].extra_bytes == sim.live_bytes[k], k
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 16), seed=st.integers(0, 10**6), keep=st.floats(0.0, 1.0))
+def test_what_is_alive_sums_to_the_simulated_bytes(n, seed, keep):
+    rng = random.Random(seed)
+    p = with_masks(autodiff_problem(n, rng), rng)
+    kept = {t for t in p.forward_tensors if rng.random() < keep}
+    groups = {}
+    for v, variant in enumerate(p.variants):  # at most one variant per read
+        if rng.random() < 0.5:
+            groups.setdefault(variant.group, v)
+    _assert_sums(p, schedule_from_kept(p, kept, frozenset(groups.values())))
+
+
+def test_an_input_written_into_is_held_once():
+    """NOTE [Writing into a dying input]: the ReLU's output sits in its input's storage."""
+    problem, schedule = _chain(overwrites=(0,))
+    assert [t for t, _ in alive_at(problem, schedule, 1)] == [1]
+    _assert_sums(problem, schedule)
+    _assert_sums(_accumulating(), Schedule(frozenset({0}), (1, 2, 3)))  # in-place accumulation
+    with pytest.raises(IndexError):
+        alive_at(problem, schedule, 3)
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.Tanh(),
+                         nn.Linear(256, 256), nn.Sigmoid(), nn.Linear(256, 4))
+
+
+def test_a_plan_says_what_it_holds_at_its_peak():
+    """At store-all and at the least peak (which the profile directory remembers: NOTE [Least
+    peaks remembered]), in this test's own directory."""
+    model, x = _net(), torch.randn(2048, 64)
+    full = monet_opt.optimize(model, x, 1 << 40, profile_repeats=1)
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+        monet_opt.optimize(model, x, full.plan.fixed_bytes, profile_repeats=1, time_limit_s=5)
+    least = monet_opt.optimize(model, x, info.value.min_feasible_bytes, profile_repeats=1,
+                               time_limit_s=5)
+    assert least.plan.predicted_peak_bytes < full.plan.predicted_peak_bytes
+    for plan in (full.plan, least.plan):
+        held = plan.held_at_peak
+        assert held.total_bytes == plan.predicted_peak_bytes
+        assert held.fixed_bytes == plan.fixed_bytes
+        assert held.gradients.bytes <= plan.gradient_bytes
+        assert "held there" in plan.explain() and held.text() in plan.explain()
+    assert full.plan.held_at_peak.recomputed.tensors == 0  # nothing is recomputed there
+
+
+def test_a_refused_limit_says_what_the_least_peak_holds():
+    model, x = _net(), torch.randn(2048, 64)
+    fixed = monet_opt.optimize(model, x, 1 << 40, profile_dir=None,
+                               profile_repeats=1).plan.fixed_bytes
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:  # below the parameters' own
+        monet_opt.optimize(model, x, fixed, profile_dir=None, profile_repeats=1, time_limit_s=5)
+    held = info.value.held
+    assert held is not None and held.total_bytes == info.value.min_feasible_bytes
+    made = held.total_bytes - held.fixed_bytes - held.gradients.bytes
+    assert f"At that peak ({held.op})" in str(info.value)
+    assert f"activations and workspace {monet_opt.format_bytes(made)}" in str(info.value)
