@@ -7,7 +7,7 @@ from typing import Any
 
 import solvers
 from monet_opt.output_bytes import raised
-from solvers import Problem, Schedule, SolveResult, Status
+from solvers import Problem, Schedule, SolveResult, Status, Variant
 
 
 class Unusable(Exception):
@@ -24,16 +24,23 @@ def check_key(stored: Any, expected: dict[str, Any]) -> None:
 
 
 def check_structure(cached: Problem, fresh: Problem) -> None:
-    """The cached problem is the fresh one up to measured times, the fixed loss bytes and
-    outputs' measured bytes: the profiler raised those it found larger than their shapes (NOTE
-    [Outputs larger than their shapes] in monet_opt/output_bytes.py), so the fresh graph is
-    raised to the cached sizes before it is compared, as the profiler would have raised it.
-    Compared as lowered, a step returning mse_loss (or an EmbeddingBag's offsets) never matched
-    its own profile: every optimize() warned and profiled again."""
+    """The cached problem is the fresh one up to measured times, the fixed loss bytes, outputs'
+    measured bytes and the variants the profiler withdrew. The profiler raised the outputs it
+    found larger than their shapes (NOTE [Outputs larger than their shapes] in
+    monet_opt/output_bytes.py) and withdrew the variants that were not exact or not measured
+    in its time limit (their encode ops then read nothing), so the fresh graph is raised to the
+    cached sizes and offered the cached variants before it is compared. Compared as lowered, a
+    step returning mse_loss (or an EmbeddingBag's offsets), or one with a variant withdrawn,
+    never matched its own profile: every optimize() warned and profiled again."""
     if len(cached.ops) != len(fresh.ops) or len(cached.tensors) != len(fresh.tensors):
         raise Unusable(f"mismatched: the cached graph has {len(cached.ops)} ops and "
                        f"{len(cached.tensors)} tensors, this model's {len(fresh.ops)} and "
                        f"{len(fresh.tensors)}")
+    offered = {v.name for v in cached.variants}
+    fresh = fresh.only_variants({k for k, v in enumerate(fresh.variants) if v.name in offered})
+    if [_shape(v) for v in cached.variants] != [_shape(v) for v in fresh.variants]:
+        raise Unusable("mismatched: its operator variants are not among this model's, or "
+                       "read other tensors")
     for i, (a, b) in enumerate(zip(cached.ops, fresh.ops)):
         if (a.name, a.is_backward, a.inputs, a.outputs) != \
                 (b.name, b.is_backward, b.inputs, b.outputs):
@@ -50,6 +57,11 @@ def check_structure(cached: Problem, fresh: Problem) -> None:
             (fresh.forward_outputs, fresh.backward_outputs):
         raise Unusable("mismatched: tensor sizes, fixed bytes or outputs differ from this "
                        "model's graph")
+
+
+def _shape(v: Variant) -> tuple:
+    """A variant less its measured costs."""
+    return v.name, v.op, v.replaces, v.reads, v.encode_ops
 
 
 def simulated(problem: Problem, schedule: Schedule) -> solvers.Simulation:
