@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from monet_opt import bn_split, recompute, updated_buffers
+from monet_opt import bn_grad, bn_split, recompute, updated_buffers
 from monet_opt.errors import UnsupportedGraphError
 from monet_opt.memory import allocated_bytes, dense_parts, refuse_sparse_made
 from monet_opt.stats_in_place import MARK
@@ -276,8 +276,10 @@ class _Builder:
         """NOTE [In-place accumulation] (solvers/problem.py): each backward `add` of two
         same-dtype tensors (alpha 1) that can write into one of its arguments: a tensor a
         backward op made, read by nothing else and not returned, laid out exactly as the sum
-        (so the result is the sum bitwise, where it would be, with the sum's strides). Marks the
-        op's `inplace_bytes`; returns (node, argument) pairs for the executor."""
+        (so the result is the sum bitwise, where it would be, with the sum's strides); and each
+        BatchNorm backward that can write its dx into its dy so (NOTE [BatchNorm's gradient in
+        place] in monet_opt/bn_grad.py). Marks the op's `inplace_bytes`; returns (node,
+        argument) pairs for the executor."""
         readers = reader_counts(self.ops)
         returned = set(self.forward_outputs) | set(self.backward_outputs)
         index = {name: i for i, name in enumerate(self.op_nodes)}
@@ -291,19 +293,35 @@ class _Builder:
             for k, arg in enumerate(args):
                 if not can_add_into(node, arg):
                     continue
-                reads = self.storage[arg.name]
-                t = reads[0] if len(reads) == 1 else None
-                if t is None or readers.get(t) != 1 or t in returned or \
-                        t in self.storage[args[1 - k].name]:
-                    continue
-                producer = self.tensors[t].producer
-                if producer == NO_PRODUCER or not self.ops[producer].is_backward or \
+                t = self._dying_grad(arg, readers, returned)
+                if t is None or t in self.storage[args[1 - k].name] or \
                         self.tensors[t].bytes != self.tensors[op.outputs[0]].bytes:
                     continue
                 self.ops[i] = dataclasses.replace(op, inplace_bytes=self.tensors[t].bytes)
                 found.append((node.name, k))
                 break
+        for node in joint.graph.find_nodes(op="call_function", target=bn_grad.BACKWARD):
+            i = index[node.name]
+            if not self.ops[i].is_backward or not bn_grad.may_write(node) or \
+                    not same_layout(node.args[0].meta.get("val"), node.meta["val"][0]):
+                continue
+            t = self._dying_grad(node.args[0], readers, returned)
+            dx = self.multi[node.name][0]
+            if t is not None and self.tensors[t].bytes == self.tensors[dx].bytes:
+                self.ops[i] = dataclasses.replace(self.ops[i], inplace_bytes=self.tensors[t].bytes)
+                found.append((node.name, 0))
         return tuple(found)
+
+    def _dying_grad(self, arg: fx.Node, readers: dict[int, int], returned: set[int]
+                    ) -> int | None:
+        """The tensor `arg` reads, where a backward op made it and only one op reads it, and it
+        is not returned: the one reader may write into it."""
+        reads = self.storage[arg.name]
+        t = reads[0] if len(reads) == 1 else None
+        if t is None or readers.get(t) != 1 or t in returned:
+            return None
+        producer = self.tensors[t].producer
+        return t if producer != NO_PRODUCER and self.ops[producer].is_backward else None
 
     def output(self, node: fx.Node, num_fwd_outputs: int) -> None:
         outs = list(node.args[0])

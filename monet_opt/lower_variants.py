@@ -161,8 +161,10 @@ def with_costs(lowered: Lowered, costs) -> Lowered:
         if site.encode_op is not None:
             ops[site.encode_op] = dataclasses.replace(ops[site.encode_op], time_s=enc_s,
                                                       workspace_bytes=enc_ws)
-        out.append(dataclasses.replace(var, extra_time_s=extra_s,
-                                       extra_workspace_bytes=max(0, run_ws)))
+        # an op writing into a dying input (NOTE [BatchNorm's gradient in place]) does not
+        # when a variant runs in its place: that makes its output anew
+        out.append(dataclasses.replace(var, extra_time_s=extra_s, extra_workspace_bytes=max(
+            0, run_ws) + p.ops[var.op].inplace_bytes))
     problem = dataclasses.replace(p, ops=tuple(ops), variants=tuple(out))
     return dataclasses.replace(lowered, problem=problem)
 

@@ -48,9 +48,10 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # counted by their shapes: NOTE [Outputs larger than their shapes]; 6: variants' times against
 # their op's median over the pass: NOTE [Variants timed beside their op]; 7: recomputations
 # timed warm: NOTE [Recomputation reads a cold input]; 8: CPU variants' workspace counting
-# views of their inputs as made: NOTE [Workspace]) is not served to this one. Raise it when
-# what the profiler measures changes meaning.
-PROFILER_REVISION = 9
+# views of their inputs as made: NOTE [Workspace]; 9: BatchNorm backwards making their dx anew,
+# NOTE [BatchNorm's gradient in place]) is not served to this one. Raise it when what the
+# profiler measures changes meaning.
+PROFILER_REVISION = 10
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):

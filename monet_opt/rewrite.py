@@ -18,7 +18,7 @@ import torch.fx as fx
 from functorch.compile import default_partition
 from torch.fx._lazy_graph_module import _make_graph_module
 
-from monet_opt import cudnn_bn, direct_calls, recompute, stats_in_place, variants
+from monet_opt import bn_grad, cudnn_bn, direct_calls, recompute, stats_in_place, variants
 from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
 from monet_opt.lower import OVERWRITING, Lowered
@@ -301,6 +301,9 @@ class _Emitter:
             if n_keep is not None:
                 new.meta["val"] = tuple(old.meta["val"][:n_keep])
             self.views.clear()  # views of the old copies must be re-made from the new ones
+        elif old.target is bn_grad.BACKWARD and old.name in self.inplace:
+            # NOTE [BatchNorm's gradient in place]: dx written into dy
+            new = self._copy(old, old.args, {}, target=bn_grad.backward_into)
         elif old.name in self.inplace:
             # NOTE [In-place accumulation]: a + b as b += a (IEEE addition commutes bitwise)
             k = self.inplace[old.name]

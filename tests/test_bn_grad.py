@@ -1,0 +1,106 @@
+"""NOTE [BatchNorm's gradient in place] (monet_opt/bn_grad.py): a BatchNorm backward writes dx
+into a dy that dies there, bitwise the functional op, and the plan counts it so."""
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+import monet_opt
+import solvers
+from monet_opt import bn_grad
+from solvers import SolveResult, Status, schedule_from_kept, simulate
+from tests import models
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("shape, channels_last, dtype, train", [
+    (shape, cl, dtype, train) for shape, cl, dtype, train in itertools.product(
+        [(8, 16, 20, 20), (3, 5, 7, 9), (16, 7), (4, 6, 33), (2, 3, 4, 5, 6)], [False, True],
+        [torch.float32, torch.float64, torch.bfloat16], [True, False])
+    if not cl or len(shape) in (4, 5)])
+def test_dx_written_into_dy_is_the_functional_ops(shape, channels_last, dtype, train):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last if x.dim() == 4
+                         else torch.channels_last_3d)
+    w = torch.randn(shape[1], dtype=torch.float32 if dtype == torch.bfloat16 else dtype)
+    b, mean, var = torch.randn_like(w), torch.randn_like(w), torch.rand_like(w) + 0.5
+    out, save_mean, save_rstd = aten.native_batch_norm(x, w, b, mean.clone(), var.clone(),
+                                                       train, 0.1, 1e-5)
+    dy = torch.randn_like(out)
+    args = (x, w, mean, var, save_mean, save_rstd, train, 1e-5, [True, True, True])
+    want = aten.native_batch_norm_backward(dy, *args)
+    into = dy.clone()
+    got = bn_grad.backward_into(into, *args)
+    assert got[0].data_ptr() == into.data_ptr()
+    assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(got, want))
+
+
+def _least(model, x, **kw):
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+        monet_opt.optimize(copy.deepcopy(model), x, 1, profile_dir=None, profile_repeats=1,
+                           time_limit_s=5, **kw)
+    return info.value.min_feasible_bytes
+
+
+def _bn_in_place(problem) -> int:
+    return sum(1 for op in problem.ops
+               if op.name.startswith("native_batch_norm_backward") and op.inplace_bytes)
+
+
+def test_a_least_peak_lower_for_it_measures_its_prediction_and_trains_as_eager(monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+    x = torch.randn(8, 3, 32, 32)
+    least = _least(model, x)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, least, profile_dir=None, profile_repeats=1,
+                             time_limit_s=5)
+    assert _bn_in_place(monet_opt.lower_problem(copy.deepcopy(model), x, profile_repeats=1)) == 2
+    grads = []
+    for module, owner in ((opt, model), (eager, eager)):
+        owner.zero_grad(set_to_none=True)
+        module(x).square().sum().backward()
+        grads.append([p.grad for p in owner.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), eager.buffers()))
+    model.zero_grad(set_to_none=True)
+    measured = monet_opt.measure_peak(lambda: opt(x).square().sum().backward(),
+                                      monet_opt.resident_tensors(model, x))
+    assert measured == opt.plan.predicted_peak_bytes <= least
+    monkeypatch.setattr(bn_grad, "may_write", lambda node: False)
+    assert _least(eager, x) > least  # without it the least peak is higher
+
+
+def test_a_variant_run_in_its_place_counts_its_dx(monkeypatch):
+    """BatchNorm from its output (lossy, NOTE [BatchNorm from its output]) runs in place of
+    the in-place op and makes dx anew: its workspace counts dx, so a plan using it still
+    measures its prediction (counted as in place, it measured dx over it). The variant no
+    longer pays on this model, so the plan is made to use it."""
+    family = "batchnorm.output_activated"
+
+    def every_variant(problem, budget, *args, **kwargs):
+        chosen = frozenset(range(len(problem.variants)))
+        schedule = schedule_from_kept(problem, problem.with_variants(chosen).saved_for_backward,
+                                      chosen)
+        sim = simulate(problem, schedule)
+        return SolveResult(solver="test", status=Status.FEASIBLE, schedule=schedule,
+                           objective_s=sim.time_s, peak_bytes=sim.peak_bytes, bound_s=None,
+                           gap=None, solve_time_s=0.0, min_feasible_bytes=sim.peak_bytes)
+    monkeypatch.setattr(solvers, "solve", every_variant)
+    torch.manual_seed(0)
+    base, x, _ = models.silu_cnn()
+    opt = monet_opt.optimize(base, x, 1 << 40, profile_dir=None, profile_repeats=1,
+                             variants=[family], allow_lossy=True)
+    assert len(opt.plan.variants) == 3 and all(v.startswith(family) for v in opt.plan.variants)
+    measured = monet_opt.measure_peak(lambda: opt(x).sum().backward(),
+                                      monet_opt.resident_tensors(base, x))
+    assert measured == opt.plan.predicted_peak_bytes
