@@ -22,18 +22,21 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from monet_opt import cudnn_bn
+
 BACKWARD = torch.ops.aten.native_batch_norm_backward.default
 _OUT = torch.ops.aten.native_batch_norm_backward.out
 
 
 def may_write(node: fx.Node) -> bool:
-    """Whether `node` is a BatchNorm backward on CPU asked for all three gradients: its dx may
-    go into its dy (the caller checks that dy dies there, laid out as dx)."""
+    """Whether `node` is a BatchNorm backward on CPU, run as ATen's kernel (not cuDNN's),
+    asked for all three gradients: its dx may go into its dy (the caller checks that dy dies
+    there, laid out as dx)."""
     vals = node.meta.get("val")
     return node.target is BACKWARD and len(node.args) == 10 and not node.kwargs and \
         list(node.args[9]) == [True, True, True] and isinstance(node.args[0], fx.Node) and \
         isinstance(vals, (tuple, list)) and isinstance(vals[0], torch.Tensor) and \
-        vals[0].device.type == "cpu"
+        vals[0].device.type == "cpu" and cudnn_bn.kernel(node) is BACKWARD
 
 
 def backward_into(dy: torch.Tensor, *args):

@@ -303,7 +303,8 @@ class _Emitter:
             self.views.clear()  # views of the old copies must be re-made from the new ones
         elif old.target is bn_grad.BACKWARD and old.name in self.inplace:
             # NOTE [BatchNorm's gradient in place]: dx written into dy
-            new = self._copy(old, old.args, {}, target=bn_grad.backward_into)
+            args, kwargs = recompute.effective_args(old)
+            new = self._copy(old, args, kwargs, target=bn_grad.backward_into)
         elif old.name in self.inplace:
             # NOTE [In-place accumulation]: a + b as b += a (IEEE addition commutes bitwise)
             k = self.inplace[old.name]
