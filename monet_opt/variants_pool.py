@@ -10,7 +10,9 @@ NOTE [Compact max-pool indices]
   The forward keeps `offset` as uint8 (kh*kw <= 256), int16 (<= 32768) or int32; the backward
   rebuilds the int64 positions from a table of the kh*kw cells plus each output's corner. The
   rebuilt tensor equals the original element for element, so the op's result is bitwise the
-  same (the profiler checks it on every model it offers the variant for).
+  same (the profiler checks it on every model it offers the variant for). Large indices are
+  compacted a slice of their leading dimension at a time, which bounds the encoder's int64
+  temporaries (its workspace) to a slice's.
 """
 from __future__ import annotations
 
@@ -66,9 +68,28 @@ def _corners(indices: torch.Tensor, sh, sw, ph, pw) -> tuple[torch.Tensor, torch
     return rows, cols
 
 
+# The int64 positions' size above which they are compacted a slice of the leading dimension at
+# a time, and into how many slices at most: one slice's integer arithmetic holds three int64
+# temporaries its size, which on GoogLeNet (b32, 128²) made the first max-pool's encoder 46 MiB
+# of workspace, its least peak (docs/numbers.md, BatchNorm's gradient in place).
+COMPACT_SLICE_ELEMENTS = 1 << 16
+COMPACT_SLICES = 16
+
+
 def compact_indices(indices: torch.Tensor, kh, kw, sh, sw, ph, pw, dh, dw,
                     width) -> torch.Tensor:
-    """NOTE [Compact max-pool indices]: int64 flat positions -> in-window offsets."""
+    """NOTE [Compact max-pool indices]: int64 flat positions -> in-window offsets, a slice of
+    the leading dimension at a time (the same integers, less workspace)."""
+    slices = min(COMPACT_SLICES, indices.numel() // COMPACT_SLICE_ELEMENTS, indices.shape[0])
+    if slices <= 1:
+        return _compact(indices, kh, kw, sh, sw, ph, pw, dh, dw, width)
+    out = torch.empty_like(indices, dtype=_offset_dtype(kh * kw))
+    for part, into in zip(indices.chunk(slices), out.chunk(slices)):
+        into.copy_(_compact(part, kh, kw, sh, sw, ph, pw, dh, dw, width))
+    return out
+
+
+def _compact(indices: torch.Tensor, kh, kw, sh, sw, ph, pw, dh, dw, width) -> torch.Tensor:
     rows, cols = _corners(indices, sh, sw, ph, pw)
     ih = torch.div(indices, width, rounding_mode="floor")
     iw = indices - ih * width
