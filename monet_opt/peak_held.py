@@ -5,8 +5,8 @@ NOTE [Held at the peak]
   higher than the limit asked for. `held_at` reads that moment off the simulator
   (`solvers.alive_at`) and sorts every resident tensor into what a smaller batch does not
   shrink (the fixed memory: parameters, buffers, inputs; the gradients the backward has
-  returned so far) and what it does (tensors the forward made and the plan kept, forward
-  tensors recomputed in the backward, what the backward made: gradients of activations and
+  returned so far) and what it does (tensors the forward made, kept for the backward or not
+  yet freed, forward tensors recomputed in the backward, what the backward made: gradients of activations and
   the output gradients), plus the op's workspace. The parts sum to the simulated peak to the
   byte. `Plan.explain()` prints it for the plan's peak, and InfeasibleBudgetError for the least
   peak's schedule, so that a refused limit says whether a smaller batch would help.
@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from monet_opt.units import format_bytes
-from solvers import NO_PRODUCER, Problem, Schedule, alive_at, simulate
+from solvers import NO_PRODUCER, Problem, Schedule, Simulation, alive_at, simulate
 
 LARGEST = 3  # tensors named, largest first
-_KINDS = {"gradients": "a gradient returned", "kept": "kept from the forward",
+_KINDS = {"gradients": "a gradient returned", "kept": "from the forward",
           "recomputed": "recomputed", "backward": "made by the backward"}
 
 
@@ -54,8 +54,8 @@ class HeldAtPeak:
 
     def text(self) -> str:
         """One line: each kind's bytes and tensor count, then the fixed memory."""
-        return ", ".join([self.gradients.text("gradients"), self.kept.text("kept from the "
-                          "forward"), self.recomputed.text("recomputed"),
+        return ", ".join([self.gradients.text("gradients"), self.kept.text("from the forward"),
+                          self.recomputed.text("recomputed"),
                           self.backward.text("made by the backward"),
                           f"workspace {format_bytes(self.workspace_bytes)}"]) + \
             f"; with the fixed {format_bytes(self.fixed_bytes)}"
@@ -64,10 +64,11 @@ class HeldAtPeak:
         return "; ".join(f"{name} {format_bytes(n)} ({kind})" for name, n, kind in self.largest)
 
 
-def held_at(problem: Problem, schedule: Schedule, labels: tuple[str, ...] = ()
-            ) -> HeldAtPeak | None:
-    """NOTE [Held at the peak] for `schedule`'s simulated peak; None for an empty step."""
-    sim = simulate(problem, schedule)
+def held_at(problem: Problem, schedule: Schedule, labels: tuple[str, ...] = (),
+            sim: Simulation | None = None) -> HeldAtPeak | None:
+    """NOTE [Held at the peak] for `schedule`'s simulated peak (`sim`, where simulated
+    already); None for an empty step."""
+    sim = sim or simulate(problem, schedule)
     if not sim.steps:
         return None
     plain = problem.with_variants(schedule.variants)

@@ -131,7 +131,7 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
                 variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
                 rows=op_rows(problem, result.schedule, sim, labels),
                 in_place_runs=len(sim.overwrites), peak_op=_peak_op(problem, result.schedule, sim),
-                held_at_peak=held_at(problem, result.schedule, labels),
+                held_at_peak=held_at(problem, result.schedule, labels, sim),
                 timeline=Timeline(op_time_s=sim.step_time_s, live_bytes=sim.live_bytes,
                                   backward_start=len(problem.forward_ops)))
 
