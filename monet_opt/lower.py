@@ -277,8 +277,8 @@ class _Builder:
         same-dtype tensors (alpha 1) that can write into one of its arguments: a tensor a
         backward op made, read by nothing else and not returned, laid out exactly as the sum
         (so the result is the sum bitwise, where it would be, with the sum's strides); and each
-        BatchNorm backward that can write its dx into its dy so (NOTE [BatchNorm's gradient in
-        place] in monet_opt/bn_grad.py). Marks the op's `inplace_bytes`; returns (node,
+        BatchNorm, ReLU or ReLU6 backward that can write its dx into its dy so (NOTE [BatchNorm's
+        gradient in place] in monet_opt/bn_grad.py). Marks the op's `inplace_bytes`; returns (node,
         argument) pairs for the executor."""
         readers = reader_counts(self.ops)
         returned = set(self.forward_outputs) | set(self.backward_outputs)
@@ -300,13 +300,16 @@ class _Builder:
                 self.ops[i] = dataclasses.replace(op, inplace_bytes=self.tensors[t].bytes)
                 found.append((node.name, k))
                 break
-        for node in joint.graph.find_nodes(op="call_function", target=bn_grad.BACKWARD):
+        for node in (n for target in bn_grad.INTO
+                     for n in joint.graph.find_nodes(op="call_function", target=target)):
             i = index[node.name]
+            val = node.meta.get("val")
             if not self.ops[i].is_backward or not bn_grad.may_write(node) or \
-                    not same_layout(node.args[0].meta.get("val"), node.meta["val"][0]):
+                    not same_layout(node.args[0].meta.get("val"),
+                                    val[0] if isinstance(val, (tuple, list)) else val):
                 continue
             t = self._dying_grad(node.args[0], readers, returned)
-            dx = self.multi[node.name][0]
+            dx = self.multi[node.name][0] if node.name in self.multi else self.ops[i].outputs[0]
             if t is not None and self.tensors[t].bytes == self.tensors[dx].bytes:
                 self.ops[i] = dataclasses.replace(self.ops[i], inplace_bytes=self.tensors[t].bytes)
                 found.append((node.name, 0))

@@ -301,10 +301,10 @@ class _Emitter:
             if n_keep is not None:
                 new.meta["val"] = tuple(old.meta["val"][:n_keep])
             self.views.clear()  # views of the old copies must be re-made from the new ones
-        elif old.target is bn_grad.BACKWARD and old.name in self.inplace:
+        elif old.target in bn_grad.INTO and old.name in self.inplace:
             # NOTE [BatchNorm's gradient in place]: dx written into dy
             args, kwargs = recompute.effective_args(old)
-            new = self._copy(old, args, kwargs, target=bn_grad.backward_into)
+            new = self._copy(old, args, kwargs, target=bn_grad.INTO[old.target])
         elif old.name in self.inplace:
             # NOTE [In-place accumulation]: a + b as b += a (IEEE addition commutes bitwise)
             k = self.inplace[old.name]

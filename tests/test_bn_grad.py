@@ -42,6 +42,24 @@ def test_dx_written_into_dy_is_the_functional_ops(shape, channels_last, dtype, t
     assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(got, want))
 
 
+@pytest.mark.parametrize("op", ["threshold", "hardtanh"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_elementwise_dx_written_into_dy_is_the_functional_ops(op, channels_last, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 9, 11, dtype=dtype) * 4
+    x[0, 0, :2] = float("nan")
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    dy = torch.randn_like(x)
+    args = (x, 0.0) if op == "threshold" else (x, 0.0, 6.0)
+    want = getattr(aten, f"{op}_backward")(dy, *args)
+    into = dy.clone()
+    got = bn_grad.INTO[getattr(aten, f"{op}_backward").default](into, *args)
+    assert got.data_ptr() == into.data_ptr() and got.stride() == want.stride()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
 def _least(model, x, **kw):
     with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
         monet_opt.optimize(copy.deepcopy(model), x, 1, profile_dir=None, profile_repeats=1,
@@ -49,22 +67,22 @@ def _least(model, x, **kw):
     return info.value.min_feasible_bytes
 
 
-def _bn_in_place(problem) -> int:
-    return sum(1 for op in problem.ops
-               if op.name.startswith("native_batch_norm_backward") and op.inplace_bytes)
+def _bn_in_place(problem, kind: str = "native_batch_norm_backward") -> int:
+    return sum(1 for op in problem.ops if op.name.startswith(kind) and op.inplace_bytes)
 
 
 def test_a_least_peak_lower_for_it_measures_its_prediction_and_trains_as_eager(monkeypatch):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-                          nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU6(),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU6(),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
     x = torch.randn(8, 3, 32, 32)
     least = _least(model, x)
     eager = copy.deepcopy(model)
     opt = monet_opt.optimize(model, x, least, profile_dir=None, profile_repeats=1,
                              time_limit_s=5)
-    assert _bn_in_place(monet_opt.lower_problem(copy.deepcopy(model), x, profile_repeats=1)) == 2
+    problem = monet_opt.lower_problem(copy.deepcopy(model), x, profile_repeats=1)
+    assert _bn_in_place(problem) == 2 and _bn_in_place(problem, "hardtanh_backward") == 2
     grads = []
     for module, owner in ((opt, model), (eager, eager)):
         owner.zero_grad(set_to_none=True)
