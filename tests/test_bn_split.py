@@ -102,7 +102,11 @@ def test_plans_recomputing_the_normalization_train_exactly(factory):
         resident = monet_opt.resident_tensors(optimized.model, x)
         measured = monet_opt.measure_peak(lambda: loss_fn(call(optimized, x)).backward(),
                                           resident)
-        assert measured == optimized.plan.predicted_peak_bytes <= limit
+        # NOTE [The loss scalar]: the loss and its seed gradient (two float32 scalars) are counted
+        # for the whole step, so a peak in the forward measures them under the plan
+        loss = 8 if optimized.plan.held_at_peak.op.endswith("forward") else 0
+        assert measured == optimized.plan.predicted_peak_bytes - loss
+        assert optimized.plan.predicted_peak_bytes <= limit
     assert recomputing > 0
 
 

@@ -88,4 +88,6 @@ def test_statistics_update_in_place_and_train_like_eager(shared, reads_stats, in
             assert torch.equal(got[1][name], value), name
         resident = monet_opt.resident_tensors(fresh.model, x)
         peak = monet_opt.measure_peak(lambda: fresh(x).sum().backward(), resident)
-        assert peak == fresh.plan.predicted_peak_bytes
+        # NOTE [The loss scalar]: counted for the whole step, not yet made at a forward peak
+        loss = 8 if fresh.plan.held_at_peak.op.endswith("forward") else 0
+        assert peak == fresh.plan.predicted_peak_bytes - loss
