@@ -12,7 +12,7 @@ from torch import nn
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
                        grouped_attention, grouped_math, host_random, late_grads, output_bytes,
                        progress, rewrite, saved_clones, stats_in_place)
-from monet_opt.accumulate import GradientSlots, in_place_problem
+from monet_opt.accumulate import Found, GradientSlots, in_place_problem
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.attributes import Watched, warn_if_forward_changed
 from monet_opt.cache import Profile, ProfileCache, derived
@@ -20,7 +20,8 @@ from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
 from monet_opt.families import acceptable, offered_families
 from monet_opt.held_outputs import held_loss, held_problem, loss_bytes
-from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, internal_assert
+from monet_opt.errors import (InfeasibleBudgetError, NoBackwardError, check_backward,
+                              internal_assert)
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
 from monet_opt.memory import cuda_slack, shared_bytes, sparse_bytes, storage_groups
@@ -118,12 +119,15 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
     families = offered_families(variants, allow_lossy)  # checked before anything is traced
 
+    found = Found()  # NOTE [Schedules found for the step without gradients in place]
+
     def plan_step(args: tuple, kwargs: dict, resident: tuple[int, ...] = (),
                   resident_bytes: int = 0, outputs_held: bool = False) -> Step:
         planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
                            cache=cache, variants=families, allow_lossy=allow_lossy,
                            profile_time_limit_s=profile_time_limit_s, resident=resident,
-                           resident_bytes=resident_bytes, outputs_held=outputs_held)
+                           resident_bytes=resident_bytes, outputs_held=outputs_held,
+                           found=found)
         run, spec = _trace(model, args, kwargs, planner)
         internal_assert(planner.plan is not None, "the partition function was never called")
         inputs = planner.primals[len(planner.primals) - len(spec.leaves):]
@@ -185,7 +189,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     capture.check_module(model)
     capture.refuse_untraceable(model)
     spec, inputs = capture.InputSpec.of(args, kwargs)
-    _check_backward(model, inputs)
+    check_backward(model, inputs)
     param_names, buffer_names, attributes = capture.state_names(model)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
@@ -208,21 +212,6 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     return step, spec
 
 
-def _check_backward(model: nn.Module, inputs: list[torch.Tensor]) -> None:
-    """NoBackwardError where the step cannot have a backward (checked before it is traced)."""
-    if not torch.is_grad_enabled():
-        raise NoBackwardError(
-            "monet_opt.optimize plans a training step (forward and backward), but gradients "
-            "are off here (under torch.no_grad() or torch.inference_mode()). Call optimize() "
-            "outside those blocks, where you train.")
-    if not any(p.requires_grad for p in model.parameters()) and \
-            not any(x.requires_grad for x in inputs):
-        raise NoBackwardError(
-            f"monet_opt.optimize: no parameter of {type(model).__name__} requires grad and no "
-            "input does, so its step has no backward to plan. Set requires_grad on what you "
-            "train, or run the model as it is.")
-
-
 class _Planner:
     """The partition function AOTAutograd calls with the joint graph: plans and cuts it.
 
@@ -242,14 +231,17 @@ class _Planner:
                  time_limit_s: float, *, cache: ProfileCache | None = None,
                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
                  profile_time_limit_s: float | None = None, resident: tuple[int, ...] = (),
-                 resident_bytes: int = 0, outputs_held: bool = False) -> None:
+                 resident_bytes: int = 0, outputs_held: bool = False,
+                 found: Found | None = None) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (caching no
         schedule). cache: the profile directory to consult, if any. variants, allow_lossy: the
         library's operator variants offered to the solver, and its lossy ones.
         resident, resident_bytes: the parameters (positions) whose gradients are in place
         when the step begins, and the bytes of every gradient in place then (NOTE [Gradients
         resident at the start]). outputs_held: the caller holds the step's outputs through its
-        backward (NOTE [Outputs held through the backward] in monet_opt/held_outputs.py)."""
+        backward (NOTE [Outputs held through the backward] in monet_opt/held_outputs.py).
+        found: the schedules this optimize() found so far (NOTE [Schedules found for the step
+        without gradients in place] in monet_opt/accumulate.py)."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
         self.families = offered_families(variants, allow_lossy)
@@ -257,6 +249,7 @@ class _Planner:
         self.profile_time_limit_s = profile_time_limit_s
         self.resident, self.resident_bytes = resident, resident_bytes
         self.outputs_held = outputs_held
+        self.found = found or Found()
         self.primals: list[torch.Tensor] = []
         self.inputs = ""
         self.problem: solvers.Problem | None = None
@@ -318,11 +311,15 @@ class _Planner:
                 problem = in_place_problem(problem, lowered, num_fwd_outputs, slots,
                                            self.resident_bytes)
             limit = limit_bytes(self.limit, problem) if self.limit is not None else 2 ** 62
+            known = self.found.of(self.problem)  # NOTE [Schedules found for the step ...]
             if self.cache is None or self.limit is None:
-                result = solve(problem, limit, self.solver, time_limit_s=self.time_limit_s)
+                result = solve(problem, limit, self.solver, time_limit_s=self.time_limit_s,
+                               known=known)
             else:
                 result = self.cache.solve(derived(self.profile, problem), limit, self.solver,
-                                          self.time_limit_s, solve=solve)
+                                          self.time_limit_s, solve=solve, known=known)
+            if not self.resident_bytes:
+                self.found.add(self.problem, result)
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
             result = solvers.without_unread(problem, result)
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds

@@ -39,7 +39,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import solvers
 from monet_opt.cache_checks import Unusable, check_key, check_result, check_structure, simulated
@@ -133,11 +133,13 @@ class ProfileCache:
         return None
 
     def solve(self, profile: Profile, limit_bytes: int, solver: str, time_limit_s: float,
-              solve: Callable[..., SolveResult] | None = None) -> SolveResult:
+              solve: Callable[..., SolveResult] | None = None,
+              known: Sequence[Schedule] = ()) -> SolveResult:
         """The cached answer of `solver` at `limit_bytes` on `profile`, or a fresh one stored
         (made by `solve`, a wrapper of solvers.solve, or by solvers.solve). Results without a
         schedule are stored only when the solver proved infeasibility (a time-limit stop may go
-        otherwise next time)."""
+        otherwise next time). known: schedules of the problem found elsewhere (NOTE [Least
+        peaks remembered] in solvers/remembered.py)."""
         key = ScheduleKey(profile.content_sha256, limit_bytes, solver,
                           (("time_limit_s", float(time_limit_s)),), library_version())
         path = profile.folder / f"schedule-{limit_bytes}-{_safe(solver)}-{key.digest[:12]}.json"
@@ -147,7 +149,7 @@ class ProfileCache:
         with _reported(floor_path):
             if floor_path.exists():
                 floor = _read_floor(floor_path, profile)
-        known = [floor[1]] if floor else []
+        known = ([floor[1]] if floor else []) + list(known)
         with _reported(path):
             if path.exists():
                 return with_known(profile.problem, limit_bytes,

@@ -69,6 +69,21 @@ class NoBackwardError(MonetError, ValueError):
     depends on anything that does."""
 
 
+def check_backward(model: torch.nn.Module, inputs: list[torch.Tensor]) -> None:
+    """NoBackwardError where the step cannot have a backward (checked before it is traced)."""
+    if not torch.is_grad_enabled():
+        raise NoBackwardError(
+            "monet_opt.optimize plans a training step (forward and backward), but gradients "
+            "are off here (under torch.no_grad() or torch.inference_mode()). Call optimize() "
+            "outside those blocks, where you train.")
+    if not any(p.requires_grad for p in model.parameters()) and \
+            not any(x.requires_grad for x in inputs):
+        raise NoBackwardError(
+            f"monet_opt.optimize: no parameter of {type(model).__name__} requires grad and no "
+            "input does, so its step has no backward to plan. Set requires_grad on what you "
+            "train, or run the model as it is.")
+
+
 class PlanMismatchError(MonetError, ValueError):
     """The optimized module was called with inputs that differ from the plan's."""
 

@@ -162,3 +162,25 @@ def test_a_limit_that_cannot_hold_the_gradients_raises_and_changes_nothing():
     assert all(torch.equal(p.grad, grads[n]) for n, p in model.named_parameters())
     model.zero_grad(set_to_none=True)
     loss_fn(opt(x)).backward()  # the first plan still trains
+
+
+def test_the_step_with_gradients_in_place_is_offered_the_schedules_found_without(monkeypatch):
+    """NOTE [Schedules found for the step without gradients in place]: however far a clock
+    cuts the search on the step with gradients in place (here it finds nothing at all), its
+    least peak is no worse than the plan the module already ran, plus the gradients in place."""
+    from solvers import Status, registry
+    torch.manual_seed(0)
+    model, x, loss_fn = models.small_cnn()
+    store_all = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    least = store_all.plan.min_feasible_bytes
+    opt = monet_opt.optimize(model, x, least, profile_repeats=1, time_limit_s=5)
+    loss_fn(opt(x)).backward()  # gradients now in place
+    found_nothing = {"solver": "auto", "status": Status.TIMEOUT, "schedule": None,
+                     "objective_s": None, "peak_bytes": None, "bound_s": None, "gap": None,
+                     "solve_time_s": 0.0, "min_feasible_bytes": None}
+    monkeypatch.setattr(registry.portfolio, "best_of",
+                        lambda search, limit: registry.SolveResult(**found_nothing))
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+        opt(x)
+    scalar = torch.tensor(-0.0).untyped_storage().nbytes()
+    assert least < info.value.min_feasible_bytes <= least + store_all.plan.gradient_bytes + scalar
