@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from monet_opt import bn_grad, bn_split, recompute, updated_buffers
+from monet_opt import bn_split, grad_in_place, recompute, updated_buffers
 from monet_opt.errors import UnsupportedGraphError
 from monet_opt.memory import allocated_bytes, dense_parts, refuse_sparse_made
 from monet_opt.stats_in_place import MARK
@@ -277,9 +277,9 @@ class _Builder:
         same-dtype tensors (alpha 1) that can write into one of its arguments: a tensor a
         backward op made, read by nothing else and not returned, laid out exactly as the sum
         (so the result is the sum bitwise, where it would be, with the sum's strides); and each
-        BatchNorm, ReLU or ReLU6 backward that can write its dx into its dy so (NOTE [BatchNorm's
-        gradient in place] in monet_opt/bn_grad.py). Marks the op's `inplace_bytes`; returns (node,
-        argument) pairs for the executor."""
+        BatchNorm, ReLU or ReLU6 backward that can write its dx into its dy so (NOTE
+        [BatchNorm's gradient in place] in monet_opt/grad_in_place.py). Marks the op's
+        `inplace_bytes`; returns (node, argument) pairs for the executor."""
         readers = reader_counts(self.ops)
         returned = set(self.forward_outputs) | set(self.backward_outputs)
         index = {name: i for i, name in enumerate(self.op_nodes)}
@@ -300,11 +300,11 @@ class _Builder:
                 self.ops[i] = dataclasses.replace(op, inplace_bytes=self.tensors[t].bytes)
                 found.append((node.name, k))
                 break
-        for node in (n for target in bn_grad.INTO
+        for node in (n for target in grad_in_place.INTO
                      for n in joint.graph.find_nodes(op="call_function", target=target)):
             i = index[node.name]
             val = node.meta.get("val")
-            if not self.ops[i].is_backward or not bn_grad.may_write(node) or \
+            if not self.ops[i].is_backward or not grad_in_place.may_write(node) or \
                     not same_layout(node.args[0].meta.get("val"),
                                     val[0] if isinstance(val, (tuple, list)) else val):
                 continue

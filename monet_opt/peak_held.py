@@ -7,9 +7,10 @@ NOTE [Held at the peak]
   shrink (the fixed memory: parameters, buffers, inputs; the gradients the backward has
   returned so far) and what it does (tensors the forward made, kept for the backward or not
   yet freed, forward tensors recomputed in the backward, what the backward made: gradients
-  of activations and the output gradients), plus the op's workspace. The parts sum to the simulated peak to the
-  byte. `Plan.explain()` prints it for the plan's peak, and InfeasibleBudgetError for the least
-  peak's schedule, so that a refused limit says whether a smaller batch would help.
+  of activations and the output gradients), plus the op's workspace. The parts sum to the
+  simulated peak to the byte. `Plan.explain()` prints it for the plan's peak, and
+  InfeasibleBudgetError for the least peak's schedule, so that a refused limit says whether a
+  smaller batch would help.
 """
 from __future__ import annotations
 

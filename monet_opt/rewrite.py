@@ -18,7 +18,8 @@ import torch.fx as fx
 from functorch.compile import default_partition
 from torch.fx._lazy_graph_module import _make_graph_module
 
-from monet_opt import bn_grad, cudnn_bn, direct_calls, recompute, stats_in_place, variants
+from monet_opt import (cudnn_bn, direct_calls, grad_in_place, recompute, stats_in_place,
+                       variants)
 from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
 from monet_opt.lower import OVERWRITING, Lowered
@@ -301,10 +302,10 @@ class _Emitter:
             if n_keep is not None:
                 new.meta["val"] = tuple(old.meta["val"][:n_keep])
             self.views.clear()  # views of the old copies must be re-made from the new ones
-        elif old.target in bn_grad.INTO and old.name in self.inplace:
+        elif old.target in grad_in_place.INTO and old.name in self.inplace:
             # NOTE [BatchNorm's gradient in place]: dx written into dy
             args, kwargs = recompute.effective_args(old)
-            new = self._copy(old, args, kwargs, target=bn_grad.INTO[old.target])
+            new = self._copy(old, args, kwargs, target=grad_in_place.INTO[old.target])
         elif old.name in self.inplace:
             # NOTE [In-place accumulation]: a + b as b += a (IEEE addition commutes bitwise)
             k = self.inplace[old.name]

@@ -7,7 +7,7 @@ NOTE [BatchNorm's gradient in place]
   storage. ATen's CPU kernels take their per-channel sums over dy first and then make each dx
   element from the dy element it replaces, so dx is bitwise the functional op's (checked over
   NCHW and channels-last, 2 to 5 dimensions, float32, float64 and bfloat16, training and eval:
-  tests/test_bn_grad.py). The step then holds one activation-sized tensor less while each such
+  tests/test_grad_in_place.py). The step then holds one activation-sized tensor less while each such
   op runs: GoogLeNet (b32, 128², CPU, the kept problem) reaches a least peak of 143.5 MiB where
   it reached 152.6 (its activations there 96.0 -> 86.9 MiB), at the same predicted cost with
   half or a third of its activations (+5.0 / +12.9 %); ResNet-50's least peak, at another op,
@@ -58,14 +58,14 @@ def backward_into(dy: torch.Tensor, *args):
                 out2=torch.empty_like(weight))
 
 
-def threshold_backward_into(dy: torch.Tensor, *args) -> torch.Tensor:
-    return _ELEMENTWISE[aten.threshold_backward.default](dy, *args, grad_input=dy)
-
-
-def hardtanh_backward_into(dy: torch.Tensor, *args) -> torch.Tensor:
-    return _ELEMENTWISE[aten.hardtanh_backward.default](dy, *args, grad_input=dy)
+def _elementwise_into(out_form):
+    """out_form(dy, *args) with dx written into dy (ReLU's or ReLU6's backward)."""
+    def into(dy: torch.Tensor, *args) -> torch.Tensor:
+        return out_form(dy, *args, grad_input=dy)
+    into.__name__ = into.__qualname__ = f"{out_form.__name__.split('.')[0]}_into"
+    return into
 
 
 # what runs in each such op's place (NOTE [BatchNorm's gradient in place])
-INTO = {BACKWARD: backward_into, aten.threshold_backward.default: threshold_backward_into,
-        aten.hardtanh_backward.default: hardtanh_backward_into}
+INTO = {BACKWARD: backward_into,
+        **{op: _elementwise_into(out_form) for op, out_form in _ELEMENTWISE.items()}}

@@ -1,5 +1,6 @@
-"""NOTE [BatchNorm's gradient in place] (monet_opt/bn_grad.py): a BatchNorm backward writes dx
-into a dy that dies there, bitwise the functional op, and the plan counts it so."""
+"""NOTE [BatchNorm's gradient in place] (monet_opt/grad_in_place.py): a BatchNorm, ReLU or
+ReLU6 backward writes dx into a dy that dies there, bitwise the functional op, and the plan
+counts it so."""
 from __future__ import annotations
 
 import copy
@@ -11,7 +12,7 @@ from torch import nn
 
 import monet_opt
 import solvers
-from monet_opt import bn_grad
+from monet_opt import grad_in_place
 from solvers import SolveResult, Status, schedule_from_kept, simulate
 from tests import models
 
@@ -37,7 +38,7 @@ def test_dx_written_into_dy_is_the_functional_ops(shape, channels_last, dtype, t
     args = (x, w, mean, var, save_mean, save_rstd, train, 1e-5, [True, True, True])
     want = aten.native_batch_norm_backward(dy, *args)
     into = dy.clone()
-    got = bn_grad.backward_into(into, *args)
+    got = grad_in_place.backward_into(into, *args)
     assert got[0].data_ptr() == into.data_ptr()
     assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(got, want))
 
@@ -55,9 +56,10 @@ def test_elementwise_dx_written_into_dy_is_the_functional_ops(op, channels_last,
     args = (x, 0.0) if op == "threshold" else (x, 0.0, 6.0)
     want = getattr(aten, f"{op}_backward")(dy, *args)
     into = dy.clone()
-    got = bn_grad.INTO[getattr(aten, f"{op}_backward").default](into, *args)
+    got = grad_in_place.INTO[getattr(aten, f"{op}_backward").default](into, *args)
     assert got.data_ptr() == into.data_ptr() and got.stride() == want.stride()
-    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
 
 
 def _least(model, x, **kw):
@@ -94,7 +96,7 @@ def test_a_least_peak_lower_for_it_measures_its_prediction_and_trains_as_eager(m
     measured = monet_opt.measure_peak(lambda: opt(x).square().sum().backward(),
                                       monet_opt.resident_tensors(model, x))
     assert measured == opt.plan.predicted_peak_bytes <= least
-    monkeypatch.setattr(bn_grad, "may_write", lambda node: False)
+    monkeypatch.setattr(grad_in_place, "may_write", lambda node: False)
     assert _least(eager, x) > least  # without it the least peak is higher
 
 
