@@ -17,9 +17,10 @@ NOTE [BatchNorm's gradient in place]
   [In-place accumulation] in solvers/problem.py); a variant run in its place (NOTE [BatchNorm
   from its output]) makes dx anew, so its workspace counts dx again (lower_variants.with_costs).
   ReLU's and ReLU6's backwards (threshold_backward, hardtanh_backward) are elementwise and take
-  dy as dx the same way (their grad_input= form); a ReLU whose 1-bit or bool mask is in use runs
-  the variant's code instead, counted as above. MobileNetV2 (b32, 128², CPU) peaked least at a
-  ReLU6's backward: 172.74 -> 136.52 MiB, the plan measured at its prediction, bitwise eager's.
+  dy as dx the same way (their grad_input= form); a ReLU whose 1-bit or bool mask is in use
+  writes into dy too (NOTE [A ReLU's mask and its gradient in place] in
+  monet_opt/variants_bits.py). MobileNetV2 (b32, 128², CPU) peaked least at a ReLU6's
+  backward: 172.74 -> 136.52 MiB, the plan measured at its prediction, bitwise eager's.
 """
 from __future__ import annotations
 

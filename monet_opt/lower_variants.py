@@ -162,9 +162,11 @@ def with_costs(lowered: Lowered, costs) -> Lowered:
             ops[site.encode_op] = dataclasses.replace(ops[site.encode_op], time_s=enc_s,
                                                       workspace_bytes=enc_ws)
         # an op writing into a dying input (NOTE [BatchNorm's gradient in place]) does not
-        # when a variant runs in its place: that makes its output anew
-        out.append(dataclasses.replace(var, extra_time_s=extra_s, extra_workspace_bytes=max(
-            0, run_ws) + p.ops[var.op].inplace_bytes))
+        # when a variant runs in its place, unless the variant writes there too (NOTE [A
+        # ReLU's mask and its gradient in place]): else that makes its output anew
+        anew = 0 if variants.writes_into((site.family,)) else p.ops[var.op].inplace_bytes
+        out.append(dataclasses.replace(var, extra_time_s=extra_s,
+                                       extra_workspace_bytes=max(0, run_ws) + anew))
     problem = dataclasses.replace(p, ops=tuple(ops), variants=tuple(out))
     return dataclasses.replace(lowered, problem=problem)
 

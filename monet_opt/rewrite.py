@@ -287,7 +287,9 @@ class _Emitter:
             args = tuple(enc.get(k, a) for k, a in enumerate(args))
             names = tuple(site.family for site in variant)
             params = tuple(site.params for site in variant)
-            new = self._copy(old, (names, params, *args), kwargs, target=variants.run)
+            into = old.name in self.inplace and variants.writes_into(names)  # NOTE [A ReLU's
+            new = self._copy(old, (names, params, *args), kwargs,  # mask and its gradient ...]
+                             target=variants.run_into if into else variants.run)
         elif rerun:
             target, args, kwargs, n_keep = recompute.recompute_form(old)
             if recompute.is_random(old):

@@ -11,15 +11,6 @@ executor emits `encode`/`run` where the schedule chooses it.
 Families flagged `exact` give the backward's result bitwise; the others (`exact=False`, lossy)
 are offered only under `optimize(..., allow_lossy=True)` and their docstrings state the error.
 
-NOTE [1-bit masks]
-  A bool tensor takes a byte per element. `pack_bits` stores 8 per byte (uint8, padded to a
-  multiple of 8); `unpack_bits` rebuilds the bool tensor exactly. The backward then holds a
-  bool temporary the size of the mask while the op runs: that is the variant's workspace,
-  measured by the profiler. The bits follow the masked tensor's order in memory (its
-  `memory_order`), and the rebuilt mask has its layout: after a channels-last ReLU,
-  threshold_backward lays its result out channels-last, and so must the variant (else the
-  profiler refuses it, as it did every ReLU's in channels-last GoogLeNet before).
-
 NOTE [Layouts a stand-in cannot show]
   Pooling's backward allocates its result in its input's layout (channels-last in, channels-last
   out). A shape-only variant gives the op a stand-in that holds one element, expanded, which
@@ -58,7 +49,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from monet_opt import recompute, variants_bn, variants_impl, variants_pool
+from monet_opt import recompute, variants_bits, variants_bn, variants_impl, variants_pool
 from monet_opt.errors import InternalError, internal_assert
 
 aten = torch.ops.aten
@@ -76,6 +67,9 @@ class Family:
     exact: the result is bitwise the op's. max_rel_error (lossy families only): the largest
     relative error (max-abs, per output) of the op's result the profiler accepts.
     params_to_run: run gets the family's params (a tuple) before the op's arguments.
+    run_into (run families only): as run, with the result written into the op's first
+    argument, where the lowering lets the op write there (NOTE [A ReLU's mask and its gradient
+    in place] in monet_opt/variants_bits.py).
     lays_out (decode families only): params[0] are the strides of the op's result, which the
     decoded stand-in cannot convey (NOTE [Layouts a stand-in cannot show]).
     draw(*params) (replaying families only, NOTE [Generator-state replay]): draws the argument
@@ -100,6 +94,7 @@ class Family:
     lays_out: bool = False
     draw: Callable[..., torch.Tensor] | None = None
     reads: Callable[[fx.Node], fx.Node | None] | None = None
+    run_into: Callable[..., torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.decode is None):
@@ -110,84 +105,6 @@ class Family:
         if self.exact != (self.max_rel_error == 0.0):
             raise ValueError(f"variant family {self.name!r}: an exact family tolerates no "
                              f"error, a lossy one must state its bound")
-
-
-def pack_bits(b: torch.Tensor) -> torch.Tensor:
-    """NOTE [1-bit masks]: a bool tensor as uint8, 8 elements per byte."""
-    flat = b.reshape(-1)
-    pad = -flat.numel() % 8
-    if pad:
-        flat = torch.cat([flat, flat.new_zeros(pad)])
-    cols = flat.view(-1, 8)
-    out = cols[:, 0].to(torch.uint8)
-    for k in range(1, 8):
-        out = out.bitwise_or(cols[:, k].to(torch.uint8).bitwise_left_shift(k))
-    return out
-
-
-def memory_order(t: torch.Tensor) -> tuple[int, ...]:
-    """The dimensions of `t` from the outermost in memory to the innermost: `t.permute(order)`
-    is contiguous for a dense tensor (channels-last NCHW: (0, 2, 3, 1)); the identity where no
-    permutation makes it so (an expanded or overlapping tensor)."""
-    order = tuple(sorted(range(t.dim()), key=lambda d: -t.stride(d)))
-    shape = [t.shape[d] for d in order]
-    stride = [t.stride(d) for d in order]
-    expected = 1
-    for size, st in reversed(list(zip(shape, stride))):
-        if size != 1 and st != expected:
-            return tuple(range(t.dim()))
-        expected *= size
-    return order
-
-
-def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(order.index(d) for d in range(len(order)))
-
-
-def unpack_bits(packed: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
-    weights = torch.ones(8, dtype=torch.uint8, device=packed.device).bitwise_left_shift(
-        torch.arange(8, dtype=torch.uint8, device=packed.device))
-    bits = packed.unsqueeze(1).bitwise_and(weights).ne(0).view(-1)
-    numel = 1
-    for s in shape:
-        numel *= s
-    return bits[:numel].view(shape)
-
-
-# ---- ReLU and other thresholds: threshold_backward(grad, out, threshold) needs out's sign ----
-
-def _relu_bool_encode(out: torch.Tensor, threshold) -> torch.Tensor:
-    return out.le(threshold)
-
-
-def _relu_bool_run(grad: torch.Tensor, zero: torch.Tensor, threshold) -> torch.Tensor:
-    # `where` lays its result out as threshold_backward does, after the mask (so after the
-    # ReLU's output); masked_fill's is always contiguous, which the profiler refused for
-    # channels-last networks (the values are the same).
-    return torch.where(zero, 0.0, grad)
-
-
-def _relu_bit_params(node: fx.Node) -> tuple:
-    return (node.args[2], memory_order(node.args[1].meta["val"]))
-
-
-def _relu_bit_encode(out: torch.Tensor, threshold, order) -> torch.Tensor:
-    return pack_bits(out.le(threshold).permute(order))
-
-
-def _relu_bit_run(params: tuple, grad: torch.Tensor, packed: torch.Tensor,
-                  threshold) -> torch.Tensor:
-    # NOTE [1-bit masks]: the mask rebuilt in the ReLU output's layout, so `where` lays the
-    # result out as threshold_backward does (as in _relu_bool_run)
-    order = params[1]
-    mask = unpack_bits(packed, tuple(grad.shape[d] for d in order)).permute(_inverse(order))
-    return torch.where(mask, 0.0, grad)
-
-
-# ---- dropout: native_dropout_backward(grad, mask, scale) reads a bool mask ----
-
-def _dropout_bit_run(grad: torch.Tensor, packed: torch.Tensor, scale: float) -> torch.Tensor:
-    return aten.native_dropout_backward(grad, unpack_bits(packed, grad.shape), scale)
 
 
 # NOTE [Generator-state replay]
@@ -269,14 +186,16 @@ def _conv_weight_grad_wanted(node: fx.Node) -> bool:
 # 5e-3 (measured 8.9e-4).
 LOSSY_OP_BOUND = 2.0 ** -6
 
-pool = variants_pool
+pool, bits = variants_pool, variants_bits
 FAMILIES: tuple[Family, ...] = (
-    Family("relu.bool_mask", aten.threshold_backward.default, 1, _relu_bool_encode,
-           run=_relu_bool_run, params=lambda node: (node.args[2],)),
-    Family("relu.bit_mask", aten.threshold_backward.default, 1, _relu_bit_encode,
-           run=_relu_bit_run, params=_relu_bit_params, params_to_run=True),
-    Family("dropout.bit_mask", aten.native_dropout_backward.default, 1, pack_bits,
-           run=_dropout_bit_run),
+    Family("relu.bool_mask", aten.threshold_backward.default, 1, bits.relu_bool_encode,
+           run=bits.relu_bool_run, params=lambda node: (node.args[2],),
+           run_into=bits.relu_bool_run_into),
+    Family("relu.bit_mask", aten.threshold_backward.default, 1, bits.relu_bit_encode,
+           run=bits.relu_bit_run, params=bits.relu_bit_params, params_to_run=True,
+           run_into=bits.relu_bit_run_into),
+    Family("dropout.bit_mask", aten.native_dropout_backward.default, 1, bits.pack_bits,
+           run=bits.dropout_bit_run),
     Family("dropout.replay", aten.native_dropout_backward.default, 1, _generator_state,
            decode=_dropout_replay, draw=_dropout_draw, params=_dropout_layout,
            accepts=_is_dropout_mask),
@@ -364,9 +283,7 @@ def run(names: tuple[str, ...], params: tuple[tuple, ...], *args, **kwargs):
     (NOTE [Combining variants])."""
     fams = [_BY_NAME[n] for n in names]
     if len(fams) == 1 and fams[0].run is not None:
-        if fams[0].params_to_run:
-            return fams[0].run(params[0], *args, **kwargs)
-        return fams[0].run(*args, **kwargs)
+        return _run(fams[0], fams[0].run, params, args, kwargs)
     args_ = list(args)
     layout = None
     for fam, p in zip(fams, params):
@@ -384,6 +301,22 @@ def run(names: tuple[str, ...], params: tuple[tuple, ...], *args, **kwargs):
     result = torch.empty_strided(shape, strides, dtype=dtype, device=device)
     name, overload = _out_overload(fams[0].op)
     return overload(*args_, **kwargs, **{name: result})
+
+
+def _run(fam: Family, fn: Callable[..., torch.Tensor], params: tuple[tuple, ...], args: tuple,
+         kwargs: dict) -> torch.Tensor:
+    return fn(params[0], *args, **kwargs) if fam.params_to_run else fn(*args, **kwargs)
+
+
+def writes_into(names: tuple[str, ...]) -> bool:
+    """Whether the variants `names` can write the op's result into its first argument."""
+    return len(names) == 1 and _BY_NAME[names[0]].run_into is not None
+
+
+def run_into(names: tuple[str, ...], params: tuple[tuple, ...], *args, **kwargs):
+    """`run`, the result written into the op's first argument (`writes_into(names)`)."""
+    fam = _BY_NAME[names[0]]
+    return _run(fam, fam.run_into, params, args, kwargs)
 
 
 @functools.cache  # looked up on every backward run of a layout-keeping variant

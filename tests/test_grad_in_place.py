@@ -12,7 +12,7 @@ from torch import nn
 
 import monet_opt
 import solvers
-from monet_opt import grad_in_place
+from monet_opt import grad_in_place, variants, variants_bits
 from solvers import SolveResult, Status, schedule_from_kept, simulate
 from tests import models
 
@@ -62,6 +62,73 @@ def test_elementwise_dx_written_into_dy_is_the_functional_ops(op, channels_last,
     assert torch.equal(got.nan_to_num(), want.nan_to_num())
 
 
+@pytest.mark.parametrize("family", ["relu.bool_mask", "relu.bit_mask"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_relu_mask_written_into_dy_is_the_variants_result(family, channels_last, dtype):
+    """NOTE [A ReLU's mask and its gradient in place]: masked_fill_ into dy, bitwise the
+    variant's `where` (NaNs and signed zeros in dy included), in dy's layout."""
+    torch.manual_seed(0)
+    y = torch.relu(torch.randn(4, 6, 9, 11, dtype=dtype))
+    dy = torch.randn_like(y)
+    dy[0, 0, :2], dy[1, 1, :3] = float("nan"), -0.0
+    if channels_last:
+        y, dy = (t.contiguous(memory_format=torch.channels_last) for t in (y, dy))
+    params = (0,) if family == "relu.bool_mask" else (0, variants_bits.memory_order(y))
+    encoded = variants.encode(family, y, *params)
+    want = variants.run((family,), (params,), dy, encoded, 0)
+    into = dy.clone()
+    got = variants.run_into((family,), (params,), into, encoded, 0)
+    assert variants.writes_into((family,)) and got.data_ptr() == into.data_ptr()
+    assert got.stride() == want.stride() == aten.threshold_backward(dy, y, 0).stride()
+    assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       want.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+
+
+def _every_variant(problem, budget, *args, **kwargs):
+    """A solver that keeps what store-all keeps, every variant chosen."""
+    chosen = frozenset(range(len(problem.variants)))
+    schedule = schedule_from_kept(problem, problem.with_variants(chosen).saved_for_backward,
+                                  chosen)
+    sim = simulate(problem, schedule)
+    return SolveResult(solver="test", status=Status.FEASIBLE, schedule=schedule,
+                       objective_s=sim.time_s, peak_bytes=sim.peak_bytes, bound_s=None,
+                       gap=None, solve_time_s=0.0, min_feasible_bytes=sim.peak_bytes)
+
+
+@pytest.mark.parametrize("family", ["relu.bool_mask", "relu.bit_mask"])
+def test_a_relu_run_masked_writes_into_dy_and_measures_its_prediction(monkeypatch, family):
+    """NOTE [A ReLU's mask and its gradient in place]: each ReLU, its mask variant chosen,
+    writes dx into its dying dy; the variant's workspace does not count dx again, and the step
+    measures its prediction to the byte and trains bitwise as eager."""
+    monkeypatch.setattr(solvers, "solve", _every_variant)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+    x = torch.randn(8, 3, 32, 32)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1,
+                             variants=[family])
+    problem = monet_opt.lower_problem(copy.deepcopy(model), x, profile_repeats=1,
+                                      variants=[family])
+    in_place = {k for k, op in enumerate(problem.ops)
+                if op.name.startswith("threshold_backward") and op.inplace_bytes}
+    assert len(in_place) == 2 and len(opt.plan.variants) == 2
+    assert all(v.extra_workspace_bytes < problem.ops[v.op].inplace_bytes
+               for v in problem.variants if v.op in in_place)
+    grads = []
+    for module, owner in ((opt, model), (eager, eager)):
+        owner.zero_grad(set_to_none=True)
+        module(x).square().sum().backward()
+        grads.append([p.grad for p in owner.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    model.zero_grad(set_to_none=True)
+    measured = monet_opt.measure_peak(lambda: opt(x).square().sum().backward(),
+                                      monet_opt.resident_tensors(model, x))
+    assert measured == opt.plan.predicted_peak_bytes
+
+
 def _least(model, x, **kw):
     with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
         monet_opt.optimize(copy.deepcopy(model), x, 1, profile_dir=None, profile_repeats=1,
@@ -107,15 +174,7 @@ def test_a_variant_run_in_its_place_counts_its_dx(monkeypatch):
     longer pays on this model, so the plan is made to use it."""
     family = "batchnorm.output_activated"
 
-    def every_variant(problem, budget, *args, **kwargs):
-        chosen = frozenset(range(len(problem.variants)))
-        schedule = schedule_from_kept(problem, problem.with_variants(chosen).saved_for_backward,
-                                      chosen)
-        sim = simulate(problem, schedule)
-        return SolveResult(solver="test", status=Status.FEASIBLE, schedule=schedule,
-                           objective_s=sim.time_s, peak_bytes=sim.peak_bytes, bound_s=None,
-                           gap=None, solve_time_s=0.0, min_feasible_bytes=sim.peak_bytes)
-    monkeypatch.setattr(solvers, "solve", every_variant)
+    monkeypatch.setattr(solvers, "solve", _every_variant)
     torch.manual_seed(0)
     base, x, _ = models.silu_cnn()
     opt = monet_opt.optimize(base, x, 1 << 40, profile_dir=None, profile_repeats=1,

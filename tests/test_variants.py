@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import monet_opt
-from monet_opt import api, conv_split, memory, variants, variants_pool
+from monet_opt import api, conv_split, memory, variants, variants_bits, variants_pool
 from solvers import schedule_from_kept, simulate
 from solvers.variants import lightest
 from tests import models
@@ -20,9 +20,9 @@ aten = torch.ops.aten
 @pytest.mark.parametrize("shape", [(1,), (7,), (8,), (9,), (3, 5, 7), (2, 64, 33)])
 def test_bit_packing_round_trips(shape):
     b = torch.rand(shape) < 0.4
-    packed = variants.pack_bits(b)
+    packed = variants_bits.pack_bits(b)
     assert packed.dtype == torch.uint8 and packed.numel() == -(-b.numel() // 8)
-    assert torch.equal(variants.unpack_bits(packed, b.shape), b)
+    assert torch.equal(variants_bits.unpack_bits(packed, b.shape), b)
 
 
 def test_each_family_reproduces_its_op_bitwise():
@@ -61,7 +61,7 @@ def test_relu_masks_lay_out_their_result_as_the_op(grad_layout, family):
          "contiguous": torch.randn(4, 17, 5, 3),
          "expanded": torch.randn(4, 17, 1, 1).expand(4, 17, 5, 3)}[grad_layout]
     want = aten.threshold_backward(g, y, 0)
-    params = (0,) if family == "relu.bool_mask" else (0, variants.memory_order(y))
+    params = (0,) if family == "relu.bool_mask" else (0, variants_bits.memory_order(y))
     got = variants.run((family,), (params,), g, variants.encode(family, y, *params), 0)
     assert torch.equal(got, want) and got.stride() == want.stride()
 
@@ -76,7 +76,7 @@ def test_relu_masks_lay_out_their_result_as_the_op(grad_layout, family):
 def test_memory_order_makes_the_tensor_contiguous(make, order):
     """memory_order: outermost to innermost in memory; the identity where nothing does."""
     t = make()
-    got = variants.memory_order(t)
+    got = variants_bits.memory_order(t)
     if order is not None:
         assert got == order
     dense = t.numel() == t.untyped_storage().nbytes() // t.element_size()
