@@ -47,11 +47,13 @@ class HeldAtPeak:
     backward: Part
     workspace_bytes: int
     largest: tuple[tuple[str, int, str], ...]
+    in_place_bytes: int = 0  # the op's output written into an input that dies there
 
     @property
     def total_bytes(self) -> int:
         parts = (self.gradients, self.kept, self.recomputed, self.backward)
-        return self.fixed_bytes + sum(p.bytes for p in parts) + self.workspace_bytes
+        return self.fixed_bytes + sum(p.bytes for p in parts) + self.workspace_bytes - \
+            self.in_place_bytes
 
     def text(self) -> str:
         """One line: each kind's bytes and tensor count, then the fixed memory."""
@@ -59,7 +61,8 @@ class HeldAtPeak:
                           self.recomputed.text("recomputed"),
                           self.backward.text("made by the backward"),
                           f"workspace {format_bytes(self.workspace_bytes)}"]) + \
-            f"; with the fixed {format_bytes(self.fixed_bytes)}"
+            (f", less {format_bytes(self.in_place_bytes)} its output shares with a dying input"
+             if self.in_place_bytes else "") + f"; with the fixed {format_bytes(self.fixed_bytes)}"
 
     def largest_text(self) -> str:
         return "; ".join(f"{name} {format_bytes(n)} ({kind})" for name, n, kind in self.largest)
@@ -97,4 +100,5 @@ def held_at(problem: Problem, schedule: Schedule, labels: tuple[str, ...] = (),
     largest = tuple(sorted(sizes, key=lambda s: -s[1])[:LARGEST])
     return HeldAtPeak(op=f"{op.name}, {phase}", fixed_bytes=problem.fixed_bytes,
                       **{k: Part(*v) for k, v in parts.items()},
-                      workspace_bytes=op.extra_bytes, largest=largest)
+                      workspace_bytes=op.workspace_bytes, largest=largest,
+                      in_place_bytes=op.inplace_bytes)

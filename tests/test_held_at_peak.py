@@ -2,6 +2,7 @@
 the one simulator, sums to its simulated live bytes; plans and refused limits say it."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from torch import nn
 
 import monet_opt
+from monet_opt.peak_held import held_at
 from solvers import Problem, Schedule, alive_at, schedule_from_kept, simulate
 from tests.problems import autodiff_problem, with_masks
 from tests.test_overwrite import _chain
@@ -45,6 +47,18 @@ def test_an_input_written_into_is_held_once():
     _assert_sums(_accumulating(), Schedule(frozenset({0}), (1, 2, 3)))  # in-place accumulation
     with pytest.raises(IndexError):
         alive_at(problem, schedule, 3)
+
+
+def test_an_output_written_into_a_dying_input_is_said_so():
+    """The workspace is the op's own; what its output shares with its input is said apart."""
+    base = _accumulating()
+    ops = base.ops[:3] + (dataclasses.replace(base.ops[3], workspace_bytes=50),)
+    problem = dataclasses.replace(base, ops=ops)
+    schedule = Schedule(frozenset({0}), (1, 2, 3))
+    held = held_at(problem, schedule)
+    assert held.total_bytes == simulate(problem, schedule).peak_bytes == 230
+    assert held.op == "acc, backward" and held.workspace_bytes == 50
+    assert "workspace 50 B, less 40 B its output shares with a dying input" in held.text()
 
 
 def _net():
