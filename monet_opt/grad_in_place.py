@@ -1,4 +1,4 @@
-"""A BatchNorm's, ReLU's or ReLU6's backward writing its input's gradient into its output's.
+"""Backward ops writing their result into an input that dies there: BatchNorm's, elementwise ones.
 
 NOTE [BatchNorm's gradient in place]
   native_batch_norm_backward reads dy, the gradient of its output, and makes dx, the gradient
@@ -21,8 +21,23 @@ NOTE [BatchNorm's gradient in place]
   writes into dy too (NOTE [A ReLU's mask and its gradient in place] in
   monet_opt/variants_bits.py). MobileNetV2 (b32, 128², CPU) peaked least at a ReLU6's
   backward: 172.74 -> 136.52 MiB, the plan measured at its prediction, bitwise eager's.
+
+NOTE [Elementwise backward ops in place]
+  The same holds for every elementwise op of the backward with an out= form, and for softmax's
+  and log-softmax's backwards along a dimension (each row's sum is taken before any of its
+  elements is written): mul, div, sub, neg, and the backwards of tanh, sigmoid, GELU, SiLU,
+  softmax and log-softmax. Where one of their inputs is a gradient the backward made for this
+  op alone, laid out exactly as the result (dtype, shape, strides) and aliased by no other of
+  its inputs, the op runs its out= form into it: the same kernel, each element read before it
+  is written, so bitwise the functional op (tests/test_grad_in_place.py: each op, both
+  arguments of the binary ones, float32/bfloat16/float64, NaN and -0.0). On CPU only, as
+  above (untried on CUDA). A transformer's backward is mostly such ops (a tanh-approximated
+  GELU's gradient alone is a chain of muls and adds, each making a tensor the size of the MLP's
+  hidden layer).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.fx as fx
@@ -32,24 +47,38 @@ from monet_opt import cudnn_bn
 aten = torch.ops.aten
 BACKWARD = aten.native_batch_norm_backward.default
 _OUT = aten.native_batch_norm_backward.out
-# elementwise backwards (ReLU's, ReLU6's) whose out= form may take dy as dx
-_ELEMENTWISE = {aten.threshold_backward.default: aten.threshold_backward.grad_input,
-                aten.hardtanh_backward.default: aten.hardtanh_backward.grad_input}
+# NOTE [Elementwise backward ops in place]: op -> (its out= form, the out argument's name, the
+# arguments it may write into)
+_ELEMENTWISE = {
+    aten.threshold_backward.default: (aten.threshold_backward.grad_input, "grad_input", (0,)),
+    aten.hardtanh_backward.default: (aten.hardtanh_backward.grad_input, "grad_input", (0,)),
+    aten.tanh_backward.default: (aten.tanh_backward.grad_input, "grad_input", (0,)),
+    aten.sigmoid_backward.default: (aten.sigmoid_backward.grad_input, "grad_input", (0,)),
+    aten.gelu_backward.default: (aten.gelu_backward.grad_input, "grad_input", (0,)),
+    aten.silu_backward.default: (aten.silu_backward.grad_input, "grad_input", (0,)),
+    aten._softmax_backward_data.default: (aten._softmax_backward_data.out, "grad_input", (0,)),
+    aten._log_softmax_backward_data.default: (aten._log_softmax_backward_data.out, "out", (0,)),
+    aten.mul.Tensor: (aten.mul.out, "out", (0, 1)),
+    aten.div.Tensor: (aten.div.out, "out", (0, 1)),
+    aten.sub.Tensor: (aten.sub.out, "out", (0, 1)),
+    aten.neg.default: (aten.neg.out, "out", (0,)),
+}
+TARGETS = (BACKWARD, *_ELEMENTWISE)
 
 
-def may_write(node: fx.Node) -> bool:
-    """Whether `node` is a BatchNorm backward on CPU, run as ATen's kernel (not cuDNN's),
-    asked for all three gradients, or a ReLU's or ReLU6's backward on CPU: its dx may go into
-    its dy (the caller checks that dy dies there, laid out as dx)."""
+def may_write(node: fx.Node) -> tuple[int, ...]:
+    """The arguments `node` may write its result into: dy (0) where it is a BatchNorm backward
+    on CPU, run as ATen's kernel (not cuDNN's), asked for all three gradients; those of
+    _ELEMENTWISE on CPU; else none (the caller checks that the argument dies there, laid out as
+    the result)."""
     vals = node.meta.get("val")
     dx = vals[0] if isinstance(vals, (tuple, list)) else vals
-    if not isinstance(node.args[0], fx.Node) or node.kwargs or \
-            not isinstance(dx, torch.Tensor) or dx.device.type != "cpu":
-        return False
+    if not isinstance(dx, torch.Tensor) or dx.device.type != "cpu":
+        return ()
     if node.target in _ELEMENTWISE:
-        return True
-    return node.target is BACKWARD and len(node.args) == 10 and \
-        list(node.args[9]) == [True, True, True] and cudnn_bn.kernel(node) is BACKWARD
+        return _ELEMENTWISE[node.target][2]
+    return (0,) if node.target is BACKWARD and not node.kwargs and len(node.args) == 10 and \
+        list(node.args[9]) == [True, True, True] and cudnn_bn.kernel(node) is BACKWARD else ()
 
 
 def backward_into(dy: torch.Tensor, *args):
@@ -59,14 +88,15 @@ def backward_into(dy: torch.Tensor, *args):
                 out2=torch.empty_like(weight))
 
 
-def _elementwise_into(out_form):
-    """out_form(dy, *args) with dx written into dy (ReLU's or ReLU6's backward)."""
-    def into(dy: torch.Tensor, *args) -> torch.Tensor:
-        return out_form(dy, *args, grad_input=dy)
-    into.__name__ = into.__qualname__ = f"{out_form.__name__.split('.')[0]}_into"
-    return into
+@functools.cache
+def into(op, k: int):
+    """What runs in the place of `op` writing its result into its argument `k` (NOTEs
+    [BatchNorm's gradient in place], [Elementwise backward ops in place])."""
+    if op is BACKWARD:
+        return backward_into
+    out_form, name, _ = _ELEMENTWISE[op]
 
-
-# what runs in each such op's place (NOTE [BatchNorm's gradient in place])
-INTO = {BACKWARD: backward_into,
-        **{op: _elementwise_into(out_form) for op, out_form in _ELEMENTWISE.items()}}
+    def run(*args, **kwargs) -> torch.Tensor:
+        return out_form(*args, **kwargs, **{name: args[k]})
+    run.__name__ = run.__qualname__ = f"{out_form.__name__.split('.')[0]}_into_{k}"
+    return run

@@ -300,20 +300,35 @@ class _Builder:
                 self.ops[i] = dataclasses.replace(op, inplace_bytes=self.tensors[t].bytes)
                 found.append((node.name, k))
                 break
-        for node in (n for target in grad_in_place.INTO
+        for node in (n for target in grad_in_place.TARGETS
                      for n in joint.graph.find_nodes(op="call_function", target=target)):
-            i = index[node.name]
-            val = node.meta.get("val")
-            if not self.ops[i].is_backward or not grad_in_place.may_write(node) or \
-                    not same_layout(node.args[0].meta.get("val"),
-                                    val[0] if isinstance(val, (tuple, list)) else val):
-                continue
-            t = self._dying_grad(node.args[0], readers, returned)
-            dx = self.multi[node.name][0] if node.name in self.multi else self.ops[i].outputs[0]
-            if t is not None and self.tensors[t].bytes == self.tensors[dx].bytes:
-                self.ops[i] = dataclasses.replace(self.ops[i], inplace_bytes=self.tensors[t].bytes)
-                found.append((node.name, 0))
+            k = self._written_into(node, index, readers, returned)
+            if k is not None:
+                found.append((node.name, k))
         return tuple(found)
+
+    def _written_into(self, node: fx.Node, index: dict[str, int], readers: dict[int, int],
+                      returned: set[int]) -> int | None:
+        """The argument backward op `node` writes its result into (NOTE [Elementwise backward
+        ops in place] in monet_opt/grad_in_place.py), marking its `inplace_bytes`; or None."""
+        i = index[node.name]
+        if not self.ops[i].is_backward:
+            return None
+        val = node.meta.get("val")
+        result = val[0] if isinstance(val, (tuple, list)) else val
+        dx = self.multi[node.name][0] if node.name in self.multi else self.ops[i].outputs[0]
+        for k in grad_in_place.may_write(node):
+            arg = node.args[k] if k < len(node.args) else None
+            if not isinstance(arg, fx.Node) or not same_layout(arg.meta.get("val"), result):
+                continue
+            t = self._dying_grad(arg, readers, returned)
+            others = [a for j, a in enumerate(node.args) if j != k and isinstance(a, fx.Node)]
+            if t is None or self.tensors[t].bytes != self.tensors[dx].bytes or \
+                    any(t in self.storage[a.name] for a in others):
+                continue
+            self.ops[i] = dataclasses.replace(self.ops[i], inplace_bytes=self.tensors[t].bytes)
+            return k
+        return None
 
     def _dying_grad(self, arg: fx.Node, readers: dict[int, int], returned: set[int]
                     ) -> int | None:

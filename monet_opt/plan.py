@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from monet_opt import variants
 from monet_opt.errors import internal_assert
 from monet_opt.peak_held import HeldAtPeak, held_at
 from monet_opt.units import Share, format_bytes
@@ -58,6 +59,8 @@ class Plan:
     timeline: Timeline | None = None  # the predicted memory over the step
     in_place_runs: int = 0     # op runs writing into a dying input (NOTE [Writing into a dying
     #                            input] in solvers/simulate.py)
+    in_place_backward: int = 0  # backward ops writing into a dying gradient (NOTEs [In-place
+    #                            accumulation], [Elementwise backward ops in place])
     peak_op: str = ""          # the op run at the predicted peak, with its phase and workspace
     held_at_peak: HeldAtPeak | None = None  # what the step holds there (NOTE [Held at the peak])
 
@@ -99,7 +102,8 @@ class Plan:
             f"({overhead:+.1%} vs no recomputation), {self.recomputed_ops} op runs recomputed",
             f"  variants in use   {_count_families(self.variants)}",
             f"  in place          {self.in_place_runs} op runs write into an input that dies "
-            "there (relu_, add_)",
+            f"there (relu_, add_), {self.in_place_backward} backward ops their result into a "
+            "gradient that dies there (NOTE [Elementwise backward ops in place])",
             "",
             f"  {'phase':<8} {'op':<28} {'bytes':>11} {'time ms':>9}  decision   source",
         ]
@@ -130,10 +134,21 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
                 min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
                 variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
                 rows=op_rows(problem, result.schedule, sim, labels),
-                in_place_runs=len(sim.overwrites), peak_op=_peak_op(problem, result.schedule, sim),
+                in_place_runs=len(sim.overwrites),
+                in_place_backward=_in_place_backward(problem, result.schedule.variants),
+                peak_op=_peak_op(problem, result.schedule, sim),
                 held_at_peak=held_at(problem, result.schedule, labels, sim),
                 timeline=Timeline(op_time_s=sim.step_time_s, live_bytes=sim.live_bytes,
                                   backward_start=len(problem.forward_ops)))
+
+
+def _in_place_backward(problem: Problem, chosen: frozenset[int]) -> int:
+    """Backward ops writing their result into a dying gradient: those the lowering marked,
+    less those a variant runs in place of that makes its result anew."""
+    anew = {problem.variants[v].op for v in chosen
+            if not variants.writes_into((problem.variants[v].name.split(":")[0],))}
+    return sum(1 for i, op in enumerate(problem.ops)
+               if op.is_backward and op.inplace_bytes and i not in anew)
 
 
 def least_held(problem: Problem, result: SolveResult) -> HeldAtPeak | None:

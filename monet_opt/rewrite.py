@@ -304,10 +304,11 @@ class _Emitter:
             if n_keep is not None:
                 new.meta["val"] = tuple(old.meta["val"][:n_keep])
             self.views.clear()  # views of the old copies must be re-made from the new ones
-        elif old.target in grad_in_place.INTO and old.name in self.inplace:
-            # NOTE [BatchNorm's gradient in place]: dx written into dy
+        elif old.target in grad_in_place.TARGETS and old.name in self.inplace:
+            # NOTEs [BatchNorm's gradient in place], [Elementwise backward ops in place]
             args, kwargs = recompute.effective_args(old)
-            new = self._copy(old, args, kwargs, target=grad_in_place.INTO[old.target])
+            new = self._copy(old, args, kwargs,
+                             target=grad_in_place.into(old.target, self.inplace[old.name]))
         elif old.name in self.inplace:
             # NOTE [In-place accumulation]: a + b as b += a (IEEE addition commutes bitwise)
             k = self.inplace[old.name]
