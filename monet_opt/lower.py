@@ -38,7 +38,7 @@ from monet_opt.errors import UnsupportedGraphError
 from monet_opt.memory import allocated_bytes, dense_parts, refuse_sparse_made
 from monet_opt.stats_in_place import MARK
 from solvers import NO_PRODUCER, Op, Problem, Tensor
-from solvers.problem import reader_counts
+from solvers.problem import last_readers
 
 # Views whose schemas do not say so: `unsafe_split` returns slices of its input (GRU and RNN
 # cells split their gates with it); counted as new tensors, a GRU's predicted peak was 7.7 %
@@ -275,12 +275,12 @@ class _Builder:
     def accumulate_in_place(self, joint: fx.GraphModule) -> tuple[tuple[str, int], ...]:
         """NOTE [In-place accumulation] (solvers/problem.py): each backward `add` of two
         same-dtype tensors (alpha 1) that can write into one of its arguments: a tensor a
-        backward op made, read by nothing else and not returned, laid out exactly as the sum
+        backward op made, read by no later op and not returned, laid out exactly as the sum
         (so the result is the sum bitwise, where it would be, with the sum's strides); and each
         BatchNorm, ReLU or ReLU6 backward that can write its dx into its dy so (NOTE
         [BatchNorm's gradient in place] in monet_opt/grad_in_place.py). Marks the op's
         `inplace_bytes`; returns (node, argument) pairs for the executor."""
-        readers = reader_counts(self.ops)
+        last = last_readers(self.ops)
         returned = set(self.forward_outputs) | set(self.backward_outputs)
         index = {name: i for i, name in enumerate(self.op_nodes)}
         found = []
@@ -293,7 +293,7 @@ class _Builder:
             for k, arg in enumerate(args):
                 if not can_add_into(node, arg):
                     continue
-                t = self._dying_grad(arg, readers, returned)
+                t = self._dying_grad(arg, i, last, returned)
                 if t is None or t in self.storage[args[1 - k].name] or \
                         self.tensors[t].bytes != self.tensors[op.outputs[0]].bytes:
                     continue
@@ -302,12 +302,12 @@ class _Builder:
                 break
         for node in (n for target in grad_in_place.TARGETS
                      for n in joint.graph.find_nodes(op="call_function", target=target)):
-            k = self._written_into(node, index, readers, returned)
+            k = self._written_into(node, index, last, returned)
             if k is not None:
                 found.append((node.name, k))
         return tuple(found)
 
-    def _written_into(self, node: fx.Node, index: dict[str, int], readers: dict[int, int],
+    def _written_into(self, node: fx.Node, index: dict[str, int], last: dict[int, int],
                       returned: set[int]) -> int | None:
         """The argument backward op `node` writes its result into (NOTE [Elementwise backward
         ops in place] in monet_opt/grad_in_place.py), marking its `inplace_bytes`; or None."""
@@ -321,7 +321,7 @@ class _Builder:
             arg = node.args[k] if k < len(node.args) else None
             if not isinstance(arg, fx.Node) or not same_layout(arg.meta.get("val"), result):
                 continue
-            t = self._dying_grad(arg, readers, returned)
+            t = self._dying_grad(arg, i, last, returned)
             others = [a for j, a in enumerate(node.args) if j != k and isinstance(a, fx.Node)]
             if t is None or self.tensors[t].bytes != self.tensors[dx].bytes or \
                     any(t in self.storage[a.name] for a in others):
@@ -330,13 +330,13 @@ class _Builder:
             return k
         return None
 
-    def _dying_grad(self, arg: fx.Node, readers: dict[int, int], returned: set[int]
+    def _dying_grad(self, arg: fx.Node, i: int, last: dict[int, int], returned: set[int]
                     ) -> int | None:
-        """The tensor `arg` reads, where a backward op made it and only one op reads it, and it
-        is not returned: the one reader may write into it."""
+        """The tensor `arg` reads, where a backward op made it, op `i` is the last to read it
+        and it is not returned: op `i` may write into it."""
         reads = self.storage[arg.name]
         t = reads[0] if len(reads) == 1 else None
-        if t is None or readers.get(t) != 1 or t in returned:
+        if t is None or last.get(t) != i or t in returned:
             return None
         producer = self.tensors[t].producer
         return t if producer != NO_PRODUCER and self.ops[producer].is_backward else None

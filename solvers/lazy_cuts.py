@@ -18,10 +18,11 @@ NOTE [Cuts where the schedule goes over]
   The program grows with its cuts (CPU ResNet-50 at a quarter of its activations: 9 cuts
   solved in 13 s, 13 cuts not in 130 s); alone in 18 s, its schedule on CPU ResNet-50 at a
   third of its activations was +7.23 % (11 cuts, in 13 s) where auto's in 30 s is +8.06 %, but
-  in auto's share of 30 s (a third, or 0.45: 13.5 s) it does not fit there. Auto in 30 s on the kept problems, with and
-  without the rounds (docs/benchmarks/auto_shares.md): the sum of the 11 cells' predicted
-  overheads +146.15 -> +144.78 % (GoogLeNet (CPU) at a third +13.33 -> +12.96 %, DenseNet-121
-  (H200) at a quarter +13.90 -> +13.45 %), the gaps auto reports 0.1-19.9 -> 0.0-4.2 %.
+  in auto's share of 30 s (a third, or 0.45: 13.5 s) it does not fit there. Auto in 30 s on
+  the kept problems, with and without the rounds (docs/benchmarks/auto_shares.md): the sum
+  of the 11 cells' predicted overheads +146.15 -> +144.78 % (GoogLeNet (CPU) at a third
+  +13.33 -> +12.96 %, DenseNet-121 (H200) at a quarter +13.90 -> +13.45 %), the gaps auto
+  reports 0.1-19.9 -> 0.0-4.2 %.
 
 NOTE [Proven close enough]
   Where the schedule found is within AUTO_CLOSE_ENOUGH of the no-recompute step above the

@@ -306,33 +306,34 @@ def _validate(p: Problem) -> None:
     _validate_variants(p, fail)
 
 
-def reader_counts(ops) -> dict[int, int]:
-    """tensor id -> how many of `ops` read it."""
-    readers: dict[int, int] = {}
-    for op in ops:
-        for t in op.inputs:
-            readers[t] = readers.get(t, 0) + 1
-    return readers
+def last_readers(ops) -> dict[int, int]:
+    """tensor id -> the index of the last of `ops` that reads it."""
+    return {t: i for i, op in enumerate(ops) for t in op.inputs}
 
 
 def _validate_inplace(p: Problem, inplace: list[int], fail) -> None:
     """NOTE [In-place accumulation]
       A backward op may write its output into the storage of an input that dies there whatever
-      the schedule: a tensor another backward op made, which no other op reads and the step does
-      not return (so it is never kept, recomputed or read again). Gradient accumulation is the
-      case: `add(g1, g2)` run as `g2 += g1` where g2 was made for that sum alone. While the op
-      runs, that input's storage holds its output: the op allocates `inplace_bytes` less than its
-      outputs (`Op.extra_bytes`). The decision is static, so every solver sees it as a constant."""
-    readers = reader_counts(p.ops)
+      the schedule: a tensor another backward op made, which no later op reads and the step
+      does not return (so it is never kept, recomputed or read again). Gradient accumulation is
+      the case: `add(g1, g2)` run as `g2 += g1` where g2 was made for that sum alone. While the
+      op runs, that input's storage holds its output: the op allocates `inplace_bytes` less
+      than its outputs (`Op.extra_bytes`). The decision is static, so every solver sees it as
+      a constant. Backward ops run in the problem's order in every schedule the solvers make,
+      so an input other backward ops read before this one dies here too (a residual block's
+      gradient, passed on to the shortcut and then read by the branch's BatchNorm backward);
+      the simulator refuses a schedule that reorders them (NOTE [Backward ops reordered] in
+      solvers/simulate.py)."""
+    last = last_readers(p.ops)
     for i in inplace:
         op = p.ops[i]
         ok = any(p.tensors[t].bytes == op.inplace_bytes and 0 <= p.tensors[t].producer < i
-                 and p.ops[p.tensors[t].producer].is_backward and readers[t] == 1
+                 and p.ops[p.tensors[t].producer].is_backward and last[t] == i
                  and t not in p.backward_outputs for t in op.inputs)
         if op.inplace_bytes < 0 or not op.is_backward or not ok or \
                 op.inplace_bytes > sum(p.tensors[t].bytes for t in op.outputs):
             fail(f"op {op.name!r} writes in place into {op.inplace_bytes} B, but it is not a "
-                 "backward op reading a tensor of that size that only it reads, made by a "
+                 "backward op reading a tensor of that size that no later op reads, made by a "
                  "backward op and not returned, or its outputs are smaller (NOTE [In-place "
                  "accumulation])")
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solvers.errors import InvalidScheduleError, SolverError
-from solvers.problem import Problem
+from solvers.problem import Problem, last_readers
 from solvers.schedule import Schedule
 
 
@@ -109,10 +109,29 @@ def _check_backward_order(problem: Problem, schedule: Schedule) -> None:
         names = [problem.ops[i].name for i in sorted(missing | repeated)][:5]
         raise InvalidScheduleError(
             f"every backward op must run exactly once; missing or repeated: {names}")
+    if tuple(ran) != problem.backward_ops:
+        _check_in_place(problem, ran)
     fwd = set(problem.forward_tensors)
     bad = [t for t in schedule.kept if t not in fwd]
     if bad:
         raise InvalidScheduleError(f"kept tensors must be forward tensors; not: {bad[:5]}")
+
+
+def _check_in_place(problem: Problem, ran: list[int]) -> None:
+    """NOTE [Backward ops reordered]
+      A backward op that writes in place (NOTE [In-place accumulation] in solvers/problem.py)
+      writes into one of its inputs that no later op reads in the problem's order (which one,
+      the problem does not say). A schedule that runs the backward ops in another order could
+      read that input after it was written over, so it is refused unless every such input
+      still dies there."""
+    static = last_readers(problem.ops)
+    last = {t: i for i in ran for t in problem.ops[i].inputs}
+    for i in ran:
+        op = problem.ops[i]
+        if op.inplace_bytes and any(static[t] == i != last[t] for t in op.inputs):
+            raise InvalidScheduleError(
+                f"backward op {op.name!r} writes into an input that a backward op run after it "
+                "reads (NOTE [Backward ops reordered]): run them in the problem's order")
 
 
 def _copy_lifetimes(problem: Problem, schedule: Schedule, steps: tuple[int, ...]):

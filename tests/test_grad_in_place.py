@@ -235,3 +235,48 @@ def test_a_variant_run_in_its_place_counts_its_dx(monkeypatch):
     measured = monet_opt.measure_peak(lambda: opt(x).sum().backward(),
                                       monet_opt.resident_tensors(base, x))
     assert measured == opt.plan.predicted_peak_bytes
+
+
+class _Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.branch = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16),
+                                    nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                                    nn.BatchNorm2d(16))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+
+    def forward(self, x):
+        y = self.stem(x)
+        return self.head(torch.relu(self.branch(y) + y))
+
+
+def test_the_last_of_several_readers_writes_into_a_gradient():
+    """NOTE [In-place accumulation] (solvers/problem.py): a residual block's gradient is read
+    by the shortcut's and the branch's backward; the last of them writes into it. The step
+    measures its prediction to the byte and trains bitwise as eager."""
+    torch.manual_seed(0)
+    model, x = _Residual(), torch.randn(8, 3, 32, 32)
+    eager = copy.deepcopy(model)
+    problem = monet_opt.lower_problem(copy.deepcopy(model), x, profile_repeats=1)
+    readers = {}
+    for op in problem.ops:
+        for t in op.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    shared = [op.name for op in problem.ops if op.inplace_bytes and any(
+        readers[t] > 1 and problem.tensors[t].bytes == op.inplace_bytes for t in op.inputs)]
+    assert shared
+    least = _least(model, x)
+    opt = monet_opt.optimize(model, x, least, profile_dir=None, profile_repeats=1,
+                             time_limit_s=5)
+    grads = []
+    for module, owner in ((opt, model), (eager, eager)):
+        owner.zero_grad(set_to_none=True)
+        module(x).square().sum().backward()
+        grads.append([p.grad for p in owner.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), eager.buffers()))
+    model.zero_grad(set_to_none=True)
+    measured = monet_opt.measure_peak(lambda: opt(x).square().sum().backward(),
+                                      monet_opt.resident_tensors(model, x))
+    assert measured == opt.plan.predicted_peak_bytes <= least
