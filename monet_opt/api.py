@@ -32,6 +32,7 @@ from monet_opt.profiler import PROFILER_REVISION, profile
 from monet_opt.units import Share, parse_limit
 import solvers
 from solvers.variants import useless as useless_variants
+from solvers.remembered import recall, recalled
 
 
 def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Share, *,
@@ -311,7 +312,8 @@ class _Planner:
                 problem = in_place_problem(problem, lowered, num_fwd_outputs, slots,
                                            self.resident_bytes)
             limit = limit_bytes(self.limit, problem) if self.limit is not None else 2 ** 62
-            known = self.found.of(self.problem)  # NOTE [Schedules found for the step ...]
+            # NOTEs [Schedules found for the step ...], [Least peaks recalled in the process]
+            known = recalled(problem, self.found.of(self.problem))
             if self.cache is None or self.limit is None:
                 result = solve(problem, limit, self.solver, time_limit_s=self.time_limit_s,
                                known=known)
@@ -320,6 +322,7 @@ class _Planner:
                                           self.time_limit_s, solve=solve, known=known)
             if not self.resident_bytes:
                 self.found.add(self.problem, result)
+            recall(problem, result)
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
             result = solvers.without_unread(problem, result)
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds

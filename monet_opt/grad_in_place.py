@@ -49,7 +49,7 @@ BACKWARD = aten.native_batch_norm_backward.default
 _OUT = aten.native_batch_norm_backward.out
 # NOTE [Elementwise backward ops in place]: op -> (its out= form, the out argument's name, the
 # arguments it may write into)
-_ELEMENTWISE = {
+ELEMENTWISE = {
     aten.threshold_backward.default: (aten.threshold_backward.grad_input, "grad_input", (0,)),
     aten.hardtanh_backward.default: (aten.hardtanh_backward.grad_input, "grad_input", (0,)),
     aten.tanh_backward.default: (aten.tanh_backward.grad_input, "grad_input", (0,)),
@@ -63,20 +63,20 @@ _ELEMENTWISE = {
     aten.sub.Tensor: (aten.sub.out, "out", (0, 1)),
     aten.neg.default: (aten.neg.out, "out", (0,)),
 }
-TARGETS = (BACKWARD, *_ELEMENTWISE)
+TARGETS = (BACKWARD, *ELEMENTWISE)
 
 
 def may_write(node: fx.Node) -> tuple[int, ...]:
     """The arguments `node` may write its result into: dy (0) where it is a BatchNorm backward
     on CPU, run as ATen's kernel (not cuDNN's), asked for all three gradients; those of
-    _ELEMENTWISE on CPU; else none (the caller checks that the argument dies there, laid out as
+    ELEMENTWISE on CPU; else none (the caller checks that the argument dies there, laid out as
     the result)."""
     vals = node.meta.get("val")
     dx = vals[0] if isinstance(vals, (tuple, list)) else vals
     if not isinstance(dx, torch.Tensor) or dx.device.type != "cpu":
         return ()
-    if node.target in _ELEMENTWISE:
-        return _ELEMENTWISE[node.target][2]
+    if node.target in ELEMENTWISE:
+        return ELEMENTWISE[node.target][2]
     return (0,) if node.target is BACKWARD and not node.kwargs and len(node.args) == 10 and \
         list(node.args[9]) == [True, True, True] and cudnn_bn.kernel(node) is BACKWARD else ()
 
@@ -94,7 +94,7 @@ def into(op, k: int):
     [BatchNorm's gradient in place], [Elementwise backward ops in place])."""
     if op is BACKWARD:
         return backward_into
-    out_form, name, _ = _ELEMENTWISE[op]
+    out_form, name, _ = ELEMENTWISE[op]
 
     def run(*args, **kwargs) -> torch.Tensor:
         return out_form(*args, **kwargs, **{name: args[k]})

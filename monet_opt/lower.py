@@ -172,6 +172,7 @@ class _Builder:
         self.views: set[str] = set()
         self.fixed_names: set[str] = set()
         self.fixed_bytes = 0
+        self.seed_counted = False  # NOTE [The loss scalar]: its seed gradient counted once
         self.storage: dict[str, tuple[int, ...]] = {}   # node name -> the tensors it reads as
         self.multi: dict[str, tuple[int, ...]] = {}     # multi-output op -> its output tensors
         self.forward_outputs: list[int] = []
@@ -186,7 +187,15 @@ class _Builder:
     def placeholder(self, node: fx.Node) -> None:
         if not node.name.startswith("tangents"):
             return self.fixed(node)
-        t = self._tensor(node.name, node.meta.get("val"), NO_PRODUCER)
+        val = node.meta.get("val")
+        t = self._tensor(node.name, val, NO_PRODUCER)
+        if isinstance(val, torch.Tensor) and val.dim() == 0 and not self.seed_counted:
+            # NOTE [The loss scalar] (monet_opt/held_outputs.py): the fixed memory holds the
+            # loss's seed gradient for the whole step; counted here too, it measured 4 B under
+            # a plan whose peak came before its last read (GPT-2 with labels, at nll_loss's
+            # backward)
+            self.tensors[t] = dataclasses.replace(self.tensors[t], bytes=0)
+            self.seed_counted = True
         self.storage[node.name] = (t,)
 
     def call(self, node: fx.Node) -> None:
@@ -230,7 +239,7 @@ class _Builder:
                            is_random=recompute.is_random(node),
                            workspace_bytes=bn_split.workspace_bytes(node)
                            if node.target is bn_split.apply_stats else 0,
-                           overwrites=() if is_backward else self._overwritable(node)))
+                           overwrites=self._overwritable(node, is_backward)))
         self.op_nodes.append(node.name)
         self.labels.append(_label(node))
 
@@ -244,20 +253,27 @@ class _Builder:
         self.tensor_nodes.append(name)
         return len(self.tensors) - 1
 
-    def _overwritable(self, node: fx.Node) -> tuple[int, ...]:
+    def _overwritable(self, node: fx.Node, is_backward: bool) -> tuple[int, ...]:
         """NOTE [Writing into a dying input] (solvers/simulate.py): the forward tensors an
         elementwise op with an in-place form could write its output into: an argument that is
-        a forward op's output itself (not a view of one), laid out exactly as the output."""
-        if node.target not in OVERWRITING or node.kwargs.get("alpha", 1) != 1:
+        a forward op's output itself (not a view of one), laid out exactly as the output. In
+        the backward, those of grad_in_place's ops (NOTE [Elementwise backward ops in place])
+        at the arguments they may write into."""
+        if is_backward:
+            at = grad_in_place.may_write(node) if node.target in grad_in_place.ELEMENTWISE else ()
+        elif node.target not in OVERWRITING or node.kwargs.get("alpha", 1) != 1:
             return ()
-        args = [a for a in node.args if isinstance(a, fx.Node)]
-        if len({a.name for a in args}) != len(args):  # x + x: nothing to gain
-            return ()
+        else:
+            at = range(len(node.args))
         found = []
-        for arg in args:
+        for k in (k for k in at if k < len(node.args) and isinstance(node.args[k], fx.Node)):
+            arg = node.args[k]
             reads = self.storage.get(arg.name, ())
             t = reads[0] if len(reads) == 1 else None
-            if t is None or self.tensor_nodes[t] != arg.name or \
+            others = [a for j, a in enumerate(node.args) if j != k and isinstance(a, fx.Node)]
+            # x + x, or x + x.t(): nothing to gain, or a wrong sum
+            if t is None or any(t in self.storage.get(a.name, ()) for a in others) or \
+                    self.tensor_nodes[t] != arg.name or \
                     self.tensors[t].producer == NO_PRODUCER or \
                     self.ops[self.tensors[t].producer].is_backward or \
                     not same_layout(arg.meta.get("val"), node.meta.get("val")):
@@ -326,7 +342,8 @@ class _Builder:
             if t is None or self.tensors[t].bytes != self.tensors[dx].bytes or \
                     any(t in self.storage[a.name] for a in others):
                 continue
-            self.ops[i] = dataclasses.replace(self.ops[i], inplace_bytes=self.tensors[t].bytes)
+            self.ops[i] = dataclasses.replace(self.ops[i], inplace_bytes=self.tensors[t].bytes,
+                                              overwrites=())
             return k
         return None
 

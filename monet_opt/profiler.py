@@ -50,9 +50,10 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # timed warm: NOTE [Recomputation reads a cold input]; 8: CPU variants' workspace counting
 # views of their inputs as made: NOTE [Workspace]; 9: BatchNorm backwards making their dx anew,
 # NOTE [BatchNorm's gradient in place]; 10: ReLU mask variants counted as making dx anew,
-# NOTE [A ReLU's mask and its gradient in place]) is not served to this one. Raise it when
-# what the profiler measures changes meaning.
-PROFILER_REVISION = 11
+# NOTE [A ReLU's mask and its gradient in place]; 11: backward ops taking over no recomputed
+# input, NOTE [Writing into a dying input]) is not served to this one. Raise it when what the
+# profiler measures changes meaning.
+PROFILER_REVISION = 12
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):

@@ -107,11 +107,14 @@ def _write_in_place(gm: fx.GraphModule, phase: str) -> None:
         k = tag[1]
         arg = node.args[k]
         internal_assert(isinstance(arg, fx.Node) and arg.op == "call_function" and
-                        node.target in OVERWRITING and
-                        max(order[u] for u in arg.users) == order[node],
+                        (node.target in OVERWRITING or node.target in grad_in_place.ELEMENTWISE)
+                        and max(order[u] for u in arg.users) == order[node],
                         f"{node.name} was to write into {arg}, which is read after it")
-        args = (arg, *node.args[:k], *node.args[k + 1:])  # a + b as b += a, bitwise (IEEE)
-        node.target, node.args = OVERWRITING[node.target], args
+        if node.target in OVERWRITING:
+            args = (arg, *node.args[:k], *node.args[k + 1:])  # a + b as b += a, bitwise (IEEE)
+            node.target, node.args = OVERWRITING[node.target], args
+        else:  # NOTE [Elementwise backward ops in place]: its out= form, into argument k
+            node.target = grad_in_place.into(node.target, k)
 
 
 def random_forward_ops(joint: fx.GraphModule, lowered: Lowered) -> list[fx.Node]:

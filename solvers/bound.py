@@ -176,12 +176,13 @@ def build_program(p: Problem, budget_bytes: int, cuts: list[int]) -> BoundProgra
 def _resident_at(p: Problem, q: int) -> int:
     """Bytes resident while backward position q runs, whatever the schedule: fixed memory, the
     backward tensors (tangents included) made before it that are read at or after it or are
-    gradients of the step, and its own outputs and workspace."""
+    gradients of the step, and its own outputs and workspace (not its output where it may
+    take over a dying input's storage: NOTE [Writing into a dying input])."""
     bwd = p.backward_ops
     b = bwd[q]
     replaceable = {var.group for var in p.variants}
     made_before = set(p.tangents) | {t for i in bwd[:q] for t in p.ops[i].outputs}
     needed = {t for i in bwd[q:] for t in p.ops[i].inputs if (i, t) not in replaceable}
     needed |= set(p.backward_outputs)
-    alive = (made_before & needed) | set(p.ops[b].outputs)
+    alive = (made_before & needed) | (set() if p.ops[b].overwrites else set(p.ops[b].outputs))
     return p.fixed_bytes + p.ops[b].extra_bytes + sum(p.tensors[t].bytes for t in alive)

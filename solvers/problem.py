@@ -35,9 +35,9 @@ class Op:
     """One operator. inputs/outputs are tensor ids; tensors that are always resident (parameters,
     buffers, inputs) are not listed: they are part of `Problem.fixed_bytes`.
     recompute_time_s: what a forward op costs when the backward runs it again, where that
-    differs from its first run (None: time_s); see `rerun_s`. overwrites: inputs of a forward
-    op that it writes its output into where that input dies at it (NOTE [Writing into a dying
-    input] in solvers/simulate.py)."""
+    differs from its first run (None: time_s); see `rerun_s`. overwrites: forward tensors the
+    op reads that it writes its output into where that input dies at it (NOTE [Writing into a
+    dying input] in solvers/simulate.py)."""
 
     name: str
     is_backward: bool
@@ -283,11 +283,12 @@ def _validate(p: Problem) -> None:
             if not op.is_backward and (prod == NO_PRODUCER or p.ops[prod].is_backward):
                 fail(f"forward op {op.name!r} reads backward tensor {p.tensors[t].name!r}")
         for t in op.overwrites:
-            if op.is_backward or t not in op.inputs or len(op.outputs) != 1 or \
-                    p.tensors[t].bytes != p.tensors[op.outputs[0]].bytes:
-                fail(f"op {op.name!r} may overwrite tensor {t}, but it is not a forward op with "
-                     "one output reading a tensor of that output's size (NOTE [Writing into a "
-                     "dying input])")
+            if op.inplace_bytes or t not in op.inputs or len(op.outputs) != 1 or \
+                    p.tensors[t].bytes != p.tensors[op.outputs[0]].bytes or \
+                    not 0 <= p.tensors[t].producer < i or p.ops[p.tensors[t].producer].is_backward:
+                fail(f"op {op.name!r} may overwrite tensor {t}, but it is not an op with one "
+                     "output reading a forward tensor of that output's size, or it writes in "
+                     "place already (NOTE [Writing into a dying input])")
     for t, ten in enumerate(p.tensors):
         if ten.bytes < 0:
             fail(f"tensor {ten.name!r} has negative bytes")

@@ -14,9 +14,21 @@ NOTE [Least peaks remembered]
   what it reaches only goes down from call to call (it searches from Chen's schedules: NOTE
   [The least peak where store-all fits] in solvers/least.py). Schedules that do not run on
   the problem (made for another graph) are ignored: the simulator decides.
+
+NOTE [Least peaks recalled in the process]
+  Without a profile directory, two optimize() calls of one model profile it twice: the
+  problems differ in their measured times only, so the second did not know the first's least
+  schedule, and a least budget the first reported could be refused by the second (GPT-2 with
+  labels in tests/test_loss_memory.py, on a loaded machine: 1,245,064 B named, 1,285,772 B
+  reached). A schedule's peak depends on the problem's memory alone, so optimize() keeps each
+  solve's least-peak schedule in the process (`recall`, by the problem's memory structure,
+  for the last RECALLED problems) and offers it to the next solve of a problem of the same
+  structure as a known one (`recalled`). The solvers themselves keep nothing between calls:
+  their answer depends on their arguments alone.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Iterable
 
@@ -36,6 +48,41 @@ def floor_of(candidates: Iterable[tuple[int | None, Schedule | None]]
         if best[0] is None or peak < best[0] or (peak == best[0] and best[1] is None):
             best = (peak, schedule)
     return best
+
+
+RECALLED = 16
+_recalled: collections.OrderedDict[int, tuple[int, Schedule]] = collections.OrderedDict()
+
+
+def _memory_of(problem: Problem) -> int:
+    """A hash of what a schedule's simulated peak depends on (not the times)."""
+    return hash((tuple((o.is_backward, o.inputs, o.outputs, o.workspace_bytes, o.inplace_bytes,
+                        o.overwrites) for o in problem.ops),
+                 tuple((t.bytes, t.producer) for t in problem.tensors), problem.fixed_bytes,
+                 problem.forward_outputs, problem.backward_outputs,
+                 tuple((v.op, v.replaces, v.reads, v.encode_ops, v.extra_workspace_bytes)
+                       for v in problem.variants)))
+
+
+def recalled(problem: Problem, known: Iterable[Schedule]) -> tuple[Schedule, ...]:
+    """`known` and the least-peak schedule this process found for a problem of `problem`'s
+    memory structure (NOTE [Least peaks recalled in the process])."""
+    found = _recalled.get(_memory_of(problem))
+    return tuple(known) + ((found[1],) if found else ())
+
+
+def recall(problem: Problem, result: SolveResult) -> None:
+    """Keep `result`'s least-peak schedule for `recalled` (NOTE [Least peaks recalled in the
+    process])."""
+    peak, schedule = result.min_feasible_bytes, result.floor_schedule
+    if peak is None or schedule is None:
+        return
+    key = _memory_of(problem)
+    if key not in _recalled or peak < _recalled[key][0]:
+        _recalled[key] = (peak, schedule)
+    _recalled.move_to_end(key)
+    while len(_recalled) > RECALLED:
+        _recalled.popitem(last=False)
 
 
 def lowest(problem: Problem, known: Iterable[Schedule]) -> Schedule | None:

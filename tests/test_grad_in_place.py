@@ -169,16 +169,23 @@ def test_a_relu_run_masked_writes_into_dy_and_measures_its_prediction(monkeypatc
     assert len(in_place) == 2 and len(opt.plan.variants) == 2
     assert all(v.extra_workspace_bytes < problem.ops[v.op].inplace_bytes
                for v in problem.variants if v.op in in_place)
+    assert _as_eager(opt, model, eager, x) == opt.plan.predicted_peak_bytes
+
+
+def _as_eager(opt, model, eager, x) -> int:
+    """Asserts that one step of `opt` (optimizing `model`) leaves gradients and buffers
+    bitwise as one of `eager`; the step's measured peak."""
     grads = []
     for module, owner in ((opt, model), (eager, eager)):
         owner.zero_grad(set_to_none=True)
         module(x).square().sum().backward()
         grads.append([p.grad for p in owner.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), eager.buffers()))
     model.zero_grad(set_to_none=True)
     measured = monet_opt.measure_peak(lambda: opt(x).square().sum().backward(),
                                       monet_opt.resident_tensors(model, x))
-    assert measured == opt.plan.predicted_peak_bytes
+    return measured
 
 
 def _least(model, x, **kw):
@@ -204,17 +211,7 @@ def test_a_least_peak_lower_for_it_measures_its_prediction_and_trains_as_eager(m
                              time_limit_s=5)
     problem = monet_opt.lower_problem(copy.deepcopy(model), x, profile_repeats=1)
     assert _bn_in_place(problem) == 2 and _bn_in_place(problem, "hardtanh_backward") == 2
-    grads = []
-    for module, owner in ((opt, model), (eager, eager)):
-        owner.zero_grad(set_to_none=True)
-        module(x).square().sum().backward()
-        grads.append([p.grad for p in owner.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
-    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), eager.buffers()))
-    model.zero_grad(set_to_none=True)
-    measured = monet_opt.measure_peak(lambda: opt(x).square().sum().backward(),
-                                      monet_opt.resident_tensors(model, x))
-    assert measured == opt.plan.predicted_peak_bytes <= least
+    assert _as_eager(opt, model, eager, x) == opt.plan.predicted_peak_bytes <= least
     monkeypatch.setattr(grad_in_place, "may_write", lambda node: ())
     assert _least(eager, x) > least  # without it the least peak is higher
 
@@ -269,14 +266,4 @@ def test_the_last_of_several_readers_writes_into_a_gradient():
     least = _least(model, x)
     opt = monet_opt.optimize(model, x, least, profile_dir=None, profile_repeats=1,
                              time_limit_s=5)
-    grads = []
-    for module, owner in ((opt, model), (eager, eager)):
-        owner.zero_grad(set_to_none=True)
-        module(x).square().sum().backward()
-        grads.append([p.grad for p in owner.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
-    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), eager.buffers()))
-    model.zero_grad(set_to_none=True)
-    measured = monet_opt.measure_peak(lambda: opt(x).square().sum().backward(),
-                                      monet_opt.resident_tensors(model, x))
-    assert measured == opt.plan.predicted_peak_bytes <= least
+    assert _as_eager(opt, model, eager, x) == opt.plan.predicted_peak_bytes <= least

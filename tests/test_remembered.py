@@ -2,6 +2,7 @@
 same profile, even when the search that found it is cut short by the clock next time."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import random
@@ -10,12 +11,15 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
+import monet_opt
 import solvers
 from monet_opt.cache import ProfileCacheWarning
 from solvers import Schedule, SolveResult, Status, joint, least, registry, simulate
 from solvers.remembered import fitting
 from solvers.milp import MilpOptions
+from tests import models
 from tests.problems import autodiff_problem, chain, diamonds
 from tests.test_cache import HUGE, Calls, Direct
 
@@ -210,3 +214,20 @@ def _cut_short_but_candidates(real_auto):
             return min(fits, key=lambda r: r.objective_s)
         return _cut_short(real_auto)(problem, budget_bytes, time_limit_s, least_start)
     return auto
+
+
+def test_a_least_peak_is_recalled_in_the_process_without_a_profile_directory(monkeypatch):
+    """NOTE [Least peaks recalled in the process]: a second optimize() of the same model,
+    profiled anew (other times, the same memory), meets the least budget the first reported
+    even where its own searches are cut short; the solvers alone recall nothing."""
+    torch.manual_seed(0)
+    model, x, loss_fn = models.small_cnn()
+    first = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_dir=None,
+                               profile_repeats=1)
+    least = first.plan.min_feasible_bytes
+    monkeypatch.setattr(registry, "_auto", _cut_short(registry._auto))
+    problem = monet_opt.lower_problem(copy.deepcopy(model), x, profile_repeats=1)
+    assert not solvers.solve(problem, least).feasible
+    again = monet_opt.optimize(model, x, least, profile_dir=None, profile_repeats=1)
+    assert again.plan.predicted_peak_bytes <= least == again.plan.min_feasible_bytes
+    loss_fn(again(x)).backward()

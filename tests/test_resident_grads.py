@@ -140,13 +140,21 @@ def _seeded(module, x, seed):
     return module(x)
 
 
-def test_a_limit_that_cannot_hold_the_gradients_raises_and_changes_nothing():
+def _at_least_with_gradients_in_place():
+    """small_cnn optimized at its least peak, one step run (its gradients now in place); the
+    store-all module of it too."""
     torch.manual_seed(0)
     model, x, loss_fn = models.small_cnn()
     store_all = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
     least = store_all.plan.min_feasible_bytes
     opt = monet_opt.optimize(model, x, least, profile_repeats=1, time_limit_s=5)
     loss_fn(opt(x)).backward()  # gradients now in place
+    return model, x, loss_fn, store_all, opt
+
+
+def test_a_limit_that_cannot_hold_the_gradients_raises_and_changes_nothing():
+    model, x, loss_fn, store_all, opt = _at_least_with_gradients_in_place()
+    least = store_all.plan.min_feasible_bytes
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
@@ -169,12 +177,8 @@ def test_the_step_with_gradients_in_place_is_offered_the_schedules_found_without
     cuts the search on the step with gradients in place (here it finds nothing at all), its
     least peak is no worse than the plan the module already ran, plus the gradients in place."""
     from solvers import Status, registry
-    torch.manual_seed(0)
-    model, x, loss_fn = models.small_cnn()
-    store_all = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    model, x, loss_fn, store_all, opt = _at_least_with_gradients_in_place()
     least = store_all.plan.min_feasible_bytes
-    opt = monet_opt.optimize(model, x, least, profile_repeats=1, time_limit_s=5)
-    loss_fn(opt(x)).backward()  # gradients now in place
     found_nothing = {"solver": "auto", "status": Status.TIMEOUT, "schedule": None,
                      "objective_s": None, "peak_bytes": None, "bound_s": None, "gap": None,
                      "solve_time_s": 0.0, "min_feasible_bytes": None}
