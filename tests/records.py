@@ -44,3 +44,12 @@ def assert_same_grads(opt, model, eager, sample, steps: int, seeded: bool = Fals
         for a, b in zip(model.parameters(), eager.parameters()):
             assert torch.equal(a.grad, b.grad), f"step {step}"
             a.grad = b.grad = None
+
+
+def measured_peak_of(plan) -> int:
+    """The peak a step of `plan` measures where the user's loss is a sum of the outputs: its
+    prediction, less the loss scalar and its seed gradient (8 B) at the forward's steps, where
+    the plan counts them though they are not yet made (NOTE [The loss scalar] in
+    monet_opt/held_outputs.py)."""
+    live, turn = plan.timeline.live_bytes, plan.timeline.backward_start
+    return max(max(live[:turn], default=0) - 8, max(live[turn:], default=0))
