@@ -37,8 +37,9 @@ NOTE [Elementwise backward ops in place]
   solvers/simulate.py) and runs in place where the simulator says it dies. On CPU only, as
   above (untried on CUDA). A transformer's backward is mostly such ops (a tanh-approximated
   GELU's gradient alone is a chain of muls and adds, each making a tensor the size of the
-  MLP's hidden layer): the demo's GPT-2 (b4, 256 tokens) reached a least peak of 93.75 MiB
-  where it reached 95.74 (docs/benchmarks/in_place_backward.md).
+  MLP's hidden layer), yet the demo's GPT-2's least peak (b4, 256 tokens) did not move
+  measurably: 95.76-95.78 MiB in three runs, 95.76-96.75 before (one run 93.75), its clock-cut
+  search varying more than this gains (docs/benchmarks/in_place_backward.md).
 """
 from __future__ import annotations
 
