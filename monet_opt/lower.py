@@ -190,10 +190,8 @@ class _Builder:
         val = node.meta.get("val")
         t = self._tensor(node.name, val, NO_PRODUCER)
         if isinstance(val, torch.Tensor) and val.dim() == 0 and not self.seed_counted:
-            # NOTE [The loss scalar] (monet_opt/held_outputs.py): the fixed memory holds the
-            # loss's seed gradient for the whole step; counted here too, it measured 4 B under
-            # a plan whose peak came before its last read (GPT-2 with labels, at nll_loss's
-            # backward)
+            # NOTE [The loss scalar]: the fixed memory holds the loss's seed gradient (counted
+            # here too, a plan peaking before its last read measured 4 B under its prediction)
             self.tensors[t] = dataclasses.replace(self.tensors[t], bytes=0)
             self.seed_counted = True
         self.storage[node.name] = (t,)
@@ -256,9 +254,8 @@ class _Builder:
     def _overwritable(self, node: fx.Node, is_backward: bool) -> tuple[int, ...]:
         """NOTE [Writing into a dying input] (solvers/simulate.py): the forward tensors an
         elementwise op with an in-place form could write its output into: an argument that is
-        a forward op's output itself (not a view of one), laid out exactly as the output. In
-        the backward, those of grad_in_place's ops (NOTE [Elementwise backward ops in place])
-        at the arguments they may write into."""
+        a forward op's output itself (not a view of one), laid out exactly as the output; in the
+        backward, at grad_in_place's arguments (NOTE [Elementwise backward ops in place])."""
         if is_backward:
             at = grad_in_place.may_write(node) if node.target in grad_in_place.ELEMENTWISE else ()
         elif node.target not in OVERWRITING or node.kwargs.get("alpha", 1) != 1:

@@ -322,9 +322,8 @@ def _validate_inplace(p: Problem, inplace: list[int], fail) -> None:
       than its outputs (`Op.extra_bytes`). The decision is static, so every solver sees it as
       a constant. Backward ops run in the problem's order in every schedule the solvers make,
       so an input other backward ops read before this one dies here too (a residual block's
-      gradient, passed on to the shortcut and then read by the branch's BatchNorm backward);
-      the simulator refuses a schedule that reorders them (NOTE [Backward ops reordered] in
-      solvers/simulate.py)."""
+      gradient, read by the shortcut, then by the branch's BatchNorm backward); the simulator
+      refuses a schedule that reorders them (NOTE [Backward ops reordered])."""
     last = last_readers(p.ops)
     for i in inplace:
         op = p.ops[i]
