@@ -11,7 +11,7 @@ from torch import nn
 
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
                        grouped_attention, grouped_math, host_random, late_grads, output_bytes,
-                       progress, rewrite, saved_clones, stats_in_place)
+                       progress, recompute, rewrite, saved_clones, stats_in_place)
 from monet_opt.accumulate import Found, GradientSlots, in_place_problem
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.attributes import Watched, warn_if_forward_changed
@@ -299,7 +299,7 @@ class _Planner:
             # NOTEs [Inputs that share a storage], [Sparse inputs], [Buffers the step updates],
             # [The step's generator states] in monet_opt/recompute.py
             extra = lowered.snapshot_bytes + sparse_bytes(self.primals) - shared_bytes(self.primals)
-            extra += rewrite.state_bytes(joint, lowered)
+            extra += recompute.state_bytes(joint, lowered)
             if extra:
                 problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + extra)
             held = held + returned if self.outputs_held else held

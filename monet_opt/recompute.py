@@ -29,7 +29,7 @@ NOTE [The step's generator states]
   recomputed). So every step that has random ops makes a slot for each one's state, first
   thing in its forward, and holds them to the end of its backward; a recomputed op's state is
   copied into its slot. Their bytes do not depend on the schedule, so the plan counts them
-  with the parameters (rewrite.state_bytes, on CPU; on CUDA they are host memory, not the device's),
+  with the parameters (state_bytes, on CPU; on CUDA they are host memory, not the device's),
   and the solvers need nothing new. The cost: on CPU 5 KB per random op for the step, recomputed or
   not (GPT-2's 37 dropouts: 185 KB, against a peak of hundreds of MB). One tensor per slot:
   Generator.set_state crashed (segfault) on a slice of one larger buffer. Left uncounted, as a
@@ -44,6 +44,7 @@ import torch
 import torch.fx as fx
 
 from monet_opt import bn_split, cudnn_bn, memory
+from monet_opt.errors import internal_assert
 
 _BN_BACKWARD_STATS_ARGS = (3, 4)
 _BN_BACKWARD_TRAIN_ARG = 7
@@ -202,3 +203,33 @@ def capture_state(slot: torch.Tensor, device: str,
 @torch.fx.node.has_side_effect
 def release_states(*slots: torch.Tensor) -> None:
     """The backward's last use of the step's generator states: they are held to here."""
+
+
+def random_forward_ops(joint: fx.GraphModule, lowered) -> list[fx.Node]:
+    """The joint's random forward ops, in order (NOTE [The step's generator states])."""
+    problem, nodes = lowered.problem, {n.name: n for n in joint.graph.nodes}
+    return [nodes[lowered.op_nodes[i]] for i in problem.forward_ops if problem.ops[i].is_random]
+
+
+def state_bytes(joint: fx.GraphModule, lowered) -> int:
+    """What the step's generator states add to its plan (NOTE [The step's generator states] in
+    monet_opt/recompute.py): their bytes where the plan counts host memory (every random op
+    runs on the CPU: a CPU step), else 0."""
+    devices = [device_of(op) for op in random_forward_ops(joint, lowered)]
+    if any(torch.device(d).type != "cpu" for d in devices):
+        return 0
+    sizes = {d: rng_state_nbytes(d) for d in set(devices)}
+    return sum(sizes[d] for d in devices)
+
+
+def device_of(node: fx.Node) -> str:
+    return str(first_tensor(node).device)
+
+
+def first_tensor(node: fx.Node) -> torch._subclasses.FakeTensor:
+    """The node's (first) fake tensor value: its device, and the fake mode to make more in."""
+    val = node.meta.get("val")
+    for v in val if isinstance(val, (tuple, list)) else [val]:
+        if isinstance(v, torch._subclasses.FakeTensor):
+            return v
+    internal_assert(False, f"{node.name} has no fake tensor value")

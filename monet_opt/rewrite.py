@@ -117,23 +117,6 @@ def _write_in_place(gm: fx.GraphModule, phase: str) -> None:
             node.target = grad_in_place.into(node.target, k)
 
 
-def random_forward_ops(joint: fx.GraphModule, lowered: Lowered) -> list[fx.Node]:
-    """The joint's random forward ops, in order (NOTE [The step's generator states])."""
-    problem, nodes = lowered.problem, {n.name: n for n in joint.graph.nodes}
-    return [nodes[lowered.op_nodes[i]] for i in problem.forward_ops if problem.ops[i].is_random]
-
-
-def state_bytes(joint: fx.GraphModule, lowered: Lowered) -> int:
-    """What the step's generator states add to its plan (NOTE [The step's generator states] in
-    monet_opt/recompute.py): their bytes where the plan counts host memory (every random op
-    runs on the CPU: a CPU step), else 0."""
-    devices = [_device(op) for op in random_forward_ops(joint, lowered)]
-    if any(torch.device(d).type != "cpu" for d in devices):
-        return 0
-    sizes = {d: recompute.rng_state_nbytes(d) for d in set(devices)}
-    return sum(sizes[d] for d in devices)
-
-
 def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
                   num_fwd_outputs: int) -> fx.GraphModule:
     nodes = {n.name: n for n in joint.graph.nodes}
@@ -154,7 +137,8 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
             e.bind(n, e.g.node_copy(n))
     for name in lowered.snapshots:  # NOTE [Buffers the step updates]
         e.snapshots[name] = e.emit_clone(nodes[name])
-    e.make_states(random_forward_ops(joint, lowered))  # NOTE [The step's generator states]
+    # NOTE [The step's generator states]
+    e.make_states(recompute.random_forward_ops(joint, lowered))
     for k, i in enumerate(problem.forward_ops):
         if i in encodes:
             e.emit_encode(encodes[i], lowered.op_nodes[i])
@@ -263,9 +247,9 @@ class _Emitter:
         """A forward node making a generator state of random op `op`'s device (host memory;
         its value faked as `op`'s are); args None: the state's bytes."""
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
-            nbytes = recompute.rng_state_nbytes(_device(op))
+            nbytes = recompute.rng_state_nbytes(recompute.device_of(op))
         node = self.g.call_function(target, (nbytes,) if args is None else args)
-        with _first_tensor(op).fake_mode:
+        with recompute.first_tensor(op).fake_mode:
             node.meta["val"] = torch.empty(nbytes, dtype=torch.uint8)
         node.meta["partitioner_tag"] = FORWARD
         return node
@@ -296,7 +280,7 @@ class _Emitter:
         elif rerun:
             target, args, kwargs, n_keep = recompute.recompute_form(old)
             if recompute.is_random(old):
-                device = str(_first_tensor(old).device)
+                device = str(recompute.first_tensor(old).device)
                 op_name = recompute.op_qualname(target)
                 args, target = (self.slot_state[old.name], device, op_name, *args), \
                     recompute.rng_replay
@@ -336,7 +320,7 @@ class _Emitter:
             self.current[gi.name] = self._copy(gi, (old, gi.args[1]), {})
 
     def _capture_rng(self, old: fx.Node) -> None:
-        value = _first_tensor(old)
+        value = recompute.first_tensor(old)
         device = str(value.device)
         given = old.kwargs.get("generator")  # NOTE [Generators given to ops]
         state = self.g.call_function(recompute.rng_state, (device,) if given is None else
@@ -350,7 +334,7 @@ class _Emitter:
 
     def _capture_slot(self, old: fx.Node) -> None:
         given = old.kwargs.get("generator")  # NOTE [Generators given to ops]
-        args = (self.slots[old.name], _device(old))
+        args = (self.slots[old.name], recompute.device_of(old))
         self.slot_state[old.name] = self._state_node(
             recompute.capture_state, args if given is None else (*args, self.value(given)), old)
 
@@ -385,16 +369,3 @@ def _producer(arg: fx.Node) -> str:
     """The op node whose output `arg` (a getitem of it) is."""
     internal_assert(arg.target is operator.getitem, f"{arg.name} is not an op's output")
     return arg.args[0].name
-
-
-def _device(node: fx.Node) -> str:
-    return str(_first_tensor(node).device)
-
-
-def _first_tensor(node: fx.Node) -> torch._subclasses.FakeTensor:
-    """The node's (first) fake tensor value: its device, and the fake mode to make more in."""
-    val = node.meta.get("val")
-    for v in val if isinstance(val, (tuple, list)) else [val]:
-        if isinstance(v, torch._subclasses.FakeTensor):
-            return v
-    internal_assert(False, f"{node.name} has no fake tensor value")
