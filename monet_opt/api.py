@@ -303,8 +303,9 @@ class _Planner:
             if extra:
                 problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + extra)
             held = held + returned if self.outputs_held else held
-            problem = held_problem(problem, {t for k in held for t in lowered.output_tensors[k]},
-                                   held_loss(joint, lowered, problem, returned))
+            problem, made = held_problem(problem, {t for k in held for t in
+                                                   lowered.output_tensors[k]},
+                                         held_loss(joint, lowered, problem, returned))
             self.problem = problem
             lowered = matching(lowered, problem)
             slots = GradientSlots(self.resident, self.primals) if self.resident else None
@@ -332,7 +333,7 @@ class _Planner:
         told.planned(self.plan, self.inputs)
         self.slots = slots
         return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
-                                 num_fwd_outputs, slots=slots, held=held, **kwargs)
+                                 num_fwd_outputs, slots=slots, held=held, made=made, **kwargs)
 
     def _cached_profile(self, joint, lowered: Lowered, measure) -> Profile:
         """NOTE [The time limit in the cache key]

@@ -32,12 +32,13 @@ _OVERWRITES = "monet_overwrites"  # node meta: (phase, the argument it writes in
 
 def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: Schedule,
               num_fwd_outputs: int, slots: GradientSlots | None = None,
-              held: tuple[int, ...] = (), **kwargs):
+              held: tuple[int, ...] = (), made: frozenset[int] = frozenset(), **kwargs):
     """partition_fn for aot_function: (forward GraphModule, backward GraphModule). slots: the
     parameters whose gradients the backward adds in place (NOTE [Accumulating in place]).
     held: the positions, among the joint's outputs, of those the plan holds for the whole
-    step (NOTE [Held outputs handed to the backward])."""
-    rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs)
+    step (NOTE [Held outputs handed to the backward]); made: the tensors it holds so that
+    the step makes (NOTE [Held tensors made again] in monet_opt/held_outputs.py)."""
+    rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs, made)
     outputs = next(iter(rebuilt.graph.find_nodes(op="output"))).args[0]
     held_names = {outputs[k].name for k in held if isinstance(outputs[k], fx.Node)}
     for node in rebuilt.graph.nodes:  # NOTE [Held outputs handed to the backward]
@@ -118,12 +119,14 @@ def _write_in_place(gm: fx.GraphModule, phase: str) -> None:
 
 
 def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
-                  num_fwd_outputs: int) -> fx.GraphModule:
+                  num_fwd_outputs: int, made: frozenset[int] = frozenset()) -> fx.GraphModule:
     nodes = {n.name: n for n in joint.graph.nodes}
     problem = lowered.problem
     overwrites = dict(simulate(problem, schedule).overwrites)
     e = _Emitter(nodes, lowered)
     recomputed = {i for i in schedule.backward if not problem.ops[i].is_backward}
+    reread = {i for i in recomputed if set(problem.ops[i].outputs) <= made}  # NOTE [Held
+    recomputed -= reread  # tensors made again] in monet_opt/held_outputs.py: read, not rerun
     chosen = [lowered.variant_sites[v] for v in schedule.variants]
     encodes = {site.encode_op: site for site in chosen if site.encode_op is not None}
     runs: dict[str, list] = {}  # backward node -> its chosen variants (NOTE [Combining variants])
@@ -150,6 +153,7 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     output = next(iter(joint.graph.find_nodes(op="output")))
     outs = list(output.args[0])
     fwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[:num_fwd_outputs]]
+    forward = dict(e.current)
     e.enter_backward(schedule)
     for k, i in enumerate(schedule.backward, start=len(problem.forward_ops)):
         if i in encodes:
@@ -158,6 +162,9 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
         if lowered.op_nodes[i] not in nodes:
             continue  # an unchosen variant's encode op: it makes nothing anyone reads
         node = nodes[lowered.op_nodes[i]]
+        if i in reread:
+            e.reread(node, forward)
+            continue
         e.emit(node, rerun=not problem.ops[i].is_backward, variant=runs.get(node.name),
                overwrite=overwrites.get(k))
     bwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[num_fwd_outputs:]]
@@ -318,6 +325,12 @@ class _Emitter:
                 self.current.pop(gi.name, None)
                 continue
             self.current[gi.name] = self._copy(gi, (old, gi.args[1]), {})
+
+    def reread(self, old: fx.Node, forward: dict[str, fx.Node]) -> None:
+        """`old`'s outputs, recomputed, read from their copies in the forward (`forward`)."""
+        for name in (old.name, *(gi.name for gi in self.getitems.get(old.name, []))):
+            self.current[name] = forward[name]
+        self.views.clear()
 
     def _capture_rng(self, old: fx.Node) -> None:
         value = recompute.first_tensor(old)
