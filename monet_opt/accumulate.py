@@ -137,32 +137,3 @@ def in_place_problem(problem: solvers.Problem, lowered: Lowered, num_fwd_outputs
         problem, fixed_bytes=problem.fixed_bytes + extra,
         backward_outputs=tuple(t for t in problem.backward_outputs
                                if t not in added or t in kept))
-
-
-class Found:
-    """NOTE [Schedules found for the step without gradients in place]
-      A step planned with gradients in place (`in_place_problem`) runs the same ops as the
-      step planned without them, so every schedule of that one runs on it, peaking at most by
-      the gradients in place and their -0.0 scalars higher. Its least peak is searched anew,
-      and a clock cuts that search: in CI one such search ended 2,240 B above the plan the
-      module already ran plus its gradients (small_cnn, tests/test_resident_grads.py), where
-      the same search alone here reached 196,532 B. So one optimize() keeps the schedules it
-      found (the plan's and the least peak's) for each problem without gradients in place,
-      and offers them to the solve of every step derived from an equal one, as schedules known
-      before (NOTE [Least peaks remembered] in solvers/remembered.py): its least peak and its
-      plan are then never worse than the plan before plus the gradients in place."""
-
-    def __init__(self) -> None:
-        self._found: list[tuple[solvers.Problem, list[solvers.Schedule]]] = []
-
-    def of(self, problem: solvers.Problem) -> list[solvers.Schedule]:
-        """The schedules found for a problem equal to `problem` (before gradients in place)."""
-        return next((found for p, found in self._found if p == problem), [])
-
-    def add(self, problem: solvers.Problem, result: solvers.SolveResult) -> None:
-        """Keep `result`'s schedules, found for `problem` (before gradients in place)."""
-        found = self.of(problem)
-        if not found:
-            self._found.append((problem, found))
-        found.extend(s for s in (result.schedule, result.floor_schedule)
-                     if s is not None and s not in found)

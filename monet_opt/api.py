@@ -12,7 +12,7 @@ from torch import nn
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
                        grouped_attention, grouped_math, host_random, late_grads, output_bytes,
                        progress, recompute, rewrite, saved_clones, stats_in_place)
-from monet_opt.accumulate import Found, GradientSlots, in_place_problem
+from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.attributes import Watched, warn_if_forward_changed
 from monet_opt.cache import Profile, ProfileCache, derived
@@ -120,15 +120,12 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
     families = offered_families(variants, allow_lossy)  # checked before anything is traced
 
-    found = Found()  # NOTE [Schedules found for the step without gradients in place]
-
     def plan_step(args: tuple, kwargs: dict, resident: tuple[int, ...] = (),
                   resident_bytes: int = 0, outputs_held: bool = False) -> Step:
         planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
                            cache=cache, variants=families, allow_lossy=allow_lossy,
                            profile_time_limit_s=profile_time_limit_s, resident=resident,
-                           resident_bytes=resident_bytes, outputs_held=outputs_held,
-                           found=found)
+                           resident_bytes=resident_bytes, outputs_held=outputs_held)
         run, spec = _trace(model, args, kwargs, planner)
         internal_assert(planner.plan is not None, "the partition function was never called")
         inputs = planner.primals[len(planner.primals) - len(spec.leaves):]
@@ -232,17 +229,14 @@ class _Planner:
                  time_limit_s: float, *, cache: ProfileCache | None = None,
                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
                  profile_time_limit_s: float | None = None, resident: tuple[int, ...] = (),
-                 resident_bytes: int = 0, outputs_held: bool = False,
-                 found: Found | None = None) -> None:
+                 resident_bytes: int = 0, outputs_held: bool = False) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (caching no
         schedule). cache: the profile directory to consult, if any. variants, allow_lossy: the
         library's operator variants offered to the solver, and its lossy ones.
         resident, resident_bytes: the parameters (positions) whose gradients are in place
         when the step begins, and the bytes of every gradient in place then (NOTE [Gradients
         resident at the start]). outputs_held: the caller holds the step's outputs through its
-        backward (NOTE [Outputs held through the backward] in monet_opt/held_outputs.py).
-        found: the schedules this optimize() found so far (NOTE [Schedules found for the step
-        without gradients in place] in monet_opt/accumulate.py)."""
+        backward (NOTE [Outputs held through the backward] in monet_opt/held_outputs.py)."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
         self.families = offered_families(variants, allow_lossy)
@@ -250,7 +244,6 @@ class _Planner:
         self.profile_time_limit_s = profile_time_limit_s
         self.resident, self.resident_bytes = resident, resident_bytes
         self.outputs_held = outputs_held
-        self.found = found or Found()
         self.primals: list[torch.Tensor] = []
         self.inputs = ""
         self.problem: solvers.Problem | None = None
@@ -314,15 +307,13 @@ class _Planner:
                                            self.resident_bytes)
             limit = limit_bytes(self.limit, problem) if self.limit is not None else 2 ** 62
             # NOTEs [Schedules found for the step ...], [Least peaks recalled in the process]
-            known = recalled(problem, self.found.of(self.problem))
+            known = recalled(problem, self.problem)  # (in solvers/remembered.py)
             if self.cache is None or self.limit is None:
                 result = solve(problem, limit, self.solver, time_limit_s=self.time_limit_s,
                                known=known)
             else:
                 result = self.cache.solve(derived(self.profile, problem), limit, self.solver,
                                           self.time_limit_s, solve=solve, known=known)
-            if not self.resident_bytes:
-                self.found.add(self.problem, result)
             recall(problem, result)
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
             result = solvers.without_unread(problem, result)

@@ -21,10 +21,21 @@ NOTE [Least peaks recalled in the process]
   schedule, and a least budget the first reported could be refused by the second (GPT-2 with
   labels in tests/test_loss_memory.py, on a loaded machine: 1,245,064 B named, 1,285,772 B
   reached). A schedule's peak depends on the problem's memory alone, so optimize() keeps each
-  solve's least-peak schedule in the process (`recall`, by the problem's memory structure,
-  for the last RECALLED problems) and offers it to the next solve of a problem of the same
-  structure as a known one (`recalled`). The solvers themselves keep nothing between calls:
-  their answer depends on their arguments alone.
+  solve's schedules in the process (`recall`: its plan's and its least peak's, by the
+  problem's memory structure, for the last RECALLED problems) and offers them to the next
+  solve of a problem of the same structure as known ones (`recalled`). The solvers themselves
+  keep nothing between calls: their answer depends on their arguments alone.
+
+NOTE [Schedules found for the step without gradients in place]
+  A step planned with gradients in place (monet_opt/accumulate.py's `in_place_problem`) runs
+  the same ops as the step planned without them, so every schedule of that one runs on it,
+  peaking at most by the gradients in place and their -0.0 scalars higher. Its least peak is
+  searched anew, and a clock cuts that search: in CI one such search ended 2,240 B above the
+  plan the module already ran plus its gradients (small_cnn, tests/test_resident_grads.py),
+  where the same search alone here reached 196,532 B. So its solve is also offered what was
+  recalled for the problem without gradients in place (`recalled(problem, before)`): its
+  least peak and its plan are then never worse than the plan before plus the gradients in
+  place.
 """
 from __future__ import annotations
 
@@ -50,8 +61,10 @@ def floor_of(candidates: Iterable[tuple[int | None, Schedule | None]]
     return best
 
 
-RECALLED = 16
-_recalled: collections.OrderedDict[int, tuple[int, Schedule]] = collections.OrderedDict()
+RECALLED = 16  # problems
+PER_PROBLEM = 8  # schedules of each, its least peak's among them
+_recalled: collections.OrderedDict[int, tuple[int | None, list[Schedule]]] = \
+    collections.OrderedDict()
 
 
 def _memory_of(problem: Problem) -> int:
@@ -64,23 +77,27 @@ def _memory_of(problem: Problem) -> int:
                        for v in problem.variants)))
 
 
-def recalled(problem: Problem, known: Iterable[Schedule]) -> tuple[Schedule, ...]:
-    """`known` and the least-peak schedule this process found for a problem of `problem`'s
-    memory structure (NOTE [Least peaks recalled in the process])."""
-    found = _recalled.get(_memory_of(problem))
-    return tuple(known) + ((found[1],) if found else ())
+def recalled(problem: Problem, *like: Problem) -> tuple[Schedule, ...]:
+    """The schedules this process found for a problem of `problem`'s memory structure, or of
+    one of `like` (problems whose schedules run on it: NOTEs [Least peaks recalled in the
+    process], [Schedules found for the step without gradients in place])."""
+    found = (_recalled.get(_memory_of(p), (None, []))[1] for p in (problem, *like))
+    return tuple(dict.fromkeys(s for schedules in found for s in schedules))
 
 
 def recall(problem: Problem, result: SolveResult) -> None:
-    """Keep `result`'s least-peak schedule for `recalled` (NOTE [Least peaks recalled in the
-    process])."""
-    peak, schedule = result.min_feasible_bytes, result.floor_schedule
-    if peak is None or schedule is None:
-        return
+    """Keep `result`'s least-peak schedule and its plan's for `recalled`: the least peak's
+    while none lower is found, the others PER_PROBLEM - 1 at most, the latest."""
     key = _memory_of(problem)
-    if key not in _recalled or peak < _recalled[key][0]:
-        _recalled[key] = (peak, schedule)
-    _recalled.move_to_end(key)
+    least, schedules = _recalled.pop(key, (None, []))
+    peak, floor = result.min_feasible_bytes, result.floor_schedule
+    if floor is not None and peak is not None and (least is None or peak < least):
+        least, schedules = peak, [floor] + [s for s in schedules if s != floor]
+    if result.schedule is not None and result.schedule not in schedules:
+        schedules.append(result.schedule)
+    while len(schedules) > PER_PROBLEM:
+        del schedules[1 if least is not None else 0]  # the oldest plan's
+    _recalled[key] = (least, schedules)
     while len(_recalled) > RECALLED:
         _recalled.popitem(last=False)
 

@@ -231,3 +231,32 @@ def test_a_least_peak_is_recalled_in_the_process_without_a_profile_directory(mon
     again = monet_opt.optimize(model, x, least, profile_dir=None, profile_repeats=1)
     assert again.plan.predicted_peak_bytes <= least == again.plan.min_feasible_bytes
     loss_fn(again(x)).backward()
+
+
+def test_recall_keeps_the_least_peak_and_the_latest_plans(monkeypatch):
+    """NOTE [Least peaks recalled in the process]: the least peak's schedule stays recalled
+    while later plans come and go (PER_PROBLEM at most); another problem of the step (`like`)
+    is recalled with it, and a problem of another memory structure recalls nothing."""
+    from solvers import remembered
+    monkeypatch.setattr(remembered, "_recalled", type(remembered._recalled)())
+    problem = chain(8, size=10, fixed=100)
+    every = [solvers.schedule_from_kept(problem, set(kept)) for kept in
+             ([], [0], [1], [2], [3], [0, 2], [1, 3], [0, 1], [2, 3], [0, 3], [1, 2])]
+    peaks = [simulate(problem, s).peak_bytes for s in every]
+    least = min(range(len(every)), key=peaks.__getitem__)
+
+    def result(k, floor):
+        return SolveResult(solver="test", status=Status.FEASIBLE, schedule=every[k],
+                           objective_s=1.0, peak_bytes=peaks[k], bound_s=None, gap=None,
+                           solve_time_s=0.0, min_feasible_bytes=peaks[floor],
+                           floor_schedule=every[floor])
+
+    remembered.recall(problem, result(0, least))
+    for k in range(1, len(every)):
+        remembered.recall(problem, result(k, k))  # no least peak lower than the first's
+    kept = remembered.recalled(problem)
+    assert every[least] in kept and len(kept) == remembered.PER_PROBLEM
+    assert every[-1] in kept and every[0] not in kept
+    other = chain(8, size=11, fixed=100)
+    assert remembered.recalled(other) == ()
+    assert set(remembered.recalled(other, problem)) == set(kept)
