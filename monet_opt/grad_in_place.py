@@ -40,6 +40,17 @@ NOTE [Elementwise backward ops in place]
   MLP's hidden layer), yet the demo's GPT-2's least peak (b4, 256 tokens) did not move
   measurably: 95.76-95.78 MiB in three runs, 95.76-96.75 before (one run 93.75), its clock-cut
   search varying more than this gains (docs/benchmarks/in_place_backward.md).
+
+NOTE [Dropout's gradient in place]
+  On CPU native_dropout_backward is ATen's composite grad * mask * scale: two multiplications,
+  each rounding once, in that order (torch's profiler shows its two aten::mul). Its out= form
+  only copies a result made anew, so the executor runs the two as `mul(grad, mask, out=dy)`
+  then `mul_(scale)` into the dying dy: bitwise the op (tests/test_grad_in_place.py: float32,
+  bfloat16, float64, NaN, infinities, -0.0), the result of the size of the dropped tensor
+  not made. A transformer has one or three per layer (GPT-2: attention probabilities,
+  attention output, MLP output). A dropout whose mask is kept as bits writes in place the
+  same way (`dropout_bit_run_into` in monet_opt/variants_bits.py); replayed from the
+  generator's state it makes dx anew, and its workspace counts it. CPU only, as above.
 """
 from __future__ import annotations
 
@@ -51,6 +62,14 @@ import torch.fx as fx
 from monet_opt import cudnn_bn
 
 aten = torch.ops.aten
+
+
+def dropout_backward_out(grad: torch.Tensor, mask: torch.Tensor, scale: float, *,
+                         out: torch.Tensor) -> torch.Tensor:
+    """native_dropout_backward into `out` (NOTE [Dropout's gradient in place])."""
+    return torch.mul(grad, mask, out=out).mul_(scale)
+
+
 BACKWARD = aten.native_batch_norm_backward.default
 _OUT = aten.native_batch_norm_backward.out
 # NOTE [Elementwise backward ops in place]: op -> (its out= form, the out argument's name, the
@@ -68,6 +87,7 @@ ELEMENTWISE = {
     aten.div.Tensor: (aten.div.out, "out", (0, 1)),
     aten.sub.Tensor: (aten.sub.out, "out", (0, 1)),
     aten.neg.default: (aten.neg.out, "out", (0,)),
+    aten.native_dropout_backward.default: (dropout_backward_out, "out", (0,)),
 }
 TARGETS = (BACKWARD, *ELEMENTWISE)
 

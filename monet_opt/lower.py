@@ -290,30 +290,15 @@ class _Builder:
         same-dtype tensors (alpha 1) that can write into one of its arguments: a tensor a
         backward op made, read by no later op and not returned, laid out exactly as the sum
         (so the result is the sum bitwise, where it would be, with the sum's strides); and each
-        BatchNorm, ReLU or ReLU6 backward that can write its dx into its dy so (NOTE
-        [BatchNorm's gradient in place] in monet_opt/grad_in_place.py). Marks the op's
-        `inplace_bytes`; returns (node, argument) pairs for the executor."""
+        backward op of grad_in_place.TARGETS that can write its result into an argument so
+        (NOTEs [BatchNorm's gradient in place], [Elementwise backward ops in place], [Dropout's
+        gradient in place] in monet_opt/grad_in_place.py). Marks the op's `inplace_bytes`;
+        returns (node, argument) pairs for the executor."""
         last = last_readers(self.ops)
         returned = set(self.forward_outputs) | set(self.backward_outputs)
         index = {name: i for i, name in enumerate(self.op_nodes)}
         found = []
-        for node in joint.graph.find_nodes(op="call_function", target=_ADD):
-            i = index[node.name]
-            op = self.ops[i]
-            args = node.args
-            if not op.is_backward or len(op.outputs) != 1:
-                continue
-            for k, arg in enumerate(args):
-                if not can_add_into(node, arg):
-                    continue
-                t = self._dying_grad(arg, i, last, returned)
-                if t is None or t in self.storage[args[1 - k].name] or \
-                        self.tensors[t].bytes != self.tensors[op.outputs[0]].bytes:
-                    continue
-                self.ops[i] = dataclasses.replace(op, inplace_bytes=self.tensors[t].bytes)
-                found.append((node.name, k))
-                break
-        for node in (n for target in grad_in_place.TARGETS
+        for node in (n for target in (_ADD, *grad_in_place.TARGETS)
                      for n in joint.graph.find_nodes(op="call_function", target=target)):
             k = self._written_into(node, index, last, returned)
             if k is not None:
@@ -322,15 +307,18 @@ class _Builder:
 
     def _written_into(self, node: fx.Node, index: dict[str, int], last: dict[int, int],
                       returned: set[int]) -> int | None:
-        """The argument backward op `node` writes its result into (NOTE [Elementwise backward
-        ops in place] in monet_opt/grad_in_place.py), marking its `inplace_bytes`; or None."""
+        """The argument backward op `node` writes its result into (NOTEs [In-place
+        accumulation], [Elementwise backward ops in place] in monet_opt/grad_in_place.py),
+        marking its `inplace_bytes`; or None."""
         i = index[node.name]
         if not self.ops[i].is_backward:
             return None
         val = node.meta.get("val")
         result = val[0] if isinstance(val, (tuple, list)) else val
         dx = self.multi[node.name][0] if node.name in self.multi else self.ops[i].outputs[0]
-        for k in grad_in_place.may_write(node):
+        at = [k for k, a in enumerate(node.args) if can_add_into(node, a)] \
+            if node.target is _ADD else grad_in_place.may_write(node)
+        for k in at:
             arg = node.args[k] if k < len(node.args) else None
             if not isinstance(arg, fx.Node) or not same_layout(arg.meta.get("val"), result):
                 continue

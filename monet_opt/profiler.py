@@ -51,9 +51,10 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # views of their inputs as made: NOTE [Workspace]; 9: BatchNorm backwards making their dx anew,
 # NOTE [BatchNorm's gradient in place]; 10: ReLU mask variants counted as making dx anew,
 # NOTE [A ReLU's mask and its gradient in place]; 11: backward ops taking over no recomputed
-# input, NOTE [Writing into a dying input]) is not served to this one. Raise it when what the
-# profiler measures changes meaning.
-PROFILER_REVISION = 12
+# input, NOTE [Writing into a dying input]; 12: the loss's seed gradient counted twice, NOTE
+# [The loss scalar]; 13: dropout backwards making their dx anew, NOTE [Dropout's gradient in
+# place]) is not served to this one. Raise it when what the profiler measures changes meaning.
+PROFILER_REVISION = 13
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):

@@ -195,7 +195,7 @@ FAMILIES: tuple[Family, ...] = (
            run=bits.relu_bit_run, params=bits.relu_bit_params, params_to_run=True,
            run_into=bits.relu_bit_run_into),
     Family("dropout.bit_mask", aten.native_dropout_backward.default, 1, bits.pack_bits,
-           run=bits.dropout_bit_run),
+           run=bits.dropout_bit_run, run_into=bits.dropout_bit_run_into),
     Family("dropout.replay", aten.native_dropout_backward.default, 1, _generator_state,
            decode=_dropout_replay, draw=_dropout_draw, params=_dropout_layout,
            accepts=_is_dropout_mask),

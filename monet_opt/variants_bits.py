@@ -119,3 +119,10 @@ def relu_bit_run_into(params: tuple, grad: torch.Tensor, packed: torch.Tensor,
 
 def dropout_bit_run(grad: torch.Tensor, packed: torch.Tensor, scale: float) -> torch.Tensor:
     return aten.native_dropout_backward(grad, unpack_bits(packed, grad.shape), scale)
+
+
+def dropout_bit_run_into(grad: torch.Tensor, packed: torch.Tensor, scale: float
+                         ) -> torch.Tensor:
+    """dropout_bit_run with dx written into grad (NOTE [Dropout's gradient in place] in
+    monet_opt/grad_in_place.py)."""
+    return grad.mul_(unpack_bits(packed, grad.shape)).mul_(scale)

@@ -77,7 +77,9 @@ def _elementwise_cases(a, b, y):
             (aten._softmax_backward_data.default, (a, y, -1, a.dtype), {}),
             (aten._softmax_backward_data.default, (a, y, 1, a.dtype), {}),
             (aten._log_softmax_backward_data.default, (a, y.log(), -1, a.dtype), {}),
-            (aten._log_softmax_backward_data.default, (a, y.log(), 1, a.dtype), {})]
+            (aten._log_softmax_backward_data.default, (a, y.log(), 1, a.dtype), {}),
+            (aten.native_dropout_backward.default, (a, y > 0.01, 1 / 0.9), {}),
+            (aten.native_dropout_backward.default, (b, y < 0.02, 1 / 0.3), {})]
 
 
 @pytest.mark.parametrize("shape", [(4, 6, 9, 11), (3, 1000), (2, 4, 64, 64)])
@@ -88,6 +90,7 @@ def test_elementwise_ops_written_into_an_input_are_the_functional_ops(shape, dty
     torch.manual_seed(0)
     a, b = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype) + 0.1
     a.view(-1)[:3], b.view(-1)[5], a.view(-1)[7] = float("nan"), -0.0, -0.0
+    b.view(-1)[8], b.view(-1)[9] = float("inf"), float("-inf")
     y = torch.softmax(torch.randn(shape, dtype=dtype), -1)
     checked = 0
     for op, args, kwargs in _elementwise_cases(a, b, y):
@@ -101,7 +104,7 @@ def test_elementwise_ops_written_into_an_input_are_the_functional_ops(shape, dty
             assert got.data_ptr() == written[k].data_ptr() and got.stride() == want.stride()
             assert torch.equal(got.view(_BITS[dtype]), want.view(_BITS[dtype])), (op, k)
             checked += 1
-    assert checked == 19  # the binary ops into either tensor argument
+    assert checked == 21  # the binary ops into either tensor argument
 
 
 def _node(op, args, kwargs, val):
@@ -135,6 +138,24 @@ def test_a_relu_mask_written_into_dy_is_the_variants_result(family, channels_las
     assert got.stride() == want.stride() == aten.threshold_backward(dy, y, 0).stride()
     assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
                        want.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_dropout_bit_mask_written_into_dy_is_the_ops_result(dtype):
+    """NOTE [Dropout's gradient in place]: the bit-mask variant's mul_ into dy, bitwise
+    native_dropout_backward (NaN, infinities and -0.0 in dy), in dy's layout."""
+    torch.manual_seed(0)
+    out, mask = aten.native_dropout(torch.randn(4, 6, 9, 11, dtype=dtype), 0.3, True)
+    dy = torch.randn_like(out).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    dy[0, 0, :2], dy[1, 1, :3], dy[2, 2, :2] = float("nan"), -0.0, float("inf")
+    want = aten.native_dropout_backward(dy, mask, 1 / 0.7)
+    encoded = variants.encode("dropout.bit_mask", mask)
+    into = dy.clone()
+    got = variants.run_into(("dropout.bit_mask",), ((),), into, encoded, 1 / 0.7)
+    assert variants.writes_into(("dropout.bit_mask",)) and got.data_ptr() == into.data_ptr()
+    assert got.stride() == want.stride()
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(got.view(bits), want.view(bits))
 
 
 def _every_variant(problem, budget, *args, **kwargs):
