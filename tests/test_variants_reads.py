@@ -99,10 +99,13 @@ def test_batchnorm_output_is_not_offered_where_nothing_else_keeps_it(free_varian
                                for op in problem.ops)
 
 
-def test_batchnorm_weights_at_zero_are_not_offered_and_stop_training(free_variants):  # noqa: F811
+def test_batchnorm_weights_at_zero_are_not_offered_and_stop_training(  # noqa: F811
+        free_variants, even_times):
     """Weights already failing the guard when the model is profiled: the family is not
     offered there. Weights that reach zero later, in training: the step raises (the gradients
-    would be wrong), it does not return them."""
+    would be wrong), it does not return them. Every op at 1 ms (`even_times`), as in the test
+    above: under load (pytest -n 2, 2026-11-30) auto once stopped at evict's plan, which uses
+    no variant, and the test failed before the weights were touched."""
     torch.manual_seed(0)
     base, x, loss_fn = models.silu_cnn()
     dead = copy.deepcopy(base)
