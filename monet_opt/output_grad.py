@@ -2,10 +2,10 @@
 [The output's gradient] in monet_opt/lower.py).
 
 The plan counts the output gradients as `out.sum()` hands them: an expanded scalar, free. A loss
-whose backward makes a full-size gradient (cross-entropy, a mean, a square, a cast) adds that
-gradient, which autograd holds until our backward returns, so such a step can peak over the
-plan by its bytes, and by what the loss's backward itself makes (a square's: 1.6x the logits'
-bytes on tests/models.py's GPT-2). Each output of the step that requires a gradient gets a
+whose backward makes a full-size gradient (cross-entropy, a mean, a square, a cast) makes it,
+and what it saved and its backward's temporaries, where the forward turns into the backward,
+so such a step can peak over the plan by about that much (cross-entropy: three logits-sized
+tensors; a square's: 1.6x the logits' bytes on tests/models.py's GPT-2). Each output of the step that requires a gradient gets a
 tensor hook that looks at the gradient it is handed (its storage: an expanded scalar's is one
 element) and warns where it holds more than SHARE of the plan's predicted peak, saying how many
 bytes and what to do: compute the loss inside the module optimized (WithLoss). The hook returns

@@ -224,9 +224,10 @@ def test_gpt2_under_bfloat16_autocast_on_cuda(dropout):
 
 @pytest.mark.xfail(strict=False, reason="on an H200 (2026-11-26) the least plan measured "
                    "55-61 KB over its 1.11 MB limit: CUDA autocast runs `sum` in float32, so "
-                   "the loss's backward makes a bfloat16 output gradient (64,000 B), which "
-                   "autograd holds through the step's backward (NOTE [The output's gradient]; "
-                   "reproduced under CPU autocast with `.float().sum()`, tests/test_loss_memory.py)")
+                   "what the loss makes where the forward turns into the backward (its "
+                   "bfloat16 output gradient, 64,000 B), which the plan does not count "
+                   "(NOTE [The output's gradient]; under CPU autocast `.float().sum()` alike, "
+                   "tests/test_loss_memory.py)")
 def test_gpt2_under_bfloat16_autocast_stays_within_its_limit_on_cuda():
     base, x, loss_fn, cast = _gpt2_bf16(0.0)
     with cast():

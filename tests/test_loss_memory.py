@@ -1,6 +1,7 @@
 """NOTE [The output's gradient] (monet_opt/lower.py): the plan's peak is exact for a loss
-whose backward hands the step a free output gradient (`sum`), and not for one that makes a
-full-size gradient, which autograd then holds through the step's backward."""
+whose backward hands the step a free output gradient (`sum`), and not for one that makes
+full-size tensors where the forward turns into the backward (a cast's copy, a cross-entropy's
+log-probabilities and gradients), which the plan does not count."""
 from __future__ import annotations
 
 import copy
@@ -40,8 +41,8 @@ def test_a_sum_loss_peaks_at_the_plan(autocast):
 
 
 @pytest.mark.xfail(strict=True, reason="NOTE [The output's gradient]: the loss's cast makes a "
-                   "full-size output gradient, which autograd holds through the backward "
-                   "(+62,464 B measured); the plan frees it after its last read")
+                   "full-size output gradient where the forward turns into the backward "
+                   "(+62,464 B measured), which the plan does not count")
 def test_a_loss_that_makes_its_gradient_peaks_at_the_plan():
     limit, measured = _least_measured(lambda out: out.logits.float().sum(), autocast=True)
     assert measured <= limit
