@@ -36,8 +36,8 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
     """partition_fn for aot_function: (forward GraphModule, backward GraphModule). slots: the
     parameters whose gradients the backward adds in place (NOTE [Accumulating in place]).
     held: the positions, among the joint's outputs, of those the plan holds for the whole
-    step (NOTE [Held outputs handed to the backward]); made: the tensors it holds so that
-    the step makes (NOTE [Held tensors made again] in monet_opt/held_outputs.py)."""
+    step (NOTE [Held outputs handed to the backward]); made: the held tensors the step
+    itself makes (NOTE [Held tensors made again] in monet_opt/held_outputs.py)."""
     rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs, made)
     outputs = next(iter(rebuilt.graph.find_nodes(op="output"))).args[0]
     held_names = {outputs[k].name for k in held if isinstance(outputs[k], fx.Node)}
@@ -125,8 +125,9 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     overwrites = dict(simulate(problem, schedule).overwrites)
     e = _Emitter(nodes, lowered)
     recomputed = {i for i in schedule.backward if not problem.ops[i].is_backward}
-    reread = {i for i in recomputed if set(problem.ops[i].outputs) <= made}  # NOTE [Held
-    recomputed -= reread  # tensors made again] in monet_opt/held_outputs.py: read, not rerun
+    reread = {i for i in recomputed if problem.ops[i].outputs and  # NOTE [Held tensors made
+              set(problem.ops[i].outputs) <= made}  # again] in monet_opt/held_outputs.py
+    recomputed -= reread  # read from the forward, not run again
     chosen = [lowered.variant_sites[v] for v in schedule.variants]
     encodes = {site.encode_op: site for site in chosen if site.encode_op is not None}
     runs: dict[str, list] = {}  # backward node -> its chosen variants (NOTE [Combining variants])
