@@ -307,14 +307,14 @@ class _Planner:
                                            self.resident_bytes)
             limit = limit_bytes(self.limit, problem) if self.limit is not None else 2 ** 62
             # NOTEs [Schedules found for the step ...], [Least peaks recalled in the process]
-            known = recalled(problem, self.problem)  # (in solvers/remembered.py)
+            known = recalled(self.solver, problem, self.problem)  # solvers/remembered.py
             if self.cache is None or self.limit is None:
                 result = solve(problem, limit, self.solver, time_limit_s=self.time_limit_s,
                                known=known)
             else:
                 result = self.cache.solve(derived(self.profile, problem), limit, self.solver,
                                           self.time_limit_s, solve=solve, known=known)
-            recall(problem, result)
+            recall(self.solver, problem, result)
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
             result = solvers.without_unread(problem, result)
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds

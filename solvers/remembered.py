@@ -21,10 +21,14 @@ NOTE [Least peaks recalled in the process]
   schedule, and a least budget the first reported could be refused by the second (GPT-2 with
   labels in tests/test_loss_memory.py, on a loaded machine: 1,245,064 B named, 1,285,772 B
   reached). A schedule's peak depends on the problem's memory alone, so optimize() keeps each
-  solve's schedules in the process (`recall`: its plan's and its least peak's, by the
-  problem's memory structure, for the last RECALLED problems) and offers them to the next
-  solve of a problem of the same structure as known ones (`recalled`). The solvers themselves
-  keep nothing between calls: their answer depends on their arguments alone.
+  solve's schedules in the process (`recall`: its plan's and its least peak's, by the solver
+  and the problem's memory structure, for the last RECALLED of those) and offers them to the
+  next solve by the same solver of a problem of the same structure as known ones
+  (`recalled`). By the same solver only, as `known` is meant (solvers.solve): `monet-opt
+  bench` runs several solvers on one model in one process, and its Checkmate, timed out,
+  answered with the DP's plans, its DP's least peak was the MILP's (2026-11-30, gpt2_narrow;
+  that run was not kept). The solvers themselves keep nothing between calls: their answer
+  depends on their arguments alone.
 
 NOTE [Schedules found for the step without gradients in place]
   A step planned with gradients in place (monet_opt/accumulate.py's `in_place_problem`) runs
@@ -67,9 +71,10 @@ _recalled: collections.OrderedDict[int, tuple[int | None, list[Schedule]]] = \
     collections.OrderedDict()
 
 
-def _memory_of(problem: Problem) -> int:
-    """A hash of what a schedule's simulated peak depends on (not the times)."""
-    return hash((tuple((o.is_backward, o.inputs, o.outputs, o.workspace_bytes, o.inplace_bytes,
+def _memory_of(solver: str, problem: Problem) -> int:
+    """A hash of `solver` and what a schedule's simulated peak depends on (not the times)."""
+    return hash((solver,
+                 tuple((o.is_backward, o.inputs, o.outputs, o.workspace_bytes, o.inplace_bytes,
                         o.overwrites) for o in problem.ops),
                  tuple((t.bytes, t.producer) for t in problem.tensors), problem.fixed_bytes,
                  problem.forward_outputs, problem.backward_outputs,
@@ -77,18 +82,19 @@ def _memory_of(problem: Problem) -> int:
                        for v in problem.variants)))
 
 
-def recalled(problem: Problem, *like: Problem) -> tuple[Schedule, ...]:
-    """The schedules this process found for a problem of `problem`'s memory structure, or of
-    one of `like` (problems whose schedules run on it: NOTEs [Least peaks recalled in the
-    process], [Schedules found for the step without gradients in place])."""
-    found = (_recalled.get(_memory_of(p), (None, []))[1] for p in (problem, *like))
+def recalled(solver: str, problem: Problem, *like: Problem) -> tuple[Schedule, ...]:
+    """The schedules `solver` found in this process for a problem of `problem`'s memory
+    structure, or of one of `like` (problems whose schedules run on it: NOTEs [Least peaks
+    recalled in the process], [Schedules found for the step without gradients in place])."""
+    found = (_recalled.get(_memory_of(solver, p), (None, []))[1] for p in (problem, *like))
     return tuple(dict.fromkeys(s for schedules in found for s in schedules))
 
 
-def recall(problem: Problem, result: SolveResult) -> None:
-    """Keep `result`'s least-peak schedule and its plan's for `recalled`: the least peak's
-    while none lower is found, the others PER_PROBLEM - 1 at most, the latest."""
-    key = _memory_of(problem)
+def recall(solver: str, problem: Problem, result: SolveResult) -> None:
+    """Keep `result`'s least-peak schedule and its plan's, found by `solver`, for `recalled`:
+    the least peak's while none lower is found, the others PER_PROBLEM - 1 at most, the
+    latest."""
+    key = _memory_of(solver, problem)
     least, schedules = _recalled.pop(key, (None, []))
     peak, floor = result.min_feasible_bytes, result.floor_schedule
     if floor is not None and peak is not None and (least is None or peak < least):

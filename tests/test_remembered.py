@@ -236,7 +236,8 @@ def test_a_least_peak_is_recalled_in_the_process_without_a_profile_directory(mon
 def test_recall_keeps_the_least_peak_and_the_latest_plans(monkeypatch):
     """NOTE [Least peaks recalled in the process]: the least peak's schedule stays recalled
     while later plans come and go (PER_PROBLEM at most); another problem of the step (`like`)
-    is recalled with it, and a problem of another memory structure recalls nothing."""
+    is recalled with it; a problem of another memory structure, or another solver, recalls
+    nothing."""
     from solvers import remembered
     monkeypatch.setattr(remembered, "_recalled", type(remembered._recalled)())
     problem = chain(8, size=10, fixed=100)
@@ -251,12 +252,13 @@ def test_recall_keeps_the_least_peak_and_the_latest_plans(monkeypatch):
                            solve_time_s=0.0, min_feasible_bytes=peaks[floor],
                            floor_schedule=every[floor])
 
-    remembered.recall(problem, result(0, least))
+    remembered.recall("auto", problem, result(0, least))
     for k in range(1, len(every)):
-        remembered.recall(problem, result(k, k))  # no least peak lower than the first's
-    kept = remembered.recalled(problem)
+        remembered.recall("auto", problem, result(k, k))  # no least peak lower than the first's
+    kept = remembered.recalled("auto", problem)
     assert every[least] in kept and len(kept) == remembered.PER_PROBLEM
     assert every[-1] in kept and every[0] not in kept
     other = chain(8, size=11, fixed=100)
-    assert remembered.recalled(other) == ()
-    assert set(remembered.recalled(other, problem)) == set(kept)
+    assert remembered.recalled("auto", other) == ()
+    assert set(remembered.recalled("auto", other, problem)) == set(kept)
+    assert remembered.recalled("dp", problem) == ()  # another solver's are not its own
