@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from monet_opt import grad_in_place
+
 aten = torch.ops.aten
 
 
@@ -125,4 +127,5 @@ def dropout_bit_run_into(grad: torch.Tensor, packed: torch.Tensor, scale: float
                          ) -> torch.Tensor:
     """dropout_bit_run with dx written into grad (NOTE [Dropout's gradient in place] in
     monet_opt/grad_in_place.py)."""
-    return grad.mul_(unpack_bits(packed, grad.shape)).mul_(scale)
+    return grad_in_place.dropout_backward_out(grad, unpack_bits(packed, grad.shape), scale,
+                                              out=grad)
