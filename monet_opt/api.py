@@ -281,7 +281,7 @@ class _Planner:
         told = progress.Progress(self.name)  # NOTE [Progress]
         measure = told.profiling(capture.collecting(lambda: _measured(  # NOTE [Tracing without
             joint, lowered, self.primals, self.repeats, self.allow_lossy,  # the collector]
-            self.profile_time_limit_s)))
+            self.profile_time_limit_s, self.limit if isinstance(self.limit, int) else None)))
         solve = told.solving(capture.collecting(solvers.solve))
         with capture.planning():
             if self.cache is None:
@@ -349,12 +349,13 @@ class _Planner:
 
 
 def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int,
-              allow_lossy: bool = False, time_limit_s: float | None = None) -> solvers.Problem:
+              allow_lossy: bool = False, time_limit_s: float | None = None,
+              memory_limit: int | None = None) -> solvers.Problem:
     """`lowered.problem` with each op's and variant's measured costs, outputs' bytes (NOTE
     [Outputs larger than their shapes]) and the loss scalars' bytes. A variant not bitwise the
     op's is withdrawn (warning) unless its family is lossy, lossy ones are allowed and it is
     within the family's bound; so is one the time limit left unmeasured (the profiler warns)."""
-    measured = profile(joint, lowered, primals, repeats, time_limit_s)
+    measured = profile(joint, lowered, primals, repeats, time_limit_s, memory_limit)
     problem = output_bytes.raised(lowered.problem, measured.op_output_bytes)
     ops = tuple(dataclasses.replace(op, time_s=t, recompute_time_s=r,
                                     workspace_bytes=max(op.workspace_bytes, w))

@@ -5,7 +5,8 @@ on the real parameters, buffers and sample input, with random output gradients, 
 `fork_rng` so the user's random stream is untouched. Each op that the problem schedules is run
 once for its value (the warm-up), then timed `repeats` more times back to back; its time is the
 median. Before that pass, the whole graph runs once untimed (NOTE [Warm allocator]). Values
-are freed after their last use, so profiling needs no more memory than eager.
+are freed after their last use, so profiling needs no more memory than eager; given the limit
+in bytes, no more than it (NOTE [Profiling within the limit] in monet_opt/profile_memory.py).
 
 Identical calls are measured once: an op whose signature (ATen target, every tensor argument's
 dtype, shape, stride and device, every other argument's value) was timed already reuses that
@@ -38,6 +39,7 @@ from monet_opt import cudnn_bn, output_bytes, recompute
 from monet_opt.lower import Lowered, is_effect_token
 from monet_opt.memory import counted
 from monet_opt.profile_budget import Budget, estimates
+from monet_opt.profile_memory import BoundedEnv
 from monet_opt.variant_probe import VariantProbe, timed_call as _call
 
 # What a profile holds, in the profile directory's keys: a profile an older profiler made
@@ -84,12 +86,16 @@ class ProfileResult:
     op_workspace_bytes: tuple[int, ...] = ()  # per op (NOTE [Workspace] in monet_opt/memory.py)
     # per op, what its tensor outputs' storages hold (NOTE [Outputs larger than their shapes])
     op_output_bytes: tuple[tuple[int, ...] | None, ...] = ()
+    made_again: int = 0  # values dropped and made again to keep within the memory limit
 
 
 def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
-            repeats: int = 3, time_limit_s: float | None = None) -> ProfileResult:
+            repeats: int = 3, time_limit_s: float | None = None,
+            memory_limit: int | None = None) -> ProfileResult:
     """Time every op and variant of `lowered` (see the module docstring and NOTE [The profiling
-    time limit]); warns with `ProfileTimeLimitWarning` when ops had to be estimated."""
+    time limit]); warns with `ProfileTimeLimitWarning` when ops had to be estimated.
+    memory_limit: the bytes the pass may hold (NOTE [Profiling within the limit] in
+    monet_opt/profile_memory.py); None: each value to its last use, as eager."""
     nodes = {n.name: n for n in joint.graph.nodes if n.op == "call_function"}
     wanted = [name for name in lowered.op_nodes if name in nodes]
     probe = VariantProbe(lowered)
@@ -101,9 +107,9 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         inputs = [torch.empty(0) if is_effect_token(n) else
                   _random_like(n.meta["val"], primals) if n.name.startswith("tangents") else
                   next(given) for n in joint.graph.find_nodes(op="placeholder")]
-        held = _warm_up(joint, inputs)  # NOTE [Warm allocator]
-        measured, reruns, signatures, workspace = _run(joint, inputs, set(wanted), probe,
-                                                       budget)
+        held = _warm_up(joint, inputs, memory_limit)  # NOTE [Warm allocator]
+        measured, reruns, signatures, workspace, made_again = _run(
+            joint, inputs, set(wanted), probe, budget, memory_limit)
     missing = [name for name in wanted if name not in measured]
     op_time = {**measured, **estimates([nodes[n] for n in missing],
                                         [nodes[n] for n in measured], measured)}
@@ -123,7 +129,8 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         estimated_ops=len(missing), reduced_ops=budget.reduced, timed_signatures=signatures,
         op_rerun_s=tuple(reruns.get(name) for name in lowered.op_nodes),
         op_workspace_bytes=tuple(workspace.get(name, 0) for name in lowered.op_nodes),
-        op_output_bytes=tuple(held.get(name) for name in lowered.op_nodes))
+        op_output_bytes=tuple(held.get(name) for name in lowered.op_nodes),
+        made_again=made_again)
 
 
 
@@ -145,31 +152,37 @@ def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
 
 
 def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
-         probe: VariantProbe, budget: Budget
-         ) -> tuple[dict[str, float], dict[str, float], int, dict[str, int]]:
+         probe: VariantProbe, budget: Budget, memory_limit: int | None
+         ) -> tuple[dict[str, float], dict[str, float], int, dict[str, int], int]:
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
     the same of their recomputations where those run otherwise, how many distinct signatures
-    were timed, and {op node: workspace bytes} (CUDA)."""
+    were timed, {op node: workspace bytes} (CUDA) and how many values were made again to keep
+    within `memory_limit`."""
     measured: dict[str, tuple] = {}  # op node -> its signature
     reruns: dict[str, tuple] = {}
     seen: dict[tuple, list[float]] = {}  # signature -> its samples (NOTE [Noisy samples])
     workspace: dict[tuple, int] = {}  # signature -> its workspace bytes (NOTE [Workspace])
     cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+    # beside an op's value: a timed call's outputs, and a variant's (NOTE [Profiling within
+    # the limit])
+    copies = lambda node: 3 if node.name in probe.at else 2  # noqa: E731
     try:
-        _walk(gm, inputs, lambda node, args, kwargs, env: _measure_node(
+        made_again = _walk(gm, inputs, lambda node, args, kwargs, env: _measure_node(
             node, args, kwargs, env, measured, seen, wanted, probe, budget, cuda, reruns,
             workspace),
-            budget.over, probe.keep_until())
+            budget.over, probe.keep_until(), memory_limit, copies)
     finally:
         _flush.clear()  # held for the pass only (NOTE [Recomputation reads a cold input])
     median = {sig: statistics.median(samples) for sig, samples in seen.items()}
     return ({name: median[sig] for name, sig in measured.items()},
             {name: median[key] for name, key in reruns.items()},
             sum(k[-1] != _RERUN for k in seen),
-            {name: workspace[sig] for name, sig in measured.items() if sig in workspace})
+            {name: workspace[sig] for name, sig in measured.items() if sig in workspace},
+            made_again)
 
 
-def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> dict[str, tuple[int, ...]]:
+def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor], memory_limit: int | None = None
+             ) -> dict[str, tuple[int, ...]]:
     """NOTE [Warm allocator]
       The first pass over a graph in a process meets a cold allocator: on CPU, glibc maps
       fresh pages for large blocks until its thresholds adapt, and a page fault costs more than
@@ -184,16 +197,19 @@ def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> dict[str, tuple[
     def run(node, args, kwargs, env):
         out = env[node.name] = cudnn_bn.kernel(node)(*args, **kwargs)
         held[node.name] = output_bytes.held(out, (args, kwargs), node)
-    _walk(gm, inputs, run)
+    _walk(gm, inputs, run, memory_limit=memory_limit)
     return held
 
 
 
 def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: False,
-          keep_until: dict[str, str] | None = None) -> None:
+          keep_until: dict[str, str] | None = None, memory_limit: int | None = None,
+          copies=lambda node: 1) -> int:
     """Run `gm` node by node: visit(node, args, kwargs, env) computes each call's value into
     env; values are freed after their last use (or, for a name in keep_until, after the node
-    named there if that comes later). Stops before a call once stop() is true."""
+    named there if that comes later), and with a memory limit, dropped and made again to keep
+    within it (NOTE [Profiling within the limit]). Stops before a call once stop() is true.
+    Returns how many values were made again."""
     last_use: dict[str, fx.Node] = {}
     for node in gm.graph.nodes:
         fx.node.map_arg((node.args, node.kwargs), lambda a: last_use.__setitem__(a.name, node))
@@ -205,7 +221,8 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
     free_after: dict[fx.Node, list[str]] = {}
     for name, node in last_use.items():
         free_after.setdefault(node, []).append(name)
-    env: dict[str, object] = {}
+    env = {} if memory_limit is None else BoundedEnv(gm, memory_limit, keep_until or {},
+                                                     copies)
     it = iter(inputs)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -215,9 +232,12 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
         elif node.op == "call_function":
             if stop():
                 break
-            args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: env[a.name])
+            if memory_limit is not None:
+                env.at(node)
             try:
+                args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: env[a.name])
                 visit(node, args, kwargs, env)
+                del args, kwargs  # what it read may be freed or dropped below
             except Exception as exc:
                 raise RuntimeError(
                     f"monet_opt profiler: {node.format_node()} failed: {exc}\nDoes the model "
@@ -227,6 +247,9 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
             break
         for name in free_after.get(node, ()):
             env.pop(name, None)
+        if memory_limit is not None:
+            env.made(node)
+    return getattr(env, "made_again", 0)
 
 
 def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tuple],

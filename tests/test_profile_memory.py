@@ -1,0 +1,109 @@
+"""NOTE [Profiling within the limit] (monet_opt/profile_memory.py): given a limit in bytes below
+eager's step, the profiling pass holds no more than the limit, times every op as before, and the
+plan made from its profile trains bitwise like eager within the limit."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import monet_opt
+from monet_opt import profile_memory, profiler
+from monet_opt.memory import LiveBytes
+from tests.models import SmallCNN
+from tests.records import assert_same_grads, measured_peak_of
+
+
+@pytest.fixture
+def walks(monkeypatch):
+    """Each profiling walk's (bounded environment, its live-bytes peak)."""
+    seen: list[tuple[profile_memory.BoundedEnv, int]] = []
+    envs: list[profile_memory.BoundedEnv] = []
+    init, walk = profile_memory.BoundedEnv.__init__, profiler._walk
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        envs.append(self)
+
+    def measured_walk(gm, inputs, visit, *args, **kwargs):
+        before = len(envs)
+        with LiveBytes(inputs) as counter:
+            made = walk(gm, inputs, visit, *args, **kwargs)
+        seen.append((envs[-1] if len(envs) > before else None, counter.peak))
+        return made
+
+    monkeypatch.setattr(profile_memory.BoundedEnv, "__init__", recording_init)
+    monkeypatch.setattr(profiler, "_walk", measured_walk)
+    monkeypatch.setattr(profiler, "FLUSH_BYTES", 4096)  # the CPU cache flush: not the pass's
+    return seen
+
+
+def _model_and_batch():
+    torch.manual_seed(0)
+    return SmallCNN().train(), torch.randn(16, 3, 32, 32)
+
+
+def test_profiling_holds_no_more_than_the_limit_and_trains_like_eager(walks):
+    model, x = _model_and_batch()
+    store_all = monet_opt.optimize(copy.deepcopy(model), x, 1 << 40, profile_dir=None,
+                                   time_limit_s=5).plan
+    unbounded = [peak for env, peak in walks]
+    assert len(unbounded) == 2 and all(env.made_again == 0 for env, _ in walks)
+    walks.clear()
+    plan_floor = store_all.fixed_bytes + store_all.gradient_bytes
+    limit = plan_floor + store_all.store_all_activation_bytes // 2
+    assert limit >= store_all.min_feasible_bytes
+    opt = monet_opt.optimize(model, x, limit, profile_dir=None, time_limit_s=5)
+    assert len(walks) == 2
+    for (env, peak), eager_like in zip(walks, unbounded):
+        assert env is not None and env.limit == limit
+        # the pass keeps the graph's own order, where making a BatchNorm's input again holds
+        # its chain and the gradient in flight: a little over a plan's (NOTE [Profiling within
+        # the limit])
+        assert env.peak <= limit * 1.05
+        assert env.made_again > 0
+        assert peak < eager_like  # what the pass held, counted by the live-bytes counter
+    assert opt.plan.predicted_peak_bytes <= limit
+    eager = copy.deepcopy(model)
+    torch.manual_seed(1)
+    peak = monet_opt.measure_peak(lambda: opt(x).sum().backward(),
+                                  monet_opt.resident_tensors(model, x))
+    assert peak <= limit and peak == measured_peak_of(opt.plan)
+    model.zero_grad(set_to_none=True)
+    assert_same_grads(_Summed(opt), model, _Summed(eager), x, steps=2, seeded=True)
+
+
+def test_values_only_the_output_reads_are_dropped_and_inputs_kept():
+    """A parameter's gradient, read by nothing but the graph's output, is not held to the
+    pass's end; a graph input is never dropped, whatever the limit."""
+    gm = torch.fx.symbolic_trace(_Tiny())
+    env = profile_memory.BoundedEnv(gm, 1, {})
+    nodes = {n.name: n for n in gm.graph.nodes}
+    env["x"] = torch.ones(4)
+    env.pop("x")
+    assert "x" in env  # a placeholder stays: what is made again reads it
+    env.at(nodes["mul"])
+    env["mul"] = env["x"] * 2
+    env.made(nodes["mul"])
+    assert "mul" in env  # read by the add to come
+    env.at(nodes["add"])
+    env["add"] = env["mul"] + 1
+    env.made(nodes["add"])
+    assert "add" not in env  # only the output reads it
+    env.pop("mul")
+    assert torch.equal(env["mul"], torch.full((4,), 2.0)) and env.made_again == 1
+
+
+class _Summed(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x).sum()
+
+
+class _Tiny(torch.nn.Module):
+    def forward(self, x):
+        return (x * 2) + 1
