@@ -1,6 +1,7 @@
 """monet-opt command line: `demo` runs the main job, `bench` the side-by-side benchmark;
 `precompute` fills the profile directory with a model's profile and schedules (a schedule zoo),
-`list` shows what it holds and `explain` prints a cached plan."""
+`list` shows what it holds and `explain` prints a cached plan; `largest-batch` finds the
+largest batch a plan fits under a limit."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     precompute.add_explain_arguments(sub.add_parser(
         "explain", help="print a cached plan (Plan.explain()), or the limits cached for a "
                         "profile"))
+    from monet_opt import batch_size
+    batch_size.add_arguments(sub.add_parser(
+        "largest-batch", help="the largest batch whose training step a plan fits under a "
+                              "memory limit, and that plan's overhead"))
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     try:
@@ -51,9 +56,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "bench":
         from monet_opt.bench import run as bench_run
         return bench_run.run(bench_run.settings_from(args, argv[1:]))
-    from monet_opt import precompute
+    from monet_opt import batch_size, precompute
     command = {"precompute": precompute.run_precompute, "list": precompute.run_list,
-               "explain": precompute.run_explain}[args.command]
+               "explain": precompute.run_explain, "largest-batch": batch_size.run}[args.command]
     return command(args)
 
 

@@ -158,11 +158,7 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, Any]:
     device = torch.device(args.device)
     model = made.to(device).train()
     if shape is not None:
-        dtype = DTYPES[args.dtype]
-        gen = torch.Generator().manual_seed(1)
-        x = torch.randint(0, TOKEN_IDS, shape, generator=gen, dtype=dtype) \
-            if not dtype.is_floating_point else torch.randn(shape, generator=gen, dtype=dtype)
-        sample = {args.input_name: x} if args.input_name else x
+        sample = random_input(args, shape)
     elif sample is None:
         raise UsageError(f"{args.factory!r} returned a model without a sample input: give "
                          "--input-shape, e.g. --input-shape 32x3x160x160")
@@ -175,6 +171,15 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, Any]:
         model = model.to(memory_format=torch.channels_last)
         sample = sample.contiguous(memory_format=torch.channels_last)
     return model, sample
+
+
+def random_input(args: argparse.Namespace, shape: tuple[int, ...]) -> Any:
+    """A random batch of `shape` as --dtype and --input-name ask (on the CPU)."""
+    dtype = DTYPES[args.dtype]
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randint(0, TOKEN_IDS, shape, generator=gen, dtype=dtype) \
+        if not dtype.is_floating_point else torch.randn(shape, generator=gen, dtype=dtype)
+    return {args.input_name: x} if args.input_name else x
 
 
 def requested_limits(args: argparse.Namespace) -> list[tuple[int | Share, str]]:

@@ -1,0 +1,250 @@
+"""The largest batch whose training step fits a memory limit, and its plan.
+
+NOTE [The largest batch]
+  A user out of memory has two questions: how to fit the batch they have (optimize()), and
+  how large a batch fits their device at all. Checkmate reports the second (VGG-19: 289
+  against eager's 167). `largest_batch(model, make_input, limit)` answers it by planning: a
+  batch fits where `optimize()` finds a plan within the limit, and that plan is what it
+  returns. Each try traces, profiles and solves one batch size (the solver's time limit each),
+  so the search spends few tries: the least peak a try reports, less the memory no batch
+  changes (parameters, buffers, their gradients), is near proportional to the batch, and the
+  next batch tried is where that proportion reaches the limit, kept strictly between the
+  largest batch found to fit and the smallest found not to. It ends when those two are
+  neighbours (the answer is then the largest that fits, as far as the solver's least peaks
+  go: a longer solve can lower a least peak) or after `max_tries` (`BatchFit.proven` False).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from monet_opt import api
+from monet_opt.errors import InfeasibleBudgetError
+from monet_opt.memory import resident_bytes
+from monet_opt.module import OptimizedModule
+from monet_opt.units import Share, format_bytes, parse_limit
+
+log = logging.getLogger("monet_opt")
+GROWTH = 4  # a try's batch is at most this many times the last one's (or that much smaller)
+
+
+@dataclass(frozen=True)
+class Try:
+    """One batch size tried: whether a plan fit, the least peak the solver reached there and
+    the peak with nothing recomputed (known where a plan fit), and the seconds it took."""
+
+    batch: int
+    fits: bool
+    least_bytes: int | None  # None: the device ran out of memory first
+    store_all_bytes: int | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    """`batch`: the largest batch found to fit; `module`: its plan (an optimized module for
+    inputs of that batch); `proven`: the next batch was tried and did not fit (or `batch` is
+    `max_batch`); `tries`: every batch tried, in order."""
+
+    batch: int
+    module: OptimizedModule
+    proven: bool
+    tries: tuple[Try, ...]
+
+    def text(self) -> str:
+        """One line per try and the answer, for a terminal."""
+        lines = [f"  batch {t.batch:>6}: {'fits' if t.fits else 'does not fit':<12} least peak "
+                 + (f"{format_bytes(t.least_bytes):>11}" if t.least_bytes is not None
+                    else "unknown (the device ran out of memory)")
+                 + (f", store-all {format_bytes(t.store_all_bytes)}"
+                    if t.store_all_bytes is not None else "")
+                 + f"  ({t.seconds:.1f} s)" for t in self.tries]
+        plan = self.module.plan
+        lines.append(f"largest batch {self.batch}" + ("" if self.proven else
+                     " (not proven: the tries ran out before the next batch was tried)")
+                     + f": predicted peak {format_bytes(plan.predicted_peak_bytes)} of "
+                     f"{format_bytes(plan.memory_limit_bytes)}, predicted overhead "
+                     f"{plan.predicted_overhead:+.1%} ({plan.solver})")
+        return "\n".join(lines)
+
+
+def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
+                  memory_limit: int | str, *, start: int = 8, max_batch: int = 1 << 16,
+                  max_tries: int = 12, **optimize_options: Any) -> BatchFit:
+    """The largest batch size whose training step `optimize()` plans within `memory_limit`
+    (NOTE [The largest batch]).
+
+    Args:
+        model: as `optimize()` takes it.
+        make_input: batch size -> a sample input of that many samples, as `optimize()` takes
+            it (e.g. `lambda b: torch.randn(b, 3, 224, 224)`).
+        memory_limit: bytes, or a size such as "16GiB" (not a share of a step: which batch's
+            step would it be a share of?).
+        start: the first batch tried.
+        max_batch: no larger batch is tried.
+        max_tries: at most this many batches are tried (each a whole `optimize()`).
+        optimize_options: passed to every `optimize()` (solver, time_limit_s, profile_dir, ...).
+
+    Raises:
+        ValueError: a bad limit, start or max_batch, or a `make_input` whose inputs do not
+            change shape with the batch.
+        InfeasibleBudgetError: not even a batch of 1 fits (its least peak in the error).
+        torch.OutOfMemoryError is not raised for a batch the device cannot hold while it is
+        planned: that batch does not fit.
+    """
+    limit = parse_limit(memory_limit)
+    if isinstance(limit, Share):
+        raise ValueError(f"monet_opt.largest_batch: memory_limit {str(memory_limit)!r} is a "
+                         "share of one step, but the step changes with the batch: give bytes or "
+                         "a size such as '16GiB'")
+    if not 1 <= start <= max_batch or max_tries < 1:
+        raise ValueError(f"monet_opt.largest_batch: need 1 <= start <= max_batch and max_tries "
+                         f">= 1, got start={start}, max_batch={max_batch}, "
+                         f"max_tries={max_tries}")
+    _check_batched(make_input)
+    fixed = _batchless_bytes(model)
+    fits: dict[int, OptimizedModule] = {}
+    tries: list[Try] = []
+    lo, hi, batch = 0, max_batch + 1, start
+    while len(tries) < max_tries:
+        tried, module = _try(model, make_input, batch, limit, optimize_options)
+        tries.append(tried)
+        if module is not None:
+            fits[batch], lo = module, batch
+        else:
+            hi = batch
+            if batch == 1:
+                raise _not_even_one(tried, limit)
+        if hi == lo + 1:
+            break
+        batch = _next(tried, fixed, limit, lo, hi)
+    if not fits:  # every try failed above 1 and the tries ran out
+        raise ValueError(f"monet_opt.largest_batch: no batch tried fits {format_bytes(limit)} "
+                         f"within {max_tries} tries (the smallest tried: {hi}); try a smaller "
+                         "start or more max_tries")
+    return BatchFit(lo, fits[lo], hi == lo + 1, tuple(tries))
+
+
+def _not_even_one(tried: Try, limit: int) -> Exception:
+    if tried.least_bytes is None:
+        return ValueError(f"monet_opt.largest_batch: a batch of 1 ran the device out of memory "
+                          f"while planning it: the device holds less than {format_bytes(limit)}; "
+                          "give a smaller memory_limit")
+    error = InfeasibleBudgetError(limit, tried.least_bytes, "largest_batch")
+    error.add_note("monet_opt.largest_batch: not even a batch of 1 fits this limit")
+    return error
+
+
+def _try(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit: int,
+         options: dict[str, Any]) -> tuple[Try, OptimizedModule | None]:
+    log.info("largest_batch: trying a batch of %d under %s ...", batch, format_bytes(limit))
+    start = time.perf_counter()
+    try:
+        module = api.optimize(model, make_input(batch), limit, **options)
+    except InfeasibleBudgetError as exc:
+        return Try(batch, False, exc.min_feasible_bytes, None,
+                   time.perf_counter() - start), None
+    except torch.OutOfMemoryError:  # the device itself is smaller than the limit
+        return Try(batch, False, None, None, time.perf_counter() - start), None
+    plan = module.plan
+    return Try(batch, True, plan.min_feasible_bytes, plan.store_all_peak_bytes,
+               time.perf_counter() - start), module
+
+
+def _next(tried: Try, fixed: int, limit: int, lo: int, hi: int) -> int:
+    """The next batch: where the last try's least peak per sample (above `fixed`) reaches the
+    limit, at most GROWTH times the last batch and at least 1/GROWTH of it, strictly between
+    `lo` (fits) and `hi` (does not); halfway between them where the least peak is unknown or
+    gives no slope."""
+    least = tried.least_bytes
+    if least is None or least <= fixed:
+        guess = tried.batch * GROWTH if tried.fits else (lo + hi) // 2
+    else:
+        guess = int((limit - fixed) * tried.batch // (least - fixed))
+        guess = min(max(guess, tried.batch // GROWTH), tried.batch * GROWTH)
+    return min(max(guess, lo + 1), hi - 1)
+
+
+def _batchless_bytes(model: nn.Module) -> int:
+    """What no batch size changes: parameters, buffers, and the trainable parameters'
+    gradients."""
+    params = list(model.parameters())
+    return (resident_bytes(params + list(model.buffers()))
+            + resident_bytes([p for p in params if p.requires_grad]))
+
+
+def _check_batched(make_input: Callable[[int], Any]) -> None:
+    if not callable(make_input):
+        raise ValueError("monet_opt.largest_batch: make_input must be a function of the batch "
+                         f"size returning a sample input, got a {type(make_input).__name__}")
+    shapes = [[tuple(t.shape) for t in pytree.tree_leaves(make_input(b))
+               if isinstance(t, torch.Tensor)] for b in (1, 2)]
+    if shapes[0] == shapes[1]:
+        raise ValueError("monet_opt.largest_batch: make_input(1) and make_input(2) gave inputs "
+                         f"of the same shapes ({shapes[0]}): make_input(b) must return a batch "
+                         "of b samples, e.g. lambda b: torch.randn(b, 3, 224, 224)")
+
+
+# ---- monet-opt largest-batch -----------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from monet_opt import precompute
+    p.add_argument("factory", metavar="MODULE:FACTORY",
+                   help="a callable returning an nn.Module, e.g. torchvision.models:resnet50")
+    p.add_argument("--input-shape", metavar="SHAPE", required=True,
+                   help="one batch's shape, e.g. 32x3x224x224: its first size is the batch, "
+                        "which the search changes")
+    p.add_argument("--limit", required=True, help="the memory limit, e.g. 16GiB")
+    p.add_argument("--start", type=int, default=None,
+                   help="the first batch tried (default: --input-shape's)")
+    p.add_argument("--max-batch", type=int, default=1 << 16, help="no larger batch is tried")
+    p.add_argument("--max-tries", type=int, default=12,
+                   help="at most this many batches are tried, each a whole optimize() "
+                        "(default: %(default)s)")
+    p.add_argument("--dtype", choices=sorted(precompute.DTYPES), default="float32",
+                   help="the input's dtype; an integer dtype gives token ids (default float32)")
+    p.add_argument("--input-name", metavar="NAME",
+                   help="pass the input as this keyword argument (e.g. input_ids)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="make the model and its image batches channels-last")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="the device to train on (default: %(default)s)")
+    p.add_argument("--solver", default="auto", help="as optimize(solver=...) (default: auto)")
+    p.add_argument("--time-limit-s", type=float, default=30.0,
+                   help="the solver's time limit per try (default: 30, as optimize's)")
+    precompute.add_profile_dir(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print each batch tried and the largest that fits."""
+    from monet_opt import precompute
+    from monet_opt.errors import UsageError
+    shape = precompute.parse_shape(args.input_shape)
+    try:
+        limit = parse_limit(args.limit)
+    except ValueError as exc:
+        raise UsageError(f"bad --limit {args.limit!r}: {exc}") from exc
+    model, _ = precompute.build(args)
+    device = torch.device(args.device)
+
+    def make_input(batch: int) -> Any:
+        x = pytree.tree_map(lambda t: t.to(device), precompute.random_input(
+            args, (batch, *shape[1:])))
+        return x.contiguous(memory_format=torch.channels_last) if args.channels_last else x
+
+    try:
+        fit = largest_batch(model, make_input, limit, start=args.start or shape[0],
+                            max_batch=args.max_batch, max_tries=args.max_tries,
+                            solver=args.solver, time_limit_s=args.time_limit_s,
+                            profile_dir=args.profile_dir)
+    except (ValueError, InfeasibleBudgetError) as exc:
+        raise UsageError(" ".join([str(exc), *getattr(exc, "__notes__", ())])) from exc
+    print(fit.text())
+    return 0

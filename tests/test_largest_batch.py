@@ -1,0 +1,74 @@
+"""NOTE [The largest batch] (monet_opt/batch_size.py): the largest batch whose step a plan
+fits under a limit, found in few tries, its plan within the limit when run; bad requests say
+what to give instead."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import monet_opt
+from monet_opt import api, batch_size as lb
+from tests.models import SmallCNN
+
+OPTIONS = dict(time_limit_s=2, profile_repeats=1)
+
+
+def _images(batch: int) -> torch.Tensor:
+    return torch.randn(batch, 3, 16, 16, generator=torch.Generator().manual_seed(batch))
+
+
+def _least_at(model, batch: int) -> int:
+    return monet_opt.optimize(model, _images(batch), 1 << 40, **OPTIONS).plan.min_feasible_bytes
+
+
+def test_the_largest_batch_fits_and_the_next_does_not():
+    torch.manual_seed(0)
+    model = SmallCNN().train()
+    limit = _least_at(model, 24)
+    fit = lb.largest_batch(model, _images, limit, start=4, **OPTIONS)
+    assert fit.proven and fit.batch >= 24
+    assert [t.batch for t in fit.tries if t.fits][-1] == fit.batch
+    assert any(t.batch == fit.batch + 1 and not t.fits for t in fit.tries)
+    assert len(fit.tries) <= 8  # the least peak's slope, not a walk one batch at a time
+    x = _images(fit.batch)
+    peak = monet_opt.measure_peak(lambda: fit.module(x).sum().backward(),
+                                  monet_opt.resident_tensors(model, x))
+    assert peak <= limit
+    assert f"largest batch {fit.batch}" in fit.text()
+
+
+def test_a_batch_the_device_cannot_hold_does_not_fit(monkeypatch):
+    """A try that runs the device out of memory is a batch that does not fit: halfway then."""
+    optimize = api.optimize
+
+    def small_device(model, x, limit, **kwargs):
+        if x.shape[0] > 10:
+            raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+        return optimize(model, x, limit, **kwargs)
+
+    monkeypatch.setattr(api, "optimize", small_device)
+    torch.manual_seed(0)
+    fit = lb.largest_batch(SmallCNN().train(), _images, 1 << 40, start=8, **OPTIONS)
+    assert fit.batch == 10 and fit.proven
+    assert any(t.least_bytes is None for t in fit.tries)
+    assert "unknown (the device ran out of memory)" in fit.text()
+
+
+def test_not_even_one_fits():
+    torch.manual_seed(0)
+    model = SmallCNN().train()
+    least = _least_at(model, 1)
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as caught:
+        lb.largest_batch(model, _images, least - 1, start=2, **OPTIONS)
+    assert caught.value.min_feasible_bytes == least
+    assert "not even a batch of 1" in "".join(caught.value.__notes__)
+
+
+def test_requests_that_cannot_be_served_say_why():
+    model = SmallCNN().train()
+    with pytest.raises(ValueError, match="share of one step"):
+        lb.largest_batch(model, _images, "50% of activations")
+    with pytest.raises(ValueError, match="make_input"):
+        lb.largest_batch(model, lambda b: torch.randn(4, 3, 16, 16), "1GiB")
+    with pytest.raises(ValueError, match="start <= max_batch"):
+        lb.largest_batch(model, _images, "1GiB", start=8, max_batch=4)
