@@ -56,6 +56,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
             or a share of the step with nothing recomputed: "50% of activations" (above
             parameters, buffers, inputs and gradients) or "60% of peak" (NOTE [Limits as
             shares] in monet_opt/units.py; `opt.plan.memory_limit_bytes` says what it was).
+            Given in bytes, profiling keeps within it too (NOTE [Profiling within the limit]).
         solver: "auto" (store-all, or a schedule within 0.5 % of its time, when one fits;
             else the fastest schedule any solver finds: NOTE [Close enough]), or one of
             `solvers.available_solvers()`: "milp" (the joint program, HiGHS), "evict"

@@ -9,7 +9,11 @@ NOTE [The largest batch]
   so the search spends few tries: the least peak a try reports, less the memory no batch
   changes (parameters, buffers, their gradients), is near proportional to the batch, and the
   next batch tried is where that proportion reaches the limit, kept strictly between the
-  largest batch found to fit and the smallest found not to. It ends when those two are
+  largest batch found to fit and the smallest found not to. Where a batch's step fits with
+  nothing recomputed, optimize() searches for its least peak only briefly (NOTE [The least
+  peak where store-all fits] in solvers/least.py), and a least peak found too high puts the
+  next guess short of the largest batch; there the least is asked for by a solve at the
+  step's floor, which with a profile directory runs the solver alone. It ends when those two are
   neighbours (the answer is then the largest that fits, as far as the solver's least peaks
   go: a longer solve can lower a least peak) or after `max_tries` (`BatchFit.proven` False).
 """
@@ -154,8 +158,21 @@ def _try(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit: 
     except torch.OutOfMemoryError:  # the device itself is smaller than the limit
         return Try(batch, False, None, None, time.perf_counter() - start), None
     plan = module.plan
-    return Try(batch, True, plan.min_feasible_bytes, plan.store_all_peak_bytes,
+    least = plan.min_feasible_bytes
+    if plan.store_all_peak_bytes <= limit and options.get("profile_dir", "profiles") is not None:
+        least = _least(model, make_input(batch), plan.fixed_bytes + plan.gradient_bytes,
+                       options)
+    return Try(batch, True, least, plan.store_all_peak_bytes,
                time.perf_counter() - start), module
+
+
+def _least(model: nn.Module, x: Any, floor: int, options: dict[str, Any]) -> int:
+    """The least peak of a step whose store-all fits, asked for by a solve at its floor (the
+    profile is the directory's, so only the solver runs)."""
+    try:
+        return api.optimize(model, x, floor, **options).plan.predicted_peak_bytes
+    except InfeasibleBudgetError as exc:
+        return exc.min_feasible_bytes
 
 
 def _next(tried: Try, fixed: int, limit: int, lo: int, hi: int) -> int:

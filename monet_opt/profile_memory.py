@@ -9,8 +9,9 @@ NOTE [Profiling within the limit]
   drops the value read furthest ahead (whose storage nothing the op reads shares), and when a
   dropped value is read again it is made again from its inputs, those made again first where
   dropped too (in graph order; what is made so is held like anything else, and what was made
-  only on the way is dropped once used). Only forward values made by ops without side effects
-  are dropped: never the graph's inputs and parameters, nor what the output gradients flow
+  only on the way is dropped once used). Only forward values that ops without side effects
+  make from the graph's inputs and such values are dropped: never the inputs and parameters
+  themselves, what an op with effects (with_effects) made, or what the output gradients flow
   into (making a gradient again would rerun the backward). A value whose only reader left is
   the graph's output (a parameter's gradient) is dropped as soon as it is made: the pass
   returns nothing. What the op will make counts its outputs once in the untimed pass, and in
@@ -24,7 +25,7 @@ NOTE [Profiling within the limit]
   the step is profiled: such a pass is eager's.
   CPU ResNet-50 (b16, 128²; docs/benchmarks/profile_memory.md): eager's pass 579.9 MiB; with
   limits of 384.1, 320.9 and 272.6 MiB (half, a third and a fifth of the activations) it held
-  383.9, 321.3 and 272.8 MiB, made 449-572 values again, and took 10-12 s against 7.6 s.
+  383.9, 321.3 and 272.8 MiB, made 449-572 values again, and took 11.5-13.2 s against 8.4 s.
 """
 from __future__ import annotations
 
@@ -67,11 +68,16 @@ class BoundedEnv(dict):
         for positions in self.uses.values():
             positions.sort()
         self.order = order
-        self.backward: set[str] = set()  # what the output gradients flow into: never dropped
+        # what can be made again: forward values of ops without side effects whose inputs are
+        # the graph's inputs or can be made again themselves (not what the output gradients
+        # flow into: making a gradient again would rerun the backward)
+        self.remakeable: set[str] = set()
         for node in gm.graph.nodes:
-            if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
-                    a.name in self.backward for a in node.all_input_nodes):
-                self.backward.add(node.name)
+            if node.op == "call_function" and _droppable(node) and all(
+                    a.name in self.remakeable or (a.op in ("placeholder", "get_attr") and
+                                                  not a.name.startswith("tangents"))
+                    for a in node.all_input_nodes):
+                self.remakeable.add(node.name)
         self.now = 0
         self.made_again = 0
         self.peak = 0  # the most held after an op (its outputs made, its inputs not yet freed)
@@ -139,7 +145,7 @@ class BoundedEnv(dict):
             if n.name in chain or dict.__contains__(self, n.name):
                 continue
             if not self._can_drop(n.name):
-                raise KeyError(n.name)  # an input, a gradient, a value with effects: kept
+                raise KeyError(n.name)  # an input, a gradient, what effects made: kept
             chain[n.name] = n
             stack.extend(n.all_input_nodes)
         return sorted(chain.values(), key=self.order.__getitem__)
@@ -182,9 +188,7 @@ class BoundedEnv(dict):
         return best
 
     def _can_drop(self, name: str) -> bool:
-        node = self.nodes.get(name)
-        return node is not None and node.op == "call_function" and _droppable(node) \
-            and name not in self.backward
+        return name in self.remakeable
 
     def _next_use(self, name: str) -> float:
         positions = self.uses.get(name, ())

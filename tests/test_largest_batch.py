@@ -8,7 +8,8 @@ import torch
 
 import monet_opt
 from monet_opt import api, batch_size as lb
-from tests.models import SmallCNN
+from tests.models import SmallCNN, tiny_mlp
+from tests.test_cli import run_cli
 
 OPTIONS = dict(time_limit_s=2, profile_repeats=1)
 
@@ -72,3 +73,16 @@ def test_requests_that_cannot_be_served_say_why():
         lb.largest_batch(model, lambda b: torch.randn(4, 3, 16, 16), "1GiB")
     with pytest.raises(ValueError, match="start <= max_batch"):
         lb.largest_batch(model, _images, "1GiB", start=8, max_batch=4)
+
+
+def test_the_command_line_prints_each_try_and_the_answer(tmp_path):
+    torch.manual_seed(0)  # as the command builds it
+    limit = monet_opt.optimize(tiny_mlp(), torch.randn(32, 8), 1 << 40,
+                               **OPTIONS).plan.min_feasible_bytes
+    common = ("largest-batch", "tests.models:tiny_mlp", "--input-shape", "8x8",
+              "--time-limit-s", "2", "--profile-dir", str(tmp_path))
+    code, out, err = run_cli(*common, "--limit", str(limit))
+    assert code == 0, err
+    assert "batch      8: fits" in out and "largest batch" in out.splitlines()[-1]
+    code, out, err = run_cli(*common, "--limit", "50% of peak")
+    assert code == 2 and "share of one step" in err and len(err.strip().splitlines()) == 1

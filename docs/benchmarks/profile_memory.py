@@ -1,0 +1,73 @@
+"""What optimize()'s profiling pass holds, with and without the limit in bytes (NOTE [Profiling
+within the limit] in monet_opt/profile_memory.py): for each limit, the profiling pass's peak
+(the live-bytes counter over the whole profile: the untimed pass, the timed one, variants),
+how many values it made again, how long it took, and the plan the solver then made.
+
+    PYTHONPATH=. python docs/benchmarks/profile_memory.py [--model resnet50] [--batch 16]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+import warnings
+
+import torch
+
+import monet_opt
+from monet_opt import api, profiler, zoo
+from monet_opt.memory import LiveBytes
+
+MIB = 2**20
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--size", type=int, default=128)
+    p.add_argument("--shares", default="0.5,0.33,0.2")
+    args = p.parse_args()
+    # the CPU cache flush before a recomputation's timed calls: one 64 MiB buffer, whatever the
+    # limit (NOTE [Recomputation reads a cold input]); left out so the pass's own memory shows
+    profiler.FLUSH_BYTES = 4096
+    seen: list[tuple[int, int, float]] = []
+    profile = api.profile
+
+    def counted(joint, lowered, primals, *rest):
+        start = time.perf_counter()
+        with LiveBytes(primals) as counter:
+            result = profile(joint, lowered, primals, *rest)
+        seen.append((counter.peak, result.made_again, time.perf_counter() - start))
+        return result
+
+    api.profile = counted
+    model, x = zoo.ALL_MODELS[args.model](batch=args.batch, size=args.size)
+    warnings.simplefilter("ignore")
+    base = monet_opt.optimize(copy.deepcopy(model), x, "100% of activations",
+                              profile_dir=None).plan
+    floor = base.fixed_bytes + base.gradient_bytes
+    print(f"{args.model}, batch {args.batch}, {args.size}x{args.size}, torch "
+          f"{torch.__version__}, CPU, {torch.get_num_threads()} threads. Store-all peak "
+          f"{base.store_all_peak_bytes / MIB:.1f} MiB (parameters, buffers, input and gradients "
+          f"{floor / MIB:.1f} MiB), least reachable {base.min_feasible_bytes / MIB:.1f} MiB.\n")
+    print("| limit | profiling peak MiB | made again | profiling s | plan | predicted overhead |")
+    print("|---|---|---|---|---|---|")
+    peak, made, secs = seen[-1]
+    print(f"| a share (no bound) | {peak / MIB:.1f} | {made} | {secs:.1f} | store-all | "
+          f"{base.predicted_overhead:+.1%} |")
+    for share in (float(s) for s in args.shares.split(",")):
+        limit = max(floor + int(share * base.store_all_activation_bytes),
+                    base.min_feasible_bytes)
+        try:
+            plan = monet_opt.optimize(copy.deepcopy(model), x, limit, profile_dir=None).plan
+            outcome = f"{plan.predicted_peak_bytes / MIB:.1f} MiB | {plan.predicted_overhead:+.1%}"
+        except monet_opt.InfeasibleBudgetError as exc:
+            outcome = f"infeasible (least {exc.min_feasible_bytes / MIB:.1f} MiB) | -"
+        peak, made, secs = seen[-1]
+        print(f"| {limit / MIB:.1f} MiB ({share:.0%} of activations) | {peak / MIB:.1f} | "
+              f"{made} | {secs:.1f} | {outcome} |")
+
+
+if __name__ == "__main__":
+    main()
