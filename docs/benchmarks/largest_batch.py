@@ -10,7 +10,6 @@ largest batch. Checkmate's headline: VGG-19 at 289 against eager's 167 (1.73x).
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 import warnings
