@@ -114,14 +114,14 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
                          f"max_tries={max_tries}")
     _check_batched(make_input)
     fixed = _batchless_bytes(model)
-    fits: dict[int, OptimizedModule] = {}
+    best: OptimizedModule | None = None  # the plan of the largest batch found to fit
     tries: list[Try] = []
     lo, hi, batch = 0, max_batch + 1, start
     while len(tries) < max_tries:
         tried, module = _try(model, make_input, batch, limit, optimize_options)
         tries.append(tried)
         if module is not None:
-            fits[batch], lo = module, batch
+            best, lo = module, batch
         else:
             hi = batch
             if batch == 1:
@@ -129,11 +129,11 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
         if hi == lo + 1:
             break
         batch = _next(tried, fixed, limit, lo, hi)
-    if not fits:  # every try failed above 1 and the tries ran out
+    if best is None:  # every try failed above 1 and the tries ran out
         raise ValueError(f"monet_opt.largest_batch: no batch tried fits {format_bytes(limit)} "
                          f"within {max_tries} tries (the smallest tried: {hi}); try a smaller "
                          "start or more max_tries")
-    return BatchFit(lo, fits[lo], hi == lo + 1, tuple(tries))
+    return BatchFit(lo, best, hi == lo + 1, tuple(tries))
 
 
 def _not_even_one(tried: Try, limit: int) -> Exception:
