@@ -63,18 +63,25 @@ def _apply_ops(problem: solvers.Problem) -> list[int]:
 def test_split_is_offered_with_variants_and_profiled_as_recomputed():
     torch.manual_seed(0)
     model, x = BNNet(), torch.randn(8, 3, 32, 32)
-    problem = monet_opt.lower_problem(model, x, profile_repeats=3)
-    applies = _apply_ops(problem)
-    assert len(applies) == 4
-    for i in applies:
-        stats = problem.tensors[problem.ops[i].inputs[-1]].producer  # rstd's producer
-        assert problem.ops[stats].name.startswith("_native_batch_norm_legit_functional")
-        # the pass-through costs about nothing; the normalization is timed after a cache flush
-        # (NOTE [Recomputation reads a cold input]) and the training op warm, so it is not
-        # always the cheaper of the two here (0.9-1.8x the training op in runs on this 2-core
-        # machine; about 0.3x both warm): bounded, not ordered
-        assert problem.ops[i].recompute_time_s < 3 * problem.ops[stats].time_s
-        assert problem.ops[i].time_s < problem.ops[i].recompute_time_s
+    # the pass-through costs about nothing; the normalization is timed after a cache flush
+    # (NOTE [Recomputation reads a cold input]) and the training op warm, so it is not always
+    # the cheaper of the two here (0.9-1.8x the training op in quiet runs on this 2-core
+    # machine; about 0.3x both warm): bounded, not ordered. Load beside the test (xdist's
+    # other worker) only slows a timing, so the bound holds for the least of a few profiles.
+    ratios: dict[int, float] = {}
+    for _ in range(4):
+        problem = monet_opt.lower_problem(model, x, profile_repeats=3)
+        applies = _apply_ops(problem)
+        assert len(applies) == 4
+        for i in applies:
+            stats = problem.tensors[problem.ops[i].inputs[-1]].producer  # rstd's producer
+            assert problem.ops[stats].name.startswith("_native_batch_norm_legit_functional")
+            assert problem.ops[i].time_s < problem.ops[i].recompute_time_s
+            ratio = problem.ops[i].recompute_time_s / problem.ops[stats].time_s
+            ratios[i] = min(ratios.get(i, ratio), ratio)
+        if max(ratios.values()) < 3:
+            break
+    assert max(ratios.values()) < 3, ratios
     plain = monet_opt.lower_problem(model, x, profile_repeats=1, variants=False)
     assert _apply_ops(plain) == []
     only = monet_opt.lower_problem(model, x, profile_repeats=1, variants={bn_split.NAME})
