@@ -6,16 +6,27 @@ NOTE [The largest batch]
   against eager's 167). `largest_batch(model, make_input, limit)` answers it by planning: a
   batch fits where `optimize()` finds a plan within the limit, and that plan is what it
   returns. Each try traces, profiles and solves one batch size (the solver's time limit each),
-  so the search spends few tries: the least peak a try reports, less the memory no batch
-  changes (parameters, buffers, their gradients), is near proportional to the batch, and the
-  next batch tried is where that proportion reaches the limit, kept strictly between the
-  largest batch found to fit and the smallest found not to. Where a batch's step fits with
-  nothing recomputed, optimize() searches for its least peak only briefly (NOTE [The least
-  peak where store-all fits] in solvers/least.py), and a least peak found too high puts the
-  next guess short of the largest batch; there the least is asked for by a solve at the
-  step's floor, which with a profile directory runs the solver alone. It ends when those two are
-  neighbours (the answer is then the largest that fits, as far as the solver's least peaks
-  go: a longer solve can lower a least peak) or after `max_tries` (`BatchFit.proven` False).
+  so the search spends few tries, and a try too large costs most (profiling time grows with
+  the batch). The least peak is not proportional to the batch: on VGG-19 (64², CPU) it was
+  1,104.9 MiB at batch 132, 9 MiB above the parameters and their gradients (the fully
+  connected layers' gradients at its peak), and 2,265.3 MiB at 528 (the first convolutions):
+  flat, then steep. A line from the memory no batch changes through one try put the next
+  batch at 4x, then at the bracket's ends by turns (the run: 33, 132, 528, 133, 527; on the
+  tests' curve like it, 12 tries without an answer). So the next batch is where a line
+  through two tries' least peaks reaches the limit: before a try fails, the lower of two
+  lines through the largest batch that fits (from the batchless memory, and from the batch
+  before it), at most GROWTH times that batch; after, the chord between the largest batch
+  that fits and the smallest that does not (below a convex curve's crossing), with the
+  Illinois rule against closing in from one side only (6 tries on that curve). GROWTH 3: of
+  2, 3 and 4, the least sum of batches tried (which profiling's time follows) on the curves
+  of tests/test_largest_batch.py. Where a batch's step fits with nothing recomputed,
+  optimize() searches for its least peak only briefly (NOTE [The least peak where store-all
+  fits] in solvers/least.py), and a least peak found too high puts the next guess short of
+  the largest batch; there the least is asked for by a solve at the step's floor, which with
+  a profile directory runs the solver alone. The search ends when the largest batch found to
+  fit and the smallest found not to are neighbours (the answer is then the largest that
+  fits, as far as the solver's least peaks go: a longer solve can lower a least peak) or
+  after `max_tries` (`BatchFit.proven` False).
 """
 from __future__ import annotations
 
@@ -36,7 +47,7 @@ from monet_opt.module import OptimizedModule
 from monet_opt.units import Share, format_bytes, parse_limit
 
 log = logging.getLogger("monet_opt")
-GROWTH = 4  # a try's batch is at most this many times the last one's (or that much smaller)
+GROWTH = 3  # before a try fails, a try's batch is at most this many times the largest that fit
 
 
 @dataclass(frozen=True)
@@ -128,7 +139,7 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
                 raise _not_even_one(tried, limit)
         if hi == lo + 1:
             break
-        batch = _next(tried, fixed, limit, lo, hi)
+        batch = _next(tries, fixed, limit, lo, hi)
     if best is None:  # every try failed above 1 and the tries ran out
         raise ValueError(f"monet_opt.largest_batch: no batch tried fits {format_bytes(limit)} "
                          f"within {max_tries} tries (the smallest tried: {hi}); try a smaller "
@@ -175,18 +186,49 @@ def _least(model: nn.Module, x: Any, floor: int, options: dict[str, Any]) -> int
         return exc.min_feasible_bytes
 
 
-def _next(tried: Try, fixed: int, limit: int, lo: int, hi: int) -> int:
-    """The next batch: where the last try's least peak per sample (above `fixed`) reaches the
-    limit, at most GROWTH times the last batch and at least 1/GROWTH of it, strictly between
-    `lo` (fits) and `hi` (does not); halfway between them where the least peak is unknown or
-    gives no slope."""
-    least = tried.least_bytes
-    if least is None or least <= fixed:
-        guess = tried.batch * GROWTH if tried.fits else (lo + hi) // 2
-    else:
-        guess = int((limit - fixed) * tried.batch // (least - fixed))
-        guess = min(max(guess, tried.batch // GROWTH), tried.batch * GROWTH)
+def _next(tries: list[Try], fixed: int, limit: int, lo: int, hi: int) -> int:
+    """The next batch, strictly between `lo` (the largest found to fit) and `hi` (the smallest
+    found not to): where the line through two known least peaks reaches the limit. Between
+    `lo` and a tried `hi`, the chord through their least peaks, the far end's pulled halfway
+    towards the limit for each further try on the same side (the Illinois rule: a convex
+    curve would otherwise be approached from one side only); halfway where `hi`'s least peak
+    is unknown or the line has no slope. Before any try fails, the lower of the lines through
+    the largest batch that fits and either (0, `fixed`) or the batch before it, at most GROWTH
+    times `lo`."""
+    least = {t.batch: t.least_bytes for t in tries if t.least_bytes is not None}
+    under = [(0, fixed)] + sorted((b, n) for b, n in least.items() if b <= lo)
+    bracketed = any(not t.fits for t in tries)
+    if bracketed:
+        if hi not in least:
+            return (lo + hi) // 2
+        (b1, l1), (b2, l2) = under[-1], (hi, least[hi])
+        side = _same_side(tries)
+        if side >= 2 and tries[-1].fits:
+            l2 = limit + (l2 - limit) / 2 ** (side - 1)
+        elif side >= 2:
+            l1 = limit - (limit - l1) / 2 ** (side - 1)
+        guess = _crossing((b1, l1), (b2, l2), limit, (lo + hi) // 2)
+    else:  # the lower of two lines: a batch too large costs the most to try
+        guess = min(_crossing(under[0], under[-1], limit, lo * GROWTH),
+                    _crossing(under[-2], under[-1], limit, lo * GROWTH), lo * GROWTH)
     return min(max(guess, lo + 1), hi - 1)
+
+
+def _crossing(p1: tuple[int, float], p2: tuple[int, float], limit: int, otherwise: int) -> int:
+    """The batch where the line through p1 and p2 (batch, least peak) reaches the limit;
+    `otherwise` where it does not rise."""
+    (b1, l1), (b2, l2) = p1, p2
+    if b2 <= b1 or l2 <= l1:
+        return otherwise
+    return int(b1 + (limit - l1) * (b2 - b1) // (l2 - l1))
+
+
+def _same_side(tries: list[Try]) -> int:
+    """How many of the last tries in a row came out as the last one did (fit or not)."""
+    n = 0
+    while n < len(tries) and tries[-1 - n].fits == tries[-1].fits:
+        n += 1
+    return n
 
 
 def _batchless_bytes(model: nn.Module) -> int:

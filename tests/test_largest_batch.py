@@ -38,6 +38,38 @@ def test_the_largest_batch_fits_and_the_next_does_not():
     assert f"largest batch {fit.batch}" in fit.text()
 
 
+MIB = 1 << 20
+FIXED = 1096 * MIB  # VGG-19's parameters and their gradients
+
+
+def _vgg_like(b: int) -> int:
+    """VGG-19 at 64², as solved on the CPU (132: 1,104.9 MiB at the fully connected layers'
+    gradients; 528: 2,265.3 MiB at the first convolutions): flat, then steep."""
+    return int(max(FIXED + 9 * MIB + b * MIB // 16, 620 * MIB + b * 3.08 * MIB))
+
+
+@pytest.mark.parametrize("least,limit,start", [
+    (_vgg_like, 1280 * MIB, 33),
+    (_vgg_like, 1280 * MIB, 528),
+    (_vgg_like, 4000 * MIB, 8),
+    (lambda b: FIXED + b * 5 * MIB, 1500 * MIB, 8),                       # proportional
+    (lambda b: FIXED + 40 * MIB + b * 5 * MIB, 1500 * MIB, 200),          # an offset
+    (lambda b: FIXED + b * (5 + (b * 7919) % 3) * MIB, 2000 * MIB, 8),    # noisy
+], ids=["vgg", "vgg_from_above", "vgg_steep", "linear", "offset", "noisy"])
+def test_the_search_finds_the_crossing_in_few_tries(monkeypatch, least, limit, start):
+    """The search alone, on least-peak curves of the shapes met (the try itself stubbed)."""
+    def stub(model, make_input, batch, limit_, options):
+        n = least(batch)
+        return lb.Try(batch, n <= limit_, n, None, 0.0), (object() if n <= limit_ else None)
+
+    monkeypatch.setattr(lb, "_try", stub)
+    monkeypatch.setattr(lb, "_batchless_bytes", lambda model: FIXED)
+    fit = lb.largest_batch(tiny_mlp(), lambda b: torch.zeros(b, 4), limit, start=start)
+    answer = max(b for b in range(1, 5000) if least(b) <= limit)
+    assert (fit.batch, fit.proven) == (answer, True), [t.batch for t in fit.tries]
+    assert len(fit.tries) <= 8, [t.batch for t in fit.tries]
+
+
 def test_a_batch_the_device_cannot_hold_does_not_fit(monkeypatch):
     """A try that runs the device out of memory is a batch that does not fit: halfway then."""
     optimize = api.optimize

@@ -10,7 +10,9 @@ largest batch. Checkmate's headline: VGG-19 at 289 against eager's 167 (1.73x).
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
+import tempfile
 import time
 import warnings
 from typing import Callable
@@ -35,6 +37,7 @@ def main() -> None:
     p.add_argument("--max-tries", type=int, default=12)
     args = p.parse_args()
     warnings.simplefilter("ignore")
+    logging.basicConfig(format="%(asctime)s %(message)s", level=logging.INFO)
     limit = monet_opt.parse_memory_limit(args.limit)
     torch.manual_seed(0)
     model = getattr(torchvision.models, args.model)().train()
@@ -44,32 +47,34 @@ def main() -> None:
                            generator=torch.Generator().manual_seed(batch))
 
     checkpointed = peers.sequential(_layers_vgg).build(model).module
-    rows = []
-    for name, module in (("eager", model), ("checkpoint_sequential", checkpointed)):
-        start = time.perf_counter()
-        batch, tries = _largest(lambda b, m=module: _peak(m, images(b)) <= limit)
-        rows.append((name, batch, _peak(module, images(batch)), tries,
-                     time.perf_counter() - start, _step_s(module, images(batch), args.rounds)))
-    start = time.perf_counter()
-    fit = monet_opt.largest_batch(model, images, limit, start=rows[0][1],
-                                  max_tries=args.max_tries)
-    x = images(fit.batch)
-    peak = _peak(fit.module, x, model)
-    rows.append((f"monet_opt ({fit.module.plan.solver}, predicted overhead "
-                 f"{fit.module.plan.predicted_overhead:+.1%})", fit.batch, peak, len(fit.tries),
-                 time.perf_counter() - start, _step_s(fit.module, x, args.rounds)))
     print(f"torchvision.models.{args.model}(), {args.size}x{args.size} images, limit "
           f"{monet_opt.format_bytes(limit)}; torch {torch.__version__}, CPU, "
           f"{torch.get_num_threads()} threads; step = forward, `.sum().backward()`, median of "
           f"{args.rounds}.\n")
     print("| method | largest batch | x eager's | measured peak MiB | batches tried | search s "
           "| step s | samples/s | x eager's |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    eager_batch, eager_rate = rows[0][1], rows[0][1] / rows[0][5]
-    for name, batch, peak, tries, search_s, step_s in rows:
-        print(f"| {name} | {batch} | {batch / eager_batch:.2f} | {peak / MIB:.1f} | {tries} | "
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    eager: list[float] = []  # its batch and samples/s, which the other rows are compared with
+
+    def row(name: str, batch: int, peak: int, tries: int, search_s: float, step_s: float):
+        eager.extend([] if eager else [batch, batch / step_s])
+        print(f"| {name} | {batch} | {batch / eager[0]:.2f} | {peak / MIB:.1f} | {tries} | "
               f"{search_s:.0f} | {step_s:.2f} | {batch / step_s:.1f} | "
-              f"{batch / step_s / eager_rate:.2f} |")
+              f"{batch / step_s / eager[1]:.2f} |", flush=True)
+
+    for name, module in (("eager", model), ("checkpoint_sequential", checkpointed)):
+        start = time.perf_counter()
+        batch, tries = _largest(lambda b, m=module: _peak(m, images(b)) <= limit)
+        row(name, batch, _peak(module, images(batch)), tries, time.perf_counter() - start,
+            _step_s(module, images(batch), args.rounds))
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as profiles:  # each try profiled anew, as a user's first
+        fit = monet_opt.largest_batch(model, images, limit, start=int(eager[0]),
+                                      max_tries=args.max_tries, profile_dir=profiles)
+    x = images(fit.batch)
+    row(f"monet_opt ({fit.module.plan.solver}, predicted overhead "
+        f"{fit.module.plan.predicted_overhead:+.1%})", fit.batch, _peak(fit.module, x, model),
+        len(fit.tries), time.perf_counter() - start, _step_s(fit.module, x, args.rounds))
     print()
     print(fit.text())
 
