@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -61,6 +62,14 @@ class Try:
     store_all_bytes: int | None
     seconds: float
 
+    def text(self) -> str:
+        return (f"batch {self.batch:>6}: {'fits' if self.fits else 'does not fit':<12} least peak "
+                + (f"{format_bytes(self.least_bytes):>11}" if self.least_bytes is not None
+                   else "unknown (the device ran out of memory)")
+                + (f", store-all {format_bytes(self.store_all_bytes)}"
+                   if self.store_all_bytes is not None else "")
+                + f"  ({self.seconds:.1f} s)")
+
 
 @dataclass(frozen=True)
 class BatchFit:
@@ -75,12 +84,7 @@ class BatchFit:
 
     def text(self) -> str:
         """One line per try and the answer, for a terminal."""
-        lines = [f"  batch {t.batch:>6}: {'fits' if t.fits else 'does not fit':<12} least peak "
-                 + (f"{format_bytes(t.least_bytes):>11}" if t.least_bytes is not None
-                    else "unknown (the device ran out of memory)")
-                 + (f", store-all {format_bytes(t.store_all_bytes)}"
-                    if t.store_all_bytes is not None else "")
-                 + f"  ({t.seconds:.1f} s)" for t in self.tries]
+        lines = [f"  {t.text()}" for t in self.tries]
         plan = self.module.plan
         lines.append(f"largest batch {self.batch}" + ("" if self.proven else
                      " (not proven: the tries ran out before the next batch was tried)")
@@ -131,6 +135,7 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
     while len(tries) < max_tries:
         tried, module = _try(model, make_input, batch, limit, optimize_options)
         tries.append(tried)
+        log.info("largest_batch: %s", tried.text())
         if module is not None:
             best, lo = module, batch
         else:
@@ -292,6 +297,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"bad --limit {args.limit!r}: {exc}") from exc
     model, _ = precompute.build(args)
     device = torch.device(args.device)
+    progress = logging.StreamHandler(sys.stderr)  # each try as it ends: a search takes minutes
+    progress.setFormatter(logging.Formatter("monet-opt: %(message)s"))
+    progress.addFilter(lambda record: record.getMessage().startswith("largest_batch: "))
+    level = log.level
+    log.addHandler(progress)
+    log.setLevel(min(log.getEffectiveLevel(), logging.INFO))
 
     def make_input(batch: int) -> Any:
         x = pytree.tree_map(lambda t: t.to(device), precompute.random_input(
@@ -305,5 +316,8 @@ def run(args: argparse.Namespace) -> int:
                             profile_dir=args.profile_dir)
     except (ValueError, InfeasibleBudgetError) as exc:
         raise UsageError(" ".join([str(exc), *getattr(exc, "__notes__", ())])) from exc
+    finally:
+        log.removeHandler(progress)
+        log.setLevel(level)
     print(fit.text())
     return 0

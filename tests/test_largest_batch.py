@@ -116,5 +116,9 @@ def test_the_command_line_prints_each_try_and_the_answer(tmp_path):
     code, out, err = run_cli(*common, "--limit", str(limit))
     assert code == 0, err
     assert "batch      8: fits" in out and "largest batch" in out.splitlines()[-1]
+    # each try on stderr as it ends, the same lines as the summary's
+    tried = [line.removeprefix("monet-opt: largest_batch: ") for line in err.splitlines()
+             if line.startswith("monet-opt: largest_batch: batch")]
+    assert tried and [f"  {line}" for line in tried] == out.splitlines()[:-1]
     code, out, err = run_cli(*common, "--limit", "50% of peak")
     assert code == 2 and "share of one step" in err and len(err.strip().splitlines()) == 1
