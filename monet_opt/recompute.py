@@ -35,6 +35,15 @@ NOTE [The step's generator states]
   Generator.set_state crashed (segfault) on a slice of one larger buffer. Left uncounted, as a
   kernel's scratch: the state get_state() makes to copy into a slot, and the one a replay
   saves to put the generator back, each freed within its call.
+
+NOTE [A replay's state made again]
+  A replaying variant (NOTE [Generator-state replay] in monet_opt/variants.py) keeps the state
+  from before its dropout ran, made by an encode op that reads the mask. A schedule that
+  recomputes the dropout may recompute that encode op too, dropping the state between the
+  forward and the backward; the executor mapped both to the state captured in the forward, so
+  the step held it throughout: gpt2_narrow (b4, 256) at its least peak (two such encodes)
+  measured 10,112 B over its plan and limit (`monet-opt bench`, 2026-11-30). That state is the
+  dropout's slot's content, so the encode run in the backward now copies the slot there.
 """
 from __future__ import annotations
 

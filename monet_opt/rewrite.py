@@ -231,7 +231,11 @@ class _Emitter:
         replaying family, the generator state captured before its producer ran)."""
         arg = self.nodes[site.backward_node].args[site.arg]
         if variants.family(site.family).draw is not None:
-            self.current[name] = self.rng[_producer(arg)]
+            producer = _producer(arg)
+            if self.tag == BACKWARD and producer in self.slot_state:
+                self.current[name] = self._copied_state(producer)
+            else:
+                self.current[name] = self.rng[producer]
             return
         new = self.g.call_function(variants.encode, (site.family, self._read(arg), *site.params))
         val = arg.meta["val"]
@@ -345,6 +349,16 @@ class _Emitter:
             state.meta["val"] = torch.empty(nbytes, dtype=torch.uint8)
         state.meta["partitioner_tag"] = FORWARD
         self.rng[old.name] = state
+
+    def _copied_state(self, producer: str) -> fx.Node:
+        """A copy of random op `producer`'s slot, made here in the backward (NOTE [A replay's
+        state made again] in monet_opt/recompute.py)."""
+        slot = self.slot_state[producer]
+        node = self.g.call_function(torch.ops.aten.clone.default, (slot,))
+        with slot.meta["val"].fake_mode:
+            node.meta["val"] = torch.empty_like(slot.meta["val"])
+        node.meta["partitioner_tag"] = BACKWARD
+        return node
 
     def _capture_slot(self, old: fx.Node) -> None:
         given = old.kwargs.get("generator")  # NOTE [Generators given to ops]

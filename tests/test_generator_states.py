@@ -8,11 +8,15 @@ import copy
 
 import pytest
 import torch
+from torch import nn
+from torch.nn import functional as F
 
 import monet_opt
+import solvers
 from monet_opt import recompute, variants
 from tests import models
 from tests.test_executor import HUGE, assert_same, call, run_steps
+from tests.records import measured_peak_of
 from tests.test_variants_replay import REPLAY, DropoutChain
 
 
@@ -70,3 +74,55 @@ def test_a_replayed_mask_measures_the_prediction():
                                profile_repeats=1, variants=only, time_limit_s=10)
     assert any(name.startswith(REPLAY) for name in tight.plan.variants), tight.plan.explain()
     assert measured(tight, x, loss_fn) == tight.plan.predicted_peak_bytes
+
+
+class ScaledDropouts(nn.Module):
+    """Dropouts whose outputs a parameter scales: the backward reads each dropout's output (the
+    scale's gradient) as well as its mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 1024)
+        self.scales = nn.Parameter(torch.rand(2, 1024) + 0.5)
+
+    def forward(self, x):
+        y = self.fc(x)
+        for scale in self.scales:
+            y = F.dropout(y, 0.2, self.training) * scale
+        return y
+
+
+def test_a_replay_state_made_again_in_the_backward_is_a_new_tensor(monkeypatch):
+    """NOTE [A replay's state made again]: a schedule recomputing a dropout and its replay
+    encode holds the state from that encode on, not from the forward (gpt2_narrow's least
+    peak measured 10,112 B over its plan for two such). The solver is replaced by one that
+    recomputes the last dropout and its encode first thing in the backward, replayed."""
+    torch.manual_seed(0)
+    base, x = ScaledDropouts(), torch.randn(64, 64)
+    loss_fn = lambda out: out.sum()  # noqa: E731
+    solve = solvers.solve
+
+    def recomputing(problem, limit, solver, **kwargs):
+        kept = solve(problem, HUGE, "store_all").schedule
+        v = max(range(len(problem.variants)), key=lambda k: problem.variants[k].encode_ops)
+        encode = problem.variants[v].encode_ops[0]
+        dropout = problem.tensors[problem.ops[encode].inputs[0]].producer
+        made = {*problem.ops[dropout].outputs, *problem.ops[encode].outputs}
+        schedule = solvers.Schedule(kept=(kept.kept - made) | set(problem.ops[dropout].inputs),
+                                    backward=(dropout, encode, *kept.backward),
+                                    variants=frozenset({v}))
+        sim = solvers.simulate(problem, schedule)
+        return solvers.SolveResult("recomputing", solvers.Status.FEASIBLE, schedule,
+                                   sim.time_s, sim.peak_bytes, None, None, 0.0, sim.peak_bytes)
+
+    monkeypatch.setattr(solvers, "solve", recomputing)
+    planned = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
+                                 variants={REPLAY}, profile_dir=None)
+    again = [row.label for row in planned.plan.rows if row.recomputed]
+    assert again == ["native_dropout.default",
+                     f"{REPLAY} encode for native_dropout_backward"], planned.plan.explain()
+    assert [v.split(":")[0] for v in planned.plan.variants] == [REPLAY]
+    eager = copy.deepcopy(base)
+    assert_same(run_steps(planned, planned.model, x, loss_fn), run_steps(eager, eager, x, loss_fn),
+                exact=True, what="a replay's state made again vs eager")
+    assert measured(planned, x, loss_fn) == measured_peak_of(planned.plan)
