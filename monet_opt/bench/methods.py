@@ -32,6 +32,7 @@ class Context:
     eager_peak_bytes: int
     ref_grads: list[torch.Tensor | None]
     floor_bytes: int = 0  # parameters, buffers, input, gradients
+    profile_dir: str | None = None  # NOTE [The bench's own profiles] in bench/run.py
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def asked_least(ctx: Context, solver: str, time_limit_s: float) -> int | None:
     """The least peak `solver` reports at a limit no schedule meets (None if it reports none)."""
     try:
         monet_opt.optimize(ctx.model, ctx.x, max(1, ctx.floor_bytes), solver=solver,
-                           time_limit_s=time_limit_s)
+                           time_limit_s=time_limit_s, profile_dir=ctx.profile_dir)
     except InfeasibleBudgetError as exc:
         print(f"  {solver} asked for its least peak: {format_bytes(exc.min_feasible_bytes)}",
               flush=True)
@@ -145,7 +146,7 @@ def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
         start = time.perf_counter()
         try:
             opt = monet_opt.optimize(ctx.model, ctx.x, limit, solver=solver,
-                                     time_limit_s=time_limit_s)
+                                     time_limit_s=time_limit_s, profile_dir=ctx.profile_dir)
         except InfeasibleBudgetError as exc:
             least = exc.min_feasible_bytes
             out.append(Measured(replace(base, status="infeasible", note=(

@@ -8,6 +8,7 @@ import datetime
 import platform
 import shlex
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -49,6 +50,7 @@ class Settings:
     allocator: str = ""  # set when the run starts (NOTE [CPU allocator])
     size: dict[str, int] | None = None  # the factories' arguments, if not the regime's
     channels_last: bool = False  # every method on the model and input made channels-last
+    profile_dir: str | None = None  # each model's own, new (NOTE [The bench's own profiles])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -134,8 +136,9 @@ def run(s: Settings) -> int:
         if name in runs:
             print(replacing(path, runs[name], s), flush=True)
     for name in s.models:
-        runs[name] = bench_model(models.SPECS[name], s,
-                                 lambda r, name=name: results.save(path, {**runs, name: r}))
+        with tempfile.TemporaryDirectory(prefix=f"monet-bench-{name}-") as profiles:
+            runs[name] = bench_model(models.SPECS[name], replace(s, profile_dir=profiles),
+                                     lambda r, name=name: results.save(path, {**runs, name: r}))
         results.save(path, runs)
     report.write(s.out, runs)
     plots.write(s.out, runs)
@@ -177,7 +180,8 @@ def bench_model(spec: models.BenchModel, s: Settings,
     eager = measure.runner_for("eager", model, model, x)
     ref, _ = measure.first_step(eager, x, s.device)
     peak, instrument = measure.peak_bytes(eager, x, s.device, compiled=False)
-    ctx = Context(spec.name, model, x, s.device, eager, peak, ref, _floor(model, x)[-1])
+    ctx = Context(spec.name, model, x, s.device, eager, peak, ref, _floor(model, x)[-1],
+                  s.profile_dir)
     eager_point = methods.measured_point(ctx, eager, results.Point(
         model=spec.name, method="eager", family="eager", setting="", status="ok",
         grad_rel_diff=0.0, solve_time_s=0.0))
@@ -205,6 +209,18 @@ def bench_model(spec: models.BenchModel, s: Settings,
         save(model_run(s.compile_budgets[i:]))
         points.append(methods.compiled(ctx, s.compile_backend, budget, s.rounds))
     return model_run(())
+
+
+# NOTE [The bench's own profiles]
+#   Every optimize() of a model's run uses one profile directory, new for that run, as a clean
+#   clone's first run would: its points then depend on this code and this run alone. With the
+#   default directory they took in what earlier runs had left: a gpt2_narrow run (2026-11-30)
+#   had auto's points solved as "a schedule the profile directory held at another limit" from
+#   runs earlier that day, and Checkmate's (timed out) answered at every limit with a least-peak
+#   schedule a run before 5eff336 had stored under its name, the DP's (NOTE [Least peaks
+#   recalled in the process] in solvers/remembered.py), where the run before had it infeasible.
+#   Within the run the directory still serves what optimize() would serve a user: one profile
+#   for all the points, "min" solved from the least-peak schedule the floor's solve left.
 
 
 # NOTE [A run cut short]
