@@ -44,6 +44,9 @@ NOTE [A replay's state made again]
   the step held it throughout: gpt2_narrow (b4, 256) at its least peak (two such encodes)
   measured 10,112 B over its plan and limit (`monet-opt bench`, 2026-11-30). That state is the
   dropout's slot's content, so the encode run in the backward now copies the slot there.
+  Left: an encode recomputed while its dropout is not (its mask kept, which only a pointless
+  schedule does) still reads the forward's state, which the step then holds 5,056 B (CPU)
+  longer than the plan; no solver's plan has done so yet.
 """
 from __future__ import annotations
 
