@@ -43,8 +43,9 @@ FIXED = 1096 * MIB  # VGG-19's parameters and their gradients
 
 
 def _vgg_like(b: int) -> int:
-    """VGG-19 at 64², as solved on the CPU (132: 1,104.9 MiB at the fully connected layers'
-    gradients; 528: 2,265.3 MiB at the first convolutions): flat, then steep."""
+    """Shaped after VGG-19 at 64² as solved on the CPU (132: 1,104.9 MiB at the fully
+    connected layers' gradients; 528: 2,265.3 MiB at the first convolutions), within 1 % of
+    those: flat, then steep."""
     return int(max(FIXED + 9 * MIB + b * MIB // 16, 620 * MIB + b * 3.08 * MIB))
 
 
