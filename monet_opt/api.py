@@ -28,6 +28,7 @@ from monet_opt.memory import cuda_slack, shared_bytes, sparse_bytes, storage_gro
 from monet_opt.lower_variants import attach_variants, matching, with_costs
 from monet_opt.module import OptimizedModule, Step, for_model
 from monet_opt.plan import Plan, least_held, limit_bytes, make_plan
+from monet_opt.profile_memory import pass_limit
 from monet_opt.profiler import PROFILER_REVISION, profile
 from monet_opt.units import Share, parse_limit
 import solvers
@@ -152,13 +153,14 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
 
 
 def lower_problem(model: nn.Module, sample_input: Any, *, profile_repeats: int = 3,
-                  variants: bool | Collection[str] = True,
-                  allow_lossy: bool = False) -> solvers.Problem:
+                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
+                  timed: bool = True) -> solvers.Problem:
     """The profiled scheduling problem of one training step of `model` on `sample_input`, as
-    every solver sees it (for benchmarks and for studying a model's graph). Leaves the model's
-    state as it was."""
+    every solver sees it (for benchmarks and for studying a model's graph); `timed` False: its
+    sizes only, no op run (times and measured workspace 0, sizes as traced; what
+    `solvers.peak_bound` needs). Leaves the model's state as it was."""
     planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0,
-                       variants=variants, allow_lossy=allow_lossy)
+                       variants=variants, allow_lossy=allow_lossy, timed=timed)
     _trace(model, *capture.InputSpec.split(sample_input), planner)
     internal_assert(planner.problem is not None, "the partition function was never called")
     return planner.problem
@@ -230,21 +232,23 @@ class _Planner:
                  time_limit_s: float, *, cache: ProfileCache | None = None,
                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
                  profile_time_limit_s: float | None = None, resident: tuple[int, ...] = (),
-                 resident_bytes: int = 0, outputs_held: bool = False) -> None:
+                 resident_bytes: int = 0, outputs_held: bool = False,
+                 timed: bool = True) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (caching no
         schedule). cache: the profile directory to consult, if any. variants, allow_lossy: the
         library's operator variants offered to the solver, and its lossy ones.
         resident, resident_bytes: the parameters (positions) whose gradients are in place
         when the step begins, and the bytes of every gradient in place then (NOTE [Gradients
         resident at the start]). outputs_held: the caller holds the step's outputs through its
-        backward (NOTE [Outputs held through the backward] in monet_opt/held_outputs.py)."""
+        backward (NOTE [Outputs held through the backward] in monet_opt/held_outputs.py).
+        timed False: the problem is not profiled (lower_problem's sizes only)."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
         self.families = offered_families(variants, allow_lossy)
         self.variants, self.allow_lossy = bool(self.families), bool(self.families) and allow_lossy
         self.profile_time_limit_s = profile_time_limit_s
         self.resident, self.resident_bytes = resident, resident_bytes
-        self.outputs_held = outputs_held
+        self.outputs_held, self.timed = outputs_held, timed
         self.primals: list[torch.Tensor] = []
         self.inputs = ""
         self.problem: solvers.Problem | None = None
@@ -280,9 +284,11 @@ class _Planner:
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain
         told = progress.Progress(self.name)  # NOTE [Progress]
+        within = self.limit if isinstance(self.limit, int) else None  # NOTE [Profiling
+        within = within if self.resident_bytes else pass_limit(within, lowered.problem)  # ...]
         measure = told.profiling(capture.collecting(lambda: _measured(  # NOTE [Tracing without
             joint, lowered, self.primals, self.repeats, self.allow_lossy,  # the collector]
-            self.profile_time_limit_s, self.limit if isinstance(self.limit, int) else None)))
+            self.profile_time_limit_s, within))) if self.timed else lambda: lowered.problem
         solve = told.solving(capture.collecting(solvers.solve))
         with capture.planning():
             if self.cache is None:

@@ -22,7 +22,11 @@ NOTE [Profiling within the limit]
   fork_rng, and a variant is compared with its op on the same inputs. Where nothing can be
   dropped the pass goes on over the limit (the graph's own order may need more than a plan,
   which reorders and uses variants). A limit given as a share of the step is not known before
-  the step is profiled: such a pass is eager's.
+  the step is profiled: such a pass is eager's. A limit below what the step's sizes alone
+  show no plan can reach (NOTE [A least peak from sizes] in solvers/peak_bound.py) is raised
+  to that bound for the pass (`pass_limit`): no plan will run below it, and held far below it
+  the pass remakes nearly every value before every op (a small MobileNetV2, batch 2 at 64²
+  on the CPU, asked for 1 byte: 328 s of profiling, where its pass takes 0.4 s).
   CPU ResNet-50 (b16, 128²; docs/benchmarks/profile_memory.md): eager's pass 579.9 MiB; with
   limits of 384.1, 320.9 and 272.6 MiB (half, a third and a fifth of the activations) it held
   383.9, 321.3 and 272.8 MiB, made 449-572 values again, and took 11.5-13.2 s against 8.4 s.
@@ -40,9 +44,18 @@ from torch.utils import _pytree as pytree
 from monet_opt import cudnn_bn
 from monet_opt.lower import is_view_node
 from monet_opt.memory import allocated_bytes
+import solvers
+from solvers.peak_bound import least_peak_bound
 
 
 INF = float("inf")
+
+
+def pass_limit(limit: int | None, problem: solvers.Problem) -> int | None:
+    """What the profiling pass may hold for a step planned within `limit` bytes (None: no
+    limit): the limit, or where it is below every schedule's peak as the traced sizes of
+    `problem` bound it, that bound (NOTE [Profiling within the limit])."""
+    return None if limit is None else max(limit, least_peak_bound(problem).bytes)
 
 
 class BoundedEnv(dict):

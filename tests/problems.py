@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from solvers import NO_PRODUCER, Op, Problem, Tensor, Variant, solve
 
@@ -136,3 +137,28 @@ def budget_between(p: Problem, frac: float) -> int:
     store_peak = solve(p, 10**12, "store_all").peak_bytes
     least = solve(p, 10**12, "auto").min_feasible_bytes
     return int(least + frac * (store_peak - least))
+
+
+def with_overwrites(p: Problem, rng: random.Random) -> tuple[Problem, Problem]:
+    """`p` with about half its forward ops free to write into one of their inputs (outputs
+    resized to match); the backward often stops reading those inputs (as a ReLU's backward
+    reads its output), so that a recomputation can be their last reader, and one of them may be
+    a forward output too. And the same problem without that freedom."""
+    ops, tensors = list(p.ops), list(p.tensors)
+    chosen = []
+    for i in p.forward_ops:
+        op = ops[i]
+        if op.inputs and rng.random() < 0.5:
+            t = rng.choice(op.inputs)
+            out = op.outputs[0]
+            tensors[out] = replace(tensors[out], bytes=tensors[t].bytes)
+            ops[i] = replace(op, overwrites=(t,))
+            chosen.append(t)
+    unread = {t for t in chosen if rng.random() < 0.7}
+    for i in p.backward_ops:
+        ops[i] = replace(ops[i], inputs=tuple(t for t in ops[i].inputs if t not in unread))
+    outputs = p.forward_outputs + ((rng.choice(chosen),) if chosen and rng.random() < 0.5 else ())
+    free = replace(p, ops=tuple(ops), tensors=tuple(tensors),
+                   forward_outputs=tuple(dict.fromkeys(outputs)))
+    plain = replace(free, ops=tuple(replace(o, overwrites=()) for o in ops))
+    return free, plain

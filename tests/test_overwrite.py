@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import dataclasses
 import random
 
 import pytest
@@ -128,32 +127,6 @@ def test_an_input_read_later_is_not_overwritten():
                 exact=True, what="ReLU of a tensor read after it")
 
 
-def _overwriting(p: Problem, rng: random.Random) -> tuple[Problem, Problem]:
-    """`p` with about half its forward ops free to write into one of their inputs (outputs
-    resized to match); the backward often stops reading those inputs (as a ReLU's backward
-    reads its output), so that a recomputation can be their last reader, and one of them may be
-    a forward output too. And the same problem without that freedom."""
-    ops, tensors = list(p.ops), list(p.tensors)
-    chosen = []
-    for i in p.forward_ops:
-        op = ops[i]
-        if op.inputs and rng.random() < 0.5:
-            t = rng.choice(op.inputs)
-            out = op.outputs[0]
-            tensors[out] = dataclasses.replace(tensors[out], bytes=tensors[t].bytes)
-            ops[i] = dataclasses.replace(op, overwrites=(t,))
-            chosen.append(t)
-    unread = {t for t in chosen if rng.random() < 0.7}
-    for i in p.backward_ops:
-        ops[i] = dataclasses.replace(ops[i], inputs=tuple(t for t in ops[i].inputs
-                                                          if t not in unread))
-    outputs = p.forward_outputs + ((rng.choice(chosen),) if chosen and rng.random() < 0.5 else ())
-    free = dataclasses.replace(p, ops=tuple(ops), tensors=tuple(tensors),
-                               forward_outputs=tuple(dict.fromkeys(outputs)))
-    plain = dataclasses.replace(free, ops=tuple(dataclasses.replace(o, overwrites=()) for o in ops))
-    return free, plain
-
-
 def _dies_at(problem: Problem, steps: tuple[int, ...], k: int, t: int) -> bool:
     """Step k reads the copy of t that no later step reads before t is made again, made in
     k's phase, and t is no forward output: NOTE [Writing into a dying input], said directly."""
@@ -170,7 +143,7 @@ def _dies_at(problem: Problem, steps: tuple[int, ...], k: int, t: int) -> bool:
 @pytest.mark.parametrize("seed", range(12))
 def test_random_schedules_overwrite_exactly_where_an_input_dies(seed):
     rng = random.Random(seed)
-    free, plain = _overwriting(problems.autodiff_problem(14, rng), rng)
+    free, plain = problems.with_overwrites(problems.autodiff_problem(14, rng), rng)
     forward = list(free.forward_tensors)
     for _ in range(6):
         schedule = schedule_from_kept(free, frozenset(rng.sample(forward, rng.randint(0, 14))))

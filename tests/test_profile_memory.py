@@ -11,6 +11,7 @@ import torch
 import monet_opt
 from monet_opt import profile_memory, profiler
 from monet_opt.memory import LiveBytes
+from solvers.peak_bound import least_peak_bound
 from tests.models import SmallCNN
 from tests.records import assert_same_grads, measured_peak_of
 
@@ -72,6 +73,23 @@ def test_profiling_holds_no_more_than_the_limit_and_trains_like_eager(walks):
     assert peak <= limit and peak == measured_peak_of(opt.plan)
     model.zero_grad(set_to_none=True)
     assert_same_grads(_Summed(opt), model, _Summed(eager), x, steps=2, seeded=True)
+
+
+def test_a_limit_no_plan_can_meet_holds_the_pass_at_the_size_bound(walks):
+    """A limit below the traced sizes' bound (NOTE [A least peak from sizes]) is raised to that
+    bound for the pass: held to 1 byte it made almost every value again before each op."""
+    model, x = _model_and_batch()
+    bound = least_peak_bound(monet_opt.lower_problem(copy.deepcopy(model), x, timed=False))
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as caught:
+        monet_opt.optimize(copy.deepcopy(model), x, 1, profile_dir=None, time_limit_s=2)
+    assert caught.value.min_feasible_bytes >= bound.bytes
+    # the bound of the step as traced, before the fixed memory the planner adds (the dropout's
+    # generator state) is counted
+    limits = [env.limit for env, _ in walks]
+    assert len(limits) == 2 and all(bound.bytes - 8192 < n <= bound.bytes for n in limits)
+    problem = monet_opt.lower_problem(model, x, timed=False)
+    assert profile_memory.pass_limit(None, problem) is None
+    assert profile_memory.pass_limit(bound.bytes + 1, problem) == bound.bytes + 1
 
 
 def test_values_only_the_output_reads_are_dropped_and_inputs_kept():
