@@ -5,28 +5,36 @@ NOTE [The largest batch]
   how large a batch fits their device at all. Checkmate reports the second (VGG-19: 289
   against eager's 167). `largest_batch(model, make_input, limit)` answers it by planning: a
   batch fits where `optimize()` finds a plan within the limit, and that plan is what it
-  returns. Each try traces, profiles and solves one batch size (the solver's time limit each),
-  so the search spends few tries, and a try too large costs most (profiling time grows with
-  the batch). The least peak is not proportional to the batch: on VGG-19 (64², CPU) it was
-  1,104.9 MiB at batch 132, 9 MiB above the parameters and their gradients (the fully
-  connected layers' gradients at its peak), and 2,265.3 MiB at 528 (the first convolutions):
-  flat, then steep. A line from the memory no batch changes through one try put the next
-  batch at 4x, then at the bracket's ends by turns (the run: 33, 132, 528, 133, 527; on the
-  tests' curve like it, 12 tries without an answer). So the next batch is where a line
-  through two tries' least peaks reaches the limit: before a try fails, the lower of two
-  lines through the largest batch that fits (from the batchless memory, and from the batch
-  before it), at most GROWTH times that batch; after, the chord between the largest batch
-  that fits and the smallest that does not (below a convex curve's crossing), with the
-  Illinois rule against closing in from one side only (6 tries on that curve). GROWTH 3: of
-  2, 3 and 4, the least sum of batches tried (which profiling's time follows) on the curves
-  of tests/test_largest_batch.py. Where a batch's step fits with nothing recomputed,
-  optimize() searches for its least peak only briefly (NOTE [The least peak where store-all
-  fits] in solvers/least.py), and a least peak found too high puts the next guess short of
-  the largest batch; there the least is asked for by a solve at the step's floor, which with
-  a profile directory runs the solver alone. The search ends when the largest batch found to
-  fit and the smallest found not to are neighbours (the answer is then the largest that
-  fits, as far as the solver's least peaks go: a longer solve can lower a least peak) or
-  after `max_tries` (`BatchFit.proven` False).
+  returns. A try traces, profiles and solves one batch size (the solver's time limit each),
+  and profiling's time grows with the batch, so the search spends few tries, and none on a
+  batch whose sizes alone say it cannot fit.
+  1. Traced: batches are only traced and lowered (a second or a few each) and their size
+     bound (NOTE [A least peak from sizes] in solvers/peak_bound.py) held against the limit,
+     until the largest batch whose bound is within it, B, and B + 1 are found. No larger
+     batch can fit. On VGG-19 (64², CPU) the bound was 1,102.3 MiB at 132 and 2,233.2 MiB at
+     528, where the solver's least peaks were 1,104.9 and 2,265.3 MiB; on the bench's CNNs
+     it sees 58-74 % of the least peak's activations, on its transformers only the step's
+     floor (their least peak is what is kept across the backward).
+  2. Tried: from B down, each try a whole optimize(). The least peak is not proportional to
+     the batch: on VGG-19 flat (9 MiB above the parameters and their gradients at 132, the
+     fully connected layers' gradients at its peak), then steep (the first convolutions at
+     528). So the next batch is where a line through two tries' least peaks reaches the
+     limit: after a try fails, the chord between the largest batch that fits (or the
+     batchless memory, at 0) and the smallest that does not (below a convex curve's
+     crossing), with the Illinois rule against closing in from one side only; before any try
+     fails (where B's try fits but B + 1 was never traced), the lower of two lines through
+     the largest batch that fits, at most GROWTH times it. Both searches use that rule (the
+     traced one on the bounds). GROWTH 3: of 2, 3 and 4, the least sum of batches tried on
+     the curves of tests/test_largest_batch.py. On those curves, with bounds 0-15 % below
+     them, at most 4 tries (the tries alone, before the bound: up to 7).
+  Where a batch's step fits with nothing recomputed, optimize() searches for its least peak
+  only briefly (NOTE [The least peak where store-all fits] in solvers/least.py), and a least
+  peak found too high puts the next guess short of the largest batch; there the least is
+  asked for by a solve at the step's floor, which with a profile directory runs the solver
+  alone. The search ends when the largest batch found to fit and the smallest found not to
+  (tried, or traced) are neighbours (the answer is then the largest that fits, as far as the
+  solver's least peaks go: a longer solve can lower a least peak) or after `max_tries`
+  (`BatchFit.proven` False).
 """
 from __future__ import annotations
 
@@ -46,23 +54,33 @@ from monet_opt.errors import InfeasibleBudgetError
 from monet_opt.memory import resident_bytes
 from monet_opt.module import OptimizedModule
 from monet_opt.units import Share, format_bytes, parse_limit
+from solvers.peak_bound import least_peak_bound
 
 log = logging.getLogger("monet_opt")
 GROWTH = 3  # before a try fails, a try's batch is at most this many times the largest that fit
+SIZED_TRIES = 32  # batches traced at most for their size bounds (a trace each: seconds)
 
 
 @dataclass(frozen=True)
 class Try:
     """One batch size tried: whether a plan fit, the least peak the solver reached there and
-    the peak with nothing recomputed (known where a plan fit), and the seconds it took."""
+    the peak with nothing recomputed (known where a plan fit), and the seconds it took.
+    `profiled` False: the batch was only traced, and `least_bytes` is its size bound (NOTE [A
+    least peak from sizes] in solvers/peak_bound.py), `fits` whether that is within the
+    limit."""
 
     batch: int
     fits: bool
     least_bytes: int | None  # None: the device ran out of memory first
     store_all_bytes: int | None
     seconds: float
+    profiled: bool = True
 
     def text(self) -> str:
+        if not self.profiled:
+            return (f"batch {self.batch:>6}: {'may fit' if self.fits else 'does not fit':<12} "
+                    f"least peak at least {format_bytes(self.least_bytes):>11} (its sizes "
+                    f"alone, not profiled)  ({self.seconds:.1f} s)")
         return (f"batch {self.batch:>6}: {'fits' if self.fits else 'does not fit':<12} least peak "
                 + (f"{format_bytes(self.least_bytes):>11}" if self.least_bytes is not None
                    else "unknown (the device ran out of memory)")
@@ -74,8 +92,9 @@ class Try:
 @dataclass(frozen=True)
 class BatchFit:
     """`batch`: the largest batch found to fit; `module`: its plan (an optimized module for
-    inputs of that batch); `proven`: the next batch was tried and did not fit (or `batch` is
-    `max_batch`); `tries`: every batch tried, in order."""
+    inputs of that batch); `proven`: the next batch was tried, or traced, and did not fit (or
+    `batch` is `max_batch`); `tries`: every batch traced (`Try.profiled` False), then every
+    batch tried, in order."""
 
     batch: int
     module: OptimizedModule
@@ -106,9 +125,10 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
             it (e.g. `lambda b: torch.randn(b, 3, 224, 224)`).
         memory_limit: bytes, or a size such as "16GiB" (not a share of a step: which batch's
             step would it be a share of?).
-        start: the first batch tried.
+        start: the first batch traced (NOTE [The largest batch]).
         max_batch: no larger batch is tried.
-        max_tries: at most this many batches are tried (each a whole `optimize()`).
+        max_tries: at most this many batches are tried (each a whole `optimize()`; batches
+            only traced for their size bounds, at most SIZED_TRIES, are not counted).
         optimize_options: passed to every `optimize()` (solver, time_limit_s, profile_dir, ...).
 
     Raises:
@@ -129,9 +149,11 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
                          f"max_tries={max_tries}")
     _check_batched(make_input)
     fixed = _batchless_bytes(model)
+    traced = _sized_search(model, make_input, limit, start, max_batch, fixed, optimize_options)
     best: OptimizedModule | None = None  # the plan of the largest batch found to fit
     tries: list[Try] = []
-    lo, hi, batch = 0, max_batch + 1, start
+    lo, hi = 0, min([t.batch for t in traced if not t.fits], default=max_batch + 1)
+    batch = max([t.batch for t in traced if t.fits], default=1)
     while len(tries) < max_tries:
         tried, module = _try(model, make_input, batch, limit, optimize_options)
         tries.append(tried)
@@ -147,9 +169,37 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
         batch = _next(tries, fixed, limit, lo, hi)
     if best is None:  # every try failed above 1 and the tries ran out
         raise ValueError(f"monet_opt.largest_batch: no batch tried fits {format_bytes(limit)} "
-                         f"within {max_tries} tries (the smallest tried: {hi}); try a smaller "
-                         "start or more max_tries")
-    return BatchFit(lo, best, hi == lo + 1, tuple(tries))
+                         f"within {max_tries} tries (the smallest tried: {hi}); try more "
+                         "max_tries")
+    return BatchFit(lo, best, hi == lo + 1, tuple(traced + tries))
+
+
+def _sized_search(model: nn.Module, make_input: Callable[[int], Any], limit: int, start: int,
+                  max_batch: int, fixed: int, options: dict[str, Any]) -> list[Try]:
+    """Batches traced, not profiled, until the largest whose size bound is within the limit
+    and the next are found (or SIZED_TRIES are spent): the same search on the bounds."""
+    tries: list[Try] = []
+    lo, hi, batch = 0, max_batch + 1, start
+    while len(tries) < SIZED_TRIES:
+        tried = _sized(model, make_input, batch, limit, options)
+        tries.append(tried)
+        log.info("largest_batch: %s", tried.text())
+        lo, hi = (batch, hi) if tried.fits else (lo, batch)
+        if hi == lo + 1:
+            break
+        batch = _next(tries, fixed, limit, lo, hi)
+    return tries
+
+
+def _sized(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit: int,
+           options: dict[str, Any]) -> Try:
+    """A batch traced and lowered, not profiled: its size bound against the limit."""
+    begun = time.perf_counter()
+    problem = api.lower_problem(model, make_input(batch), timed=False,
+                                variants=options.get("variants", True),
+                                allow_lossy=options.get("allow_lossy", False))
+    bound = least_peak_bound(problem).bytes
+    return Try(batch, bound <= limit, bound, None, time.perf_counter() - begun, profiled=False)
 
 
 def _not_even_one(tried: Try, limit: int) -> Exception:
