@@ -283,7 +283,7 @@ class _Planner:
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain
-        told = progress.Progress(self.name)  # NOTE [Progress]
+        told = progress.Progress(self.name, self.timed)  # NOTE [Progress]
         within = self.limit if isinstance(self.limit, int) else None  # NOTE [Profiling
         within = within if self.resident_bytes else pass_limit(within, lowered.problem)  # ...]
         measure = told.profiling(capture.collecting(lambda: _measured(  # NOTE [Tracing without

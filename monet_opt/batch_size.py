@@ -79,12 +79,12 @@ class Try:
     def text(self) -> str:
         if not self.profiled:
             return (f"batch {self.batch:>6}: {'may fit' if self.fits else 'does not fit':<12} "
-                    f"least peak at least {format_bytes(self.least_bytes):>11} (its sizes "
+                    f"least peak at least {_mib(self.least_bytes):>13} (its sizes "
                     f"alone, not profiled)  ({self.seconds:.1f} s)")
         return (f"batch {self.batch:>6}: {'fits' if self.fits else 'does not fit':<12} least peak "
-                + (f"{format_bytes(self.least_bytes):>11}" if self.least_bytes is not None
+                + (f"{_mib(self.least_bytes):>13}" if self.least_bytes is not None
                    else "unknown (the device ran out of memory)")
-                + (f", store-all {format_bytes(self.store_all_bytes)}"
+                + (f", store-all {_mib(self.store_all_bytes)}"
                    if self.store_all_bytes is not None else "")
                 + f"  ({self.seconds:.1f} s)")
 
@@ -107,8 +107,8 @@ class BatchFit:
         plan = self.module.plan
         lines.append(f"largest batch {self.batch}" + ("" if self.proven else
                      " (not proven: the tries ran out before the next batch was tried)")
-                     + f": predicted peak {format_bytes(plan.predicted_peak_bytes)} of "
-                     f"{format_bytes(plan.memory_limit_bytes)}, predicted overhead "
+                     + f": predicted peak {_mib(plan.predicted_peak_bytes)} of "
+                     f"{_mib(plan.memory_limit_bytes)}, predicted overhead "
                      f"{plan.predicted_overhead:+.1%} ({plan.solver})")
         return "\n".join(lines)
 
@@ -200,6 +200,11 @@ def _sized(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit
                                 allow_lossy=options.get("allow_lossy", False))
     bound = least_peak_bound(problem).bytes
     return Try(batch, bound <= limit, bound, None, time.perf_counter() - begun, profiled=False)
+
+
+def _mib(n: int) -> str:
+    """Bytes in MiB to a tenth: the tries of one search differ by a few MiB."""
+    return f"{n / 2**20:,.1f} MiB"
 
 
 def _not_even_one(tried: Try, limit: int) -> Exception:

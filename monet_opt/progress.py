@@ -30,8 +30,9 @@ def tracing(name: str, inputs: str) -> None:
 class Progress:
     """The phases of planning one step of `name`, logged as they run."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, timed: bool = True) -> None:
+        """timed False: the step is not to be profiled (its sizes only: lower_problem)."""
+        self.name, self.timed = name, timed
         self.profiled = self.solved = False
 
     def profiling(self, fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -56,14 +57,15 @@ class Progress:
         return run
 
     def planned(self, plan: Plan, inputs: str) -> None:
-        cached = [what for what, done in (("profile", self.profiled), ("schedule", self.solved))
-                  if not done]
+        cached = [what for what, done in (("profile", self.profiled or not self.timed),
+                                          ("schedule", self.solved)) if not done]
         log.info("%s: plan for %s: predicted peak %s of %s (store-all %s), %+.1f %% step time, "
                  "%d op runs recomputed, solver %s (%s, %.1f s)%s", self.name, inputs,
                  format_bytes(plan.predicted_peak_bytes), format_bytes(plan.memory_limit_bytes),
                  format_bytes(plan.store_all_peak_bytes), plan.predicted_overhead * 100,
                  plan.recomputed_ops, plan.solver, plan.status, plan.solve_time_s,
-                 f"; {' and '.join(cached)} from the profile directory" if cached else "")
+                 (f"; {' and '.join(cached)} from the profile directory" if cached else "")
+                 + ("" if self.timed else "; sizes only, not profiled"))
 
 
 def _size(n: int) -> str:

@@ -49,3 +49,10 @@ def test_silent_unless_asked():
     with told(logging.WARNING) as said:
         monet_opt.optimize(model, x, 1 << 40, profile_repeats=1, profile_dir=None)
     assert said == []
+
+
+def test_a_step_traced_for_its_sizes_says_so():
+    model, x, _ = models.small_cnn()
+    with told(logging.INFO) as said:
+        monet_opt.lower_problem(model, x, timed=False)
+    assert "profiling" not in " ".join(said) and said[-1].endswith("sizes only, not profiled")
