@@ -324,7 +324,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "which the search changes")
     p.add_argument("--limit", required=True, help="the memory limit, e.g. 16GiB")
     p.add_argument("--start", type=int, default=None,
-                   help="the first batch tried (default: --input-shape's)")
+                   help="the first batch traced (default: --input-shape's)")
     p.add_argument("--max-batch", type=int, default=1 << 16, help="no larger batch is tried")
     p.add_argument("--max-tries", type=int, default=12,
                    help="at most this many batches are tried, each a whole optimize() "
