@@ -17,18 +17,21 @@ NOTE [The largest batch]
      least peak is what is kept across the backward: GPT-2 narrow, 256 tokens, bounded at
      86.6 MiB at batch 16 where its least peak at 4 is 95.6 MiB), so there the first try is
      at a few times the answer, and the chord from it below.
-  2. Tried: from B down, each try a whole optimize(). The least peak is not proportional to
-     the batch: on VGG-19 flat (9 MiB above the parameters and their gradients at 132, the
-     fully connected layers' gradients at its peak), then steep (the first convolutions at
-     528). So the next batch is where a line through two tries' least peaks reaches the
-     limit: after a try fails, the chord between the largest batch that fits (or the
-     batchless memory, at 0) and the smallest that does not (below a convex curve's
-     crossing), with the Illinois rule against closing in from one side only; before any try
-     fails (where B's try fits but B + 1 was never traced), the lower of two lines through
-     the largest batch that fits, at most GROWTH times it. Both searches use that rule (the
-     traced one on the bounds). GROWTH 3: of 2, 3 and 4, the least sum of batches tried on
-     the curves of tests/test_largest_batch.py. On those curves, with bounds 0-15 % below
-     them, at most 4 tries (the tries alone, before the bound: up to 7).
+  2. Tried: B first, each try a whole optimize(). The least peak is not proportional to the
+     batch: on VGG-19 flat (9 MiB above the parameters and their gradients at 132, the fully
+     connected layers' gradients at its peak), then steep (the first convolutions at 528),
+     and the bound has its shape. So after a try fails, the next batch is the largest whose
+     bound, scaled so that above the batchless memory it meets that try's least peak, is
+     within the limit (traced again, seconds); after a try fits, where a line through two
+     tries' least peaks reaches the limit: the chord between the largest batch that fits and
+     the smallest that does not (below a convex curve's crossing), with the Illinois rule
+     against closing in from one side only; before any try fails (where B's try fits but
+     B + 1 was never traced), the lower of two lines through the largest batch that fits, at
+     most GROWTH times it. The traced search uses the same rule on the bounds. GROWTH 3: of
+     2, 3 and 4, the least sum of batches tried on the curves of tests/test_largest_batch.py.
+     On those curves, with bounds 0-40 % below them above the batchless memory, at most 3
+     tries (B, the answer, the next; 4 on the noisy one), where the tries alone took up to 7
+     and the chord alone from B, with bounds 40 % below, 6.
   Where a batch's step fits with nothing recomputed, optimize() searches for its least peak
   only briefly (NOTE [The least peak where store-all fits] in solvers/least.py), and a least
   peak found too high puts the next guess short of the largest batch; there the least is
@@ -40,9 +43,8 @@ NOTE [The largest batch]
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -151,15 +153,16 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
                          f"max_tries={max_tries}")
     _check_batched(make_input)
     fixed = _batchless_bytes(model)
-    traced = _sized_search(model, make_input, limit, start, max_batch, fixed, optimize_options)
+    every: list[Try] = []  # traced and tried, in order
+    traced = _sized_search(model, make_input, limit, 0, max_batch + 1, fixed, optimize_options,
+                           every, start=start)
     best: OptimizedModule | None = None  # the plan of the largest batch found to fit
     tries: list[Try] = []
     lo, hi = 0, min([t.batch for t in traced if not t.fits], default=max_batch + 1)
     batch = max([t.batch for t in traced if t.fits], default=1)
     while len(tries) < max_tries:
         tried, module = _try(model, make_input, batch, limit, optimize_options)
-        tries.append(tried)
-        log.info("largest_batch: %s", tried.text())
+        tries.append(_told(every, tried))
         if module is not None:
             best, lo = module, batch
         else:
@@ -169,28 +172,65 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
         if hi == lo + 1:
             break
         batch = _next(tries, fixed, limit, lo, hi)
+        if module is None and tried.least_bytes is not None:
+            scaled = _scaled(model, make_input, tried, limit, lo, fixed, every, optimize_options)
+            batch = scaled if scaled is not None and lo < scaled < hi else batch
     if best is None:  # every try failed above 1 and the tries ran out
         raise ValueError(f"monet_opt.largest_batch: no batch tried fits {format_bytes(limit)} "
                          f"within {max_tries} tries (the smallest tried: {hi}); try more "
                          "max_tries")
-    return BatchFit(lo, best, hi == lo + 1, tuple(traced + tries))
+    return BatchFit(lo, best, hi == lo + 1, tuple(every))
 
 
-def _sized_search(model: nn.Module, make_input: Callable[[int], Any], limit: int, start: int,
-                  max_batch: int, fixed: int, options: dict[str, Any]) -> list[Try]:
-    """Batches traced, not profiled, until the largest whose size bound is within the limit
-    and the next are found (or SIZED_TRIES are spent): the same search on the bounds."""
-    tries: list[Try] = []
-    lo, hi, batch = 0, max_batch + 1, start
-    while len(tries) < SIZED_TRIES:
-        tried = _sized(model, make_input, batch, limit, options)
+def _told(every: list[Try], tried: Try) -> Try:
+    """`tried`, logged and added to `every`."""
+    log.info("largest_batch: %s", tried.text())
+    every.append(tried)
+    return tried
+
+
+def _sized_search(model: nn.Module, make_input: Callable[[int], Any], limit: int, lo: int,
+                  hi: int, fixed: int, options: dict[str, Any], every: list[Try],
+                  known: list[Try] = (), start: int | None = None) -> list[Try]:
+    """Batches between `lo` and `hi` traced, not profiled, until the largest whose size bound
+    is within `limit` and the next are found (or SIZED_TRIES are spent): the same search on
+    the bounds, from `start` or where `known` (batches traced already, held against this
+    limit) put it. The batches it traced (added to `every`)."""
+    tries = [dataclasses.replace(t, fits=t.least_bytes <= limit) for t in known]
+    for t in tries:
+        lo, hi = (max(lo, t.batch), hi) if t.fits else (lo, min(hi, t.batch))
+    found: list[Try] = []
+    batch = start if start is not None else _next(tries, fixed, limit, lo, hi)
+    while hi > lo + 1 and len(found) < SIZED_TRIES:
+        tried = _told(every, _sized(model, make_input, batch, limit, options))
         tries.append(tried)
-        log.info("largest_batch: %s", tried.text())
+        found.append(tried)
         lo, hi = (batch, hi) if tried.fits else (lo, batch)
-        if hi == lo + 1:
-            break
-        batch = _next(tries, fixed, limit, lo, hi)
-    return tries
+        if hi > lo + 1:
+            batch = _next(tries, fixed, limit, lo, hi)
+    return found
+
+
+def _scaled(model: nn.Module, make_input: Callable[[int], Any], failed: Try, limit: int,
+            lo: int, fixed: int, every: list[Try], options: dict[str, Any]) -> int | None:
+    """After a try that did not fit: the largest batch above `lo` whose size bound, scaled
+    so that above the batchless memory it meets the failed try's least peak, is within the
+    limit (NOTE [The largest batch]); None where no batch above `lo` is. The batches this
+    traces are added to `every`."""
+    bounds = {t.batch: t.least_bytes for t in every if not t.profiled}
+    if failed.batch not in bounds:
+        bounds[failed.batch] = _told(every, _sized(model, make_input, failed.batch, limit,
+                                                   options)).least_bytes
+    bound = bounds[failed.batch]
+    if not fixed < bound < failed.least_bytes:
+        return None
+    target = fixed + (limit - fixed) * (bound - fixed) // (failed.least_bytes - fixed)
+    known = sorted((t for t in every if not t.profiled and lo < t.batch <= failed.batch),
+                   key=lambda t: t.batch)
+    _sized_search(model, make_input, target, lo, failed.batch, fixed, options, every, known)
+    below = [t.batch for t in every if not t.profiled and lo < t.batch < failed.batch
+             and t.least_bytes <= target]
+    return max(below, default=None)
 
 
 def _sized(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit: int,
@@ -311,70 +351,3 @@ def _check_batched(make_input: Callable[[int], Any]) -> None:
         raise ValueError("monet_opt.largest_batch: make_input(1) and make_input(2) gave inputs "
                          f"of the same shapes ({shapes[0]}): make_input(b) must return a batch "
                          "of b samples, e.g. lambda b: torch.randn(b, 3, 224, 224)")
-
-
-# ---- monet-opt largest-batch -----------------------------------------------------------------
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from monet_opt import precompute
-    p.add_argument("factory", metavar="MODULE:FACTORY",
-                   help="a callable returning an nn.Module, e.g. torchvision.models:resnet50")
-    p.add_argument("--input-shape", metavar="SHAPE", required=True,
-                   help="one batch's shape, e.g. 32x3x224x224: its first size is the batch, "
-                        "which the search changes")
-    p.add_argument("--limit", required=True, help="the memory limit, e.g. 16GiB")
-    p.add_argument("--start", type=int, default=None,
-                   help="the first batch traced (default: --input-shape's)")
-    p.add_argument("--max-batch", type=int, default=1 << 16, help="no larger batch is tried")
-    p.add_argument("--max-tries", type=int, default=12,
-                   help="at most this many batches are tried, each a whole optimize() "
-                        "(default: %(default)s)")
-    p.add_argument("--dtype", choices=sorted(precompute.DTYPES), default="float32",
-                   help="the input's dtype; an integer dtype gives token ids (default float32)")
-    p.add_argument("--input-name", metavar="NAME",
-                   help="pass the input as this keyword argument (e.g. input_ids)")
-    p.add_argument("--channels-last", action="store_true",
-                   help="make the model and its image batches channels-last")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="the device to train on (default: %(default)s)")
-    p.add_argument("--solver", default="auto", help="as optimize(solver=...) (default: auto)")
-    p.add_argument("--time-limit-s", type=float, default=30.0,
-                   help="the solver's time limit per try (default: 30, as optimize's)")
-    precompute.add_profile_dir(p)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Print each batch tried and the largest that fits."""
-    from monet_opt import precompute
-    from monet_opt.errors import UsageError
-    shape = precompute.parse_shape(args.input_shape)
-    try:
-        limit = parse_limit(args.limit)
-    except ValueError as exc:
-        raise UsageError(f"bad --limit {args.limit!r}: {exc}") from exc
-    model, _ = precompute.build(args)
-    device = torch.device(args.device)
-    progress = logging.StreamHandler(sys.stderr)  # each try as it ends: a search takes minutes
-    progress.setFormatter(logging.Formatter("monet-opt: %(message)s"))
-    progress.addFilter(lambda record: record.getMessage().startswith("largest_batch: "))
-    level = log.level
-    log.addHandler(progress)
-    log.setLevel(min(log.getEffectiveLevel(), logging.INFO))
-
-    def make_input(batch: int) -> Any:
-        x = pytree.tree_map(lambda t: t.to(device), precompute.random_input(
-            args, (batch, *shape[1:])))
-        return x.contiguous(memory_format=torch.channels_last) if args.channels_last else x
-
-    try:
-        fit = largest_batch(model, make_input, limit, start=args.start or shape[0],
-                            max_batch=args.max_batch, max_tries=args.max_tries,
-                            solver=args.solver, time_limit_s=args.time_limit_s,
-                            profile_dir=args.profile_dir)
-    except (ValueError, InfeasibleBudgetError) as exc:
-        raise UsageError(" ".join([str(exc), *getattr(exc, "__notes__", ())])) from exc
-    finally:
-        log.removeHandler(progress)
-        log.setLevel(level)
-    print(fit.text())
-    return 0

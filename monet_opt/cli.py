@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     precompute.add_explain_arguments(sub.add_parser(
         "explain", help="print a cached plan (Plan.explain()), or the limits cached for a "
                         "profile"))
-    from monet_opt import batch_size
-    batch_size.add_arguments(sub.add_parser(
+    from monet_opt import batch_size_cli
+    batch_size_cli.add_arguments(sub.add_parser(
         "largest-batch", help="the largest batch whose training step a plan fits under a "
                               "memory limit, and that plan's overhead"))
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -56,9 +56,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "bench":
         from monet_opt.bench import run as bench_run
         return bench_run.run(bench_run.settings_from(args, argv[1:]))
-    from monet_opt import batch_size, precompute
+    from monet_opt import batch_size_cli, precompute
     command = {"precompute": precompute.run_precompute, "list": precompute.run_list,
-               "explain": precompute.run_explain, "largest-batch": batch_size.run}[args.command]
+               "explain": precompute.run_explain, "largest-batch": batch_size_cli.run}[args.command]
     return command(args)
 
 

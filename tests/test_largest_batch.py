@@ -102,14 +102,18 @@ def _search(monkeypatch, least, limit, start, bound):
 
 
 @pytest.mark.parametrize("least,limit,start", CURVES, ids=CURVE_IDS)
-@pytest.mark.parametrize("gap", [0.0, 0.01, 0.03, 0.15])
+@pytest.mark.parametrize("gap", [0.0, 0.01, 0.03, 0.15, 0.4])
 def test_the_search_finds_the_crossing_in_few_tries(monkeypatch, least, limit, start, gap):
     """The search alone, on least-peak curves of the shapes met, and size bounds below them by
-    a share `gap` of their activations (VGG-19 64²: 1.4 % at 528; ResNet-50 b16 128²: 11 %)."""
+    a share `gap` of what they hold above the batchless memory (VGG-19 64²: 2.7 % at 528; the
+    bench's CNNs at their CPU sizes, traced: 26-42 %)."""
     profiled, traced = _search(monkeypatch, least, limit, start,
                                lambda b: int(FIXED + (least(b) - FIXED) * (1 - gap)))
-    assert len(profiled) <= (2 if gap == 0 else 4), (profiled, traced)
-    assert len(traced) <= 12, (profiled, traced)
+    # the largest batch the bound allows, then (where it did not fit) the bound scaled to its
+    # least peak: the answer and the next; on the noisy curve one more
+    noisy = least is CURVES[-1][0]
+    assert len(profiled) <= (4 if noisy else 3), (profiled, traced)
+    assert len(traced) <= (24 if noisy else 12), (profiled, traced)
 
 
 @pytest.mark.parametrize("least,limit,start", CURVES, ids=CURVE_IDS)
