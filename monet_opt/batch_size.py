@@ -71,7 +71,7 @@ class Try:
     the peak with nothing recomputed (known where a plan fit), and the seconds it took.
     `profiled` False: the batch was only traced, and `least_bytes` is its size bound (NOTE [A
     least peak from sizes] in solvers/peak_bound.py), `fits` whether that is within the
-    limit."""
+    limit, or within `held_to` where that is set (the limit scaled to a try's least peak)."""
 
     batch: int
     fits: bool
@@ -79,12 +79,16 @@ class Try:
     store_all_bytes: int | None
     seconds: float
     profiled: bool = True
+    held_to: int | None = None  # traced against the limit scaled to a try, not the limit
 
     def text(self) -> str:
         if not self.profiled:
-            return (f"batch {self.batch:>6}: {'may fit' if self.fits else 'does not fit':<12} "
-                    f"least peak at least {_mib(self.least_bytes):>13} (its sizes "
-                    f"alone, not profiled)  ({self.seconds:.1f} s)")
+            status = ("may fit", "does not fit") if self.held_to is None else ("below", "above")
+            return (f"batch {self.batch:>6}: {status[not self.fits]:<12} least peak at least "
+                    f"{_mib(self.least_bytes):>13} (its sizes alone, not profiled"
+                    + ("" if self.held_to is None else
+                       f"; against {_mib(self.held_to)}, the limit scaled to a try")
+                    + f")  ({self.seconds:.1f} s)")
         return (f"batch {self.batch:>6}: {'fits' if self.fits else 'does not fit':<12} least peak "
                 + (f"{_mib(self.least_bytes):>13}" if self.least_bytes is not None
                    else "unknown (the device ran out of memory)")
@@ -191,18 +195,21 @@ def _told(every: list[Try], tried: Try) -> Try:
 
 def _sized_search(model: nn.Module, make_input: Callable[[int], Any], limit: int, lo: int,
                   hi: int, fixed: int, options: dict[str, Any], every: list[Try],
-                  known: list[Try] = (), start: int | None = None) -> list[Try]:
+                  known: list[Try] = (), start: int | None = None,
+                  held_to: int | None = None) -> list[Try]:
     """Batches between `lo` and `hi` traced, not profiled, until the largest whose size bound
     is within `limit` and the next are found (or SIZED_TRIES are spent): the same search on
     the bounds, from `start` or where `known` (batches traced already, held against this
-    limit) put it. The batches it traced (added to `every`)."""
+    limit) put it. The batches it traced (added to `every`; `held_to`: the limit is a scaled
+    one, said so)."""
     tries = [dataclasses.replace(t, fits=t.least_bytes <= limit) for t in known]
     for t in tries:
         lo, hi = (max(lo, t.batch), hi) if t.fits else (lo, min(hi, t.batch))
     found: list[Try] = []
     batch = start if start is not None else _next(tries, fixed, limit, lo, hi)
     while hi > lo + 1 and len(found) < SIZED_TRIES:
-        tried = _told(every, _sized(model, make_input, batch, limit, options))
+        tried = _told(every, dataclasses.replace(_sized(model, make_input, batch, limit,
+                                                        options), held_to=held_to))
         tries.append(tried)
         found.append(tried)
         lo, hi = (batch, hi) if tried.fits else (lo, batch)
@@ -227,7 +234,8 @@ def _scaled(model: nn.Module, make_input: Callable[[int], Any], failed: Try, lim
     target = fixed + (limit - fixed) * (bound - fixed) // (failed.least_bytes - fixed)
     known = sorted((t for t in every if not t.profiled and lo < t.batch <= failed.batch),
                    key=lambda t: t.batch)
-    _sized_search(model, make_input, target, lo, failed.batch, fixed, options, every, known)
+    _sized_search(model, make_input, target, lo, failed.batch, fixed, options, every, known,
+                  held_to=target)
     below = [t.batch for t in every if not t.profiled and lo < t.batch < failed.batch
              and t.least_bytes <= target]
     return max(below, default=None)

@@ -95,6 +95,8 @@ def _search(monkeypatch, least, limit, start, bound):
     monkeypatch.setattr(lb, "_sized", traced)
     monkeypatch.setattr(lb, "_batchless_bytes", lambda model: FIXED)
     fit = lb.largest_batch(tiny_mlp(), lambda b: torch.zeros(b, 4), limit, start=start)
+    for t in fit.tries:  # traced against the limit scaled to a try's least peak: said so
+        assert t.held_to is None or (t.held_to < limit and "scaled to a try" in t.text())
     # a crossing: the largest batch that fits, where the least peak rises with the batch
     assert fit.proven and least(fit.batch) <= limit < least(fit.batch + 1), fit.text()
     return [t.batch for t in fit.tries if t.profiled], [t.batch for t in fit.tries
