@@ -284,11 +284,13 @@ class _Planner:
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain
         told = progress.Progress(self.name, self.timed)  # NOTE [Progress]
-        within = self.limit if isinstance(self.limit, int) else None  # NOTE [Profiling
-        within = within if self.resident_bytes else pass_limit(within, lowered.problem)  # ...]
-        measure = told.profiling(capture.collecting(lambda: _measured(  # NOTE [Tracing without
-            joint, lowered, self.primals, self.repeats, self.allow_lossy,  # the collector]
-            self.profile_time_limit_s, within))) if self.timed else lambda: lowered.problem
+        within = self.limit if isinstance(self.limit, int) else None
+        # NOTEs [Tracing without the collector], [Profiling within the limit]: the pass held no
+        # lower than the size bound, which is computed only where the step is profiled
+        measure = told.profiling(capture.collecting(lambda: _measured(
+            joint, lowered, self.primals, self.repeats, self.allow_lossy,
+            self.profile_time_limit_s, within if self.resident_bytes else
+            pass_limit(within, lowered.problem)))) if self.timed else lambda: lowered.problem
         solve = told.solving(capture.collecting(solvers.solve))
         with capture.planning():
             if self.cache is None:
