@@ -42,8 +42,11 @@ def least_peak_bound(problem: Problem) -> PeakBound:
     grads = _gradient_makers(problem)
     best = PeakBound(problem.fixed_bytes + sum(sizes[t] for t in set(problem.backward_outputs)),
                      "")
-    local = [(_while_running(problem, i, sizes), i) for i in range(len(problem.ops))
-             if i not in problem.encode_ops]
+    replaceable: dict[int, set[int]] = {}
+    for var in problem.variants:
+        replaceable.setdefault(var.op, set()).add(var.replaces)
+    local = [(_while_running(problem, i, sizes, replaceable.get(i, set())), i)
+             for i in range(len(problem.ops)) if i not in problem.encode_ops]
     all_grads = sum(sizes[t] for made in grads.values() for t in made)
     ancestors = _backward_ancestors(problem) if grads else {}
     for held, i in sorted(local, key=lambda entry: (-entry[0], entry[1])):  # ties: first op
@@ -58,12 +61,12 @@ def least_peak_bound(problem: Problem) -> PeakBound:
     return best
 
 
-def _while_running(problem: Problem, i: int, sizes: list[int]) -> int:
+def _while_running(problem: Problem, i: int, sizes: list[int], replaceable: set[int]) -> int:
     """What op i holds while it runs beyond the fixed memory and earlier gradients: its
-    inputs (less those a variant may replace or the op may write into), its outputs and its
-    workspace less what it accumulates in place."""
+    inputs (less those a variant may replace, `replaceable`, or the op may write into), its
+    outputs and its workspace less what it accumulates in place."""
     op = problem.ops[i]
-    open_ = {var.replaces for var in problem.variants if var.op == i} | set(op.overwrites)
+    open_ = replaceable | set(op.overwrites)
     inputs = sum(sizes[t] for t in set(op.inputs) - open_)
     return inputs + sum(sizes[t] for t in set(op.outputs)) + op.workspace_bytes \
         - op.inplace_bytes
