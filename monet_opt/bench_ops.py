@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import collections
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -117,6 +118,45 @@ def main(argv: list[str] | None = None) -> None:
         cells = [f"{profiles[n][0].get(op, 0) * 1e3:.1f} ({profiles[n][1].get(op, 0)})"
                  for n in methods]
         print(f"| {op[6:]} | " + " | ".join(cells) + " |")
+    _predicted_against_measured({n: m for n, m in methods.items() if n != "eager"}, profiles,
+                                args.top)
+
+
+def _kind(name: str) -> str:
+    """An op's kind from a graph node's name (`mm_3`) or a profiler event's (`aten::relu_`)."""
+    return re.sub(r"_\d+$", "", name.removeprefix("aten::")).rstrip("_")
+
+
+def _predicted_against_measured(methods: dict, profiles: dict, top: int) -> None:
+    """Per kind of op, each plan's predicted time per step (its runs at their profiled
+    times; recomputed runs apart) beside the time torch.profiler measured, so a kind the
+    profile misprices shows. Kinds are matched by name: an op the executor runs under another
+    ATen name than the graph's node (a split BatchNorm's rerun) shows on two rows."""
+    predicted: dict[str, dict] = {}
+    for name, m in methods.items():
+        first, again = collections.Counter(), collections.Counter()
+        for r in m.plan.rows:
+            first[_kind(r.name)] += r.time_s
+            again[_kind(r.name)] += r.recomputed * r.rerun_s
+        predicted[name] = (first, again)
+    measured = {name: collections.Counter() for name in methods}
+    for name in methods:
+        for op, seconds in profiles[name][0].items():
+            measured[name][_kind(op)] += seconds
+    kinds = collections.Counter()
+    for name in methods:
+        kinds.update(measured[name])
+        kinds.update(predicted[name][0])
+    print("\nPredicted (the plan's runs at their profiled times; of which recomputed) against "
+          "measured (as above), per kind of op, ms per step:\n")
+    print("| op kind | " + " | ".join(f"{n}: predicted (recomputed) | measured"
+                                      for n in methods) + " |")
+    print("|---|" + "---|---|" * len(methods))
+    for kind, _ in kinds.most_common(top):
+        cells = [f"{predicted[n][0][kind] * 1e3 + predicted[n][1][kind] * 1e3:.1f} "
+                 f"({predicted[n][1][kind] * 1e3:.1f}) | {measured[n][kind] * 1e3:.1f}"
+                 for n in methods]
+        print(f"| {kind} | " + " | ".join(cells) + " |")
 
 
 def _sync(cuda: bool) -> None:

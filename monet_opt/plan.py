@@ -15,7 +15,7 @@ class OpRow:
     """One operator of the plan. decision: 'kept', 'recomputed xN' (with the time of each
     run where that is not time_s), 'freed' (forward ops: freed after the forward's last use)
     or 'backward'. time_s: its run in the forward (or backward). recomputed: how often the
-    backward re-runs it."""
+    backward re-runs it, each run priced rerun_s."""
 
     name: str
     label: str
@@ -24,6 +24,7 @@ class OpRow:
     time_s: float
     decision: str
     recomputed: int = 0
+    rerun_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -186,13 +187,16 @@ def _peak_op(problem: Problem, schedule: Schedule, sim: Simulation) -> str:
 
 def op_rows(problem: Problem, schedule: Schedule, sim: Simulation,
             labels: tuple[str, ...]) -> tuple[OpRow, ...]:
-    """One row per op that runs (encode ops of variants not in use are left out)."""
+    """One row per op that runs (encode ops of variants not in use are left out), priced as
+    the simulator prices it with the schedule's variants: the rows' times, recomputed runs
+    included, add up to the predicted step."""
     rows = []
     with_variant = {problem.variants[v].op for v in schedule.variants}
-    for i, op in enumerate(problem.ops):
+    plain = problem.with_variants(schedule.variants)
+    for i, op in enumerate(plain.ops):
         if problem.encode_ops.get(i, -1) not in schedule.variants and i in problem.encode_ops:
             continue
-        size = sum(problem.tensors[t].bytes for t in op.outputs)
+        size = sum(plain.tensors[t].bytes for t in op.outputs)
         if op.is_backward:
             decision = "variant" if i in with_variant else "backward"
         elif sim.recompute_counts[i]:
@@ -205,5 +209,6 @@ def op_rows(problem: Problem, schedule: Schedule, sim: Simulation,
         rows.append(OpRow(name=op.name, label=labels[i] if labels else op.name,
                           phase="backward" if op.is_backward else "forward", bytes=size,
                           time_s=op.time_s, decision=decision,
-                          recomputed=0 if op.is_backward else sim.recompute_counts[i]))
+                          recomputed=0 if op.is_backward else sim.recompute_counts[i],
+                          rerun_s=op.rerun_s))
     return tuple(rows)
