@@ -86,6 +86,8 @@ bench-ops: $(VENV)/.bench-installed
 	$(PY) -m monet_opt.bench_ops > docs/benchmarks/ops.md
 	$(PY) -m monet_opt.bench_ops --model bert_base --size batch=8,seq=128 --share 0.5 \
 		--rounds 15 --top 20 >> docs/benchmarks/ops.md
+	$(PY) -m monet_opt.bench_ops --model gpt2_narrow --size batch=4,seq=256 --share 0.333 \
+		--rounds 9 --time-limit 30 --top 16 >> docs/benchmarks/ops.md
 
 # The side-by-side benchmark: our frontier beside torch.utils.checkpoint and torch.compile on
 # every model (about an hour on 2 idle cores; MONeT's batch sizes when a GPU is present).
