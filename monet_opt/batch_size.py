@@ -13,25 +13,34 @@ NOTE [The largest batch]
      until the largest batch whose bound is within it, B, and B + 1 are found. No larger
      batch can fit. On VGG-19 (64², CPU) the bound was 1,102.3 MiB at 132 and 2,233.2 MiB at
      528, where the solver's least peaks were 1,104.9 and 2,265.3 MiB; on the bench's CNNs
-     it sees 58-74 % of the least peak's activations, on its transformers little (their
-     least peak is what is kept across the backward: GPT-2 narrow, 256 tokens, bounded at
-     86.6 MiB at batch 16 where its least peak at 4 is 95.6 MiB), so there the first try is
-     at a few times the answer, and the chord from it below.
-  2. Tried: B first, each try a whole optimize(). The least peak is not proportional to the
-     batch: on VGG-19 flat (9 MiB above the parameters and their gradients at 132, the fully
-     connected layers' gradients at its peak), then steep (the first convolutions at 528),
-     and the bound has its shape. So after a try fails, the next batch is the largest whose
-     bound, scaled so that above the batchless memory it meets that try's least peak, is
-     within the limit (traced again, seconds); after a try fits, where a line through two
-     tries' least peaks reaches the limit: the chord between the largest batch that fits and
-     the smallest that does not (below a convex curve's crossing), with the Illinois rule
-     against closing in from one side only; before any try fails (where B's try fits but
-     B + 1 was never traced), the lower of two lines through the largest batch that fits, at
-     most GROWTH times it. The traced search uses the same rule on the bounds. GROWTH 3: of
-     2, 3 and 4, the least sum of batches tried on the curves of tests/test_largest_batch.py.
-     On those curves, with bounds 0-40 % below them above the batchless memory, at most 3
-     tries (B, the answer, the next; 4 on the noisy one), where the tries alone took up to 7
-     and the chord alone from B, with bounds 40 % below, 6.
+     it sees 58-74 % of the least peak's activations, on its transformers little (GPT-2
+     narrow, 256 tokens, under 300 MiB: B = 87, where a plan fits at most 37).
+  2. Estimated: a try of a batch that cannot fit is the dearest (its profiling pass is held
+     within the limit, NOTE [Profiling within the limit], making values again; GPT-2's try at
+     87 was still profiling after 8 minutes), so the first batch tried is the largest up to B
+     whose sizes alone the lower-set DP fits within the limit (a trace and a fraction of a
+     second each; where it does not, its least peak), found from B as tries are below. The
+     DP's least is no proof either way (the tried step's solver reaches lower, profiling
+     raises sizes) but follows the least peak's shape where the bound does not: on GPT-2 at
+     19 it was 289.0 MiB against the try's 181.5, at 27 393.5 against a bound of 119.6.
+  3. Tried: each try a whole optimize(). The least peak is not proportional to the batch: on
+     VGG-19 flat (9 MiB above the parameters and their gradients at 132, the fully connected
+     layers' gradients at its peak), then steep (the first convolutions at 528). So after a
+     try, the next batch is the largest whose estimate, scaled so that above the batchless
+     memory the tried batch's meets its least peak, is within the limit (estimated again);
+     where none is between the largest batch found to fit and the smallest found not to,
+     after a failed try the bound scaled the same way, and otherwise where a line through
+     two tries' least peaks reaches the limit: the chord between the largest batch that fits
+     and the smallest that does not (below a convex curve's crossing), with the Illinois rule
+     against closing in from one side only; before any try fails, the lower of two lines
+     through the largest batch that fits, at most GROWTH times it (batch_chord.py). The
+     traced and estimated searches use the same rule on their bounds and estimates. GROWTH
+     3: of 2, 3 and 4, the least sum of batches tried on the curves of
+     tests/test_largest_batch.py. On those curves, with bounds 0-40 % below them above the
+     batchless memory, at most 3 tries (B, the answer, the next; 4 on the noisy one), where
+     the tries alone took up to 7; with bounds seeing 0-30 % and estimates 5 % under to 30 %
+     over, 3 tries (5 on the noisy curve, whose least peak falls as well as rises with the
+     batch) and at most 10 estimates (16).
   Where a batch's step fits with nothing recomputed, optimize() searches for its least peak
   only briefly (NOTE [The least peak where store-all fits] in solvers/least.py), and a least
   peak found too high puts the next guess short of the largest batch; there the least is
@@ -53,7 +62,9 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+import solvers
 from monet_opt import api
+from monet_opt.batch_chord import next_batch
 from monet_opt.errors import InfeasibleBudgetError
 from monet_opt.memory import resident_bytes
 from monet_opt.module import OptimizedModule
@@ -61,8 +72,8 @@ from monet_opt.units import Share, format_bytes, parse_limit
 from solvers.peak_bound import least_peak_bound
 
 log = logging.getLogger("monet_opt")
-GROWTH = 3  # before a try fails, a try's batch is at most this many times the largest that fit
 SIZED_TRIES = 32  # batches traced at most for their size bounds (a trace each: seconds)
+ESTIMATE_S = 5.0  # the DP's time on a batch's sizes alone, before it is tried
 
 
 @dataclass(frozen=True)
@@ -71,7 +82,10 @@ class Try:
     the peak with nothing recomputed (known where a plan fit), and the seconds it took.
     `profiled` False: the batch was only traced, and `least_bytes` is its size bound (NOTE [A
     least peak from sizes] in solvers/peak_bound.py), `fits` whether that is within the
-    limit, or within `held_to` where that is set (the limit scaled to a try's least peak)."""
+    limit, or within `held_to` where that is set (the limit scaled to a try's least peak).
+    `estimated`: traced and solved for ESTIMATE_S on its sizes alone; `least_bytes` is the
+    least peak that solve reached, `fits` whether a schedule of those sizes fit the limit (an
+    estimate of a try: proof neither way)."""
 
     batch: int
     fits: bool
@@ -80,8 +94,21 @@ class Try:
     seconds: float
     profiled: bool = True
     held_to: int | None = None  # traced against the limit scaled to a try, not the limit
+    estimated: bool = False  # traced and solved briefly on its sizes: least_bytes a solve's
+
+    @property
+    def is_bound(self) -> bool:
+        """Traced for its size bound alone (neither tried nor estimated)."""
+        return not self.profiled and not self.estimated
 
     def text(self) -> str:
+        if self.estimated:
+            return (f"batch {self.batch:>6}: {('over', 'may fit')[self.fits]:<12} least peak "
+                    f"about {_mib(self.least_bytes):>10} (the DP's on its sizes alone, not "
+                    "profiled"
+                    + ("" if self.held_to is None else
+                       f"; against {_mib(self.held_to)}, the limit scaled to a try")
+                    + f")  ({self.seconds:.1f} s)")
         if not self.profiled:
             status = ("may fit", "does not fit") if self.held_to is None else ("below", "above")
             return (f"batch {self.batch:>6}: {status[not self.fits]:<12} least peak at least "
@@ -101,8 +128,8 @@ class Try:
 class BatchFit:
     """`batch`: the largest batch found to fit; `module`: its plan (an optimized module for
     inputs of that batch); `proven`: the next batch was tried, or traced, and did not fit (or
-    `batch` is `max_batch`); `tries`: every batch traced (`Try.profiled` False), then every
-    batch tried, in order."""
+    `batch` is `max_batch`); `tries`: every batch traced (`Try.profiled` False; `estimated`
+    where the DP solved its sizes) or tried, in order."""
 
     batch: int
     module: OptimizedModule
@@ -163,7 +190,9 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
     best: OptimizedModule | None = None  # the plan of the largest batch found to fit
     tries: list[Try] = []
     lo, hi = 0, min([t.batch for t in traced if not t.fits], default=max_batch + 1)
-    batch = max([t.batch for t in traced if t.fits], default=1)
+    batch = _estimated_search(model, make_input, limit,
+                              max([t.batch for t in traced if t.fits], default=1), fixed, every,
+                              optimize_options)
     while len(tries) < max_tries:
         tried, module = _try(model, make_input, batch, limit, optimize_options)
         tries.append(_told(every, tried))
@@ -175,10 +204,14 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
                 raise _not_even_one(tried, limit)
         if hi == lo + 1:
             break
-        batch = _next(tries, fixed, limit, lo, hi)
-        if module is None and tried.least_bytes is not None:
-            scaled = _scaled(model, make_input, tried, limit, lo, fixed, every, optimize_options)
-            batch = scaled if scaled is not None and lo < scaled < hi else batch
+        batch = next_batch(tries, fixed, limit, lo, hi)
+        if tried.least_bytes is None:
+            continue
+        guided = _calibrated(model, make_input, tried, limit, lo, hi, fixed, every,
+                             optimize_options)
+        if guided is None and module is None:
+            guided = _scaled(model, make_input, tried, limit, lo, fixed, every, optimize_options)
+        batch = guided if guided is not None and lo < guided < hi else batch
     if best is None:  # every try failed above 1 and the tries ran out
         raise ValueError(f"monet_opt.largest_batch: no batch tried fits {format_bytes(limit)} "
                          f"within {max_tries} tries (the smallest tried: {hi}); try more "
@@ -196,26 +229,77 @@ def _told(every: list[Try], tried: Try) -> Try:
 def _sized_search(model: nn.Module, make_input: Callable[[int], Any], limit: int, lo: int,
                   hi: int, fixed: int, options: dict[str, Any], every: list[Try],
                   known: list[Try] = (), start: int | None = None,
-                  held_to: int | None = None) -> list[Try]:
+                  held_to: int | None = None, estimate: bool = False) -> list[Try]:
     """Batches between `lo` and `hi` traced, not profiled, until the largest whose size bound
-    is within `limit` and the next are found (or SIZED_TRIES are spent): the same search on
-    the bounds, from `start` or where `known` (batches traced already, held against this
-    limit) put it. The batches it traced (added to `every`; `held_to`: the limit is a scaled
-    one, said so)."""
+    (`estimate`: whose estimate) is within `limit` and the next are found (or SIZED_TRIES are
+    spent): the same search on the bounds, from `start` or where `known` (batches traced
+    already, held against this limit) put it. The batches it traced (added to `every`;
+    `held_to`: the limit is a scaled one, said so)."""
     tries = [dataclasses.replace(t, fits=t.least_bytes <= limit) for t in known]
     for t in tries:
         lo, hi = (max(lo, t.batch), hi) if t.fits else (lo, min(hi, t.batch))
     found: list[Try] = []
-    batch = start if start is not None else _next(tries, fixed, limit, lo, hi)
+    batch = start if start is not None else next_batch(tries, fixed, limit, lo, hi)
     while hi > lo + 1 and len(found) < SIZED_TRIES:
-        tried = _told(every, dataclasses.replace(_sized(model, make_input, batch, limit,
-                                                        options), held_to=held_to))
+        measure = _estimated if estimate else _sized
+        tried = _told(every, dataclasses.replace(measure(model, make_input, batch, limit,
+                                                         options), held_to=held_to))
         tries.append(tried)
         found.append(tried)
         lo, hi = (batch, hi) if tried.fits else (lo, batch)
         if hi > lo + 1:
-            batch = _next(tries, fixed, limit, lo, hi)
+            batch = next_batch(tries, fixed, limit, lo, hi)
     return found
+
+
+def _estimated(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit: int,
+               options: dict[str, Any]) -> Try:
+    """A batch traced and its sizes alone solved by the lower-set DP (at most ESTIMATE_S):
+    whether a schedule of those sizes fits the limit, and the least peak the DP reached (NOTE
+    [The largest batch], 2.)."""
+    begun = time.perf_counter()
+    problem = api.lower_problem(model, make_input(batch), timed=False,
+                                variants=options.get("variants", True),
+                                allow_lossy=options.get("allow_lossy", False))
+    result = solvers.solve(problem, limit, "dp", time_limit_s=ESTIMATE_S)
+    return Try(batch, result.feasible, result.min_feasible_bytes, None,
+               time.perf_counter() - begun, profiled=False, estimated=True)
+
+
+def _estimated_search(model: nn.Module, make_input: Callable[[int], Any], limit: int,
+                      start: int, fixed: int, every: list[Try], options: dict[str, Any]) -> int:
+    """The first batch to try: the largest up to `start` (the largest the bounds allow) whose
+    estimate is within the limit, searched from there as the tries are after a failed one
+    (NOTE [The largest batch], 2.); 1 where none is."""
+    first = _told(every, _estimated(model, make_input, start, limit, options))
+    if first.fits or start == 1:
+        return start
+    scaled = _scaled(model, make_input, first, limit, 0, fixed, every, options)
+    guessed = _sized_search(model, make_input, limit, 0, start, fixed, options, every, [first],
+                            start=scaled if scaled is not None and 0 < scaled < start else None,
+                            estimate=True)
+    return max([t.batch for t in guessed if t.fits], default=1)
+
+
+def _calibrated(model: nn.Module, make_input: Callable[[int], Any], tried: Try, limit: int,
+                lo: int, hi: int, fixed: int, every: list[Try], options: dict[str, Any]
+                ) -> int | None:
+    """After a try: the largest batch between `lo` and `hi` whose estimate, scaled so that
+    above the batchless memory the tried batch's meets its least peak, is within the limit
+    (NOTE [The largest batch], 3.); None where none is. The batches this estimates are added
+    to `every`."""
+    own = [t for t in every if t.estimated and t.batch == tried.batch] or \
+        [_told(every, _estimated(model, make_input, tried.batch, limit, options))]
+    guess = own[0].least_bytes
+    if not (fixed < guess and fixed < tried.least_bytes):
+        return None
+    target = fixed + (limit - fixed) * (guess - fixed) // (tried.least_bytes - fixed)
+    known = sorted((t for t in every if t.estimated and lo <= t.batch <= hi),
+                   key=lambda t: t.batch)  # the tried batch's own among them
+    _sized_search(model, make_input, target, lo, hi, fixed, options, every, known,
+                  held_to=None if target == limit else target, estimate=True)
+    return max([t.batch for t in every if t.estimated and lo < t.batch < hi
+                and t.least_bytes <= target], default=None)
 
 
 def _scaled(model: nn.Module, make_input: Callable[[int], Any], failed: Try, limit: int,
@@ -224,7 +308,7 @@ def _scaled(model: nn.Module, make_input: Callable[[int], Any], failed: Try, lim
     so that above the batchless memory it meets the failed try's least peak, is within the
     limit (NOTE [The largest batch]); None where no batch above `lo` is. The batches this
     traces are added to `every`."""
-    bounds = {t.batch: t.least_bytes for t in every if not t.profiled}
+    bounds = {t.batch: t.least_bytes for t in every if t.is_bound}
     if failed.batch not in bounds:
         bounds[failed.batch] = _told(every, _sized(model, make_input, failed.batch, limit,
                                                    options)).least_bytes
@@ -232,11 +316,11 @@ def _scaled(model: nn.Module, make_input: Callable[[int], Any], failed: Try, lim
     if not fixed < bound < failed.least_bytes:
         return None
     target = fixed + (limit - fixed) * (bound - fixed) // (failed.least_bytes - fixed)
-    known = sorted((t for t in every if not t.profiled and lo < t.batch <= failed.batch),
+    known = sorted((t for t in every if t.is_bound and lo < t.batch <= failed.batch),
                    key=lambda t: t.batch)
     _sized_search(model, make_input, target, lo, failed.batch, fixed, options, every, known,
                   held_to=target)
-    below = [t.batch for t in every if not t.profiled and lo < t.batch < failed.batch
+    below = [t.batch for t in every if t.is_bound and lo < t.batch < failed.batch
              and t.least_bytes <= target]
     return max(below, default=None)
 
@@ -294,51 +378,6 @@ def _least(model: nn.Module, x: Any, floor: int, options: dict[str, Any]) -> int
         return api.optimize(model, x, floor, **options).plan.predicted_peak_bytes
     except InfeasibleBudgetError as exc:
         return exc.min_feasible_bytes
-
-
-def _next(tries: list[Try], fixed: int, limit: int, lo: int, hi: int) -> int:
-    """The next batch, strictly between `lo` (the largest found to fit) and `hi` (the smallest
-    found not to): where the line through two known least peaks reaches the limit. Between
-    `lo` and a tried `hi`, the chord through their least peaks, the far end's pulled halfway
-    towards the limit for each further try on the same side (the Illinois rule: a convex
-    curve would otherwise be approached from one side only); halfway where `hi`'s least peak
-    is unknown or the line has no slope. Before any try fails, the lower of the lines through
-    the largest batch that fits and either (0, `fixed`) or the batch before it, at most GROWTH
-    times `lo`."""
-    least = {t.batch: t.least_bytes for t in tries if t.least_bytes is not None}
-    under = [(0, fixed)] + sorted((b, n) for b, n in least.items() if b <= lo)
-    bracketed = any(not t.fits for t in tries)
-    if bracketed:
-        if hi not in least:
-            return (lo + hi) // 2
-        (b1, l1), (b2, l2) = under[-1], (hi, least[hi])
-        side = _same_side(tries)
-        if side >= 2 and tries[-1].fits:
-            l2 = limit + (l2 - limit) / 2 ** (side - 1)
-        elif side >= 2:
-            l1 = limit - (limit - l1) / 2 ** (side - 1)
-        guess = _crossing((b1, l1), (b2, l2), limit, (lo + hi) // 2)
-    else:  # the lower of two lines: a batch too large costs the most to try
-        guess = min(_crossing(under[0], under[-1], limit, lo * GROWTH),
-                    _crossing(under[-2], under[-1], limit, lo * GROWTH), lo * GROWTH)
-    return min(max(guess, lo + 1), hi - 1)
-
-
-def _crossing(p1: tuple[int, float], p2: tuple[int, float], limit: int, otherwise: int) -> int:
-    """The batch where the line through p1 and p2 (batch, least peak) reaches the limit;
-    `otherwise` where it does not rise."""
-    (b1, l1), (b2, l2) = p1, p2
-    if b2 <= b1 or l2 <= l1:
-        return otherwise
-    return int(b1 + (limit - l1) * (b2 - b1) // (l2 - l1))
-
-
-def _same_side(tries: list[Try]) -> int:
-    """How many of the last tries in a row came out as the last one did (fit or not)."""
-    n = 0
-    while n < len(tries) and tries[-1 - n].fits == tries[-1].fits:
-        n += 1
-    return n
 
 
 def _batchless_bytes(model: nn.Module) -> int:

@@ -45,9 +45,8 @@ AUTO_POLISH_TIME_LIMIT_S = 5.0
 # The share of "auto"'s limit that fine windows get on the best schedule (NOTE [Fine windows]
 # in solvers/fine.py), taken from the MILP's.
 AUTO_FINE_SHARE = 0.35
-# The share of "auto"'s limit that annealing kept sets gets (NOTE [Annealing kept sets] in
-# solvers/anneal.py), taken from the MILP's where the MILP is coarsened (else it anneals in
-# what polishing leaves).
+# The share of "auto"'s limit for annealing kept sets (NOTE [Annealing kept sets] in
+# solvers/anneal.py), from the MILP's where it is coarsened (else what polishing leaves).
 AUTO_ANNEAL_SHARE = 0.4
 # Where nothing cheap fits, the share of fine windows' time they keep; the MILP gets the rest,
 # and annealing's (NOTE [Nothing cheap fits]).
@@ -60,16 +59,14 @@ AUTO_CLOSE_ENOUGH = 0.005
 # up to AUTO_CHEAP_GRACE of the limit of theirs is not taken from the MILP's share.
 AUTO_CHEAP_SHARE = 0.25
 AUTO_CHEAP_GRACE = 0.1
-# Fine windows refine a rematerialized schedule only where it is faster by more than this
-# share of the step with no recomputation than the fastest recomputing once (NOTE
-# [Rematerializing in auto] in solvers/remat.py).
+# Fine windows refine a rematerialized schedule only where it beats the fastest recomputing
+# once by this share of the no-recomputation step (NOTE [Rematerializing in auto], remat.py).
 AUTO_REMAT_MARGIN = 0.15
 # The least-peak program's share of "auto"'s limit where store-all fits (NOTE [The least peak
 # where store-all fits] in solvers/least.py); elsewhere it gets a quarter.
 AUTO_FITTING_LEAST_SHARE = 1 / 30
-# The most of "auto"'s limit (a cap: the solve took 0.1-0.6 s on the kept problems) the
-# bound's kept set may take to solve, and again to fit by eviction and by rematerializing
-# (NOTE [The bound's kept set] in solvers/bound_start.py).
+# The most of "auto"'s limit (a cap: 0.1-0.6 s on the kept problems) the bound's kept set may
+# take to solve, and again to fit (NOTE [The bound's kept set] in solvers/bound_start.py).
 AUTO_BOUND_KEPT_SHARE = 1 / 15
 # The most of "auto"'s limit the cut rounds take (NOTE in solvers/lazy_cuts.py; auto_shares.md)
 AUTO_CUTS_SHARE = 0.45
@@ -183,10 +180,11 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     (capped at AUTO_DP_TIME_LIMIT_S) and the joint MILP, and the fastest feasible schedule,
     polished (NOTE [Polishing]), refined by fine windows (NOTE [Fine windows],
     AUTO_FINE_SHARE of the limit) and pruned of recomputation it can do without
-    (NOTE [Pruning recomputation]) in the time left. Its `min_feasible_bytes`
-    is the least of theirs (the heuristics, the DP's memory-centric pass and the MILP's
-    least-peak program always run, so it is known even when store-all fits; there the
-    program is brief: NOTE [The least peak where store-all fits]). An infeasible
+    (NOTE [Pruning recomputation]) in the time left. Its `min_feasible_bytes` is the least of
+    theirs and of every schedule it found within the budget (the heuristics, the DP's
+    memory-centric pass and the MILP's least-peak program always run, so it is known even
+    when store-all fits; there the program is brief: NOTE [The least peak where store-all
+    fits]). An infeasible
     budget is not an exception here: the result has status INFEASIBLE and says the least
     budget that would do. `time_limit_s` caps the MILP (overrides its options' limit);
     for "auto" it is the whole solve's (default: MilpOptions' limit), shared out between the
@@ -384,6 +382,8 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
                            objective_s=None, peak_bytes=None, bound_s=results[0].bound_s,
                            gap=None, solve_time_s=elapsed, min_feasible_bytes=min_peak,
                            floor_schedule=floor)
+    min_peak, floor = floor_of([(min_peak, floor)] + [(r.peak_bytes, r.schedule)
+                                                      for r in feasible])
     best = min(feasible, key=lambda r: (r.objective_s, r.peak_bytes))
     bound = max(r.bound_s for r in results if r.bound_s is not None)
     if best.objective_s < bound:
