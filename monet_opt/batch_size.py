@@ -19,10 +19,10 @@ NOTE [The largest batch]
      within the limit, NOTE [Profiling within the limit], making values again; GPT-2's try at
      87 was still profiling after 8 minutes), so the first batch tried is the largest up to B
      whose sizes alone the lower-set DP fits within the limit (a trace and a fraction of a
-     second each; where it does not, its least peak), found from B as tries are below. The
-     DP's least is no proof either way (the tried step's solver reaches lower, profiling
-     raises sizes) but follows the least peak's shape where the bound does not: on GPT-2 at
-     19 it was 289.0 MiB against the try's 181.5, at 27 393.5 against a bound of 119.6.
+     second each), found from B as tries are below. The DP's least is no proof either way
+     (the tried step's solver reaches lower, profiling raises sizes) but follows the least
+     peak's shape where the bound does not (GPT-2 at 19: 289.0 MiB, the try's 181.5; at 27:
+     393.5, the bound 119.6); on VGG-19 (the bound within 1.5 %) it cost a try, 4 for 3.
   3. Tried: each try a whole optimize(). The least peak is not proportional to the batch: on
      VGG-19 flat (9 MiB above the parameters and their gradients at 132, the fully connected
      layers' gradients at its peak), then steep (the first convolutions at 528). So after a
@@ -83,9 +83,9 @@ class Try:
     `profiled` False: the batch was only traced, and `least_bytes` is its size bound (NOTE [A
     least peak from sizes] in solvers/peak_bound.py), `fits` whether that is within the
     limit, or within `held_to` where that is set (the limit scaled to a try's least peak).
-    `estimated`: traced and solved for ESTIMATE_S on its sizes alone; `least_bytes` is the
-    least peak that solve reached, `fits` whether a schedule of those sizes fit the limit (an
-    estimate of a try: proof neither way)."""
+    `estimated`: its sizes alone solved by the lower-set DP; `least_bytes` is the DP's least
+    peak (its size bound where the DP ran out of time), `fits` whether a schedule of those
+    sizes fit the limit (an estimate of a try: proof neither way)."""
 
     batch: int
     fits: bool
@@ -254,16 +254,17 @@ def _sized_search(model: nn.Module, make_input: Callable[[int], Any], limit: int
 
 def _estimated(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit: int,
                options: dict[str, Any]) -> Try:
-    """A batch traced and its sizes alone solved by the lower-set DP (at most ESTIMATE_S):
-    whether a schedule of those sizes fits the limit, and the least peak the DP reached (NOTE
-    [The largest batch], 2.)."""
+    """A batch traced and its sizes alone solved by the lower-set DP (at most ESTIMATE_S): its
+    least peak, within the limit or not (NOTE [The largest batch], 2.)."""
     begun = time.perf_counter()
     problem = api.lower_problem(model, make_input(batch), timed=False,
                                 variants=options.get("variants", True),
                                 allow_lossy=options.get("allow_lossy", False))
     result = solvers.solve(problem, limit, "dp", time_limit_s=ESTIMATE_S)
-    return Try(batch, result.feasible, result.min_feasible_bytes, None,
-               time.perf_counter() - begun, profiled=False, estimated=True)
+    least = result.min_feasible_bytes
+    least = least_peak_bound(problem).bytes if least is None else least  # DP out of time
+    return Try(batch, least <= limit, least, None, time.perf_counter() - begun,
+               profiled=False, estimated=True)
 
 
 def _estimated_search(model: nn.Module, make_input: Callable[[int], Any], limit: int,
@@ -286,8 +287,7 @@ def _calibrated(model: nn.Module, make_input: Callable[[int], Any], tried: Try, 
                 ) -> int | None:
     """After a try: the largest batch between `lo` and `hi` whose estimate, scaled so that
     above the batchless memory the tried batch's meets its least peak, is within the limit
-    (NOTE [The largest batch], 3.); None where none is. The batches this estimates are added
-    to `every`."""
+    (NOTE [The largest batch], 3.); None where none is. What it estimates joins `every`."""
     own = [t for t in every if t.estimated and t.batch == tried.batch] or \
         [_told(every, _estimated(model, make_input, tried.batch, limit, options))]
     guess = own[0].least_bytes

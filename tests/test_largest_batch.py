@@ -3,10 +3,13 @@ fits under a limit, found in few tries, its plan within the limit when run; bad 
 what to give instead."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import monet_opt
+import solvers
 from monet_opt import api, batch_size as lb
 from solvers.peak_bound import least_peak_bound
 from tests import models
@@ -205,3 +208,20 @@ def test_the_command_line_prints_each_try_and_the_answer(tmp_path):
     assert tried and [f"  {line}" for line in tried] == out.splitlines()[:-1]
     code, out, err = run_cli(*common, "--limit", "50% of peak")
     assert code == 2 and "share of one step" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_estimate_the_dp_has_no_time_for_is_the_size_bound(monkeypatch):
+    """NOTE [The largest batch], 2.: where the DP ends without a least peak (its time out on a
+    large step), the estimate is the batch's size bound, held against the limit as any."""
+    model, images = tiny_mlp(), lambda b: torch.zeros(b, 8)
+    bound = least_peak_bound(monet_opt.lower_problem(model, images(3), timed=False)).bytes
+    solve = solvers.solve
+
+    def dp_out_of_time(problem, limit, solver="auto", **kwargs):
+        result = solve(problem, limit, solver, **kwargs)
+        return result if solver != "dp" else dataclasses.replace(
+            result, status=solvers.Status.TIMEOUT, schedule=None, min_feasible_bytes=None)
+    monkeypatch.setattr(solvers, "solve", dp_out_of_time)
+    for limit in (bound, bound - 1):
+        guess = lb._estimated(model, images, 3, limit, {})
+        assert guess.estimated and guess.least_bytes == bound and guess.fits == (limit == bound)
