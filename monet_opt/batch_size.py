@@ -14,7 +14,7 @@ NOTE [The largest batch]
      batch can fit. On VGG-19 (64², CPU) the bound was 1,102.3 MiB at 132 and 2,233.2 MiB at
      528, where the solver's least peaks were 1,104.9 and 2,265.3 MiB; on the bench's CNNs
      it sees 58-74 % of the least peak's activations, on its transformers little (GPT-2
-     narrow, 256 tokens, under 300 MiB: B = 87, where a plan fits at most 37).
+     narrow, 256 tokens, under 300 MiB: B = 87, where a plan fits at most 39).
   2. Estimated: a try of a batch that cannot fit is the dearest (its profiling pass is held
      within the limit, NOTE [Profiling within the limit], making values again; GPT-2's try at
      87 was still profiling after 8 minutes), so the first batch tried is the largest up to B
