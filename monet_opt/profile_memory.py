@@ -6,10 +6,19 @@ NOTE [Profiling within the limit]
   step does not fit the device (that is why they came), and then the profiling pass ran out of
   memory before any plan existed. So where the limit is given in bytes, the pass keeps within
   it: before each op, while what it holds plus what the op will make would pass the limit, it
-  drops the value read furthest ahead (whose storage nothing the op reads shares), and when a
-  dropped value is read again it is made again from its inputs, those made again first where
-  dropped too (in graph order; what is made so is held like anything else, and what was made
-  only on the way is dropped once used). Only forward values that ops without side effects
+  drops a value (whose storage nothing the op reads shares), and when a dropped value is read
+  again it is made again from its inputs, those made again first where dropped too (in graph
+  order, keeping room for what the op to come will make; what is made so is held like
+  anything else, and what was made only on the way is dropped once used). The value dropped
+  is the one read furthest ahead, but boundaries go last: a boundary is a forward value that,
+  once made, is the only one later forward ops read of those made before it from the graph's
+  inputs (a transformer's residual stream between blocks, a ResNet's between bottlenecks; a
+  constant such as a causal mask is made from no input), so the forward can be made again
+  from it onwards. Of boundaries, the one whose held neighbours are closest goes first: those
+  held stay spread along the forward, and making a value again runs back to the nearest.
+  Dropped by the furthest read alone, the forward of a transformer dropped its first blocks,
+  boundaries too, and the backward made each block again from the start (quadratic in
+  blocks; table below). Only forward values that ops without side effects
   make from the graph's inputs and such values are dropped: never the inputs and parameters
   themselves, what an op with effects (with_effects) made, or what the output gradients flow
   into (making a gradient again would rerun the backward). A value whose only reader left is
@@ -27,9 +36,12 @@ NOTE [Profiling within the limit]
   to that bound for the pass (`pass_limit`): no plan will run below it, and held far below it
   the pass remakes nearly every value before every op (a small MobileNetV2, batch 2 at 64²
   on the CPU, asked for 1 byte: 328 s of profiling, where its pass takes 0.4 s).
-  CPU ResNet-50 (b16, 128²; docs/benchmarks/profile_memory.md): eager's pass 579.9 MiB; with
-  limits of 384.1, 320.9 and 272.6 MiB (half, a third and a fifth of the activations) it held
-  383.9, 321.3 and 272.8 MiB, made 449-572 values again, and took 11.5-13.2 s against 8.4 s.
+  CPU, docs/benchmarks/profile_memory.md (profiling s, made again; before boundaries and the
+  room kept -> now): GPT-2 narrow b12 (eager's pass 7.8 s) at 10 % of its activations 31.4 s,
+  6130 -> 11.9 s, 2460, at 5 % 65.1 s, 12788 -> 35.7 s, 13416 (the pass held 151.4 MiB under
+  144.3: making a value again took the room of the op to come; now 144.2); ResNet-50 b16,
+  128² (eager's 5.5-5.8 s) at half, a third and a fifth of its activations 7.4-9.7 s,
+  449-572 -> 5.8-6.5 s, 90-277.
 """
 from __future__ import annotations
 
@@ -91,40 +103,44 @@ class BoundedEnv(dict):
                                                   not a.name.startswith("tangents"))
                     for a in node.all_input_nodes):
                 self.remakeable.add(node.name)
+        self.boundaries = _boundaries(gm, self.remakeable, order)
         self.now = 0
         self.made_again = 0
         self.peak = 0  # the most held after an op (its outputs made, its inputs not yet freed)
         self.over = 0  # ops before which nothing could be dropped to stay within the limit
-        self.rough = 0  # every value's storages summed: at least what is held
-        self._sizes: dict[str, int] = {}
+        self.held = 0  # the bytes of every storage held, each counted once
+        self._storages: dict[int, tuple[int, set[str]]] = {}  # storage: (bytes, names holding)
+        self._holds: dict[str, tuple[int, ...]] = {}  # name: the storages its value holds
         self._keep: set[str] = set()  # what the op to come reads
+        self._coming = 0  # what the op to come will make
 
     def at(self, node: fx.Node) -> None:
         """Make room for `node`'s outputs, keeping what it reads."""
         self.now = self.order[node]
         self._keep = _reads(node)
-        self._room(node, self._keep)
+        self._coming = _coming_bytes(node) * self.copies(node)
+        self._room(self._coming, self._keep)
 
     def made(self, node: fx.Node) -> None:
         """After `node` ran: note what is held, its value with it; then drop that value where
         nothing but the output reads it."""
         self._held_now()
+        self._coming = 0
         if not self.uses.get(node.name) and node.op == "call_function" and _droppable(node):
             self.pop(node.name, None)  # a parameter's gradient too: the pass returns nothing
 
     def _held_now(self) -> None:
-        """`peak`: the most held after an op, counted exactly where the rough sum passes the
-        limit."""
-        held = self.rough if self.rough <= self.limit else sum(
-            b for b, _ in self._storages().values())
-        self.peak = max(self.peak, held)
+        self.peak = max(self.peak, self.held)
 
     def __missing__(self, name: str) -> Any:
         if not self._can_drop(name):
             raise KeyError(name)
         made = self._missing_chain(self.nodes[name])
-        for k, n in enumerate(made):
-            self._room(n, set().union(self._keep, *map(_reads, made[k:])))
+        keeps = [self._keep]  # what the chain's ops from each on read, with the op to come's
+        for n in reversed(made):
+            keeps.append(keeps[-1] | _reads(n))
+        for n, keep in zip(made, reversed(keeps)):
+            self._room(_coming_bytes(n) + self._coming, keep)  # room kept for the op to come
             args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: dict.__getitem__(
                 self, a.name))
             self[n.name] = cudnn_bn.kernel(n)(*args, **kwargs)
@@ -137,9 +153,20 @@ class BoundedEnv(dict):
         return value
 
     def __setitem__(self, name: str, value: Any) -> None:
-        size = _held_bytes(value)
-        self.rough += size - self._sizes.pop(name, 0)
-        self._sizes[name] = size
+        self._forget(name)
+        holds = {}
+        for t in pytree.tree_leaves(value):
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided and \
+                    not t._is_zerotensor():  # a zero tensor (_efficientzerotensor) holds none
+                s = t.untyped_storage()
+                entry = self._storages.get(s.data_ptr())
+                if entry is None:
+                    entry = self._storages[s.data_ptr()] = (
+                        allocated_bytes(s.nbytes(), t.device), set())
+                    self.held += entry[0]
+                entry[1].add(name)
+                holds[s.data_ptr()] = None
+        self._holds[name] = tuple(holds)
         super().__setitem__(name, value)
 
     def pop(self, name: str, default: Any = None) -> Any:
@@ -147,8 +174,18 @@ class BoundedEnv(dict):
         node = self.nodes.get(name)
         if node is not None and node.op in ("placeholder", "get_attr"):
             return default
-        self.rough -= self._sizes.pop(name, 0)
+        self._forget(name)
         return super().pop(name, default)
+
+    def _forget(self, name: str) -> None:
+        """Stop counting what `name` holds (a storage no other name holds is no longer held:
+        while one is held, no other storage can start at its address)."""
+        for ptr in self._holds.pop(name, ()):
+            nbytes, names = self._storages[ptr]
+            names.discard(name)
+            if not names:
+                del self._storages[ptr]
+                self.held -= nbytes
 
     def _missing_chain(self, node: fx.Node) -> list[fx.Node]:
         """`node` and every dropped value it needs, in graph order."""
@@ -163,42 +200,40 @@ class BoundedEnv(dict):
             stack.extend(n.all_input_nodes)
         return sorted(chain.values(), key=self.order.__getitem__)
 
-    def _room(self, node: fx.Node, keep: set[str]) -> None:
-        coming = _coming_bytes(node) * self.copies(node)
-        if self.rough + coming <= self.limit:  # no need to count storages once
-            return
-        held = self._storages()
-        while sum(b for b, _ in held.values()) + coming > self.limit:
-            victim = self._victim(held, keep)
+    def _room(self, coming: int, keep: set[str]) -> None:
+        """Drop values until `coming` more bytes stay within the limit, keeping `keep`."""
+        while self.held + coming > self.limit:
+            victim = self._victim(keep)
             if victim is None:
                 self.over += 1
                 break
-            for name in held.pop(victim)[1]:
+            for name in list(self._storages[victim][1]):
                 self.pop(name, None)
 
-    def _storages(self) -> dict[int, tuple[int, list[str]]]:
-        """{storage: (its bytes, the names holding it)} of every tensor held."""
-        held: dict[int, tuple[int, list[str]]] = {}
-        for name, value in self.items():
-            for t in pytree.tree_leaves(value):
-                if isinstance(t, torch.Tensor) and t.layout == torch.strided:
-                    s = t.untyped_storage()
-                    b, names = held.setdefault(s.data_ptr(), (
-                        allocated_bytes(s.nbytes(), t.device), []))
-                    names.append(name)
-        return held
-
-    def _victim(self, held: dict[int, tuple[int, list[str]]], keep: set[str]) -> int | None:
-        """The storage read furthest ahead (then the largest) that only droppable, unkept
-        values hold."""
-        best, best_key = None, None
-        for ptr, (nbytes, names) in held.items():
+    def _victim(self, keep: set[str]) -> int | None:
+        """Of the storages only droppable, unkept values hold, the one read furthest ahead
+        (then the largest); a boundary's only where no other is, the one whose held neighbours
+        are closest (NOTE [Profiling within the limit])."""
+        best, best_key, spans = None, None, None
+        for ptr, (nbytes, names) in self._storages.items():
             if nbytes == 0 or any(n in keep or not self._can_drop(n) for n in names):
                 continue
-            key = (min(self._next_use(n) for n in names), nbytes)
+            at = [self.boundaries[n] for n in names if n in self.boundaries]
+            if at and best_key is not None and best_key[0]:
+                continue
+            if at and spans is None:
+                spans = self._spans()
+            key = (not at, -max(spans[p] for p in at) if at else 0,
+                   min(self._next_use(n) for n in names), nbytes)
             if best_key is None or key > best_key:
                 best, best_key = ptr, key
         return best
+
+    def _spans(self) -> dict[int, float]:
+        """{held boundary's position: from the held boundary before it to the one after}."""
+        held = sorted(p for n, p in self.boundaries.items() if dict.__contains__(self, n))
+        return {p: (held[k + 1] if k + 1 < len(held) else INF) - (held[k - 1] if k else -1)
+                for k, p in enumerate(held)}
 
     def _can_drop(self, name: str) -> bool:
         return name in self.remakeable
@@ -207,6 +242,43 @@ class BoundedEnv(dict):
         positions = self.uses.get(name, ())
         k = bisect.bisect_right(positions, self.now)
         return positions[k] if k < len(positions) else INF
+
+
+def _boundaries(gm: fx.GraphModule, remakeable: set[str], order: dict[fx.Node, int]
+                ) -> dict[str, int]:
+    """{name: position} of the forward values each of which, once made, is the only value
+    that forward ops after it read of those made before it from the graph's inputs (a
+    transformer's residual stream between its blocks; a constant such as its causal mask is
+    made from no input): all that is needed to make the forward's rest again."""
+    backward = {n.name for n in gm.graph.find_nodes(op="placeholder")
+                if n.name.startswith("tangents")}
+    constant: set[str] = set()
+    for node in gm.graph.nodes:
+        if any(a.name in backward for a in node.all_input_nodes):
+            backward.add(node.name)
+        if node.op == "get_attr" or node.op == "call_function" and all(
+                a.name in constant for a in node.all_input_nodes):
+            constant.add(node.name)
+    end = min((order[n] for n in gm.graph.nodes if n.op == "call_function"
+               and n.name in backward), default=len(order))
+    forward = [n for n in gm.graph.nodes if n.name in remakeable and order[n] < end]
+    last: dict[str, int] = {}
+    for node in forward:
+        for a in node.all_input_nodes:
+            if a.name in remakeable and a.name not in constant:
+                last[a.name] = order[node]
+    ends: dict[int, list[str]] = {}
+    for name, k in last.items():
+        ends.setdefault(k, []).append(name)
+    crossing: set[str] = set()
+    found = {}
+    for node in forward:
+        crossing.difference_update(ends.get(order[node], ()))
+        if last.get(node.name, -1) > order[node]:
+            crossing.add(node.name)
+            if len(crossing) == 1:
+                found[node.name] = order[node]
+    return found
 
 
 def _reads(node: fx.Node) -> set[str]:
@@ -221,12 +293,6 @@ def _droppable(node: fx.Node) -> bool:
         return False
     schema = getattr(target, "_schema", None)
     return schema is None or not schema.is_mutable
-
-
-def _held_bytes(value: Any) -> int:
-    return sum(allocated_bytes(t.untyped_storage().nbytes(), t.device)
-               for t in pytree.tree_leaves(value)
-               if isinstance(t, torch.Tensor) and t.layout == torch.strided)
 
 
 def _coming_bytes(node: fx.Node) -> int:

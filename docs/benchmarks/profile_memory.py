@@ -4,11 +4,14 @@ within the limit] in monet_opt/profile_memory.py): for each limit, the profiling
 how many values it made again, how long it took, and the plan the solver then made.
 
     PYTHONPATH=. python docs/benchmarks/profile_memory.py [--model resnet50] [--batch 16]
+    PYTHONPATH=. python docs/benchmarks/profile_memory.py --model gpt2_narrow --batch 12
+        --size 256   (--size: tokens per sample)
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import time
 import warnings
 
@@ -25,7 +28,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="resnet50")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--size", type=int, default=128)
+    p.add_argument("--size", type=int, default=128, help="image side, or tokens per sample")
     p.add_argument("--shares", default="0.5,0.33,0.2")
     args = p.parse_args()
     # the CPU cache flush before a recomputation's timed calls: one 64 MiB buffer, whatever the
@@ -42,12 +45,15 @@ def main() -> None:
         return result
 
     api.profile = counted
-    model, x = zoo.ALL_MODELS[args.model](batch=args.batch, size=args.size)
+    factory = zoo.ALL_MODELS[args.model]
+    side = "seq" if "seq" in inspect.signature(factory).parameters else "size"
+    model, x = factory(batch=args.batch, **{side: args.size})
     warnings.simplefilter("ignore")
     base = monet_opt.optimize(copy.deepcopy(model), x, "100% of activations",
                               profile_dir=None).plan
     floor = base.fixed_bytes + base.gradient_bytes
-    print(f"{args.model}, batch {args.batch}, {args.size}x{args.size}, torch "
+    shape = f"{args.size} tokens" if side == "seq" else f"{args.size}x{args.size}"
+    print(f"{args.model}, batch {args.batch}, {shape}, torch "
           f"{torch.__version__}, CPU, {torch.get_num_threads()} threads. Store-all peak "
           f"{base.store_all_peak_bytes / MIB:.1f} MiB (parameters, buffers, input and gradients "
           f"{floor / MIB:.1f} MiB), least reachable {base.min_feasible_bytes / MIB:.1f} MiB.\n")
