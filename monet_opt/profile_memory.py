@@ -18,10 +18,10 @@ NOTE [Profiling within the limit]
   held stay spread along the forward, and making a value again runs back to the nearest.
   Dropped by the furthest read alone, the forward of a transformer dropped its first blocks,
   boundaries too, and the backward made each block again from the start (quadratic in
-  blocks; table below). Only forward values that ops without side effects
-  make from the graph's inputs and such values are dropped: never the inputs and parameters
-  themselves, what an op with effects (with_effects) made, or what the output gradients flow
-  into (making a gradient again would rerun the backward). A value whose only reader left is
+  blocks; figures below). Only forward values that ops without side effects make from the
+  graph's inputs and such values are dropped: never the inputs and parameters themselves,
+  what an op with effects (with_effects) made, or what the output gradients flow into
+  (making a gradient again would rerun the backward). A value whose only reader left is
   the graph's output (a parameter's gradient) is dropped as soon as it is made: the pass
   returns nothing. What the op will make counts its outputs once in the untimed pass, and in
   the timed pass twice (its value and a timed call's), three times where variants run beside
