@@ -250,18 +250,13 @@ def _boundaries(gm: fx.GraphModule, remakeable: set[str], order: dict[fx.Node, i
     that forward ops after it read of those made before it from the graph's inputs (a
     transformer's residual stream between its blocks; a constant such as its causal mask is
     made from no input): all that is needed to make the forward's rest again."""
-    backward = {n.name for n in gm.graph.find_nodes(op="placeholder")
-                if n.name.startswith("tangents")}
     constant: set[str] = set()
     for node in gm.graph.nodes:
-        if any(a.name in backward for a in node.all_input_nodes):
-            backward.add(node.name)
         if node.op == "get_attr" or node.op == "call_function" and all(
                 a.name in constant for a in node.all_input_nodes):
             constant.add(node.name)
-    end = min((order[n] for n in gm.graph.nodes if n.op == "call_function"
-               and n.name in backward), default=len(order))
-    forward = [n for n in gm.graph.nodes if n.name in remakeable and order[n] < end]
+    forward = [n for n in gm.graph.nodes if n.name in remakeable  # as lowering tells them
+               and n.meta.get("partitioner_tag") != "is_backward"]
     last: dict[str, int] = {}
     for node in forward:
         for a in node.all_input_nodes:
