@@ -100,7 +100,10 @@ def add_accumulation(bw: fx.GraphModule, slots: GradientSlots) -> None:
         grad = _viewed_early(bw.graph, outs[k])
         with bw.graph.inserting_after(grad):
             outs[k] = bw.graph.call_function(accumulate_into, (slots.id, k, grad))
-        outs[k].meta.update(grad.meta)
+        # its value only: the rewrite's tag on the op (the argument it writes into) is the
+        # op's; copied here, this call was rewritten as the op (an internal error)
+        if "val" in grad.meta:
+            outs[k].meta["val"] = grad.meta["val"]
     output.args = (tuple(outs), *output.args[1:])
 
 

@@ -55,8 +55,9 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # NOTE [A ReLU's mask and its gradient in place]; 11: backward ops taking over no recomputed
 # input, NOTE [Writing into a dying input]; 12: the loss's seed gradient counted twice, NOTE
 # [The loss scalar]; 13: dropout backwards making their dx anew, NOTE [Dropout's gradient in
-# place]) is not served to this one. Raise it when what the profiler measures changes meaning.
-PROFILER_REVISION = 13
+# place]; 14: mask variants written into dy priced as made anew, NOTE [Workspace written
+# into]) is not served to this one. Raise it when what the profiler measures changes meaning.
+PROFILER_REVISION = 14
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):

@@ -14,6 +14,17 @@ NOTE [Variants timed beside their op]
   threshold_backward's 2.9 at that shape, timeit). Now the op is timed again beside its
   variant, the three calls interleaved (op, encode, variant) at the same site, and the
   variant's extra time is the difference of those medians: like against like.
+
+NOTE [Workspace written into]
+  Where the step runs a variant writing its op's result into the op's dying first argument
+  (NOTE [A ReLU's mask and its gradient in place] in monet_opt/variants_bits.py), its
+  workspace is measured so, on a copy of that argument: what the variant makes beside its
+  result is not what it makes with none. A dropout's 1-bit mask is unpacked before the
+  multiplication: made anew, the step held the unpacked mask beside dx (a workspace of one
+  byte per element), but written into dy it held the unpacking's two temporaries (two bytes
+  per element) with no dx. The plan, priced with the first, measured over its prediction
+  (an RNN with dropout, tests/test_eager_kernels.py: 22,496 B for 21,912 B, and once over
+  its limit); a ReLU's 1-bit mask the same (ResNet-18's stem ReLU at batch 16, 112²: 3 MiB).
 """
 from __future__ import annotations
 
@@ -40,6 +51,7 @@ class VariantProbe:
         for v, site in enumerate(lowered.variant_sites):
             self.at.setdefault(site.backward_node, []).append(v)
         self.sites = lowered.variant_sites
+        self.written_into = {name for name, _ in lowered.inplace}  # NOTE [Workspace written into]
         n = len(self.sites)
         self.times: list[tuple[float, float] | None] = [None] * n  # (encode, extra s)
         self.workspace = [(0, 0)] * n
@@ -74,8 +86,11 @@ class VariantProbe:
                                       (new_args, kwargs))
             except VariantGuardError:  # e.g. NOTE [BatchNorm from its output]
                 continue
-            self.workspace[v] = (enc_ws, run_ws)
             self.error[v] = relative_error(out, want, used_outputs(node))
+            del out
+            if node.name in self.written_into and variants.writes_into((site.family,)):
+                run_ws = _workspace_written_into(site, new_args, kwargs, cuda)
+            self.workspace[v] = (enc_ws, run_ws)
             key = (site.family, repr(site.params), sig)
             if key not in self.seen:  # NOTE [Variants timed beside their op]
                 n = max(1, budget.repeats_now())
@@ -94,6 +109,14 @@ class VariantProbe:
         zero = (0.0, 0.0)
         return tuple((enc_s, enc_ws, extra_s, run_ws) for (enc_s, extra_s), (enc_ws, run_ws)
                      in zip((t or zero for t in self.times), self.workspace))
+
+
+def _workspace_written_into(site, args: tuple, kwargs: dict, cuda: bool) -> int:
+    """The workspace of the variant at `site` writing its result into a copy of its op's
+    first argument (NOTE [Workspace written into])."""
+    args = (args[0].clone(), *args[1:])
+    fn = functools.partial(variants.run_into, (site.family,), (site.params,), *args, **kwargs)
+    return counted(fn, cuda, (args, kwargs))[1]
 
 
 def used_outputs(node: fx.Node) -> frozenset[int] | None:

@@ -4,10 +4,13 @@ NOTE [1-bit masks]
   A bool tensor takes a byte per element. `pack_bits` stores 8 per byte (uint8, padded to a
   multiple of 8); `unpack_bits` rebuilds the bool tensor exactly. The backward then holds a
   bool temporary the size of the mask while the op runs: that is the variant's workspace,
-  measured by the profiler. The bits follow the masked tensor's order in memory (its
-  `memory_order`), and the rebuilt mask has its layout: after a channels-last ReLU,
-  threshold_backward lays its result out channels-last, and so must the variant (else the
-  profiler refuses it, as it did every ReLU's in channels-last GoogLeNet before).
+  measured by the profiler. Unpacking makes that byte per element once (0 or 1 in place, read
+  as bool); it made a second beside it, which a ReLU's backward written into its dy held at
+  its peak (NOTE [Workspace written into] in monet_opt/variant_probe.py). The bits follow the
+  masked tensor's order in memory (its `memory_order`), and the rebuilt mask has its layout:
+  after a channels-last ReLU, threshold_backward lays its result out channels-last, and so
+  must the variant (else the profiler refuses it, as it did every ReLU's in channels-last
+  GoogLeNet before).
 
 NOTE [A ReLU's mask and its gradient in place]
   threshold_backward writes dx into a dy that dies there (NOTE [BatchNorm's gradient in
@@ -64,7 +67,9 @@ def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
 def unpack_bits(packed: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
     weights = torch.ones(8, dtype=torch.uint8, device=packed.device).bitwise_left_shift(
         torch.arange(8, dtype=torch.uint8, device=packed.device))
-    bits = packed.unsqueeze(1).bitwise_and(weights).ne(0).view(-1)
+    # one byte per element, made 0 or 1 in place and read as bool: `.ne(0)` made a second
+    # byte per element beside the first (NOTE [1-bit masks])
+    bits = packed.unsqueeze(1).bitwise_and(weights).ne_(0).view(torch.bool).view(-1)
     numel = 1
     for s in shape:
         numel *= s
