@@ -6,10 +6,11 @@ import itertools
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from solvers import (InvalidProblemError, InvalidScheduleError, Problem, Schedule, Status,
-                     Variant, available_solvers, schedule_from_kept, simulate, solve)
+                     Variant, available_solvers, registry, schedule_from_kept, simulate,
+                     solve)
 from tests.problems import autodiff_problem, masked_chain, with_masks
 from tests.test_solvers import check_result, dump_on_failure
 
@@ -114,6 +115,7 @@ def test_milp_at_least_as_good_as_every_on_demand_schedule(seed):
 
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(1, 16), seed=st.integers(0, 10**6), frac=st.floats(0.0, 1.0))
+@example(n=13, seed=622, frac=0.75)
 def test_random_dags_with_variants_every_solver(n, seed, frac):
     rng = random.Random(seed)
     plain = autodiff_problem(n, rng, name=f"vdag{n}-{seed}")
@@ -129,5 +131,10 @@ def test_random_dags_with_variants_every_solver(n, seed, frac):
     # (test_solvers.test_checkmate_never_slower_than_milp).
     best = min(r.objective_s for s, r in results.items()
                if r.feasible and s not in ("auto", "checkmate"))
-    # ...and polishes the best of them (NOTE [Polishing]), so it can only do better.
-    assert results["auto"].objective_s <= best * (1 + 1e-9)
+    # ...and polishes the best of them (NOTE [Polishing]), so it can only do better, unless it
+    # stopped within AUTO_CLOSE_ENOUGH of no recomputation (NOTE [Close enough]; found by a
+    # local run: n=13, seed=622, frac=0.75, store-all with the lightest variants +0.37 %)
+    auto = results["auto"].objective_s
+    assert auto <= best * (1 + 1e-9) or \
+        auto <= p.no_recompute_time_s * (1 + registry.AUTO_CLOSE_ENOUGH), \
+        dump_on_failure(p, budget, "auto")
