@@ -109,7 +109,7 @@ class HeldOutputs:
 def _beyond_loss(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """`outputs` but the first scalar: a module that returns its loss (monet_opt.WithLoss, HF
     given labels) has the caller hold it through its backward, as every loss is held, and the
-    plan counts that (NOTE [The loss scalar] in monet_opt/api.py). Counted as held, it made
+    plan counts that (NOTE [The loss scalar], in this file). Counted as held, it made
     WithLoss at its least limit warn twice, and say to use WithLoss, where the step measured
     its prediction to the byte."""
     first = next((k for k, t in enumerate(outputs) if t.dim() == 0), None)
