@@ -101,9 +101,12 @@ def attach_variants(lowered: Lowered, joint: fx.GraphModule,
         fam, _, node, t, _ = found[i]
         name = f"{fam.name}:{node.name}"
         out = len(tensors)
-        tensors.append(Tensor(name, _encoded_bytes(fam, node, encoded), n))
+        # a replaying family's state is in its producer's slot, fixed memory, whatever reads
+        # it and whenever (NOTE [A replay's state] in monet_opt/recompute.py)
+        replay = fam.draw is not None
+        tensors.append(Tensor(name, 0 if replay else _encoded_bytes(fam, node, encoded), n))
         tensor_nodes.append(name)
-        ops.append(Op(name, False, 0.0, (t,), (out,)))
+        ops.append(Op(name, False, 0.0, () if replay else (t,), (out,)))
         op_nodes.append(name)
         labels.append(f"{fam.name} encode for {node.name}")
     for k, (fam, b, node, t, instead) in enumerate(found):

@@ -56,7 +56,8 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # input, NOTE [Writing into a dying input]; 12: the loss's seed gradient counted twice, NOTE
 # [The loss scalar]; 13: dropout backwards making their dx anew, NOTE [Dropout's gradient in
 # place]; 14: mask variants written into dy priced as made anew, NOTE [Workspace written
-# into]) is not served to this one. Raise it when what the profiler measures changes meaning.
+# into], and replayed dropouts' states tensors of their own, NOTE [A replay's state]) is not
+# served to this one. Raise it when what the profiler measures changes meaning.
 PROFILER_REVISION = 14
 
 

@@ -36,18 +36,21 @@ NOTE [The step's generator states]
   kernel's scratch: the state get_state() makes to copy into a slot, and the one a replay
   saves to put the generator back, each freed within its call.
 
-NOTE [A replay's state made again]
+NOTE [A replay's state]
   A replaying variant (NOTE [Generator-state replay] in monet_opt/variants.py) keeps the state
-  from before its dropout ran, made by an encode op that reads the mask. A schedule that
-  recomputes the dropout may recompute that encode op too, dropping the state between the
-  forward and the backward; the executor mapped both to the state captured in the forward, so
-  the step held it throughout: gpt2_narrow (b4, 256) at its least peak (two such encodes)
-  measured 10,112 B over its plan and limit (`monet-opt bench`, 2026-11-30). That state is the
-  dropout's slot's content, so the encode run in the backward now copies the slot there.
-  Left: an encode recomputed while its dropout is not (its mask kept, which only a pointless
-  schedule does) still reads the forward's state, which the step then holds 5,056 B (CPU)
-  longer than the plan (gpt2_narrow's least plan recomputed both its encodes with their
-  dropouts; no other plan was looked at for it).
+  from before its dropout ran: the content of that dropout's slot, which a recomputation of
+  the dropout would capture too. So the step captures it there whenever either is chosen, and
+  the variant reads the slot: its encode op (in the problem) makes 0 bytes from nothing, and
+  may run in the forward, the backward or both, holding nothing more. Before, the state was a
+  tensor of its own (5,056 B on CPU) made by an encode op that read the mask, beside the slot
+  every random op has anyway: a schedule that kept the mask and ran the encode op again in
+  the backward (smaller than the state below 5,056 elements) had the step hold the forward's
+  state where the plan held the mask: a tiny BERT measured 960 B over its prediction (the
+  state, less a 4,096 B mask), and a replayed state was born one op before the plan's encode
+  op said; at 2026-11-30, a schedule that dropped the state between the forward and the
+  backward had the step hold it throughout (gpt2_narrow b4, 256, least peak: 10,112 B over
+  its plan and limit). Found by random schedules run against the simulator
+  (tests/test_random_schedules.py).
 """
 from __future__ import annotations
 

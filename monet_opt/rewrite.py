@@ -148,8 +148,8 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
             e.emit_encode(encodes[i], lowered.op_nodes[i])
         elif lowered.op_nodes[i] in nodes:  # not an unchosen variant's encode op
             node = nodes[lowered.op_nodes[i]]
-            e.emit(node, capture_rng=node.name in replayed,
-                   capture_slot=i in recomputed and problem.ops[i].is_random,
+            e.emit(node, capture_slot=node.name in replayed or  # NOTE [A replay's state]
+                   (i in recomputed and problem.ops[i].is_random),
                    overwrite=overwrites.get(k))
     output = next(iter(joint.graph.find_nodes(op="output")))
     outs = list(output.args[0])
@@ -185,7 +185,6 @@ class _Emitter:
         self.lowered = lowered
         self.current: dict[str, fx.Node] = {}   # old value name -> its readable copy
         self.views: dict[str, fx.Node] = {}     # old view name -> copy made in this phase
-        self.rng: dict[str, fx.Node] = {}       # old random op -> its state, for a replay
         self.slots: dict[str, fx.Node] = {}  # NOTE [The step's generator states]
         self.slot_state: dict[str, fx.Node] = {}  # old random op -> its slot, captured
         self.tag = FORWARD
@@ -228,14 +227,11 @@ class _Emitter:
 
     def emit_encode(self, site, name: str) -> None:
         """A chosen variant's encode op: the smaller form of the argument it replaces (for a
-        replaying family, the generator state captured before its producer ran)."""
+        replaying family, the slot its producer's state was captured into before it ran: NOTE
+        [A replay's state] in monet_opt/recompute.py)."""
         arg = self.nodes[site.backward_node].args[site.arg]
         if variants.family(site.family).draw is not None:
-            producer = _producer(arg)
-            if self.tag == BACKWARD and producer in self.slot_state:
-                self.current[name] = self._copied_state(producer)
-            else:
-                self.current[name] = self.rng[producer]
+            self.current[name] = self.slot_state[_producer(arg)]
             return
         new = self.g.call_function(variants.encode, (site.family, self._read(arg), *site.params))
         val = arg.meta["val"]
@@ -266,18 +262,16 @@ class _Emitter:
         node.meta["partitioner_tag"] = FORWARD
         return node
 
-    def emit(self, old: fx.Node, rerun: bool = False, capture_rng: bool = False,
+    def emit(self, old: fx.Node, rerun: bool = False,
              capture_slot: bool = False, variant: list | None = None,
              overwrite: int | None = None) -> None:
         """Run `old` here: its op node and the getitems of its outputs. With chosen variants
         (sites), the library's replacement runs on their encoded arguments instead. overwrite:
         the tensor the simulator has it write into (NOTE [Writing into a dying input]).
-        capture_rng: keep the generator state before it for a replaying variant (NOTE
-        [Generator-state replay]); capture_slot: copy it into the op's slot, for its
-        recomputation (NOTE [The step's generator states])."""
+        capture_slot: copy the generator state before it into the op's slot, for its
+        recomputation or a replaying variant (NOTEs [The step's generator states], [A replay's
+        state] in monet_opt/recompute.py)."""
         n_keep = None
-        if capture_rng:
-            self._capture_rng(old)
         if capture_slot:
             self._capture_slot(old)
         if variant:
@@ -336,29 +330,6 @@ class _Emitter:
         for name in (old.name, *(gi.name for gi in self.getitems.get(old.name, []))):
             self.current[name] = forward[name]
         self.views.clear()
-
-    def _capture_rng(self, old: fx.Node) -> None:
-        value = recompute.first_tensor(old)
-        device = str(value.device)
-        given = old.kwargs.get("generator")  # NOTE [Generators given to ops]
-        state = self.g.call_function(recompute.rng_state, (device,) if given is None else
-                                     (device, self.value(given)))
-        with torch._subclasses.fake_tensor.unset_fake_temporarily():
-            nbytes = recompute.rng_state_nbytes(device)
-        with value.fake_mode:
-            state.meta["val"] = torch.empty(nbytes, dtype=torch.uint8)
-        state.meta["partitioner_tag"] = FORWARD
-        self.rng[old.name] = state
-
-    def _copied_state(self, producer: str) -> fx.Node:
-        """A copy of random op `producer`'s slot, made here in the backward (NOTE [A replay's
-        state made again] in monet_opt/recompute.py)."""
-        slot = self.slot_state[producer]
-        node = self.g.call_function(torch.ops.aten.clone.default, (slot,))
-        with slot.meta["val"].fake_mode:
-            node.meta["val"] = torch.empty_like(slot.meta["val"])
-        node.meta["partitioner_tag"] = BACKWARD
-        return node
 
     def _capture_slot(self, old: fx.Node) -> None:
         given = old.kwargs.get("generator")  # NOTE [Generators given to ops]

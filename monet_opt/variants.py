@@ -110,17 +110,20 @@ class Family:
 # NOTE [Generator-state replay]
 #   Dropout's mask is a function of the generator state before `native_dropout` ran and of the
 #   layout of its input, never of the input's values. The replay family keeps that state
-#   (rewrite.py captures it just before the forward op: on CPU the 5056-byte Mersenne-Twister
-#   state, on CUDA 16 bytes of Philox seed and offset), and the backward draws the mask again
-#   with the generator set to the state and put back afterwards (recompute.rng_replay). On CPU
-#   `native_dropout` draws its mask as `bernoulli_(1 - p)` into a tensor laid out like its
-#   input, whatever that tensor's dtype (measured: float16/32/64, bfloat16 and bool draw alike,
-#   transposed and channels-last included), so the replay draws straight into a bool tensor
-#   laid out like the mask: its only workspace is the mask. Elsewhere (CUDA's fused kernel) it
-#   runs `native_dropout` itself on an uninitialised input of the same layout: the same kernel
-#   on the same draws, at the cost of that input and output for a moment. Either way the
-#   profiler checks it: it captures a state, draws a mask as the forward does, and withdraws the
-#   variant unless the backward from the replayed mask is bitwise the backward from that one.
+#   (rewrite.py captures it just before the forward op into the op's slot, which the step holds
+#   anyway: NOTE [A replay's state] in monet_opt/recompute.py; on CPU the 5056-byte Mersenne-
+#   Twister state, on CUDA 16 bytes of Philox seed and offset, host memory), and the backward
+#   draws the mask again with the generator set to the state and put back afterwards
+#   (recompute.rng_replay). On CPU `native_dropout` draws its mask as `bernoulli_(1 - p)` into a
+#   tensor laid out like its input, whatever that tensor's dtype (measured: float16/32/64,
+#   bfloat16 and bool draw alike, transposed and channels-last included), so the replay draws
+#   straight into a bool tensor laid out like the mask: its only workspace is the mask.
+#   Elsewhere (CUDA's fused kernel) it runs `native_dropout` itself on an uninitialised input of
+#   the same layout: the same kernel on the same draws, at the cost of that input and output for
+#   a moment. Either way the profiler checks it: it captures a state, draws a mask as the
+#   forward does, and withdraws the variant unless the backward from the replayed mask is
+#   bitwise the backward from that one.
+
 
 def _is_dropout_mask(node: fx.Node) -> bool:
     mask = node.args[1]
