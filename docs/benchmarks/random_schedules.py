@@ -1,0 +1,88 @@
+"""Random schedules run against the simulator (docs/benchmarks/random_schedules.md): for each
+model and seed, tests/test_random_schedules.py's random solver (a random part of what the
+backward reads kept, a random variant in about half the places, the rest recomputed on demand),
+one step measured against the plan's prediction, then a second step adding into the gradients
+in place, both against eager's gradients and buffers bitwise.
+
+    .venv/bin/python docs/benchmarks/random_schedules.py [SEEDS] [MODEL,...]
+"""
+from __future__ import annotations
+
+import copy
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # PYTHONPATH first: a worktree
+
+import monet_opt  # noqa: E402
+from solvers import registry  # noqa: E402
+from solvers.milp import MilpOptions  # noqa: E402
+from tests import models  # noqa: E402
+from tests.test_eager_kernels import CASES  # noqa: E402
+from tests.test_executor import call  # noqa: E402
+from tests.test_random_schedules import _random_solver  # noqa: E402
+from tests.test_workspace_written_into import _MaskLast  # noqa: E402
+
+
+def _case(name: str):
+    def make():
+        model, shape = CASES[name]()
+        return model, torch.randn(shape), lambda out: out.sum()
+    return make
+
+
+FACTORIES = {f.__name__: f for f in (models.small_cnn, models.pool_cnn, models.mlp,
+                                     models.silu_cnn, models.transformer_block,
+                                     models.gpt2_tiny, models.bert_tiny,
+                                     models.resnet18_small, models.mobilenet_v2_small)}
+FACTORIES |= {"rnn": _case("rnn_tanh_dropout"), "gru": _case("gru_dropout"),
+              "dropout_last": lambda: (_MaskLast("dropout"), torch.randn(16, 8),
+                                       lambda out: out.sum())}
+
+
+def run(name: str, seed: int) -> str:
+    registry._REGISTRY["milp"] = (_random_solver(seed), MilpOptions)
+    torch.manual_seed(0)
+    base, x, loss_fn = FACTORIES[name]()
+    opt = monet_opt.optimize(copy.deepcopy(base), x, 1 << 40, solver="milp", profile_repeats=1,
+                             profile_dir=None)
+    resident = monet_opt.resident_tensors(opt.model, x)
+    torch.manual_seed(1)
+    measured = monet_opt.measure_peak(lambda: loss_fn(call(opt, x)).backward(), resident)
+    predicted = opt.plan.predicted_peak_bytes
+    torch.manual_seed(2)
+    loss_fn(call(opt, x)).backward()
+    eager = copy.deepcopy(base)
+    for step in (1, 2):
+        torch.manual_seed(step)
+        loss_fn(call(eager, x)).backward()
+    grads = [n for (n, p), q in zip(opt.model.named_parameters(), eager.parameters())
+             if (p.grad is None) != (q.grad is None)
+             or (p.grad is not None and not torch.equal(p.grad, q.grad))]
+    bufs = [n for (n, b), c in zip(opt.model.named_buffers(), eager.buffers())
+            if not torch.equal(b, c)]
+    ok = 0 <= predicted - measured <= 8 and not grads and not bufs
+    return (f"{'ok ' if ok else 'BAD'} {name} seed {seed}: predicted {predicted:,} B, measured "
+            f"{measured:,} B ({measured - predicted:+,}), {opt.plan.recomputed_ops} op runs "
+            f"recomputed, {len(opt.plan.variants)} variants, at {opt.plan.peak_op.split(',')[0]}"
+            + (f"; gradients differ: {grads[:3]}" if grads else "")
+            + (f"; buffers differ: {bufs[:3]}" if bufs else ""))
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("ignore")
+    seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    names = sys.argv[2].split(",") if len(sys.argv) > 2 else list(FACTORIES)
+    bad = 0
+    for name in names:
+        for seed in range(seeds):
+            try:
+                line = run(name, seed)
+            except Exception as e:  # a schedule the executor cannot run is a finding too
+                line = f"ERR {name} seed {seed}: {type(e).__name__}: {str(e)[:200]}"
+            bad += not line.startswith("ok")
+            print(line, flush=True)
+    print(f"{bad} of {seeds * len(names)} disagree")
