@@ -1,14 +1,16 @@
 """Random schedules run against the simulator (docs/benchmarks/random_schedules.md): for each
 model and seed, tests/test_random_schedules.py's random solver (a random part of what the
-backward reads kept, a random variant in about half the places, the rest recomputed on demand),
+backward reads kept, a random variant in about half the places, the rest recomputed on demand;
+with --cuts, a random live set from each of one to four random places in the backward on),
 one step measured against the plan's prediction, then a second step adding into the gradients
 in place, both against eager's gradients and buffers bitwise.
 
-    .venv/bin/python docs/benchmarks/random_schedules.py [SEEDS] [MODEL,...]
+    .venv/bin/python docs/benchmarks/random_schedules.py [--cuts] [SEEDS] [MODEL,...]
 """
 from __future__ import annotations
 
 import copy
+import random
 import sys
 import warnings
 from pathlib import Path
@@ -18,8 +20,9 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # PYTHONPATH first: a worktree
 
 import monet_opt  # noqa: E402
-from solvers import registry  # noqa: E402
+from solvers import SolveResult, Status, registry, simulate  # noqa: E402
 from solvers.milp import MilpOptions  # noqa: E402
+from solvers.ondemand import schedule_from_cuts  # noqa: E402
 from tests import models  # noqa: E402
 from tests.test_eager_kernels import CASES  # noqa: E402
 from tests.test_executor import call  # noqa: E402
@@ -43,8 +46,32 @@ FACTORIES |= {"rnn": _case("rnn_tanh_dropout"), "gru": _case("gru_dropout"),
                                        lambda out: out.sum())}
 
 
-def run(name: str, seed: int) -> str:
-    registry._REGISTRY["milp"] = (_random_solver(seed), MilpOptions)
+def _cut_solver(seed: int):
+    """Random variants as _random_solver's; from the backward's start and from one to four
+    random places in it on, a random half of what the backward reads held alone (NOTE [Cuts
+    where the schedule goes over] in solvers/lazy_cuts.py), the rest recomputed on demand."""
+    def solve(problem, budget, _options) -> SolveResult:
+        rng = random.Random(seed)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for v, var in enumerate(problem.variants):
+            groups.setdefault(var.group, []).append(v)
+        chosen = frozenset(rng.choice(vs) for vs in groups.values() if rng.random() < 0.5)
+        reads = sorted(set(problem.saved_for_backward) |
+                       {t for v in chosen for t in problem.variants[v].reads})
+        n = len(problem.backward_ops)
+        cuts = [0] + sorted(rng.sample(range(1, max(2, n)), min(rng.randint(1, 4),
+                                                                 max(1, n - 1))))
+        live = [frozenset(t for t in reads if rng.random() < 0.5) for _ in cuts]
+        schedule = schedule_from_cuts(problem, cuts, live, chosen)
+        sim = simulate(problem, schedule)
+        return SolveResult("milp", Status.FEASIBLE, schedule, sim.time_s, sim.peak_bytes, None,
+                           None, 0.0, sim.peak_bytes)
+    return solve
+
+
+def run(name: str, seed: int, cuts: bool = False) -> str:
+    solver = _cut_solver(seed) if cuts else _random_solver(seed)
+    registry._REGISTRY["milp"] = (solver, MilpOptions)
     torch.manual_seed(0)
     base, x, loss_fn = FACTORIES[name]()
     opt = monet_opt.optimize(copy.deepcopy(base), x, 1 << 40, solver="milp", profile_repeats=1,
@@ -74,13 +101,16 @@ def run(name: str, seed: int) -> str:
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
-    seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 16
-    names = sys.argv[2].split(",") if len(sys.argv) > 2 else list(FACTORIES)
+    args = sys.argv[1:]
+    cuts = "--cuts" in args
+    args = [a for a in args if a != "--cuts"]
+    seeds = int(args[0]) if args else 16
+    names = args[1].split(",") if len(args) > 1 else list(FACTORIES)
     bad = 0
     for name in names:
         for seed in range(seeds):
             try:
-                line = run(name, seed)
+                line = run(name, seed, cuts)
             except Exception as e:  # a schedule the executor cannot run is a finding too
                 line = f"ERR {name} seed {seed}: {type(e).__name__}: {str(e)[:200]}"
             bad += not line.startswith("ok")
