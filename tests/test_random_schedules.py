@@ -22,23 +22,32 @@ from tests.test_executor import HUGE, call
 from tests.test_workspace_written_into import _MaskLast
 
 
+def random_variants(problem, rng: random.Random) -> tuple[frozenset[int], list[int]]:
+    """A random variant in about half the places one may be used, and what the backward may
+    read then (the tensors saved for it and the chosen variants' reads)."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for v, var in enumerate(problem.variants):
+        groups.setdefault(var.group, []).append(v)
+    chosen = frozenset(rng.choice(vs) for vs in groups.values() if rng.random() < 0.5)
+    reads = {t for v in chosen for t in problem.variants[v].reads}
+    return chosen, sorted(set(problem.saved_for_backward) | reads)
+
+
+def as_result(problem, schedule) -> SolveResult:
+    sim = simulate(problem, schedule)
+    return SolveResult("milp", Status.FEASIBLE, schedule, sim.time_s, sim.peak_bytes, None,
+                       None, 0.0, sim.peak_bytes)
+
+
 def _random_solver(seed: int):
     """A solver that, for any problem, keeps a random part of what the backward reads and
     chooses a random variant in about half the places it may (recomputing the rest on
     demand)."""
     def solve(problem, budget, _options) -> SolveResult:
         rng = random.Random(seed)
-        groups: dict[tuple[int, int], list[int]] = {}
-        for v, var in enumerate(problem.variants):
-            groups.setdefault(var.group, []).append(v)
-        chosen = frozenset(rng.choice(vs) for vs in groups.values() if rng.random() < 0.5)
-        reads = {t for v in chosen for t in problem.variants[v].reads}
-        kept = frozenset(t for t in sorted(set(problem.saved_for_backward) | reads)
-                         if rng.random() < rng.choice([0.2, 0.5, 0.8]))
-        schedule = schedule_from_kept(problem, kept, chosen)
-        sim = simulate(problem, schedule)
-        return SolveResult("milp", Status.FEASIBLE, schedule, sim.time_s, sim.peak_bytes, None,
-                           None, 0.0, sim.peak_bytes)
+        chosen, reads = random_variants(problem, rng)
+        kept = frozenset(t for t in reads if rng.random() < rng.choice([0.2, 0.5, 0.8]))
+        return as_result(problem, schedule_from_kept(problem, kept, chosen))
     return solve
 
 

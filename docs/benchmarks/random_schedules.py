@@ -20,13 +20,13 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # PYTHONPATH first: a worktree
 
 import monet_opt  # noqa: E402
-from solvers import SolveResult, Status, registry, simulate  # noqa: E402
+from solvers import SolveResult, registry  # noqa: E402
 from solvers.milp import MilpOptions  # noqa: E402
 from solvers.ondemand import schedule_from_cuts  # noqa: E402
 from tests import models  # noqa: E402
 from tests.test_eager_kernels import CASES  # noqa: E402
 from tests.test_executor import call  # noqa: E402
-from tests.test_random_schedules import _random_solver  # noqa: E402
+from tests.test_random_schedules import _random_solver, as_result, random_variants  # noqa: E402
 from tests.test_workspace_written_into import _MaskLast  # noqa: E402
 
 
@@ -52,20 +52,12 @@ def _cut_solver(seed: int):
     where the schedule goes over] in solvers/lazy_cuts.py), the rest recomputed on demand."""
     def solve(problem, budget, _options) -> SolveResult:
         rng = random.Random(seed)
-        groups: dict[tuple[int, int], list[int]] = {}
-        for v, var in enumerate(problem.variants):
-            groups.setdefault(var.group, []).append(v)
-        chosen = frozenset(rng.choice(vs) for vs in groups.values() if rng.random() < 0.5)
-        reads = sorted(set(problem.saved_for_backward) |
-                       {t for v in chosen for t in problem.variants[v].reads})
+        chosen, reads = random_variants(problem, rng)
         n = len(problem.backward_ops)
         cuts = [0] + sorted(rng.sample(range(1, max(2, n)), min(rng.randint(1, 4),
                                                                  max(1, n - 1))))
         live = [frozenset(t for t in reads if rng.random() < 0.5) for _ in cuts]
-        schedule = schedule_from_cuts(problem, cuts, live, chosen)
-        sim = simulate(problem, schedule)
-        return SolveResult("milp", Status.FEASIBLE, schedule, sim.time_s, sim.peak_bytes, None,
-                           None, 0.0, sim.peak_bytes)
+        return as_result(problem, schedule_from_cuts(problem, cuts, live, chosen))
     return solve
 
 
