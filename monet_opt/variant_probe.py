@@ -23,8 +23,9 @@ NOTE [Workspace written into]
   multiplication: made anew, the step held the unpacked mask beside dx (a workspace of one
   byte per element), but written into dy it held the unpacking's two temporaries (two bytes
   per element) with no dx. The plan, priced with the first, measured over its prediction
-  (an RNN with dropout, tests/test_eager_kernels.py: 22,496 B for 21,912 B, and once over
-  its limit); a ReLU's 1-bit mask the same (ResNet-18's stem ReLU at batch 16, 112²: 3 MiB).
+  (an RNN with dropout, tests/test_eager_kernels.py: 22,496 B for 21,912 B; one full test
+  run measured it over its limit, likely so); a ReLU's 1-bit mask the same (ResNet-18's stem
+  ReLU at batch 16, 112²: 3 MiB).
 """
 from __future__ import annotations
 
