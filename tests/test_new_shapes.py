@@ -69,15 +69,15 @@ def test_smaller_last_batch_trains_exactly_within_the_limit():
 
 
 def _check_peak(opt, short, loss_fn, plan, limit):
-    """The measured peak of a step on `short` within `limit` and, once planned, within 5 % of
-    the plan's prediction."""
+    """The measured peak of a step on `short` within `limit` and, once planned, at the plan's
+    prediction (8 B under where it peaks in the forward: NOTE [The loss scalar])."""
     resident = monet_opt.resident_tensors(opt.model, short)
     measured = monet_opt.measure_peak(lambda: loss_fn(opt(short)).backward(), resident)
     opt.model.zero_grad(set_to_none=True)
     plan = plan or opt.plans["float32[3x3x16x16]"]
     assert plan.memory_limit_bytes == limit and plan.predicted_peak_bytes <= limit
     assert measured <= limit
-    assert abs(measured - plan.predicted_peak_bytes) <= 0.05 * measured
+    assert 0 <= plan.predicted_peak_bytes - measured <= 8, (plan.predicted_peak_bytes, measured)
 
 
 def test_new_shapes_error_and_other_mismatches_refuse():
