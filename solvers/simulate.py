@@ -58,17 +58,19 @@ class Simulation:
 def simulate(problem: Problem, schedule: Schedule) -> Simulation:
     """Replay `schedule` on `problem` (with the schedule's variants in use). Raises
     InvalidScheduleError if it cannot run."""
+    unrun = _unrun_encodes(problem, schedule)
     problem = problem.with_variants(schedule.variants)
     _check_backward_order(problem, schedule)
     steps = problem.forward_ops + schedule.backward
     if not steps:
         return Simulation(peak_bytes=problem.fixed_bytes, time_s=0.0, peak_step=0, steps=(),
                           live_bytes=(), recompute_counts=())
-    born, last, tensor_of, candidates = _copy_lifetimes(problem, schedule, steps)
+    born, last, tensor_of, candidates = _copy_lifetimes(problem, schedule, steps, unrun)
     sizes = [problem.tensors[t].bytes for t in tensor_of]
     overwrites = _overwrites(problem, born, last, tensor_of, candidates)
     reused = {k: sizes[c] for k, c in overwrites}
-    live_bytes, peak, peak_step = _memory_timeline(problem, steps, born, last, sizes, reused)
+    live_bytes, peak, peak_step = _memory_timeline(problem, steps, born, last, sizes, reused,
+                                                   unrun)
     counts = [0] * len(problem.ops)
     for i in schedule.backward:
         if not problem.ops[i].is_backward:
@@ -88,12 +90,13 @@ def alive_at(problem: Problem, schedule: Schedule, step: int) -> tuple[tuple[int
     workspace aside. An input the step writes its output into is held as that output (NOTE
     [Writing into a dying input]). With them the step's `live_bytes` is fixed memory plus
     these copies' bytes plus the op's `extra_bytes`."""
+    unrun = _unrun_encodes(problem, schedule)
     problem = problem.with_variants(schedule.variants)
     _check_backward_order(problem, schedule)
     steps = problem.forward_ops + schedule.backward
     if not 0 <= step < len(steps):
         raise IndexError(f"alive_at: step {step} of a schedule of {len(steps)} steps")
-    born, last, tensor_of, candidates = _copy_lifetimes(problem, schedule, steps)
+    born, last, tensor_of, candidates = _copy_lifetimes(problem, schedule, steps, unrun)
     written = {c for k, c in _overwrites(problem, born, last, tensor_of, candidates)
                if k == step}
     return tuple((tensor_of[c], born[c]) for c in range(len(born))
@@ -135,10 +138,27 @@ def _check_in_place(problem: Problem, ran: list[int]) -> None:
                 "reads (NOTE [Backward ops reordered]): run them in the problem's order")
 
 
-def _copy_lifetimes(problem: Problem, schedule: Schedule, steps: tuple[int, ...]):
+def _unrun_encodes(problem: Problem, schedule: Schedule) -> frozenset[int]:
+    """NOTE [Encodes the forward does not run]
+      A chosen variant's encode op makes what only that variant's backward op reads. Where the
+      schedule does not keep it, the backward makes it again, and nothing reads the forward's
+      copy: the executor's forward graph drops it (FX dead code), so the forward phase does not
+      run it here either: it makes and holds nothing there. Run here, a small CNN's plans
+      (random schedules, docs/benchmarks/random_schedules.md) predicted a max-pool's
+      compact-indices encoder's output and workspace at their peak and measured up to 55,576 B
+      under it. Its time is still counted there (an encode's, microseconds): the programs'
+      bounds count it, and a bound must stay at or under every schedule's simulated time."""
+    return frozenset(i for v in schedule.variants if 0 <= v < len(problem.variants)
+                     for i in problem.variants[v].encode_ops
+                     if not set(problem.ops[i].outputs) & schedule.kept)
+
+
+def _copy_lifetimes(problem: Problem, schedule: Schedule, steps: tuple[int, ...],
+                    unrun: frozenset[int] = frozenset()):
     """Per copy of a tensor: the step that made it, the step after which it is freed, and the
     tensor; and per step, the copies of the inputs it may overwrite. `current` maps a tensor to
-    its readable copy."""
+    its readable copy. Forward steps of `unrun` ops make and read nothing (NOTE [Encodes the
+    forward does not run])."""
     n_fwd = len(problem.forward_ops)
     end = len(steps) - 1
     born: list[int] = []
@@ -168,6 +188,8 @@ def _copy_lifetimes(problem: Problem, schedule: Schedule, steps: tuple[int, ...]
             for t in problem.tangents:
                 new_copy(t, k)
         op = problem.ops[i]
+        if k < n_fwd and i in unrun:
+            continue
         for t in op.inputs:
             read(t, k, op.name)
         if op.overwrites:
@@ -206,8 +228,10 @@ def _enter_backward(problem, schedule, current, last, n_fwd):
             del current[t]
 
 
-def _memory_timeline(problem: Problem, steps, born, last, sizes, reused: dict[int, int]):
+def _memory_timeline(problem: Problem, steps, born, last, sizes, reused: dict[int, int],
+                     unrun: frozenset[int] = frozenset()):
     n = len(steps)
+    n_fwd = len(problem.forward_ops)
     alloc = [0] * (n + 1)
     free_after = [0] * (n + 1)
     for c, b in enumerate(born):
@@ -217,7 +241,8 @@ def _memory_timeline(problem: Problem, steps, born, last, sizes, reused: dict[in
     peak, peak_step = live, 0
     timeline = []
     for k, i in enumerate(steps):
-        during = live + alloc[k] - reused.get(k, 0) + problem.ops[i].extra_bytes
+        extra = 0 if k < n_fwd and i in unrun else problem.ops[i].extra_bytes
+        during = live + alloc[k] - reused.get(k, 0) + extra
         timeline.append(during)
         if during > peak:
             peak, peak_step = during, k

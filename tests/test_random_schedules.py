@@ -64,7 +64,7 @@ FACTORIES = {"small_cnn": models.small_cnn, "bert_tiny": models.bert_tiny,
              "gpt2_tiny": models.gpt2_tiny, "transformer_block": models.transformer_block,
              "rnn": _rnn, "dropout_last": _dropout_last}
 # seeds that found a disagreement before their fixes, where one did
-SEEDS = {"small_cnn": (1, 4), "bert_tiny": (4, 5), "gpt2_tiny": (0, 4),
+SEEDS = {"small_cnn": (4, 11), "bert_tiny": (4, 5), "gpt2_tiny": (0, 4),
          "transformer_block": (1, 3), "rnn": (0, 1), "dropout_last": (0, 1)}
 
 
