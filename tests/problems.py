@@ -4,7 +4,8 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from solvers import NO_PRODUCER, Op, Problem, Tensor, Variant, solve
+from solvers import (NO_PRODUCER, Op, Problem, Schedule, SolveResult, Status, Tensor, Variant,
+                     simulate, solve)
 
 
 def autodiff_problem(n_fwd: int, rng: random.Random, fan_in: int = 2, fixed: int = 1000,
@@ -162,3 +163,11 @@ def with_overwrites(p: Problem, rng: random.Random) -> tuple[Problem, Problem]:
                    forward_outputs=tuple(dict.fromkeys(outputs)))
     plain = replace(free, ops=tuple(replace(o, overwrites=()) for o in ops))
     return free, plain
+
+
+def as_result(problem: Problem, schedule: Schedule, solver: str = "milp") -> SolveResult:
+    """`schedule` as a feasible result of `solver`, as simulated: a stand-in solver's answer
+    (monkeypatched into the registry or over solvers.solve)."""
+    sim = simulate(problem, schedule)
+    return SolveResult(solver, Status.FEASIBLE, schedule, sim.time_s, sim.peak_bytes, None,
+                       None, 0.0, sim.peak_bytes)

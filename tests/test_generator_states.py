@@ -15,6 +15,7 @@ import monet_opt
 import solvers
 from monet_opt import recompute, variants
 from tests import models
+from tests.problems import as_result
 from tests.test_executor import HUGE, assert_same, call, run_steps
 from tests.records import measured_peak_of
 from tests.test_variants_replay import REPLAY, DropoutChain
@@ -111,9 +112,7 @@ def test_a_replay_state_made_again_in_the_backward_holds_nothing_more(monkeypatc
         schedule = solvers.Schedule(kept=(kept.kept - made) | set(problem.ops[dropout].inputs),
                                     backward=(dropout, encode, *kept.backward),
                                     variants=frozenset({v}))
-        sim = solvers.simulate(problem, schedule)
-        return solvers.SolveResult("recomputing", solvers.Status.FEASIBLE, schedule,
-                                   sim.time_s, sim.peak_bytes, None, None, 0.0, sim.peak_bytes)
+        return as_result(problem, schedule, "recomputing")
 
     monkeypatch.setattr(solvers, "solve", recomputing)
     planned = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,

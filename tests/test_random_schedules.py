@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import monet_opt
-from solvers import SolveResult, Status, registry, schedule_from_kept, simulate
+from solvers import SolveResult, registry, schedule_from_kept
 from solvers.milp import MilpOptions
 from tests import models
+from tests.problems import as_result
 from tests.test_eager_kernels import CASES
 from tests.test_executor import HUGE, call
 from tests.test_workspace_written_into import _MaskLast
@@ -31,12 +32,6 @@ def random_variants(problem, rng: random.Random) -> tuple[frozenset[int], list[i
     chosen = frozenset(rng.choice(vs) for vs in groups.values() if rng.random() < 0.5)
     reads = {t for v in chosen for t in problem.variants[v].reads}
     return chosen, sorted(set(problem.saved_for_backward) | reads)
-
-
-def as_result(problem, schedule) -> SolveResult:
-    sim = simulate(problem, schedule)
-    return SolveResult("milp", Status.FEASIBLE, schedule, sim.time_s, sim.peak_bytes, None,
-                       None, 0.0, sim.peak_bytes)
 
 
 def _random_solver(seed: int):

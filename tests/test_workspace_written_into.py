@@ -11,9 +11,10 @@ from torch import nn
 
 import monet_opt
 from monet_opt import memory, variants_bits
-from solvers import SolveResult, Status, registry, schedule_from_kept, simulate
+from solvers import SolveResult, registry, schedule_from_kept
 from solvers.milp import MilpOptions
 from solvers.variants import lightest
+from tests.problems import as_result
 from tests.test_executor import HUGE
 
 
@@ -38,11 +39,8 @@ def _lightest_kept(problem, budget, _options) -> SolveResult:
     light = lightest(problem)
     replaced = {problem.variants[v].replaces for v in light}
     reads = {t for v in light for t in problem.variants[v].reads}
-    schedule = schedule_from_kept(problem, frozenset(
-        set(problem.saved_for_backward) - replaced | reads), light)
-    sim = simulate(problem, schedule)
-    return SolveResult("milp", Status.FEASIBLE, schedule, sim.time_s, sim.peak_bytes, None,
-                       None, 0.0, sim.peak_bytes)
+    return as_result(problem, schedule_from_kept(problem, frozenset(
+        set(problem.saved_for_backward) - replaced | reads), light))
 
 
 @pytest.mark.parametrize("kind, op", [("relu", "threshold_backward"),

@@ -26,7 +26,8 @@ from solvers.ondemand import schedule_from_cuts  # noqa: E402
 from tests import models  # noqa: E402
 from tests.test_eager_kernels import CASES  # noqa: E402
 from tests.test_executor import call  # noqa: E402
-from tests.test_random_schedules import _random_solver, as_result, random_variants  # noqa: E402
+from tests.problems import as_result  # noqa: E402
+from tests.test_random_schedules import _random_solver, random_variants  # noqa: E402
 from tests.test_workspace_written_into import _MaskLast  # noqa: E402
 
 
