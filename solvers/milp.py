@@ -55,10 +55,11 @@ class BuildTimeout(Exception):
 
 class Program:
     """The MILP of `stages` at `budget_bytes` (or, with budget None, the least-peak program:
-    the budget becomes a variable and the objective)."""
+    the budget becomes a variable and the objective; with `fits_only`, no objective: any
+    schedule within the budget is optimal)."""
 
     def __init__(self, stages: Stages, budget_bytes: int | None,
-                 deadline: float = math.inf) -> None:
+                 deadline: float = math.inf, fits_only: bool = False) -> None:
         """deadline (time.perf_counter()): raises BuildTimeout once it passes while the rows
         are made (a graph of thousands of ops takes seconds: NOTE [Heuristics in their time]
         in solvers/registry.py)."""
@@ -68,11 +69,11 @@ class Program:
         self.min_memory = budget_bytes is None
         if self.min_memory:
             self.budget_var = mip.var(0.0, math.inf, cost=1.0, integer=False)
-        else:
+        elif not fits_only:
             mip.offset = p.base_time_s
         self.budget = budget_bytes
         self.S = [{x: mip.var() for x in held} for held in st.held]
-        time_cost = 0.0 if self.min_memory else 1.0
+        time_cost = 0.0 if self.min_memory or fits_only else 1.0
         self.E = [mip.var(cost=time_cost * p.variant_time_s(v)) for v in range(len(p.variants))]
         self._variant_rows()
         self.R = [{i: mip.var(cost=time_cost * p.ops[i].rerun_s) for i in c} for c in st.cand]

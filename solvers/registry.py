@@ -7,7 +7,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
-                     prune, remat, timeshare, variants)
+                     probes, prune, remat, timeshare, variants)
 from solvers.bound_start import KEPT_REMAT, kept_starts
 from solvers.errors import SolverError, UnknownSolverError
 from solvers.lazy_cuts import CUTS_SOLVER, lazy_cuts
@@ -371,8 +371,8 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
                                  deadline - prune_s))
         feasible.append(_pruned(problem, budget_bytes, min(
             feasible, key=lambda r: (r.objective_s, r.peak_bytes)), deadline))
-    if not feasible:  # NOTE [The least peak in the time left] in solvers/remat.py
-        late = remat.least_until(problem, budget_bytes, deadline, min_peak)
+    if not feasible:  # NOTEs [The least peak in the time left], [Probes under the least peak]
+        late = probes.least_until(problem, budget_bytes, deadline, min_peak)
         min_peak, floor = floor_of([(min_peak, floor), (late.min_feasible_bytes,
                                                         late.floor_schedule)])
         feasible = [late] if late.feasible else []

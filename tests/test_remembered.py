@@ -160,10 +160,12 @@ def _searches_cut_short(monkeypatch):
     monkeypatch.setattr(registry, "kept_starts", lambda problem, budget_bytes, limit: [])
     monkeypatch.setattr(registry, "lazy_cuts",
                         lambda problem, budget_bytes, limit: nothing(problem, budget_bytes, None))
-    # and its search in the time left where nothing fits (NOTE [The least peak in the time left])
+    # and its searches in the time left where nothing fits (NOTEs [The least peak in the time
+    # left], [Probes under the least peak])
     monkeypatch.setattr(registry.remat, "least_until",
                         lambda problem, budget_bytes, deadline, below=None: nothing(
                             problem, budget_bytes, None))
+    monkeypatch.setattr(registry.probes, "probe", lambda *args: None)
 
 
 def _only_the_milp_reaches():
