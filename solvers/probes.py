@@ -58,6 +58,8 @@ def probe(problem: Problem, budget_bytes: int, below: int,
           deadline: float) -> tuple[int, Schedule] | None:
     """The lowest-peak schedule the probes found under `below` by `deadline`, and its peak; None
     where they found none."""
+    if deadline - time.perf_counter() < PROBE_MIN_S:
+        return None
     options = MilpOptions()
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
     try:

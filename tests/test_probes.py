@@ -74,9 +74,13 @@ def test_probes_report_what_they_found():
 
 def test_no_probe_where_the_bound_is_above():
     """GoogLeNet (make bench's CPU problem): eviction's least peak is under the program's bound,
-    so no probe runs (the relaxation alone: 0.7 s on an idle machine)."""
+    so no probe runs (the relaxation alone: 0.7 s on an idle machine); nor where the time is up
+    (auto's search before it may run past its deadline)."""
     p = _saved("problems_cpu.json.gz", "googlenet")
     below = _relaxed_bound(p) - 1
     start = time.perf_counter()
     assert probe(p, 1, below, start + 30) is None
     assert time.perf_counter() - start < 15
+    start = time.perf_counter()
+    assert probe(p, 1, below + 10 ** 8, start) is None
+    assert time.perf_counter() - start < 0.1
