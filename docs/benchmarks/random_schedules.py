@@ -6,6 +6,9 @@ one step measured against the plan's prediction, then a second step adding into 
 in place, both against eager's gradients and buffers bitwise.
 
     .venv/bin/python docs/benchmarks/random_schedules.py [--cuts] [SEEDS] [MODEL,...]
+
+SEEDS: a count (seeds from 0) or FIRST:END (seeds FIRST to END - 1). A MODEL "cov:NAME" is
+monet_opt.bench_coverage's model NAME (its output summed).
 """
 from __future__ import annotations
 
@@ -47,6 +50,15 @@ FACTORIES |= {"rnn": _case("rnn_tanh_dropout"), "gru": _case("gru_dropout"),
                                        lambda out: out.sum())}
 
 
+def _coverage(name: str):
+    from monet_opt import bench_coverage
+
+    def make():
+        model, x = bench_coverage.build(name)
+        return model, x, lambda out: out.float().sum()
+    return make
+
+
 def _cut_solver(seed: int):
     """Random variants as _random_solver's; from the backward's start and from one to four
     random places in it on, a random half of what the backward reads held alone (NOTE [Cuts
@@ -66,7 +78,7 @@ def run(name: str, seed: int, cuts: bool = False) -> str:
     solver = _cut_solver(seed) if cuts else _random_solver(seed)
     registry._REGISTRY["milp"] = (solver, MilpOptions)
     torch.manual_seed(0)
-    base, x, loss_fn = FACTORIES[name]()
+    base, x, loss_fn = (_coverage(name[4:]) if name.startswith("cov:") else FACTORIES[name])()
     opt = monet_opt.optimize(copy.deepcopy(base), x, 1 << 40, solver="milp", profile_repeats=1,
                              profile_dir=None)
     resident = monet_opt.resident_tensors(opt.model, x)
@@ -97,15 +109,16 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     cuts = "--cuts" in args
     args = [a for a in args if a != "--cuts"]
-    seeds = int(args[0]) if args else 16
+    first, _, end = (args[0] if args else "16").rpartition(":")
+    seeds = range(int(first or 0), int(end))
     names = args[1].split(",") if len(args) > 1 else list(FACTORIES)
     bad = 0
     for name in names:
-        for seed in range(seeds):
+        for seed in seeds:
             try:
                 line = run(name, seed, cuts)
             except Exception as e:  # a schedule the executor cannot run is a finding too
                 line = f"ERR {name} seed {seed}: {type(e).__name__}: {str(e)[:200]}"
             bad += not line.startswith("ok")
             print(line, flush=True)
-    print(f"{bad} of {seeds * len(names)} disagree")
+    print(f"{bad} of {len(seeds) * len(names)} disagree")
