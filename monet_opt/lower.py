@@ -16,7 +16,8 @@ NOTE [The output's gradient]
   `_log_softmax_backward_data`, its saved log-probabilities, nll_loss's gradient and the
   result (128,000 B each) on top of the forward's end; the gradient it then hands us died at
   its last read in our backward, as planned (a weak reference to its storage; not, as this
-  NOTE said before, held by autograd to the backward's end). Measured on tests/models.py's GPT-2 (logits 128,000 B float32): cross-entropy
+  NOTE said before, held by autograd to the backward's end). Measured on tests/models.py's
+  GPT-2 (logits 128,000 B float32): cross-entropy
   +128,000 B over the store-all plan's prediction (eager's peak grows alike), +0 at the least
   plan; `logits.square().sum()` +201,728 B at the least plan; under CPU autocast
   `logits.float().sum()` +62,464 B (tests/test_loss_memory.py; on an H200 under CUDA autocast,

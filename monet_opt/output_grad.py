@@ -5,10 +5,10 @@ The plan counts the output gradients as `out.sum()` hands them: an expanded scal
 whose backward makes a full-size gradient (cross-entropy, a mean, a square, a cast) makes it,
 and what it saved and its backward's temporaries, where the forward turns into the backward,
 so such a step can peak over the plan by about that much (cross-entropy: three logits-sized
-tensors; a square's: 1.6x the logits' bytes on tests/models.py's GPT-2). Each output of the step that requires a gradient gets a
-tensor hook that looks at the gradient it is handed (its storage: an expanded scalar's is one
-element) and warns where it holds more than SHARE of the plan's predicted peak, saying how many
-bytes and what to do: compute the loss inside the module optimized (WithLoss). The hook returns
+tensors; a square's: 1.6x the logits' bytes on tests/models.py's GPT-2). Each output of the
+step that requires a gradient gets a tensor hook that looks at the gradient it is handed (its
+storage: an expanded scalar's is one element) and warns where it holds more than SHARE of the
+plan's predicted peak, saying how many bytes and what to do: compute the loss inside the module optimized (WithLoss). The hook returns
 nothing: the gradient goes on as it came.
 
 NOTE [Double backward]

@@ -65,7 +65,8 @@ def test_copies_are_sized_as_aten_allocates_them():
     view = base[2:6]
     aten = torch.ops.aten
     calls = {aten.copy.default: lambda: aten.copy(view, torch.randn(4, 16)),
-             aten.slice_scatter.default: lambda: aten.slice_scatter(view, torch.randn(4, 4), 1, 0, 4),
+             aten.slice_scatter.default: lambda: aten.slice_scatter(view, torch.randn(4, 4), 1, 0,
+                                                                    4),
              aten.select_scatter.default: lambda: aten.select_scatter(view, torch.randn(4), 1, 0),
              aten.diagonal_scatter.default: lambda: aten.diagonal_scatter(view, torch.randn(4)),
              aten.as_strided_scatter.default: lambda: aten.as_strided_scatter(

@@ -31,7 +31,8 @@ def run_steps(module, params_owner, x, loss_fn, seed=1234):
         torch.manual_seed(seed + step)
         loss = loss_fn(call(module, x))  # outputs let go of: NOTE [Outputs held through the
         loss.backward()                    # backward] plans otherwise for a loop that holds them
-        grads = {n: p.grad.clone() for n, p in params_owner.named_parameters() if p.grad is not None}
+        grads = {n: p.grad.clone() for n, p in params_owner.named_parameters()
+                 if p.grad is not None}
         grads["<generator state after the step>"] = torch.get_rng_state()
         if torch.cuda.is_initialized():
             grads["<CUDA generator state after the step>"] = torch.cuda.get_rng_state()

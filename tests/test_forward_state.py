@@ -266,7 +266,8 @@ def test_tensors_held_as_attributes_are_read_at_every_step():
     net, x = Held(), torch.randn(2, 4)
     eager = copy.deepcopy(net)
     opt = monet_opt.optimize(net, x, HUGE, profile_dir=None, profile_repeats=1)
-    with pytest.warns(monet_opt.ReplanWarning, match=r"state None -> a tensor \(torch.float32 \[2, 4\] on cpu\)"):
+    with pytest.warns(monet_opt.ReplanWarning,
+                      match=r"state None -> a tensor \(torch.float32 \[2, 4\] on cpu\)"):
         for module, owner in ((opt, net), (eager, eager)):
             outs = []
             for _ in range(4):

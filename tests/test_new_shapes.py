@@ -88,7 +88,8 @@ def test_new_shapes_error_and_other_mismatches_refuse():
     with pytest.raises(monet_opt.PlanMismatchError, match=r"expected .*\[4, 3, 16, 16\].*"
                                                           r"received .*\[2, 3, 16, 16\]"):
         opt(x[:2])
-    with pytest.raises(monet_opt.PlanMismatchError, match="requires_grad.*shapes, layouts and requires"):
+    with pytest.raises(monet_opt.PlanMismatchError,
+                       match="requires_grad.*shapes, layouts and requires"):
         opt(x.clone().requires_grad_(True))
     assert len(opt.plans) == 1
     planning = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
