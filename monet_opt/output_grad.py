@@ -8,8 +8,8 @@ so such a step can peak over the plan by about that much (cross-entropy: three l
 tensors; a square's: 1.6x the logits' bytes on tests/models.py's GPT-2). Each output of the
 step that requires a gradient gets a tensor hook that looks at the gradient it is handed (its
 storage: an expanded scalar's is one element) and warns where it holds more than SHARE of the
-plan's predicted peak, saying how many bytes and what to do: compute the loss inside the module optimized (WithLoss). The hook returns
-nothing: the gradient goes on as it came.
+plan's predicted peak, saying how many bytes and what to do: compute the loss inside the module
+optimized (WithLoss). The hook returns nothing: the gradient goes on as it came.
 
 NOTE [Double backward]
   A backward with create_graph=True (a gradient penalty such as WGAN-GP's, second-order MAML,
