@@ -14,8 +14,10 @@ NOTE [Probes under the least peak]
   and each probe halves the range between the highest budget below that bound or known to fail
   and the lowest peak known, getting half the time left (a probe that runs out of time aims
   halfway higher next). Where the bound is at or above the least peak known (the program's
-  stages cannot reach what eviction did: ResNet-50, GoogLeNet, DenseNet-121, GPT-2 on the CPU
-  bench) it costs the relaxation only (0.2-1.5 s there).
+  stages cannot reach what eviction did: MobileNetV2, GoogLeNet, ResNet-50, DenseNet-121 and
+  GPT-2 narrow at make bench's CPU sizes) it costs the relaxation only (0.6-1.5 s there).
+  Asked for 1 B in 30 s: the RNN 22,800 -> 21,712 B (the bound), make bench's U-Net 100.36 ->
+  98.75 MB (docs/benchmarks/least_probes.md).
 """
 from __future__ import annotations
 
