@@ -7,17 +7,19 @@ NOTE [Probes under the least peak]
   (solvers/least.py) is weak too: its objective is the budget, a maximum over every moment of
   the step, and HiGHS's heuristics seldom improve on its start there, though its relaxation is
   tight. An RNN of 196 ops (tests/test_eager_kernels.py): the relaxation's bound 21,712 B, the
-  program's schedule 23,312 B in 4 s and 22,544 B in 15 s, while the same program with a
-  fixed budget and no objective (any schedule within it is optimal) found one at 21,968 B in
-  1.3 s when asked for 2 % over the bound. So once the passes settle, the time left goes to
-  such probes: the least-peak program's relaxation bounds the budgets it can meet from below,
-  and each probe halves the range between the highest budget below that bound or known to fail
-  and the lowest peak known, getting half the time left (a probe that runs out of time aims
-  halfway higher next). Where the bound is at or above the least peak known (the program's
-  stages cannot reach what eviction did: MobileNetV2, GoogLeNet, ResNet-50, DenseNet-121 and
-  GPT-2 narrow at make bench's CPU sizes) it costs the relaxation only (0.6-1.5 s there).
-  Asked for 1 B in 30 s: the RNN 22,800 -> 21,712 B (the bound), make bench's U-Net 100.36 ->
-  98.75 MB (docs/benchmarks/least_probes.md).
+  program's schedule 23,312 B in 4 s and 22,544 B in 15 s, while the same program with a fixed
+  budget and no objective (any schedule within it is optimal) found one at 21,968 B in 1.3 s
+  when asked for 2 % over the bound. So once the passes settle, the time left goes to such
+  probes: the least-peak program's relaxation bounds the budgets it can meet from below, and
+  each probe halves the range between the highest budget below that bound or known to fail and
+  the lowest peak known, getting half the time left (a probe that runs out of time aims halfway
+  higher next). Where the budget asked for is above the bound, the first probe is at the budget
+  itself: a schedule there is a plan for the caller, not only a lower least peak. Where the
+  bound is at or above the least peak known (the program's stages cannot reach what eviction
+  did: MobileNetV2, GoogLeNet, ResNet-50, DenseNet-121 and GPT-2 narrow at make bench's CPU
+  sizes) it costs the relaxation only (0.6-1.5 s there). Asked for 1 B in 30 s: the RNN 22,800
+  -> 21,712 B (the bound), make bench's U-Net 100.36 -> 98.75 MB
+  (docs/benchmarks/least_probes.md).
 """
 from __future__ import annotations
 
@@ -71,10 +73,13 @@ def probe(problem: Problem, budget_bytes: int, below: int,
         return None
     if bound.objective is None:
         return None
-    lo = aim = max(budget_bytes, math.ceil(bound.objective))  # every budget below lo fails
+    # no budget under lo is probed: the program meets none under its bound, and a schedule
+    # within the budget asked for is all the caller needs; that budget is probed first
+    lo = aim = max(budget_bytes, math.ceil(bound.objective))
     hi, found = below, None
+    first = lo if lo == budget_bytes else None
     while hi - aim > hi * PROBE_CLOSE and deadline - time.perf_counter() >= PROBE_MIN_S:
-        mid = (aim + hi) // 2
+        mid, first = (first, None) if first is not None else ((aim + hi) // 2, None)
         left = max(PROBE_MIN_S, (deadline - time.perf_counter()) / 2)
         try:
             program = Program(stages, mid, deadline, fits_only=True)

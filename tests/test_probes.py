@@ -84,3 +84,21 @@ def test_no_probe_where_the_bound_is_above():
     start = time.perf_counter()
     assert probe(p, 1, below + 10 ** 8, start) is None
     assert time.perf_counter() - start < 0.1
+
+
+def test_the_budget_asked_for_is_probed_first(monkeypatch):
+    """Above the relaxation's bound the first probe is at the budget itself, and a schedule
+    found there fits it: a plan for the caller, where auto's other searches found none."""
+    from solvers import probes
+
+    p = _saved("problems_chains.json.gz", "rnn_tanh_dropout")
+    budget = int(_relaxed_bound(p) * 1.025)
+    asked = []
+
+    def recorded(program, options, start):
+        asked.append(program.budget)
+        return solve_program(program, options, start)
+    monkeypatch.setattr(probes, "solve_program", recorded)
+    peak, schedule = probe(p, budget, 2 * budget, time.perf_counter() + 20)
+    assert asked[0] == budget
+    assert simulate(p, schedule).peak_bytes == peak <= budget
