@@ -79,7 +79,8 @@ def probe(problem: Problem, budget_bytes: int, below: int,
     hi, found = below, None
     first = lo if lo == budget_bytes else None
     while hi - aim > hi * PROBE_CLOSE and deadline - time.perf_counter() >= PROBE_MIN_S:
-        mid, first = (first, None) if first is not None else ((aim + hi) // 2, None)
+        mid = first if first is not None else (aim + hi) // 2
+        first = None
         left = max(PROBE_MIN_S, (deadline - time.perf_counter()) / 2)
         try:
             program = Program(stages, mid, deadline, fits_only=True)
