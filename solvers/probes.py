@@ -66,16 +66,12 @@ def probe(problem: Problem, budget_bytes: int, below: int,
         return None
     options = MilpOptions()
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)
-    try:
-        bound = solve_relaxation(Program(stages, None, deadline).mip,
-                                 deadline - time.perf_counter())
-    except BuildTimeout:
-        return None
-    if bound.objective is None:
+    bound = relaxation_bound(stages, deadline)
+    if bound is None:
         return None
     # no budget under lo is probed: the program meets none under its bound, and a schedule
     # within the budget asked for is all the caller needs; that budget is probed first
-    lo = aim = max(budget_bytes, math.ceil(bound.objective))
+    lo = aim = max(budget_bytes, bound)
     hi, found = below, None
     first = lo if lo == budget_bytes else None
     while hi - aim > hi * PROBE_CLOSE and deadline - time.perf_counter() >= PROBE_MIN_S:
@@ -97,3 +93,14 @@ def probe(problem: Problem, budget_bytes: int, below: int,
         else:
             aim = mid
     return (hi, found) if found is not None else None
+
+
+def relaxation_bound(stages, deadline: float) -> int | None:
+    """The least-peak program of `stages` relaxed (integrality dropped), solved by `deadline`:
+    no schedule of the program peaks below it. None where it did not finish in time."""
+    try:
+        mip = Program(stages, None, deadline).mip
+    except BuildTimeout:
+        return None
+    objective = solve_relaxation(mip, deadline - time.perf_counter()).objective
+    return math.ceil(objective) if objective is not None else None
