@@ -33,6 +33,7 @@ from monet_opt.profiler import PROFILER_REVISION, profile
 from monet_opt.units import Share, parse_limit
 import solvers
 from solvers.variants import useless as useless_variants
+from solvers.peak_bound import least_peak_bound
 from solvers.remembered import recall, recalled
 
 
@@ -328,7 +329,8 @@ class _Planner:
             result = solvers.without_unread(problem, result)
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds
             raise InfeasibleBudgetError(limit, result.min_feasible_bytes, self.solver, self.limit,
-                                        least_held(problem, result))
+                                        least_held(problem, result), least_peak_bound(problem),
+                                        self.time_limit_s)
         self.plan = make_plan(problem, lowered.op_labels, result, limit)
         told.planned(self.plan, self.inputs)
         self.slots = slots

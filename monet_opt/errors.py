@@ -31,22 +31,58 @@ class InfeasibleBudgetError(MonetError):
     """The memory limit is below the least peak any schedule we can build reaches."""
 
     def __init__(self, memory_limit_bytes: int, min_feasible_bytes: int, solver: str,
-                 asked: object = None, held: Any = None) -> None:
+                 asked: object = None, held: Any = None, bound: Any = None,
+                 time_limit_s: float | None = None) -> None:
         """asked: the limit as given where it was a share (NOTE [Limits as shares]); held:
-        what the least peak's schedule holds there (a HeldAtPeak: NOTE [Held at the peak])."""
+        what the least peak's schedule holds there (a HeldAtPeak: NOTE [Held at the peak]);
+        bound: a PeakBound no schedule peaks below (NOTE [Proven or not found]); time_limit_s:
+        the solver's."""
         from monet_opt.units import Share, format_bytes
 
         self.memory_limit_bytes = int(memory_limit_bytes)
         self.min_feasible_bytes = int(min_feasible_bytes)
+        self.lower_bound_bytes = None if bound is None else int(bound.bytes)
         self.held = held
         size = f"{format_bytes(memory_limit_bytes)} ({memory_limit_bytes} B)"
         if isinstance(asked, Share):
             size = f"{str(asked)!r} ({format_bytes(memory_limit_bytes)}, {memory_limit_bytes} B)"
+        least = f"{format_bytes(min_feasible_bytes)} ({min_feasible_bytes} B)"
         super().__init__(
             f"monet_opt.optimize: memory_limit {size} is below the least peak solver "
-            f"{solver!r} can reach, {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} "
-            "B). Raise memory_limit "
-            "to at least that, or use a smaller batch." + _held_text(held))
+            f"{solver!r} can reach, {least}." + _held_text(held) +
+            _bound_text(self, bound, least, time_limit_s))
+
+    @property
+    def proven(self) -> bool:
+        """Whether no schedule at all fits the limit (it is under the step's sizes bound), not
+        only none the solver found in its time."""
+        return self.lower_bound_bytes is not None and \
+            self.memory_limit_bytes < self.lower_bound_bytes
+
+
+def _bound_text(err: InfeasibleBudgetError, bound: Any, least: str,
+                time_limit_s: float | None) -> str:
+    """NOTE [Proven or not found]
+      The least peak a solver reports is the least it reached in its time, not always the
+      least there is. The step's sizes bound every schedule's peak from below (NOTE [A least
+      peak from sizes] in solvers/peak_bound.py); a limit under it cannot be met by any plan,
+      and the error says so (only a smaller batch or model helps). A limit between it and the
+      least peak reached may be met by a schedule the solver did not find in time: the error
+      says a longer time_limit_s may find one, before saying to raise the limit."""
+    from monet_opt.units import format_bytes
+
+    act = f"raise memory_limit to at least {least}, or use a smaller batch."
+    if bound is None:
+        return " R" + act[1:]
+    where = f" (what {bound.op} holds while it runs)" if bound.op else \
+        " (the fixed memory and every gradient)"
+    sizes = f"{format_bytes(bound.bytes)} ({bound.bytes} B){where}"
+    if err.proven:
+        return (f" No schedule can fit the limit: the step's sizes alone need {sizes}. Use a "
+                f"smaller batch, or raise memory_limit to at least {least}.")
+    longer = f"longer than time_limit_s={time_limit_s:g}" if time_limit_s else "longer"
+    return (f" No schedule peaks below {sizes}, so a plan between may exist, and a solve "
+            f"{longer} may find it; otherwise " + act)
 
 
 def _held_text(held: Any) -> str:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import monet_opt
+from monet_opt.units import format_bytes
 from tests import models
 
 HUGE = 1 << 40
@@ -82,6 +83,28 @@ def test_infeasible_budget_error_states_both_numbers():
     # the figure it states is reachable
     opt = monet_opt.optimize(model, x, err.min_feasible_bytes, profile_repeats=1)
     assert opt.plan.predicted_peak_bytes <= err.min_feasible_bytes
+
+
+def test_infeasible_budget_error_tells_proven_from_not_found():
+    """NOTE [Proven or not found]: under the step's sizes bound no plan can fit, and the error
+    says so; between it and the least peak reached a longer solve may find one."""
+    model, x, _ = models.small_cnn()
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+        monet_opt.optimize(model, x, 1000, profile_repeats=1)
+    err = info.value
+    bound = err.lower_bound_bytes
+    assert err.proven and 1000 < bound <= err.min_feasible_bytes
+    assert "the step's sizes alone need" in str(err) and f"({bound} B)" in str(err)
+    assert "time_limit_s" not in str(err)
+    if bound == err.min_feasible_bytes:
+        pytest.skip("the least peak reached is the sizes bound: nothing lies between")
+    between = (bound + err.min_feasible_bytes) // 2
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+        monet_opt.optimize(model, x, between, profile_repeats=1, time_limit_s=2)
+    err = info.value
+    assert not err.proven and err.lower_bound_bytes == bound
+    assert "a plan between may exist" in str(err) and "time_limit_s=2" in str(err)
+    assert f"at least {format_bytes(err.min_feasible_bytes)}" in str(err)
 
 
 class DataDependent(nn.Module):
