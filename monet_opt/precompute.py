@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import solvers
+from solvers.peak_bound import least_peak_bound
 from monet_opt import api
 from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
 from monet_opt.errors import UsageError, internal_assert
@@ -264,9 +265,14 @@ def _outcome(profile: Profile, result: solvers.SolveResult, limit: int) -> str:
     if result.status == solvers.Status.TIMEOUT:
         return (f"no schedule within the time limit ({result.solver}, "
                 f"{result.solve_time_s:.1f} s): raise --time-limit-s")
-    least = result.min_feasible_bytes
-    return (f"infeasible: the least feasible peak is {format_bytes(least)} ({least} B); "
-            "ask for at least that")
+    least, bound = result.min_feasible_bytes, least_peak_bound(profile.problem).bytes
+    if limit < bound:  # NOTE [Proven or not found] in monet_opt/errors.py
+        return (f"infeasible: the least feasible peak is {format_bytes(least)} ({least} B), "
+                f"and the step's sizes alone need {format_bytes(bound)}; ask for at least "
+                f"{format_bytes(least)}")
+    return (f"infeasible: the least feasible peak is {format_bytes(least)} ({least} B); ask "
+            f"for at least that, or a longer --time-limit-s may find one down to "
+            f"{format_bytes(bound)} (the step's sizes)")
 
 
 def _note(text: str) -> None:

@@ -52,6 +52,8 @@ def test_precompute_solves_each_limit_and_reports_infeasible_ones(zoo):
     assert len(rows) == 2
     assert "optimal" in rows[0] or "feasible" in rows[0]
     assert "infeasible: the least feasible peak is" in rows[1]
+    # 1 % of the activations is under what the step's sizes need: no longer solve would help
+    assert "the step's sizes alone need" in rows[1] and "--time-limit-s" not in rows[1]
 
 
 def test_optimize_then_neither_profiles_nor_solves(zoo, monkeypatch):
