@@ -3,7 +3,7 @@
 NOTE [Accumulating in place]
   A step that begins with gradients in place (accumulating over micro-batches, or
   zero_grad(set_to_none=False)) holds them through the whole step (NOTE [Gradients resident at
-  the start] in monet_opt/api.py). Eager's AccumulateGrad adds each new gradient into the old
+  the start], below). Eager's AccumulateGrad adds each new gradient into the old
   one (`grad += new`) as soon as the engine hands it over, which for a leaf is right after it
   is made, and frees it. Our backward returns all its gradients at its end, so such a step held
   two sets of gradients there. For a step planned with gradients in place, the backward now
@@ -13,12 +13,23 @@ NOTE [Accumulating in place]
   into +0.0), so the gradient is left bitwise as eager leaves it, and the engine's own
   accumulation hooks (DDP's reducer) still run, after it.
   The backward adds in place only where eager's engine would have accumulated into that very
-  tensor: the parameter still has a dense gradient of the new one's dtype, shape and device, has no
-  tensor hooks (they must see the new gradient first), and the engine will run its
+  tensor: the parameter still has a dense gradient of the new one's dtype, shape and device,
+  has no tensor hooks (they must see the new gradient first), and the engine will run its
   AccumulateGrad (not so under torch.autograd.grad). Otherwise it returns the gradient as it
   was made, and that step holds what an unplanned one would.
   The plan knows which gradients are added in place (the derived problem, `in_place_problem`):
   they are no longer outputs held to the end, and the resident gradients are fixed memory.
+
+NOTE [Gradients resident at the start]
+  A step that begins with gradients already in place (accumulating over micro-batches, or
+  zero_grad(set_to_none=False)) holds them from its first op to its last. Planned as a
+  step without them, it measured one whole set of gradients over its prediction and its
+  limit (docs/benchmarks/replan.md). So such a step is planned apart (NOTE [New input
+  shapes] in monet_opt/module.py): its backward adds each new gradient into the old one
+  as soon as it is made, as eager does (NOTE [Accumulating in place], above), and the
+  solver sees the derived problem: the gradients in place are fixed memory, the new ones
+  they take in are not held to the end. Its plan shows them so: fixed bytes, predicted,
+  least and store-all peaks include them.
 """
 from __future__ import annotations
 

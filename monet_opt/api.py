@@ -34,7 +34,7 @@ from monet_opt.units import Share, parse_limit
 import solvers
 from solvers.variants import useless as useless_variants
 from solvers.peak_bound import least_peak_bound
-from solvers.remembered import recall, recalled
+from solvers.remembered import recall, recalled, replanned
 
 
 def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Share, *,
@@ -123,12 +123,15 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
     families = offered_families(variants, allow_lossy)  # checked before anything is traced
 
+    replan = False
+
     def plan_step(args: tuple, kwargs: dict, resident: tuple[int, ...] = (),
                   resident_bytes: int = 0, outputs_held: bool = False) -> Step:
         planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
                            cache=cache, variants=families, allow_lossy=allow_lossy,
                            profile_time_limit_s=profile_time_limit_s, resident=resident,
-                           resident_bytes=resident_bytes, outputs_held=outputs_held)
+                           resident_bytes=resident_bytes, outputs_held=outputs_held,
+                           replan=replan)
         run, spec = _trace(model, args, kwargs, planner)
         internal_assert(planner.plan is not None, "the partition function was never called")
         inputs = planner.primals[len(planner.primals) - len(spec.leaves):]
@@ -146,6 +149,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
     before = watched.values(list(model.modules()))
     first = plan_step(*capture.InputSpec.split(sample_input))
     limit = first.plan.memory_limit_bytes  # other shapes: the same bytes (NOTE [Limits as shares])
+    replan = True  # NOTE [Plans for other shapes]
     warn_if_forward_changed(model, watched, before)
     flags = tuple(m.training for m in model.modules())
     optimized = for_model(model)  # NOTE [The model's signature]
@@ -215,26 +219,15 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
 
 
 class _Planner:
-    """The partition function AOTAutograd calls with the joint graph: plans and cuts it.
-
-    NOTE [Gradients resident at the start]
-      A step that begins with gradients already in place (accumulating over micro-batches, or
-      zero_grad(set_to_none=False)) holds them from its first op to its last. Planned as a
-      step without them, it measured one whole set of gradients over its prediction and its
-      limit (docs/benchmarks/replan.md). So such a step is planned apart (NOTE [New input
-      shapes] in monet_opt/module.py): its backward adds each new gradient into the old one
-      as soon as it is made, as eager does (NOTE [Accumulating in place] in
-      monet_opt/accumulate.py), and the solver sees the derived problem: the gradients in
-      place are fixed memory, the new ones they take in are not held to the end. Its plan
-      shows them so: fixed bytes, predicted, least and store-all peaks include them.
-    """
+    """The partition function AOTAutograd calls with the joint graph: plans and cuts it
+    (NOTE [Gradients resident at the start] in monet_opt/accumulate.py)."""
 
     def __init__(self, limit: int | Share | None, solver: str, repeats: int, name: str,
                  time_limit_s: float, *, cache: ProfileCache | None = None,
                  variants: bool | Collection[str] = True, allow_lossy: bool = False,
                  profile_time_limit_s: float | None = None, resident: tuple[int, ...] = (),
                  resident_bytes: int = 0, outputs_held: bool = False,
-                 timed: bool = True) -> None:
+                 timed: bool = True, replan: bool = False) -> None:
         """limit None: only lower and profile (`self.problem`), then run store-all (caching no
         schedule). cache: the profile directory to consult, if any. variants, allow_lossy: the
         library's operator variants offered to the solver, and its lossy ones.
@@ -242,14 +235,15 @@ class _Planner:
         when the step begins, and the bytes of every gradient in place then (NOTE [Gradients
         resident at the start]). outputs_held: the caller holds the step's outputs through its
         backward (NOTE [Outputs held through the backward] in monet_opt/held_outputs.py).
-        timed False: the problem is not profiled (lower_problem's sizes only)."""
+        timed False: the problem is not profiled (lower_problem's sizes only). replan: a step
+        of an optimized module after its first (NOTE [Plans for other shapes])."""
         self.limit, self.solver, self.time_limit_s = limit, solver, time_limit_s
         self.repeats, self.name, self.cache = repeats, name, cache
         self.families = offered_families(variants, allow_lossy)
         self.variants, self.allow_lossy = bool(self.families), bool(self.families) and allow_lossy
         self.profile_time_limit_s = profile_time_limit_s
         self.resident, self.resident_bytes = resident, resident_bytes
-        self.outputs_held, self.timed = outputs_held, timed
+        self.outputs_held, self.timed, self.replan = outputs_held, timed, replan
         self.primals: list[torch.Tensor] = []
         self.inputs = ""
         self.problem: solvers.Problem | None = None
@@ -317,13 +311,15 @@ class _Planner:
                                            self.resident_bytes)
             limit = limit_bytes(self.limit, problem) if self.limit is not None else 2 ** 62
             # NOTEs [Schedules found for the step ...], [Least peaks recalled in the process]
-            known = recalled(self.solver, problem, self.problem)  # solvers/remembered.py
+            seconds, others = replanned(self.solver, problem, limit, self.time_limit_s) \
+                if self.replan else (self.time_limit_s, ())  # NOTE [Plans for other shapes]
+            known = recalled(self.solver, problem, self.problem) + others
             if self.cache is None or self.limit is None:
-                result = solve(problem, limit, self.solver, time_limit_s=self.time_limit_s,
-                               known=known)
+                result = solve(problem, limit, self.solver, time_limit_s=seconds, known=known,
+                               candidates=others)
             else:
                 result = self.cache.solve(derived(self.profile, problem), limit, self.solver,
-                                          self.time_limit_s, solve=solve, known=known)
+                                          seconds, solve=solve, known=known, candidates=others)
             recall(self.solver, problem, result)
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
             result = solvers.without_unread(problem, result)

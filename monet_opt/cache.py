@@ -76,8 +76,9 @@ class Profile:
 
 def derived(profile: Profile, problem: Problem) -> Profile:
     """`profile` solving `problem`, made from its measured one (a step with gradients in
-    place: NOTE [Gradients resident at the start] in monet_opt/api.py). Its schedules are keyed
-    by the problem's content, as every schedule is, and its least peak is stored apart."""
+    place: NOTE [Gradients resident at the start] in monet_opt/accumulate.py). Its schedules
+    are keyed by the problem's content, as every schedule is, and its least peak is stored
+    apart."""
     if problem is profile.problem:
         return profile
     return dataclasses.replace(profile, problem=problem, derived=True)
@@ -134,12 +135,14 @@ class ProfileCache:
 
     def solve(self, profile: Profile, limit_bytes: int, solver: str, time_limit_s: float,
               solve: Callable[..., SolveResult] | None = None,
-              known: Sequence[Schedule] = ()) -> SolveResult:
+              known: Sequence[Schedule] = (),
+              candidates: Sequence[Schedule] = ()) -> SolveResult:
         """The cached answer of `solver` at `limit_bytes` on `profile`, or a fresh one stored
         (made by `solve`, a wrapper of solvers.solve, or by solvers.solve). Results without a
         schedule are stored only when the solver proved infeasibility (a time-limit stop may go
         otherwise next time). known: schedules of the problem found elsewhere (NOTE [Least
-        peaks remembered] in solvers/remembered.py)."""
+        peaks remembered] in solvers/remembered.py); candidates: more for "auto" beside those
+        the directory holds (NOTE [Plans for other shapes])."""
         key = ScheduleKey(profile.content_sha256, limit_bytes, solver,
                           (("time_limit_s", float(time_limit_s)),), library_version())
         path = profile.folder / f"schedule-{limit_bytes}-{_safe(solver)}-{key.digest[:12]}.json"
@@ -156,7 +159,7 @@ class ProfileCache:
                                   _read_schedule(path, profile, key).result, known)
         solve = solve or solvers.solve
         result = solve(profile.problem, limit_bytes, solver, time_limit_s=time_limit_s,
-                       known=known, candidates=self._held(profile, solver))
+                       known=known, candidates=self._held(profile, solver) + list(candidates))
         if result.floor_schedule is not None and (floor is None or
                                                   result.min_feasible_bytes < floor[0]):
             _write(floor_path, {"kind": FLOOR_KIND, "schema_version": SCHEMA_VERSION,

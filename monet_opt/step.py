@@ -19,8 +19,8 @@ from monet_opt.units import format_bytes
 class ReplanWarning(RuntimeWarning):
     """The optimized module planned another step: for inputs of new shapes (NOTE [New input
     shapes] in monet_opt/module.py), for gradients resident at the step's start (NOTE
-    [Gradients resident at the start] in monet_opt/api.py), or for anything else that tells
-    steps apart (step_key)."""
+    [Gradients resident at the start] in monet_opt/accumulate.py), or for anything else that
+    tells steps apart (step_key)."""
 
 
 @dataclasses.dataclass(frozen=True)

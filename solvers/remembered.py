@@ -69,6 +69,9 @@ RECALLED = 16  # problems
 PER_PROBLEM = 8  # schedules of each, its least peak's among them
 _recalled: collections.OrderedDict[int, tuple[int | None, list[Schedule]]] = \
     collections.OrderedDict()
+_plans: collections.OrderedDict[int, list[_Named]] = collections.OrderedDict()  # by graph
+REPLAN_SHARE = 1 / 6  # of time_limit_s, for a step another shape's plan fits
+REPLAN_MIN_S = 2.0
 
 
 def _memory_of(solver: str, problem: Problem) -> int:
@@ -80,6 +83,45 @@ def _memory_of(solver: str, problem: Problem) -> int:
                  problem.forward_outputs, problem.backward_outputs,
                  tuple((v.op, v.replaces, v.reads, v.encode_ops, v.extra_workspace_bytes)
                        for v in problem.variants)))
+
+
+def _graph_of(solver: str, problem: Problem) -> int:
+    """A hash of `solver` and the problem's graph by names, its sizes and its ops' order left
+    out: the same for a step traced at another batch size or sequence length, whose backward
+    may be lowered in another order (NOTE [Plans for other shapes])."""
+    names = [t.name for t in problem.tensors]
+    return hash((solver, frozenset((o.name, o.is_backward, tuple(names[t] for t in o.inputs),
+                                    tuple(names[t] for t in o.outputs)) for o in problem.ops),
+                 frozenset(v.name for v in problem.variants)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Named:
+    """A schedule by its ops', tensors' and variants' names, for a problem of the same graph."""
+
+    kept: frozenset[str]
+    backward: tuple[str, ...]
+    variants: frozenset[str]
+
+    @staticmethod
+    def of(problem: Problem, schedule: Schedule) -> _Named:
+        return _Named(frozenset(problem.tensors[t].name for t in schedule.kept),
+                      tuple(problem.ops[i].name for i in schedule.backward),
+                      frozenset(problem.variants[v].name for v in schedule.variants))
+
+    def on(self, problem: Problem) -> Schedule | None:
+        """This schedule on `problem`; None where a name is not there once."""
+        ids = [{x.name: i for i, x in enumerate(xs)} for xs in
+               (problem.tensors, problem.ops, problem.variants)]
+        if any(len(m) != len(xs) for m, xs in zip(ids, (problem.tensors, problem.ops,
+                                                        problem.variants))):
+            return None
+        try:
+            return Schedule(frozenset(ids[0][n] for n in self.kept),
+                            tuple(ids[1][n] for n in self.backward),
+                            frozenset(ids[2][n] for n in self.variants))
+        except KeyError:
+            return None
 
 
 def recalled(solver: str, problem: Problem, *like: Problem) -> tuple[Schedule, ...]:
@@ -106,6 +148,41 @@ def recall(solver: str, problem: Problem, result: SolveResult) -> None:
     _recalled[key] = (least, schedules)
     while len(_recalled) > RECALLED:
         _recalled.popitem(last=False)
+    if result.schedule is not None:  # NOTE [Plans for other shapes]
+        key, named = _graph_of(solver, problem), _Named.of(problem, result.schedule)
+        plans = [s for s in _plans.pop(key, []) if s != named][-(PER_PROBLEM - 1):]
+        _plans[key] = plans + [named]
+        while len(_plans) > RECALLED:
+            _plans.popitem(last=False)
+
+
+def replanned(solver: str, problem: Problem, budget_bytes: int,
+              time_limit_s: float) -> tuple[float, tuple[Schedule, ...]]:
+    """NOTE [Plans for other shapes]
+      A training loop meets inputs of other shapes: a smaller last batch, and with dynamic
+      padding (a collator padding each batch to its longest, HF's default for many tasks) a new
+      sequence length batch after batch, each a step planned at its first call (NOTE [New input
+      shapes] in monet_opt/module.py): "auto" took its whole time_limit_s on each length that
+      store-all did not fit (GPT-2 narrow: 31 s at 240 and 224 tokens,
+      docs/benchmarks/close_enough.md). Such a step has the graph of the one planned before,
+      tensors of other sizes, so that step's schedule runs on it, and where every size is no
+      larger (a shorter length, a smaller batch), it fits the same limit (by the names of its
+      ops and tensors: the backward may be lowered in another order). So the schedules
+      planned in this process for problems of this graph (`recall`) are offered to a step
+      planned after the module's first: as known schedules (the least peak is no higher than
+      theirs) and as auto's candidates (those that fit join its own, polished and pruned like
+      them); and where one fits, auto is given REPLAN_SHARE of time_limit_s (at least
+      REPLAN_MIN_S): its plan is no slower than that schedule, and more time buys little there
+      (GPT-2 narrow, 256-token schedule at 60 % of store-all: at 240 tokens +4.34 % predicted,
+      auto in 3 s +2.47 %, in 30 s +2.40 %; at 192 tokens +5.15 %, +0.72 %, +0.72 %). Where
+      none fits (a longer length), the step gets the whole time_limit_s as before. The step
+      optimize() plans itself always gets the whole time. Returns the time limit and the
+      schedules."""
+    on = (s.on(problem) for s in _plans.get(_graph_of(solver, problem), ()))
+    others = tuple(s for s in on if s is not None)
+    if solver != "auto" or not fitting(problem, budget_bytes, others):
+        return time_limit_s, others
+    return max(min(time_limit_s, REPLAN_MIN_S), time_limit_s * REPLAN_SHARE), others
 
 
 def lowest(problem: Problem, known: Iterable[Schedule]) -> Schedule | None:
