@@ -30,7 +30,8 @@ for mode in sys.argv[2].split(",") if len(sys.argv) > 2 else ("with", "without")
     opt = monet_opt.optimize(model, x, limit, profile_dir=None)
     plan = opt.plan
     print(f"| {mode} | 256 (optimize()) | {time.perf_counter() - t:.1f} | "
-          f"{plan.predicted_overhead:+.2%} | {plan.solver}, {plan.solve_time_s:.1f} s |", flush=True)
+          f"{plan.predicted_overhead:+.2%} | {plan.solver}, {plan.solve_time_s:.1f} s |",
+          flush=True)
     for seq in lengths:
         xi = {k: v[:, :seq].contiguous() for k, v in x.items()}  # input_ids, attention_mask
         opt.zero_grad(set_to_none=True)
