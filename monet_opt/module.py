@@ -46,10 +46,12 @@ from monet_opt.walk import Walk
 #   arguments: HF's Trainer adds num_items_in_batch for a model whose forward takes **kwargs),
 #   are planned when first met, under the same memory limit and options, and kept, one Step each:
 #   optimize()'s work again (tracing on fake tensors, profiling and solving, or reading both
-#   from the profile directory), with a ReplanWarning saying how long it took;
+#   from the profile directory), with a ReplanWarning saying how long it took; where a plan
+#   made before fits the new step (a shorter length), the solve starts from it in less time
+#   (NOTE [Plans for other shapes] in solvers/remembered.py).
 #   optimize(..., new_shapes="error") refuses them instead (PlanMismatchError). A step that
 #   begins with gradients in place is planned apart in the same way (NOTE [Gradients resident
-#   at the start] in monet_opt/api.py), whatever new_shapes says.
+#   at the start] in monet_opt/accumulate.py), whatever new_shapes says.
 #   Planning leaves the random stream and BatchNorm's statistics as they were, so the step then
 #   trains like the model on that batch, bitwise, like every plan. It runs outside any
 #   TorchDispatchMode the caller has around the step (a live-bytes counter, a FLOP counter):
