@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import warnings
 from typing import Any, Collection
@@ -311,9 +312,10 @@ class _Planner:
                                            self.resident_bytes)
             limit = limit_bytes(self.limit, problem) if self.limit is not None else 2 ** 62
             # NOTEs [Schedules found for the step ...], [Least peaks recalled in the process]
-            seconds, others = replanned(self.solver, problem, limit, self.time_limit_s) \
-                if self.replan else (self.time_limit_s, ())  # NOTE [Plans for other shapes]
+            seconds, others, least = replanned(self.solver, problem, limit, self.time_limit_s) \
+                if self.replan else (self.time_limit_s, (), True)  # NOTE [Plans for other shapes]
             known = recalled(self.solver, problem, self.problem) + others
+            solve = functools.partial(solve, least_peak=least)
             if self.cache is None or self.limit is None:
                 result = solve(problem, limit, self.solver, time_limit_s=seconds, known=known,
                                candidates=others)

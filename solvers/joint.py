@@ -247,7 +247,7 @@ def _notes(stages) -> list[str]:
 
 def _heuristic(problem: Problem, budget_bytes: int, deadline: float) -> SolveResult:
     """Chen's greedy and cheapest-first eviction, without variants and with the lightest ones,
-    sharing the time to `deadline` (NOTE [Heuristics in their time] in solvers/registry.py):
+    sharing the time to `deadline` (NOTE [Heuristics in their time] in solvers/timeshare.py):
     the fastest that fits (or the lowest peak)."""
     plan = [(name, fn, opts, chosen)
             for name, fn, opts in (("chen_greedy", baselines.chen_greedy,

@@ -221,7 +221,7 @@ class Problem:
     def memo(self) -> dict:
         """What solvers derive from this problem alone, whatever the budget, kept with it so
         that another solve of it starts where the last one stopped (Chen's greedy sweep,
-        eviction's least peak: NOTE [Heuristics in their time] in solvers/registry.py)."""
+        eviction's least peak: NOTE [Heuristics in their time] in solvers/timeshare.py)."""
         return {}
 
     # ---- JSON round trip (for the cache and for reproducing failures) ----

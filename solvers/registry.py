@@ -171,7 +171,7 @@ def available_solvers() -> list[str]:
 
 def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: Any = None,
           time_limit_s: float | None = None, known: Sequence[Schedule] = (),
-          candidates: Sequence[Schedule] = ()) -> SolveResult:
+          candidates: Sequence[Schedule] = (), least_peak: bool = True) -> SolveResult:
     """Find a schedule whose simulated peak is at most `budget_bytes` (fixed memory included).
 
     "auto": store-all when it fits (nothing is faster), or a heuristic's schedule within
@@ -197,7 +197,9 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     `candidates`: other schedules of this problem ("auto" only); those that fit the budget
     join its own (NOTE [Schedules remembered]). A machine with four cores per search to spare
     runs several "auto" searches at once, each with its own HiGHS seed, and the fastest wins
-    (NOTE [A portfolio of seeds] in solvers/portfolio.py).
+    (NOTE [A portfolio of seeds] in solvers/portfolio.py). `least_peak` False: where store-all
+    fits, "auto" runs no least-peak program; its least peak is then its heuristics', the DP's
+    and the known schedules' (NOTE [Plans for other shapes] in solvers/remembered.py).
     """
     if time_limit_s is not None and time_limit_s <= 0:
         raise SolverError(f"solvers.solve: time_limit_s must be positive, got {time_limit_s}")
@@ -205,7 +207,7 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     if solver == "auto":  # NOTE [A portfolio of seeds]
         limit = time_limit_s if time_limit_s is not None else MilpOptions().time_limit_s
         result = portfolio.best_of(
-            lambda: _auto(problem, budget_bytes, limit, start, candidates), limit)
+            lambda: _auto(problem, budget_bytes, limit, start, candidates, least_peak), limit)
         return without_unread(problem, with_known(problem, budget_bytes, result, known))
     if solver not in _REGISTRY:
         raise UnknownSolverError(
@@ -226,23 +228,7 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
 _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")
 
 
-# NOTE [Heuristics in their time]
-#   "auto" ran its heuristics to their end before its shares of the limit began, which on the
-#   bench's models takes a second or two, but on a graph of thousands of ops far longer: an
-#   LSTM cell unrolled over 256 steps (9,731 ops) took 18 s in them (eviction's least peak
-#   11.5 s, Chen's greedy sweep 3.6 s), a window of fine windows 13 s to build, and auto asked
-#   for 30 s took 46 s. The heuristics that search now share AUTO_CHEAP_SHARE of the limit by
-#   weight (solvers/timeshare.py; the greedy sweep coarse to fine, eviction's rankings in half
-#   its time), keep what they found with the problem (problem.memo: the MILP's own warm start
-#   and a later solve go on from there), the MILP's limit is cut to what the phases after it
-#   leave (less a grace of AUTO_CHEAP_GRACE of the limit, which keeps the bench's models as
-#   they were), and the DP's sets and a window's program stop at their deadlines. On that
-#   LSTM at 60 % of eager's peak: 46.2 s -> 30.0 s (predicted step 0.2729 -> 0.2782 s; given
-#   46 s, 0.2725 s); at half its activations, where nothing fits, 52.7 -> 37.7 s (the MILP's
-#   own preparation). GoogLeNet and ResNet-50 (docs/benchmarks/problems_cpu.json.gz) at half
-#   and a third of their activations: the same least peaks, +6.57/+17.12 -> +6.49/+18.58 % and
-#   +4.05/+10.58 -> +4.05/+9.98 % predicted (an earlier run of the old code: +19.77 % at a
-#   third on GoogLeNet), each in 27-28 s as before.
+# NOTE [Heuristics in their time] in solvers/timeshare.py
 def _cheap(problem: Problem, budget_bytes: int, deadline: float = math.inf,
            store_all: SolveResult | None = None) -> list[SolveResult]:
     """The heuristics, with no variants and (where the problem has any) the lightest ones
@@ -298,8 +284,8 @@ def _cheap(problem: Problem, budget_bytes: int, deadline: float = math.inf,
 #   A rematerialized schedule does not count here, is not polished, and is refined by fine
 #   windows only when well ahead (NOTE [Rematerializing in auto] in solvers/remat.py).
 def _auto(problem: Problem, budget_bytes: int, limit: float,
-          least_start: Schedule | None = None, candidates: Sequence[Schedule] = ()
-          ) -> SolveResult:
+          least_start: Schedule | None = None, candidates: Sequence[Schedule] = (),
+          least_peak: bool = True) -> SolveResult:
     start = time.perf_counter()
     deadline = start + limit
     polish_s = min(AUTO_POLISH_TIME_LIMIT_S, limit / 6)
@@ -317,7 +303,9 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     least_s = limit * (AUTO_FITTING_LEAST_SHARE if store_all.feasible else 0.25)
     milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
                        least_time_limit_s=least_s, refine_left=False)  # refined below
-    least.start(problem, milp)  # NOTE [Work aside] in solvers/aside.py
+    brief = store_all.feasible and not least_peak  # no least-peak program (solve's docstring)
+    if not brief:
+        least.start(problem, milp)  # NOTE [Work aside] in solvers/aside.py
     cheap = _cheap(problem, budget_bytes, start + limit * AUTO_CHEAP_SHARE, store_all)
     cheap_s = time.perf_counter() - start
     # NOTE [Schedules remembered]; NOTE [Close enough]
@@ -351,7 +339,7 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     results = cheap if settled else \
         cheap + [lower_sets, solve(problem, budget_bytes, "milp", milp)]
     floors = [(r.min_feasible_bytes, r.floor_schedule) for r in results + [lower_sets]]
-    if settled:  # the MILP's least peak, as if it had run
+    if settled and not brief:  # the MILP's least peak, as if it had run
         floors.append(least.least_peak(problem, milp))
     min_peak, floor = floor_of(floors)
     feasible = [r for r in results + remembered + starts if r.feasible]

@@ -148,16 +148,17 @@ def recall(solver: str, problem: Problem, result: SolveResult) -> None:
     _recalled[key] = (least, schedules)
     while len(_recalled) > RECALLED:
         _recalled.popitem(last=False)
-    if result.schedule is not None:  # NOTE [Plans for other shapes]
-        key, named = _graph_of(solver, problem), _Named.of(problem, result.schedule)
-        plans = [s for s in _plans.pop(key, []) if s != named][-(PER_PROBLEM - 1):]
-        _plans[key] = plans + [named]
+    found = [_Named.of(problem, s) for s in (floor, result.schedule) if s is not None]
+    if found:  # NOTE [Plans for other shapes]
+        key = _graph_of(solver, problem)
+        plans = [s for s in _plans.pop(key, []) if s not in found]
+        _plans[key] = plans[len(plans) + len(found) - PER_PROBLEM:] + found
         while len(_plans) > RECALLED:
             _plans.popitem(last=False)
 
 
 def replanned(solver: str, problem: Problem, budget_bytes: int,
-              time_limit_s: float) -> tuple[float, tuple[Schedule, ...]]:
+              time_limit_s: float) -> tuple[float, tuple[Schedule, ...], bool]:
     """NOTE [Plans for other shapes]
       A training loop meets inputs of other shapes: a smaller last batch, and with dynamic
       padding (a collator padding each batch to its longest, HF's default for many tasks) a new
@@ -172,18 +173,23 @@ def replanned(solver: str, problem: Problem, budget_bytes: int,
       planned after the module's first: as known schedules (the least peak is no higher than
       theirs) and as auto's candidates (those that fit join its own, polished and pruned like
       them); and where one fits, auto is given REPLAN_SHARE of time_limit_s (at least
-      REPLAN_MIN_S): its plan is no slower than that schedule, and more time buys little there
+      REPLAN_MIN_S) and, where store-all fits, no least-peak program (the schedules offered
+      include the least-peak ones found before, so its least peak stays near; the program
+      took 3.3 of auto's 4.0 s on tests/models.py's GPT-2 at 36 tokens, and reached 2.18 MB
+      where the heuristics reached 1.64): its plan is no slower than that schedule, and more
+      time buys little there
       (GPT-2 narrow, 256-token schedule at 60 % of store-all: at 240 tokens +4.34 % predicted,
       auto in 3 s +2.47 %, in 30 s +2.40 %; at 192 tokens +5.15 %, +0.72 %, +0.72 %). Five
       new lengths, 240 to 128 tokens, were planned in 64.6 s where they took 100.0 s, plans
       within 0.1 point (docs/benchmarks/new_lengths.md). Where none fits (a longer length),
       the step gets the whole time_limit_s as before. The step optimize() plans itself always
-      gets the whole time. Returns the time limit and the schedules."""
+      gets the whole time. Returns the time limit, the schedules and whether auto is to run
+      its least-peak program."""
     on = (s.on(problem) for s in _plans.get(_graph_of(solver, problem), ()))
     others = tuple(s for s in on if s is not None)
     if solver != "auto" or not fitting(problem, budget_bytes, others):
-        return time_limit_s, others
-    return max(min(time_limit_s, REPLAN_MIN_S), time_limit_s * REPLAN_SHARE), others
+        return time_limit_s, others, True
+    return max(min(time_limit_s, REPLAN_MIN_S), time_limit_s * REPLAN_SHARE), others, False
 
 
 def lowest(problem: Problem, known: Iterable[Schedule]) -> Schedule | None:

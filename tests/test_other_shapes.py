@@ -1,6 +1,7 @@
 """A step planned for another shape starts from the plans made for the same graph (NOTE [Plans
 for other shapes] in solvers/remembered.py): where one fits, auto gets a sixth of its time and
-ends no slower than it; where none fits, the whole time; the step trains bitwise as planned."""
+no least-peak program and ends no slower than it, its least peak no higher than theirs; where
+none fits, the whole time; the step trains bitwise as planned."""
 from __future__ import annotations
 
 import copy
@@ -31,7 +32,7 @@ def test_a_smaller_batch_starts_from_the_plan_before(monkeypatch, tmp_path, cach
     def solve(problem, budget, solver="auto", *args, **kwargs):
         result = real(problem, budget, solver, *args, **kwargs)
         calls.append((problem, budget, kwargs.get("time_limit_s"),
-                      list(kwargs.get("candidates", ())), result))
+                      list(kwargs.get("candidates", ())), result, kwargs.get("least_peak")))
         return result
 
     monkeypatch.setattr(solvers, "solve", solve)
@@ -39,6 +40,7 @@ def test_a_smaller_batch_starts_from_the_plan_before(monkeypatch, tmp_path, cach
                              profile_dir=tmp_path / "profiles" if cached else None)
     assert opt.plan.recomputed_ops > 0 and len(calls) == 1
     assert calls[0][2] == SECONDS and not calls[0][3], "optimize()'s own step: the whole time"
+    assert calls[0][5] is True
     first = opt.plan
 
     short = x[:3]
@@ -46,12 +48,14 @@ def test_a_smaller_batch_starts_from_the_plan_before(monkeypatch, tmp_path, cach
         warnings.simplefilter("ignore", monet_opt.ReplanWarning)
         torch.manual_seed(5)  # its dropout
         loss_fn(opt(short)).backward()
-    problem, budget, seconds, offered, result = calls[-1]
-    assert budget == first.memory_limit_bytes
+    problem, budget, seconds, offered, result, least_peak = calls[-1]
+    assert budget == first.memory_limit_bytes and least_peak is False
     fits = fitting(problem, budget, offered)
     assert fits, "the batch of 4's schedule runs on the batch of 3 and fits the same limit"
     assert seconds == max(min(SECONDS, REPLAN_MIN_S), SECONDS * REPLAN_SHARE)
     assert result.feasible and result.objective_s <= min(r.objective_s for r in fits)
+    assert result.min_feasible_bytes <= min(solvers.simulate(problem, s).peak_bytes
+                                            for s in offered)
 
     # the step trains as the plan says: bitwise like store-all's step on that batch
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -70,6 +74,6 @@ def test_a_smaller_batch_starts_from_the_plan_before(monkeypatch, tmp_path, cach
             loss_fn(opt(wide)).backward()
         except monet_opt.InfeasibleBudgetError:
             pass  # the limit cannot hold it: planned all the same
-    problem, budget, seconds, offered, _ = calls[-1]
-    assert offered and not fitting(problem, budget, offered)
+    problem, budget, seconds, offered, _, least_peak = calls[-1]
+    assert offered and not fitting(problem, budget, offered) and least_peak is True
     assert seconds == SECONDS, "no plan before fits the larger batch: the whole time"

@@ -64,8 +64,10 @@ def test_a_schedule_of_another_graph_is_ignored():
 def _cut_short(real_auto):
     """'auto' as if its clock had stopped every search early: no schedule within the budget,
     a least peak 1000 B higher than the real one."""
-    def auto(problem, budget_bytes, time_limit_s, least_start=None, candidates=()):
-        real = real_auto(problem, budget_bytes, time_limit_s, least_start, candidates)
+    def auto(problem, budget_bytes, time_limit_s, least_start=None, candidates=(),
+             least_peak=True):
+        real = real_auto(problem, budget_bytes, time_limit_s, least_start, candidates,
+                         least_peak)
         return SolveResult(solver="auto", status=Status.INFEASIBLE, schedule=None,
                            objective_s=None, peak_bytes=None, bound_s=real.bound_s, gap=None,
                            solve_time_s=0.0, min_feasible_bytes=real.min_feasible_bytes + 1000)
@@ -111,8 +113,9 @@ def test_a_lower_least_peak_replaces_the_stored_one(direct, monkeypatch):
     path, = Path("profiles").glob("*/least-peak-auto.json")
     real = registry._auto
 
-    def higher(problem, budget_bytes, time_limit_s, least_start=None, candidates=()):
-        r = real(problem, budget_bytes, time_limit_s, least_start, candidates)
+    def higher(problem, budget_bytes, time_limit_s, least_start=None, candidates=(),
+               least_peak=True):
+        r = real(problem, budget_bytes, time_limit_s, least_start, candidates, least_peak)
         return dataclasses.replace(r, min_feasible_bytes=r.min_feasible_bytes + 1000,
                                    floor_schedule=None)
     monkeypatch.setattr(registry, "_auto", higher)
@@ -210,7 +213,8 @@ def test_the_profile_directory_hands_auto_its_schedules_at_other_limits(direct, 
 
 def _cut_short_but_candidates(real_auto):
     """'auto' whose own searches find nothing, keeping the candidates it is handed."""
-    def auto(problem, budget_bytes, time_limit_s, least_start=None, candidates=()):
+    def auto(problem, budget_bytes, time_limit_s, least_start=None, candidates=(),
+             least_peak=True):
         fits = fitting(problem, budget_bytes, candidates)
         if fits:
             return min(fits, key=lambda r: r.objective_s)

@@ -1,4 +1,4 @@
-"""NOTE [Heuristics in their time] (solvers/registry.py): the heuristics "auto" runs first share
+"""NOTE [Heuristics in their time] (solvers/timeshare.py): the heuristics "auto" runs first share
 a part of its limit, keep what they found with the problem, and go on from there. No torch."""
 from __future__ import annotations
 
