@@ -38,7 +38,7 @@ longest = x["input_ids"].shape[1]
 print("| rule | tokens | first call, planning included (s) | predicted overhead | solver, "
       "solve time |\n|---|---|---|---|---|")
 for mode in ("with", "without"):
-    api.replanned = rule if mode == "with" else (lambda solver, problem, budget, s: (s, ()))
+    api.replanned = rule if mode == "with" else (lambda solver, problem, budget, s: (s, (), True))
     remembered._plans.clear()
     t = time.perf_counter()
     opt = monet_opt.optimize(model, x, limit, profile_dir=None)
