@@ -180,7 +180,7 @@ def replanned(solver: str, problem: Problem, budget_bytes: int,
       time buys little there
       (GPT-2 narrow, 256-token schedule at 60 % of store-all: at 240 tokens +4.34 % predicted,
       auto in 3 s +2.47 %, in 30 s +2.40 %; at 192 tokens +5.15 %, +0.72 %, +0.72 %). Five
-      new lengths, 240 to 128 tokens, were planned in 64.6 s where they took 100.0 s, plans
+      new lengths, 240 to 128 tokens, were planned in 61.4 s where they took 108.6 s, plans
       within 0.1 point (docs/benchmarks/new_lengths.md). Where none fits (a longer length),
       the step gets the whole time_limit_s as before. The step optimize() plans itself always
       gets the whole time. Returns the time limit, the schedules and whether auto is to run
