@@ -7,10 +7,11 @@ NOTE [Heuristics in their time]
   11.5 s, Chen's greedy sweep 3.6 s), a window of fine windows 13 s to build, and auto asked
   for 30 s took 46 s. The heuristics that search now share AUTO_CHEAP_SHARE (in
   solvers/registry.py) of the limit by weight (WEIGHTS, below; the greedy sweep coarse to
-  fine, eviction's rankings in half its time), keep what they found with the problem (problem.memo: the MILP's own warm start
-  and a later solve go on from there), the MILP's limit is cut to what the phases after it
-  leave (less a grace of AUTO_CHEAP_GRACE of the limit, which keeps the bench's models as
-  they were), and the DP's sets and a window's program stop at their deadlines. On that
+  fine, eviction's rankings in half its time), keep what they found with the problem
+  (problem.memo: the MILP's own warm start and a later solve go on from there), the MILP's
+  limit is cut to what the phases after it leave (less a grace of AUTO_CHEAP_GRACE of the
+  limit, which keeps the bench's models as they were), and the DP's sets and a window's
+  program stop at their deadlines. On that
   LSTM at 60 % of eager's peak: 46.2 s -> 30.0 s (predicted step 0.2729 -> 0.2782 s; given
   46 s, 0.2725 s); at half its activations, where nothing fits, 52.7 -> 37.7 s (the MILP's
   own preparation). GoogLeNet and ResNet-50 (docs/benchmarks/problems_cpu.json.gz) at half
