@@ -71,9 +71,9 @@ def _bound_text(err: InfeasibleBudgetError, bound: Any, least: str,
       says a longer time_limit_s may find one, before saying to raise the limit."""
     from monet_opt.units import format_bytes
 
-    act = f"raise memory_limit to at least {least}, or use a smaller batch."
+    act = f"memory_limit to at least {least}, or use a smaller batch."
     if bound is None:
-        return " R" + act[1:]
+        return " Raise " + act
     where = f" (what {bound.op} holds while it runs)" if bound.op else \
         " (the fixed memory and every gradient)"
     sizes = f"{format_bytes(bound.bytes)} ({bound.bytes} B){where}"
@@ -82,7 +82,7 @@ def _bound_text(err: InfeasibleBudgetError, bound: Any, least: str,
                 f"smaller batch, or raise memory_limit to at least {least}.")
     longer = f"longer than time_limit_s={time_limit_s:g}" if time_limit_s else "longer"
     return (f" No schedule peaks below {sizes}, so a plan between may exist, and a solve "
-            f"{longer} may find it; otherwise " + act)
+            f"{longer} may find it; otherwise raise " + act)
 
 
 def _held_text(held: Any) -> str:

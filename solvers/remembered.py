@@ -165,26 +165,25 @@ def replanned(solver: str, problem: Problem, budget_bytes: int,
       sequence length batch after batch, each a step planned at its first call (NOTE [New input
       shapes] in monet_opt/module.py): "auto" took its whole time_limit_s on each length that
       store-all did not fit (GPT-2 narrow: 31 s at 240 and 224 tokens,
-      docs/benchmarks/close_enough.md). Such a step has the graph of the one planned before,
-      tensors of other sizes, so that step's schedule runs on it, and where every size is no
-      larger (a shorter length, a smaller batch), it fits the same limit (by the names of its
-      ops and tensors: the backward may be lowered in another order). So the schedules
-      planned in this process for problems of this graph (`recall`) are offered to a step
-      planned after the module's first: as known schedules (the least peak is no higher than
-      theirs) and as auto's candidates (those that fit join its own, polished and pruned like
-      them); and where one fits, auto is given REPLAN_SHARE of time_limit_s (at least
-      REPLAN_MIN_S) and, where store-all fits, no least-peak program (the schedules offered
-      include the least-peak ones found before, so its least peak stays near; the program
-      took 3.3 of auto's 4.0 s on tests/models.py's GPT-2 at 36 tokens, and reached 2.18 MB
-      where the heuristics reached 1.64): its plan is no slower than that schedule, and more
-      time buys little there
-      (GPT-2 narrow, 256-token schedule at 60 % of store-all: at 240 tokens +4.34 % predicted,
-      auto in 3 s +2.47 %, in 30 s +2.40 %; at 192 tokens +5.15 %, +0.72 %, +0.72 %). Five
-      new lengths, 240 to 128 tokens, were planned in 61.4 s where they took 108.6 s, plans
-      within 0.1 point (docs/benchmarks/new_lengths.md). Where none fits (a longer length),
-      the step gets the whole time_limit_s as before. The step optimize() plans itself always
-      gets the whole time. Returns the time limit, the schedules and whether auto is to run
-      its least-peak program."""
+      docs/benchmarks/close_enough.md). Such a step has the graph of the one planned before
+      with tensors of other sizes, so that step's schedule runs on it (matched by the names of
+      its ops, tensors and variants: the backward may be lowered in another order), and where
+      no size is larger (a shorter length, a smaller batch) it fits the same limit. Run as it
+      is, it is slow there: GPT-2 narrow's 256-token schedule at 60 % of store-all predicts
+      +4.34 % at 240 tokens and +5.15 % at 192, where auto's own plans predict +2.47 / +0.72 %
+      in 3 s and +2.40 / +0.72 % in 30 s: a short search from it is about as good as a long one.
+      So the plans and least-peak schedules found in this process for problems of this graph
+      (`recall`) are offered to a step planned after the module's first, as known schedules
+      (its least peak is no higher than theirs) and as auto's candidates (those that fit join
+      its own, polished and pruned like them); and where one fits, auto gets REPLAN_SHARE of
+      time_limit_s (at least REPLAN_MIN_S) and, where store-all fits, runs no least-peak
+      program (on tests/models.py's GPT-2 at 36 tokens that program took 3.3 of auto's 4.0 s
+      and reached 2.18 MB where the heuristics reached 1.64). Its plan is then no slower than
+      the one that fits. Five new lengths of GPT-2 narrow, 240 to 128 tokens, were planned in
+      61.4 s where they took 108.6 s, plans within 0.1 point (docs/benchmarks/new_lengths.md).
+      Where none fits (a longer length), the step gets the whole time_limit_s as before, and
+      the step optimize() plans itself always does. Returns the time limit, the schedules and
+      whether auto is to run its least-peak program."""
     on = (s.on(problem) for s in _plans.get(_graph_of(solver, problem), ()))
     others = tuple(s for s in on if s is not None)
     if solver != "auto" or not fitting(problem, budget_bytes, others):
