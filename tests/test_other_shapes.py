@@ -1,9 +1,11 @@
 """A step planned for another shape starts from the plans made for the same graph (NOTE [Plans
 for other shapes] in solvers/remembered.py): where one fits, auto gets a sixth of its time and
 no least-peak program and ends no slower than it, its least peak no higher than theirs; where
-none fits, the whole time; the step trains bitwise as planned."""
+none fits, or the step holds gradients in place, the whole time; the step trains bitwise as
+planned."""
 from __future__ import annotations
 
+import collections
 import copy
 import warnings
 
@@ -12,6 +14,7 @@ import torch
 
 import monet_opt
 import solvers
+from solvers import remembered
 from solvers.remembered import REPLAN_MIN_S, REPLAN_SHARE, fitting
 from tests import models
 
@@ -21,6 +24,7 @@ SECONDS = 12.0
 
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_smaller_batch_starts_from_the_plan_before(monkeypatch, tmp_path, cached):
+    monkeypatch.setattr(remembered, "_plans", collections.OrderedDict())  # this test's alone
     torch.manual_seed(0)
     model, x, loss_fn = models.small_cnn()
     store_all = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_repeats=1,
@@ -67,6 +71,15 @@ def test_a_smaller_batch_starts_from_the_plan_before(monkeypatch, tmp_path, cach
         loss_fn(store_all(short)).backward()
     assert all(torch.equal(grads[n], p.grad) for n, p in store_all.model.named_parameters())
 
+    # gradients in place: another graph's step (NOTE [Gradients resident at the start]), not
+    # started from the plans without them
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", monet_opt.ReplanWarning)
+        loss_fn(opt(x)).backward()
+    problem, budget, seconds, offered, _, least_peak = calls[-1]
+    assert seconds == SECONDS and not offered and least_peak is True
+
+    model.zero_grad(set_to_none=True)
     wide = torch.cat([x, x])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", monet_opt.ReplanWarning)
