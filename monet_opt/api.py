@@ -12,7 +12,7 @@ from torch import nn
 
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
                        grouped_attention, grouped_math, host_random, late_grads, output_bytes,
-                       progress, recompute, rewrite, saved_clones, stats_in_place)
+                       progress, recompute, rewrite, saved_clones, stats_in_place, updated_buffers)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.attributes import Watched, warn_if_forward_changed
@@ -255,10 +255,9 @@ class _Planner:
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int,
                   held: tuple[int, ...] = (), returned: tuple[int, ...] = (), **kwargs):
-        """held, returned: the positions, among the joint graph's outputs, of the tensors the
-        forward keeps on modules (NOTE [Tensors kept on a module] in
-        monet_opt/forward_state.py) and of those it returns, held to the step's end too where
-        the caller holds them (NOTE [Outputs held through the backward])."""
+        """held, returned: where among the joint's outputs are the tensors the forward keeps on
+        modules (NOTE [Tensors kept on a module]) and those it returns, held to the step's end
+        where the caller holds them (NOTE [Outputs held through the backward])."""
         self.partitioned = True
         host_random.refuse_drawn()  # NOTE [Random numbers drawn in Python]
         unmasked = attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
@@ -329,11 +328,14 @@ class _Planner:
             raise InfeasibleBudgetError(limit, result.min_feasible_bytes, self.solver, self.limit,
                                         least_held(problem, result), least_peak_bound(problem),
                                         self.time_limit_s)
+        self.slots = slots
+        graphs = rewrite.partition(joint, joint_inputs, lowered, result.schedule,
+                                   num_fwd_outputs, slots=slots, held=held, made=made, **kwargs)
+        # NOTE [Copies nothing reads]
+        problem, result = updated_buffers.as_made(problem, result, graphs[0], lowered)
         self.plan = make_plan(problem, lowered.op_labels, result, limit)
         told.planned(self.plan, self.inputs)
-        self.slots = slots
-        return rewrite.partition(joint, joint_inputs, lowered, result.schedule,
-                                 num_fwd_outputs, slots=slots, held=held, made=made, **kwargs)
+        return graphs
 
     def _cached_profile(self, joint, lowered: Lowered, measure) -> Profile:
         """NOTE [The time limit in the cache key]

@@ -71,7 +71,11 @@ class Lowered:
     # caller adds them to what it takes from the profile directory): NOTE [Buffers the step
     # updates] in monet_opt/updated_buffers.py
     snapshots: tuple[str, ...] = ()
-    snapshot_bytes: int = 0
+    snapshot_sizes: tuple[int, ...] = ()
+
+    @property
+    def snapshot_bytes(self) -> int:
+        return sum(self.snapshot_sizes)
 
 
 def is_effect_token(node: fx.Node) -> bool:
@@ -121,7 +125,7 @@ def lower(joint: fx.GraphModule, num_fwd_outputs: int, name: str = "model") -> L
                    op_labels=tuple(b.labels), inplace=inplace,
                    output_tensors=tuple(b.output_tensors),
                    snapshots=tuple(node.name for node in snapshots),
-                   snapshot_bytes=sum(storage_bytes(node.meta.get("val")) for node in snapshots))
+                   snapshot_sizes=tuple(storage_bytes(node.meta.get("val")) for node in snapshots))
 
 
 # NOTE [Copies of a whole storage]

@@ -19,7 +19,7 @@ from functorch.compile import default_partition
 from torch.fx._lazy_graph_module import _make_graph_module
 
 from monet_opt import (cudnn_bn, direct_calls, grad_in_place, recompute, stats_in_place,
-                       variants)
+                       updated_buffers, variants)
 from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
 from monet_opt.lower import OVERWRITING, Lowered
@@ -141,6 +141,7 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
             e.bind(n, e.g.node_copy(n))
     for name in lowered.snapshots:  # NOTE [Buffers the step updates]
         e.snapshots[name] = e.emit_clone(nodes[name])
+        e.snapshots[name].meta[updated_buffers.MADE] = name  # NOTE [Copies nothing reads]
     # NOTE [The step's generator states]
     e.make_states(recompute.random_forward_ops(joint, lowered))
     for k, i in enumerate(problem.forward_ops):

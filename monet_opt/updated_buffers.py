@@ -10,12 +10,9 @@ NOTE [Buffers the step updates]
   spectral_norm and parametrizations.spectral_norm alike). So each such buffer that an op a
   schedule could recompute reads (a forward ancestor of what the backward reads) is copied as
   the forward begins, the backward reads that copy in its place, and the copy's bytes are
-  fixed memory of the step. The copy is freed after its last read, or at once where nothing
-  recomputes a reader, so the measured peak can be under the prediction by its bytes (for
-  spectral_norm, vectors as long as a weight's rows and columns; observers' scales), and the
-  forward a clone of the buffer. Where the update is an op's whole output (MoCo moving its key
-  encoder toward its query encoder), the copy is of weights: two small conv encoders, 5.6 KB
-  of a 320 KB step, counted whether or not a plan recomputes the update
+  fixed memory of the step; a copy nothing reads is not made (NOTE [Copies nothing reads]).
+  Where the update is an op's whole output (MoCo moving its key encoder toward its query
+  encoder), the copy is of weights: two small conv encoders, 5.6 KB of a 320 KB step
   (docs/benchmarks/updated_buffers.md). Reading the
   buffer itself in the backward wherever it would read the buffer's new value (it holds it once
   the forward is done), so that only ops reading the old value need a copy, failed autograd's
@@ -28,9 +25,41 @@ NOTE [Buffers the step updates]
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch.fx as fx
 
 from monet_opt import recompute
+from solvers import Problem, SolveResult, simulate
+
+# NOTE [Copies nothing reads]
+#   A copy of an updated buffer is read only by what the schedule runs in the backward on the
+#   buffer's old value: recomputations of ops that read it, and backward ops that do. Under a
+#   schedule that runs none (store-all, and most plans that recompute little), nothing reads
+#   the copy and the forward graph's dead code pass drops it, so the step never makes it; the
+#   plan counted its bytes as fixed memory for the whole step all the same, a predicted peak
+#   over the measured one by the copies' bytes (a conv net whose forward changes two weights
+#   in place under no_grad, `mul_(0.99)` and `add_(0.01)`: 2,304 B over 64,152; a max-norm
+#   embedding of 200 x 16: 12,800 B over 40,664). The copies the partitioned forward still
+#   makes are the ones the plan now counts (both of those exact); the solver counted them all,
+#   so the plan is within the limit either way. A copy that is made is still counted to the
+#   step's end, where the backward frees it after its last read: where the step peaks after
+#   that, the prediction stays over by its bytes.
+MADE = "monet_snapshot"  # node meta: the placeholder whose copy this forward node is
+
+
+def as_made(problem: Problem, result: SolveResult, forward: fx.GraphModule,
+            lowered) -> tuple[Problem, SolveResult]:
+    """`problem` and `result` with the fixed bytes of the copies `forward` does not make (NOTE
+    [Copies nothing reads]); as they are where it makes every one."""
+    made = {node.meta[MADE] for node in forward.graph.nodes if MADE in node.meta}
+    unmade = sum(size for name, size in zip(lowered.snapshots, lowered.snapshot_sizes)
+                 if name not in made)
+    if not unmade:
+        return problem, result
+    problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes - unmade)
+    return problem, dataclasses.replace(result, peak_bytes=simulate(problem,
+                                                                    result.schedule).peak_bytes)
 
 
 def snapshots(joint: fx.GraphModule, is_view) -> list[fx.Node]:

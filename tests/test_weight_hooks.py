@@ -119,3 +119,44 @@ def test_a_recomputed_weight_norm_weight_is_counted(monkeypatch):
     measured = monet_opt.measure_peak(lambda: opt(xs[0]).sum().backward(),
                                       monet_opt.resident_tensors(net, xs[0]))
     assert measured <= opt.plan.predicted_peak_bytes
+
+
+class _Decay(nn.Module):
+    """A forward that changes two weights in place under no_grad before using them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 64, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.c1.weight.mul_(0.99)
+            self.c2.weight.add_(0.01)
+        return self.head(torch.tanh(self.c2(nn.functional.elu(self.c1(x)))).flatten(1))
+
+
+@pytest.mark.parametrize("recompute_all", [False, True])
+def test_copies_of_updated_weights_counted_where_made(monkeypatch, recompute_all):
+    """NOTE [Copies nothing reads]: store-all reads no copy of the weights' old values, so the
+    step makes none, and its plan now predicts the measured peak to the byte (it was 2,304 B
+    over: c2's weight counted as a copy); a plan recomputing every read op makes them, and
+    counts them. Three steps bitwise eager's either way."""
+    if recompute_all:
+        monkeypatch.setattr(solvers, "solve", _recompute_all)
+    torch.manual_seed(0)
+    net = _Decay()
+    eager = copy.deepcopy(net)
+    xs = [torch.randn(4, 3, 8, 8) for _ in range(3)]
+    opt = monet_opt.optimize(net, xs[0], HUGE, profile_repeats=1, profile_dir=None)
+    copies = sum(p.numel() * p.element_size() for p in (net.c1.weight, net.c2.weight))
+    measured = monet_opt.measure_peak(lambda: opt(xs[0]).sum().backward(),
+                                      monet_opt.resident_tensors(net, xs[0]))
+    if recompute_all:
+        assert opt.plan.recomputed_ops > 0
+        assert 0 <= opt.plan.predicted_peak_bytes - measured <= copies
+    else:
+        assert measured == opt.plan.predicted_peak_bytes
+    net.load_state_dict(eager.state_dict())  # the measured step changed the weights
+    net.zero_grad(set_to_none=True)
+    assert_same(_train(opt, net, xs), _train(eager, eager, xs), exact=True)
