@@ -60,16 +60,20 @@ def _places(named, tensors: list) -> tuple[int, ...]:
 
 
 _CHILDREN, _PARAMS, _BUFFERS = map(operator.attrgetter, ("_modules", "_parameters", "_buffers"))
+_KEYS, _VALUES = operator.methodcaller("keys"), operator.methodcaller("values")
 
 
 def _read(modules: list[nn.Module]) -> tuple[tuple, list, list]:
     """What the walk's result follows from (every module's children, parameters and buffers:
     keys and objects), and the parameters and buffers in order, Nones included."""
-    children, params, buffers = (list(map(get, modules))
-                                 for get in (_CHILDREN, _PARAMS, _BUFFERS))
-    own = [list(chain.from_iterable(map(dict.values, d))) for d in (children, params, buffers)]
-    record = (*(list(map(tuple, d)) for d in (children, params, buffers)),
-              *(tuple(map(id, values)) for values in own))
+    maps = [list(map(get, modules)) for get in (_CHILDREN, _PARAMS, _BUFFERS)]
+    try:  # dict's own methods: DenseNet-121's read 0.35 ms, 0.63 through methodcaller
+        own = [list(chain.from_iterable(map(dict.values, d))) for d in maps]
+        keys = [list(map(tuple, d)) for d in maps]
+    except TypeError:  # a torch.jit.script'ed module keeps them in mappings that are not dicts
+        own = [list(chain.from_iterable(map(_VALUES, d))) for d in maps]
+        keys = [list(map(tuple, map(_KEYS, d))) for d in maps]
+    record = (*keys, *(tuple(map(id, values)) for values in own))
     return record, own[1], own[2]
 
 

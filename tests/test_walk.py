@@ -65,3 +65,31 @@ def test_a_kept_walk_sees_every_change():
         change()
         _as_torch_finds(kept(model), model)
         _as_torch_finds(kept(model), model)  # and again, kept
+
+
+def _scripted() -> nn.Module:
+    torch.manual_seed(0)
+    body = torch.jit.script(nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8),
+                                          nn.ReLU(), nn.Dropout(0.2), nn.Conv2d(8, 8, 3, padding=1),
+                                          nn.GELU()))
+    return nn.Sequential(body, nn.Flatten(), nn.Linear(8 * 64, 4))
+
+
+def test_a_scripted_submodule_trains_like_eager():
+    """A torch.jit.script'ed submodule keeps its children, parameters and buffers in mappings
+    that are not dicts; the kept walk read them with dict's own methods and every call of the
+    optimized module raised a TypeError. Both walks find what torch finds, and three steps of a
+    plan that recomputes (BatchNorm, dropout, GELU inside the scripted part) are eager's."""
+    import monet_opt
+    from tests.test_executor import assert_same, run_steps
+
+    model, eager = _scripted(), _scripted()  # deepcopy makes a scripted module's weights non-leaf
+    _as_torch_finds(walk(model), model)
+    _as_torch_finds(Walk()(model), model)
+    x = torch.randn(4, 3, 8, 8)
+    opt = monet_opt.optimize(model, x, "70% of activations", profile_repeats=1, profile_dir=None,
+                             time_limit_s=5)
+    assert opt.plan.recomputed_ops > 0
+    loss = lambda out: out.sum()  # noqa: E731
+    assert_same(run_steps(opt, model, x, loss), run_steps(eager, eager, x, loss), True,
+                "a scripted submodule")
