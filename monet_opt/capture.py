@@ -25,7 +25,7 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.nn.modules.lazy import LazyModuleMixin
 
 from monet_opt import (attribute_tensors, capture_hints, data_assigned, forward_state,
-                       host_random)
+                       host_random, saved_hooks)
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
@@ -250,7 +250,8 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         try:
             before = forward_state.attributes(model)
             try:
-                with _tracing(as_compiling=route == "as compiling"), host_random.watching(model):
+                with _tracing(as_compiling=route == "as compiling"), \
+                        host_random.watching(model), saved_hooks.watching(model):
                     fn = compile_step(model, spec, partition_fn, export_example)
                     _compile_on_fakes(fn, primals)
             finally:
