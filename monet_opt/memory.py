@@ -114,15 +114,6 @@ def measure_peak(step: Callable[[], Any], resident: Iterable[torch.Tensor] = (),
     return counter.peak
 
 
-# NOTE [Buffers viewing a larger storage]
-#   optimize() traces the first step on clones of the model's buffers and tensor attributes
-#   (that run applies their updates), so the trace's inputs, and the fixed memory counted from
-#   them, held each one's own elements. A buffer viewing part of a larger storage keeps all of
-#   it on the device: `register_buffer("pe", table[:4])` of a 1,000 x 10 table measured
-#   39,840 B over its plan's prediction (41,328 B for 1,488: a plan at its limit passed it by
-#   that much), torch's periodic hann_window (64 of 65 values) 4 B. The fixed memory now adds
-#   what the model's own tensors hold beyond their clones, each storage counted once (two
-#   buffers slicing one table: the table); tests/test_buffer_storage.py.
 def resident_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """The bytes of the storages under `tensors`, each counted once, as their device's
     allocator counts them (`allocated_bytes`)."""
