@@ -25,7 +25,7 @@ from monet_opt.errors import (InfeasibleBudgetError, NoBackwardError, check_back
                               internal_assert)
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
-from monet_opt.memory import cuda_slack, shared_bytes, sparse_bytes, storage_groups
+from monet_opt.memory import cuda_slack, held_beyond, shared_bytes, sparse_bytes, storage_groups
 from monet_opt.lower_variants import attach_variants, matching, with_costs
 from monet_opt.module import OptimizedModule, Step, for_model
 from monet_opt.plan import Plan, least_held, limit_bytes, make_plan
@@ -200,11 +200,11 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     param_names, buffer_names, attributes = capture.state_names(model)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
-    # Buffers and tensor attributes are cloned for the first run: it applies their updates.
-    planner.primals = [params[n] for n in param_names] + \
-        [buffers[n].clone() for n in buffer_names] + \
-        [t.clone() for t in attribute_values(model, tuple(attributes))] + \
-        list(inputs)
+    # cloned for the first run (it applies their updates): NOTE [Buffers viewing a larger storage]
+    state = [buffers[n] for n in buffer_names] + attribute_values(model, tuple(attributes))
+    clones, weights = [t.clone() for t in state], [params[n] for n in param_names]
+    planner.primals = weights + clones + list(inputs)
+    planner.storage_extra = held_beyond(state, clones, counted=weights + list(inputs))
     planner.inputs = describe_inputs(args, kwargs)
     progress.tracing(planner.name, planner.inputs)  # NOTE [Progress]
     devices = sorted({t.device for t in planner.primals if t.device.type == "cuda"}, key=str)
@@ -246,7 +246,7 @@ class _Planner:
         self.resident, self.resident_bytes = resident, resident_bytes
         self.outputs_held, self.timed, self.replan = outputs_held, timed, replan
         self.primals: list[torch.Tensor] = []
-        self.inputs = ""
+        self.inputs, self.storage_extra = "", 0
         self.problem: solvers.Problem | None = None
         self.profile: Profile | None = None
         self.plan: Plan | None = None
@@ -296,7 +296,7 @@ class _Planner:
             # NOTEs [Inputs that share a storage], [Sparse inputs], [Buffers the step updates],
             # [The step's generator states] in monet_opt/recompute.py
             extra = lowered.snapshot_bytes + sparse_bytes(self.primals) - shared_bytes(self.primals)
-            extra += recompute.state_bytes(joint, lowered)
+            extra += recompute.state_bytes(joint, lowered) + self.storage_extra
             if extra:
                 problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + extra)
             held = held + returned if self.outputs_held else held
