@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
+from torch._prims_common import is_non_overlapping_and_dense_or_false as dense_layout
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
@@ -137,10 +138,14 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
 
 
 def _random_like(val: torch.Tensor, primals: Sequence[torch.Tensor]) -> torch.Tensor:
+    """An output gradient laid out as the trace's: the backward of a transposed output views
+    its gradient as the trace's strides allow (a contiguous one failed `view`: "view size is
+    not compatible with input tensor's size and stride")."""
     device = primals[0].device if primals else val.device
-    if val.dtype.is_floating_point or val.dtype.is_complex:
-        return torch.randn(tuple(val.shape), dtype=val.dtype, device=device)
-    return torch.zeros(tuple(val.shape), dtype=val.dtype, device=device)
+    strides = tuple(val.stride()) if dense_layout(val) else None
+    out = torch.empty_strided(tuple(val.shape), strides, dtype=val.dtype, device=device) \
+        if strides else torch.empty(tuple(val.shape), dtype=val.dtype, device=device)
+    return out.normal_() if val.dtype.is_floating_point or val.dtype.is_complex else out.zero_()
 
 
 def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
