@@ -59,6 +59,7 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
     if slots is not None:
         add_accumulation(bw, slots)  # the views it leaves at the end are dead code next
     _drop_dead_code(bw)
+    _drop_backward_ops(fw)
     unread = [n.name for n in bw.graph.find_nodes(op="placeholder")
               if not n.users and not n.name.startswith(("primals", "tangents"))
               and n.name not in held_names]
@@ -94,6 +95,19 @@ def _drop_dead_code(gm: fx.GraphModule) -> None:
     impure; the schedule's own recomputations of random ops go through rng_replay."""
     gm.graph.eliminate_dead_code(is_impure_node=lambda node: node.op in (
         "placeholder", "output") or node.target is recompute.release_states)
+
+
+def _drop_backward_ops(fw: fx.GraphModule) -> None:
+    """NOTE [Random ops of the backward]
+      default_partition's forward keeps every impure node it meets, so a random op of the
+      backward that reads forward values alone (a custom Function drawing `randn_like` of a
+      saved tensor in its backward) was also run in the forward, its draw dropped: each step
+      drew once more than eager before the backward drew, which so drew other numbers, and the
+      gradients differed from eager's with nothing said. A node of the backward that the
+      forward does not read is not the forward's to run; the forward's own random ops are kept
+      (eager draws them even where nothing reads what they drew)."""
+    fw.graph.eliminate_dead_code(is_impure_node=lambda node: node.is_impure() and
+                                 node.meta.get("partitioner_tag") != BACKWARD)
 
 
 def _write_in_place(gm: fx.GraphModule, phase: str) -> None:
