@@ -62,7 +62,8 @@ def _hook(peak: int):
         if held > grad.element_size() and held > SHARE * peak:
             warnings.warn(
                 f"monet_opt: the loss handed the step a {held:,} B output gradient (a full-size "
-                f"one, as cross-entropy, a mean, a square or a cast make); the plan counts output "
+                f"one, as cross-entropy, a mean, a square or a cast make, or outputs that view one "
+                f"another, whose gradients autograd sums); the plan counts output "
                 f"gradients as free (as out.sum() hands them), so this step can peak over its "
                 f"predicted {peak:,} B by that much and by what the loss's own backward makes. "
                 f"To plan it too, optimize the model with its loss: monet_opt.WithLoss(model, "
