@@ -41,7 +41,7 @@ def sparse_gradient(errors: list[str]) -> str:
 
 def shapes(errors: list[str]) -> str:
     """What to do where an op's output shape depends on tensor values (a boolean mask's
-    index, nonzero; CTC's loss with its lengths as tensors), which a traced step, whose shapes
+    index, nonzero; CTC's loss), which a traced step, whose shapes
     are fixed, cannot hold."""
     ops = {e.split(": DynamicOutputShapeException: ")[1].split()[0] for e in errors
            if ": DynamicOutputShapeException: " in e}
@@ -62,7 +62,7 @@ def shapes(errors: list[str]) -> str:
     return (f"\nThere, {', '.join(sorted(ops))} makes an output whose shape depends on the "
             "values of a tensor, which a traced step, whose shapes are fixed, cannot hold: "
             "compute it outside the module you optimize, on its outputs (a loss such as "
-            "F.ctc_loss with its lengths as tensors: have the module return the log-"
+            "F.ctc_loss, whatever its lengths are given as: have the module return the log-"
             "probabilities).")
 
 
