@@ -16,6 +16,7 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
 import monet_opt
 from tests.models import gpt2_tiny
 from tests.records import assert_same_grads, at_least_peak
+from tests.test_executor import assert_same, run_steps
 
 HUGE = 1 << 40
 
@@ -128,3 +129,45 @@ def test_selective_checkpoints_are_planned_as_plain_calls():
     measured = monet_opt.measure_peak(lambda: opt(x).backward(),
                                       monet_opt.resident_tensors(model, x))
     assert measured <= opt.plan.predicted_peak_bytes
+
+
+class _NormedBlock(nn.Module):
+    """A conv stem, then a checkpointed conv-BatchNorm-ReLU-dropout block, then a head."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.block = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                   nn.Dropout(0.2))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = checkpoint(self.block, self.stem(x), use_reentrant=self.reentrant)
+        return self.head(h.mean((2, 3)))
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_batch_norm_in_a_checkpoint_updates_its_statistics_as_eager(reentrant):
+    """NOTE [BatchNorm in a checkpoint]: eager's backward runs the block again and its
+    BatchNorm updates the running statistics a second time; the step updated them once
+    (num_batches_tracked 1 against eager's 2, running statistics apart). Now the buffers are
+    eager's bitwise over three steps, with the gradients, at store-all and at the least peak,
+    memory at the prediction."""
+    torch.manual_seed(0)
+    base, x = _NormedBlock(reentrant), torch.randn(4, 3, 8, 8)
+    loss_fn = lambda out: out.sum()  # noqa: E731
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
+    for limit in (HUGE, full.plan.min_feasible_bytes):
+        opt = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
+                                 profile_dir=None, time_limit_s=5)
+        peak = monet_opt.measure_peak(lambda: loss_fn(opt(x)).backward(),
+                                      monet_opt.resident_tensors(opt.model, x))
+        assert peak == opt.plan.predicted_peak_bytes <= limit
+        eager = copy.deepcopy(base)
+        opt.model.zero_grad(set_to_none=True)
+        eager(x).sum().backward()  # the measured step's, so both start from the same buffers
+        eager.zero_grad(set_to_none=True)
+        assert_same(run_steps(opt, opt.model, x, loss_fn), run_steps(eager, eager, x, loss_fn),
+                    exact=True, what="BatchNorm in a checkpoint vs eager")
+        assert opt.model.block[1].num_batches_tracked.item() == 2 * (1 + 3)
