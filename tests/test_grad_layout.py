@@ -100,10 +100,10 @@ class _GroupNormed(nn.Module):
 
 
 def test_a_layout_the_tracer_misreads_is_named():
-    """NOTE [Layouts the tracer misreads] (monet_opt/misread_layouts.py): the CPU's GroupNorm keeps a
-    channels-last layout the tracer takes for contiguous, so the flatten traced as a view
-    failed in the profiler asking to report the model; now a CaptureError names the op and
-    what to do, and doing it trains bitwise like eager."""
+    """NOTE [Layouts the tracer misreads] (monet_opt/misread_layouts.py): the CPU's GroupNorm
+    keeps a channels-last layout the tracer takes for contiguous, so the flatten traced as a
+    view failed in the profiler asking to report the model; now a CaptureError names the op
+    and what to do, and doing it trains bitwise like eager."""
     torch.manual_seed(0)
     x = torch.randn(2, 3, 6, 6).contiguous(memory_format=torch.channels_last)
     with pytest.raises(monet_opt.CaptureError, match="native_group_norm.*contiguous"):
