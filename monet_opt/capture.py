@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from monet_opt import (attribute_tensors, capture_hints, data_assigned, forward_state,
+from monet_opt import (attribute_tensors, capture_hints, data_assigned, forward_state, input_spec,
                        host_random, saved_hooks)
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
@@ -154,7 +154,8 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
         shapes = [t.shape for t in flat[:n_state]]
         args, kwargs = spec.rebuild(list(flat[n_state:]))
         # NOTE [Parameters assigned through .data] in monet_opt/data_assigned.py
-        with data_assigned.as_updates(flat[:n_state], names):
+        with data_assigned.as_updates(flat[:n_state], names), \
+                input_spec.grad_left_off(flat[n_state:]):  # NOTE [Inputs turned to need grad]
             outputs = kept.call(target, lambda: attribute_tensors.call_with(
                 target, state, args, kwargs, attributes))
         forward_state.write_back(model, names, len(params), flat[:n_state], shapes, state,

@@ -3,14 +3,15 @@ requires_grad, and the constants among them (NOTE [Constant arguments]); the opt
 checks each call against it (NOTE [New input shapes] in monet_opt/module.py)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
 
-from monet_opt.errors import PlanMismatchError
+from monet_opt.errors import CaptureError, PlanMismatchError
 
 
 # NOTE [Input layouts]
@@ -142,3 +143,27 @@ def constants_of(leaves: list) -> tuple[tuple[int, type, Any], ...]:
     """The non-tensor leaves, by position, with their types (1 and True are equal, but trace
     apart) (NOTE [Constant arguments])."""
     return tuple((k, type(x), x) for k, x in enumerate(leaves) if not isinstance(x, torch.Tensor))
+
+
+# NOTE [Inputs turned to need grad]
+#   A forward that calls `x.requires_grad_()` on its own input (a saliency map, an input
+#   gradient for an adversarial step) gives that input a gradient in eager. The traced step
+#   takes its inputs as they are passed, and an input passed without requires_grad gets no
+#   gradient: `x.grad` stayed None and `x.requires_grad` False, with nothing said, while the
+#   parameters' gradients were eager's. The trace now watches its inputs and refuses a forward
+#   that turns one to need a gradient, saying to set it before the call, where the step plans
+#   that gradient (an input passed requiring grad gets eager's, bitwise:
+#   tests/test_capture_errors.py).
+@contextlib.contextmanager
+def grad_left_off(inputs: Sequence[Any]):
+    """Raise CaptureError where the code run inside turns one of `inputs` to require grad."""
+    off = [t for t in inputs if isinstance(t, torch.Tensor) and not t.requires_grad]
+    yield
+    if any(t.requires_grad and t.grad_fn is None for t in off):  # not made by an in-place op
+        raise CaptureError(
+            "monet_opt.optimize: the model's forward turns an input to require a gradient "
+            "(x.requires_grad_() on what it was passed); the optimized step takes its inputs "
+            "as they are passed, so that input would get no gradient. Set it before the call "
+            "instead: x.requires_grad_() outside the module, for the sample_input and for every "
+            "batch, and the step plans x's gradient as eager computes it (NOTE [Inputs turned "
+            "to need grad] in monet_opt/input_spec.py).")

@@ -206,3 +206,43 @@ def test_export_failing_prints_no_partial_graph(capsys):
     with pytest.raises(monet_opt.CaptureError, match=r"k = int\(torch.empty"):
         monet_opt.optimize(Pick(), torch.randn(4, 8), HUGE, profile_dir=None)
     assert "def forward" not in capsys.readouterr().err
+
+
+class _InputGrad(nn.Module):
+    """A forward that turns its input to need a gradient unless told not to."""
+
+    def __init__(self, turn: bool) -> None:
+        super().__init__()
+        self.turn, self.lin, self.bias = turn, nn.Linear(5, 5), nn.Parameter(torch.randn(5))
+
+    def forward(self, x):
+        if self.turn:
+            x.requires_grad_()
+        else:  # an in-place op with a parameter makes the input need one too: eager allows it
+            x.add_(self.bias)
+        return self.lin(x).tanh() * x
+
+
+def test_an_input_turned_to_need_grad_says_to_set_it_before():
+    """NOTE [Inputs turned to need grad] (monet_opt/input_spec.py): the step gave such an input
+    no gradient, silently; now optimize() says to set requires_grad before the call, and an
+    input so passed gets eager's gradient. An input the forward changes in place with a
+    parameter is not refused and trains like eager."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5)
+    with pytest.raises(monet_opt.CaptureError, match="requires_grad_\\(\\) outside the module"):
+        monet_opt.optimize(_InputGrad(True), x.clone(), HUGE, profile_repeats=1,
+                           profile_dir=None)
+    for model, given in ((_InputGrad(False), lambda: x.clone()),
+                         (nn.Sequential(nn.Linear(5, 5), nn.Tanh()),
+                          lambda: x.clone().requires_grad_())):
+        eager = copy.deepcopy(model)
+        opt = monet_opt.optimize(model, given(), HUGE, profile_repeats=1, profile_dir=None)
+        ours, theirs = given(), given()
+        opt(ours).sum().backward()
+        eager(theirs).sum().backward()
+        assert torch.equal(ours, theirs)
+        assert (ours.grad is None) == (theirs.grad is None)
+        assert ours.grad is None or torch.equal(ours.grad, theirs.grad)
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                               eager.parameters()))
