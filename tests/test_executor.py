@@ -153,6 +153,29 @@ def _check_memory(optimized, x, loss_fn, limit, label):
     assert close, f"{label}: predicted {predicted} B vs measured {measured} B"
 
 
+def assert_plans_train_like_eager(base, x, loss_fn, what: str) -> list:
+    """`base` optimized (copies of it) with nothing recomputed and at its least peak: each
+    plan's step measures within its limit at its prediction (_check_memory), and then, from the
+    same buffers as an eager copy that ran that step too, STEPS steps are bitwise eager's.
+    Returns the two optimized modules."""
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
+    done = []
+    for limit in (HUGE, full.plan.min_feasible_bytes):
+        opt = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
+                                 profile_dir=None, time_limit_s=5)
+        eager = copy.deepcopy(base)
+        torch.manual_seed(0)
+        _check_memory(opt, x, loss_fn, limit, what)
+        torch.manual_seed(0)
+        loss_fn(call(eager, x)).backward()  # buffers as the measured step left opt's
+        for module in (opt.model, eager):
+            module.zero_grad(set_to_none=True)
+        assert_same(run_steps(opt, opt.model, x, loss_fn), run_steps(eager, eager, x, loss_fn),
+                    exact=True, what=what)
+        done.append(opt)
+    return done
+
+
 def test_recomputation_happens_and_counts_match():
     """At the minimum budget the plan recomputes; the executed backward runs exactly the op
     calls the plan predicts (counted with a dispatch mode; variants off, as their encoders

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import monet_opt
-from tests.test_executor import HUGE, assert_same, run_steps
+from tests.test_executor import HUGE, assert_plans_train_like_eager, assert_same, run_steps
 
 
 class Downsample(nn.Module):
@@ -69,19 +69,7 @@ def test_an_output_in_another_layout_is_profiled_and_trains_like_eager():
     torch.manual_seed(0)
     base, x = _Transposed(), torch.randn(4, 10, 16)
     loss_fn = lambda out: out.sum()  # noqa: E731
-    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
-    for limit in (HUGE, full.plan.min_feasible_bytes):
-        opt = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
-                                 profile_dir=None, time_limit_s=5)
-        peak = monet_opt.measure_peak(lambda: loss_fn(opt(x)).backward(),
-                                      monet_opt.resident_tensors(opt.model, x))
-        # a step peaking in its forward measures the loss and its seed under the plan: NOTE
-        # [The loss scalar] in monet_opt/held_outputs.py
-        assert 0 <= opt.plan.predicted_peak_bytes - peak <= 8
-        eager = copy.deepcopy(base)
-        opt.model.zero_grad(set_to_none=True)
-        assert_same(run_steps(opt, opt.model, x, loss_fn), run_steps(eager, eager, x, loss_fn),
-                    exact=True, what="a transposed output vs eager")
+    assert_plans_train_like_eager(base, x, loss_fn, "a transposed output vs eager")
 
 
 class _GroupNormed(nn.Module):

@@ -16,7 +16,7 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
 import monet_opt
 from tests.models import gpt2_tiny
 from tests.records import assert_same_grads, at_least_peak
-from tests.test_executor import assert_same, run_steps
+from tests.test_executor import assert_plans_train_like_eager
 
 HUGE = 1 << 40
 
@@ -157,17 +157,6 @@ def test_batch_norm_in_a_checkpoint_updates_its_statistics_as_eager(reentrant):
     torch.manual_seed(0)
     base, x = _NormedBlock(reentrant), torch.randn(4, 3, 8, 8)
     loss_fn = lambda out: out.sum()  # noqa: E731
-    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
-    for limit in (HUGE, full.plan.min_feasible_bytes):
-        opt = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
-                                 profile_dir=None, time_limit_s=5)
-        peak = monet_opt.measure_peak(lambda: loss_fn(opt(x)).backward(),
-                                      monet_opt.resident_tensors(opt.model, x))
-        assert peak == opt.plan.predicted_peak_bytes <= limit
-        eager = copy.deepcopy(base)
-        opt.model.zero_grad(set_to_none=True)
-        eager(x).sum().backward()  # the measured step's, so both start from the same buffers
-        eager.zero_grad(set_to_none=True)
-        assert_same(run_steps(opt, opt.model, x, loss_fn), run_steps(eager, eager, x, loss_fn),
-                    exact=True, what="BatchNorm in a checkpoint vs eager")
+    for opt in assert_plans_train_like_eager(base, x, loss_fn,
+                                             "BatchNorm in a checkpoint vs eager"):
         assert opt.model.block[1].num_batches_tracked.item() == 2 * (1 + 3)
