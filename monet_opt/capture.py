@@ -244,6 +244,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
     propagate unchanged."""
     errors: list[str] = []
     checked = False  # a torch.distributions argument check failed to trace
+    causal = False  # a transformer's check of its mask's values failed to trace
     known = _ROUTE.get(type(model))
     routes = ROUTES if known is None else (known, *(r for r in ROUTES if r != known))
     for route in routes:
@@ -266,6 +267,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
                 raise
             errors.append(f"{_HOW[route]}: {capture_hints.where(exc)}")
             checked = checked or capture_hints.from_validation(exc)
+            causal = causal or capture_hints.from_causal_check(exc)
     raise CaptureError(
         f"monet_opt.optimize could not trace {type(model).__name__} into a joint forward+backward "
         "graph.\n  " + "\n  ".join(errors) + "\nWhat to try: avoid data-dependent Python on "
@@ -273,6 +275,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         "HF models, or check that the model runs eagerly on sample_input."
         + capture_hints.shapes(errors) + capture_hints.sparse_gradient(errors)
         + (capture_hints.VALIDATING if checked else "")
+        + (capture_hints.CAUSAL_CHECK if causal else "")
         + host_random.drawn_hint() + host_random.layerdrop_hint(model))
 
 

@@ -26,6 +26,19 @@ def from_validation(exc: BaseException) -> bool:
                and f.name == "__init__" for f in traceback.extract_tb(exc.__traceback__))
 
 
+CAUSAL_CHECK = (
+    "\nThere, torch's nn.Transformer, TransformerEncoder or TransformerDecoder looks at the "
+    "mask's values to tell whether it is causal (is_causal left None), which a traced step "
+    "cannot: say it in the call: tgt_is_causal=True with generate_square_subsequent_mask's "
+    "mask (nn.Transformer, nn.TransformerDecoder; is_causal=True for nn.TransformerEncoder), "
+    "or False where the mask is not causal.")
+
+
+def from_causal_check(exc: BaseException) -> bool:
+    """Whether `exc` came from torch's check of a transformer mask's values (CAUSAL_CHECK)."""
+    return any(f.name == "_detect_is_causal_mask" for f in traceback.extract_tb(exc.__traceback__))
+
+
 SPARSE_GRADIENT = (
     "\nThere, a sparse tensor's values need a gradient, which a traced step cannot make (the "
     "trace does not know how many entries it has): pass messages with dense ops instead "

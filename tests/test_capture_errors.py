@@ -246,3 +246,28 @@ def test_an_input_turned_to_need_grad_says_to_set_it_before():
         assert ours.grad is None or torch.equal(ours.grad, theirs.grad)
         assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
                                                                eager.parameters()))
+
+
+class _Seq2Seq(nn.Module):
+    def __init__(self, say_causal: bool) -> None:
+        super().__init__()
+        self.say_causal = say_causal
+        self.t = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                dim_feedforward=32, dropout=0.0, batch_first=True)
+
+    def forward(self, src, tgt):
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        causal = {"tgt_is_causal": True} if self.say_causal else {}
+        return self.t(src, tgt, tgt_mask=mask, **causal)
+
+
+def test_a_transformer_mask_checked_by_its_values_says_to_say_it_is_causal():
+    """nn.Transformer given a tgt_mask and no tgt_is_causal compares the mask's values with a
+    causal one; the CaptureError pointed at the user's call and spoke of .item(). Now it says
+    to pass tgt_is_causal, and with it the model is optimized."""
+    torch.manual_seed(0)
+    x = (torch.randn(2, 6, 16), torch.randn(2, 5, 16))
+    with pytest.raises(monet_opt.CaptureError, match="tgt_is_causal=True"):
+        monet_opt.optimize(_Seq2Seq(False), x, HUGE, profile_repeats=1, profile_dir=None)
+    opt = monet_opt.optimize(_Seq2Seq(True), x, HUGE, profile_repeats=1, profile_dir=None)
+    assert opt(*x).shape == (2, 5, 16)
