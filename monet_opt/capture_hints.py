@@ -22,8 +22,13 @@ VALIDATING = (
 
 def from_validation(exc: BaseException) -> bool:
     """Whether `exc` came from torch.distributions' argument checks."""
-    return any(f.filename.endswith("torch/distributions/distribution.py")
-               and f.name == "__init__" for f in traceback.extract_tb(exc.__traceback__))
+    return _raised_in(exc, lambda f: f.filename.endswith("torch/distributions/distribution.py")
+                      and f.name == "__init__")
+
+
+def _raised_in(exc: BaseException, frame) -> bool:
+    """Whether a frame of `exc`'s traceback passes `frame(summary)`."""
+    return any(frame(f) for f in traceback.extract_tb(exc.__traceback__))
 
 
 CAUSAL_CHECK = (
@@ -36,7 +41,7 @@ CAUSAL_CHECK = (
 
 def from_causal_check(exc: BaseException) -> bool:
     """Whether `exc` came from torch's check of a transformer mask's values (CAUSAL_CHECK)."""
-    return any(f.name == "_detect_is_causal_mask" for f in traceback.extract_tb(exc.__traceback__))
+    return _raised_in(exc, lambda f: f.name == "_detect_is_causal_mask")
 
 
 SPARSE_GRADIENT = (
