@@ -8,9 +8,11 @@ NOTE [Layouts the tracer misreads]
   where eager's reshape copied, and the real tensor cannot be viewed so: optimize() failed in
   the profiler with "view size is not compatible" and "please report the model" (a conv,
   channels-last, GroupNorm, flatten, Linear). torch.compile(backend="aot_eager") fails alike;
-  inductor, which writes its own kernels, does not. The profiler runs every op on real tensors,
-  so where an op fails on an argument laid out otherwise than the trace says, it now raises a
-  CaptureError naming the op that made it and what to do: make that op's inputs contiguous
+  inductor, which writes its own kernels, does not. The profiler runs every op on real tensors
+  and notes each whose output is laid out otherwise than traced while its inputs are as traced
+  (`Layouts`); where an op fails on an argument laid out otherwise than the trace says, it
+  raises a CaptureError naming the nearest such op above it (not a transpose or add that only
+  carried the layout on) and what to do: make that op's inputs contiguous
   (a `.contiguous()` of its output is traced as nothing, the tracer taking it for contiguous
   already); tests/test_grad_layout.py.
 """
@@ -22,30 +24,57 @@ import torch
 import torch.fx as fx
 
 from monet_opt.errors import CaptureError
-from monet_opt.lower import is_view_node
 
 
-def refuse_misread_layout(node: fx.Node, env, exc: Exception) -> None:
-    """CaptureError where `node` failed on an argument whose real layout is not the trace's
-    (NOTE [Layouts the tracer misreads]); nothing otherwise."""
-    for arg in node.all_input_nodes:
-        real, traced = env.get(arg.name), arg.meta.get("val")
-        if not (isinstance(real, torch.Tensor) and isinstance(traced, torch.Tensor)) or \
-                tuple(real.stride()) == tuple(traced.stride()):
-            continue
-        maker = arg
-        while is_view_node(maker) and isinstance(env.get(maker.args[0].name), torch.Tensor):
-            maker = maker.args[0]
+class Layouts:
+    """The ops whose real output is laid out otherwise than traced while each of their inputs
+    is laid out as traced: those that misread (NOTE [Layouts the tracer misreads])."""
+
+    def __init__(self) -> None:
+        self.misread: set[str] = set()
+
+    def check(self, node: fx.Node, env) -> None:
+        """Record `node` (its value just computed into env) if it misread."""
+        if _differs(env.get(node.name), node.meta.get("val")) and not any(
+                _differs(env.get(a.name), a.meta.get("val")) for a in node.all_input_nodes):
+            self.misread.add(node.name)
+
+    def refuse(self, node: fx.Node, env, exc: Exception) -> None:
+        """CaptureError where `node` failed on an argument whose real layout is not the
+        trace's, naming the nearest op above it that misread; nothing otherwise."""
+        if not any(_differs(env.get(a.name), a.meta.get("val")) for a in node.all_input_nodes):
+            return
+        maker, seen, todo = None, set(), list(node.all_input_nodes)
+        while todo and maker is None:  # nearest first
+            above = todo.pop(0)
+            if above.name in self.misread:
+                maker = above
+            elif above not in seen:
+                seen.add(above)
+                todo += above.all_input_nodes
+        if maker is None:
+            return
         if maker.target is operator.getitem:  # one output of several: the op's
             maker = maker.args[0]
+        real = next(env[a.name] for a in node.all_input_nodes
+                    if _differs(env.get(a.name), a.meta.get("val")))
+        traced = maker.meta.get("val")
+        made = f"{maker.target} returned a tensor laid out otherwise than torch's tracer says" + (
+            f" (shape {tuple(traced.shape)}, traced strides {tuple(traced.stride())})"
+            if isinstance(traced, torch.Tensor) else "")
         where = (maker.meta.get("stack_trace") or "").strip().splitlines()[-2:]
         raise CaptureError(
-            f"monet_opt.optimize: {maker.target} returned a tensor of shape {tuple(real.shape)} "
-            f"laid out with strides {tuple(real.stride())} where torch's tracer says "
-            f"{tuple(traced.stride())}, and {node.target}, traced for the tracer's layout, "
-            f"cannot run on it ({exc}). torch.compile(backend='aot_eager') fails alike. Make "
-            f"that op's inputs contiguous before it (`x.contiguous()` before a GroupNorm of a "
-            f"channels-last model; a .contiguous() after the op is no help: the tracer takes "
-            f"its output for contiguous already)" + (
-                f"; the op: {' '.join(w.strip() for w in where)}" if where else "") +
+            f"monet_opt.optimize: {made}, so {node.target}, traced for the tracer's layout, "
+            f"cannot run on a tensor made from it (strides {tuple(real.stride())}: {exc}). "
+            "torch.compile(backend='aot_eager') fails alike. Make that op's inputs contiguous "
+            "before it (`x.contiguous()` before a GroupNorm of a channels-last model; a "
+            ".contiguous() after the op is no help: the tracer takes its output for contiguous "
+            "already)" + (f"; the op: {' '.join(w.strip() for w in where)}" if where else "") +
             " (NOTE [Layouts the tracer misreads] in monet_opt/misread_layouts.py).") from exc
+
+
+def _differs(real, traced) -> bool:
+    """Both tensors of one shape, laid out otherwise along some dimension longer than 1."""
+    return isinstance(real, torch.Tensor) and isinstance(traced, torch.Tensor) and \
+        real.shape == traced.shape and any(
+            n > 1 and a != b for n, a, b in zip(real.shape, real.stride(), traced.stride()))

@@ -38,7 +38,7 @@ from torch.utils import _pytree as pytree
 
 from monet_opt import cudnn_bn, output_bytes, recompute
 from monet_opt.lower import Lowered, is_effect_token
-from monet_opt.misread_layouts import refuse_misread_layout
+from monet_opt.misread_layouts import Layouts
 from monet_opt.memory import counted
 from monet_opt.profile_budget import Budget, estimates
 from monet_opt.profile_memory import BoundedEnv
@@ -231,7 +231,7 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
         free_after.setdefault(node, []).append(name)
     env = {} if memory_limit is None else BoundedEnv(gm, memory_limit, keep_until or {},
                                                      copies)
-    it = iter(inputs)
+    it, layouts = iter(inputs), Layouts()  # NOTE [Layouts the tracer misreads]
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             env[node.name] = next(it)
@@ -246,8 +246,9 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
                 args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: env[a.name])
                 visit(node, args, kwargs, env)
                 del args, kwargs  # what it read may be freed or dropped below
+                layouts.check(node, env)
             except Exception as exc:
-                refuse_misread_layout(node, env, exc)  # NOTE [Layouts the tracer misreads]
+                layouts.refuse(node, env, exc)
                 raise RuntimeError(
                     f"monet_opt profiler: {node.format_node()} failed: {exc}\nDoes the model "
                     "run eagerly on sample_input (its dtypes and devices against the "

@@ -102,3 +102,31 @@ def test_a_layout_the_tracer_misreads_is_named():
     loss_fn = lambda out: out.sum()  # noqa: E731
     assert_same(run_steps(opt, opt.model, x, loss_fn), run_steps(eager, eager, x, loss_fn),
                 exact=True, what="GroupNorm of a contiguous input vs eager")
+
+
+class _Phase(nn.Module):
+    """A spectrogram's phase (complex angle, which the CPU lays out otherwise than traced),
+    time-major, flattened into a Linear; `contiguous`: the spectrogram made contiguous first."""
+
+    def __init__(self, contiguous: bool) -> None:
+        super().__init__()
+        self.contiguous = contiguous
+        self.conv, self.head = nn.Conv1d(1, 1, 3, padding=1), nn.Linear(81, 3)
+        self.register_buffer("window", torch.hann_window(16))
+
+    def forward(self, x):
+        h = self.conv(x.unsqueeze(1)).squeeze(1)
+        spec = torch.stft(h, 16, hop_length=8, window=self.window, return_complex=True)
+        phase = (spec.contiguous() if self.contiguous else spec).angle()
+        return self.head((phase + 1).transpose(1, 2).flatten(1))
+
+
+def test_the_op_that_misread_a_layout_is_named_not_those_that_carried_it_on():
+    """The error names the angle whose layout the tracer misread, not the add and transpose
+    between it and the failing view (which it named before); doing what it says trains like
+    eager."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 64)
+    with pytest.raises(monet_opt.CaptureError, match=r"aten\.angle.*aten\.view.*contiguous"):
+        monet_opt.optimize(_Phase(False), x, HUGE, profile_repeats=1, profile_dir=None)
+    assert_plans_train_like_eager(_Phase(True), x, lambda out: out.pow(2).sum(), "phase")
