@@ -75,8 +75,17 @@ def _cut_solver(seed: int):
 
 
 def run(name: str, seed: int, cuts: bool = False) -> str:
+    """One random schedule (the solver "milp" stands for it, and for every plan of the run's
+    steps) against eager: a line saying how they compare."""
     solver = _cut_solver(seed) if cuts else _random_solver(seed)
-    registry._REGISTRY["milp"] = (solver, MilpOptions)
+    milp, registry._REGISTRY["milp"] = registry._REGISTRY["milp"], (solver, MilpOptions)
+    try:
+        return _run(name, seed)
+    finally:  # the real MILP back for whatever the process solves next
+        registry._REGISTRY["milp"] = milp
+
+
+def _run(name: str, seed: int) -> str:
     torch.manual_seed(0)
     base, x, loss_fn = (_coverage(name[4:]) if name.startswith("cov:") else FACTORIES[name])()
     opt = monet_opt.optimize(copy.deepcopy(base), x, 1 << 40, solver="milp", profile_repeats=1,
