@@ -126,7 +126,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
 
     replan = False
 
-    def plan_step(args: tuple, kwargs: dict, resident: tuple[int, ...] = (),
+    def plan_step(model: nn.Module, args: tuple, kwargs: dict, resident: tuple[int, ...] = (),
                   resident_bytes: int = 0, outputs_held: bool = False) -> Step:
         planner = _Planner(limit, solver, profile_repeats, type(model).__name__, time_limit_s,
                            cache=cache, variants=families, allow_lossy=allow_lossy,
@@ -148,7 +148,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
     warn_if_hooks(model)  # NOTE [Module hooks]
     watched = Watched.of(model)  # NOTE [Attributes read as constants]
     before = watched.values(list(model.modules()))
-    first = plan_step(*capture.InputSpec.split(sample_input))
+    first = plan_step(model, *capture.InputSpec.split(sample_input))
     limit = first.plan.memory_limit_bytes  # other shapes: the same bytes (NOTE [Limits as shares])
     replan = True  # NOTE [Plans for other shapes]
     warn_if_forward_changed(model, watched, before)

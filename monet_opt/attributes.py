@@ -115,8 +115,11 @@ class Watched:
         mode = {True: "train", False: "eval"}
         swapped += [f"{who(name)} {mode[old]} -> {mode[new]}"
                     for name, old, new in zip(names, before[1], now[1]) if old != new]
-        if len(before[0]) != len(now[0]):
-            swapped.insert(0, f"{len(before[0])} -> {len(now[0])} modules")
+        if len(before[0]) != len(now[0]):  # modules added or removed: the rest moved
+            return f"{len(before[0])} -> {len(now[0])} modules"
+        if before[0] != now[0]:  # other modules: their values are noted elsewhere
+            return ", ".join(swapped[:4]) + \
+                (f" and {len(swapped) - 4} more" if len(swapped) > 4 else "")
         before, now = before[2:], now[2:]
         labels = [".".join(filter(None, (names[position], "config" * in_config, name)))
                   for position, in_config, attrs in self.where if position < len(names)

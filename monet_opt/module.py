@@ -122,11 +122,13 @@ class OptimizedModule(nn.Module):
 
     def __init__(self, model: nn.Module, first: Step, training_flags: tuple[bool, ...],
                  autocast: tuple = (),
-                 plan_step: Callable[[tuple, dict, tuple[int, ...], int], Step] | None = None,
+                 plan_step: Callable[[nn.Module, tuple, dict, tuple[int, ...], int], Step]
+                 | None = None,
                  any_shape: bool = False) -> None:
-        """plan_step(args, kwargs, resident, resident_bytes): plans another step (None: any
-        other situation raises PlanMismatchError). any_shape: inputs of other shapes are
-        planned, not refused."""
+        """plan_step(model, args, kwargs, resident, resident_bytes): plans another step of
+        `model` (this module's own: a deep copy plans its copy's), None: any other situation
+        raises PlanMismatchError. any_shape: inputs of other shapes are planned, not
+        refused."""
         super().__init__()
         self.model = model
         self.training = model.training  # the wrapper's mode is the model's, not nn.Module's True
@@ -137,6 +139,7 @@ class OptimizedModule(nn.Module):
         self._hooks = hooks_of(list(model.modules()))  # NOTE [Module hooks]
         self._watched = Watched.of(model, skip=first.kept)  # NOTE [Attributes read as constants]
         self._first_values = self._watched.values(list(model.modules()))
+        self._watchers = {_structure(list(model.modules())): (self._watched, self._first_values)}
         self._steps: dict[tuple, Step] = {
             step_key((first.spec.treedef, first.spec.constants), first.spec.leaves,
                      self._first_params, first.resident, first.resident_bytes, first.shared,
@@ -207,7 +210,8 @@ class OptimizedModule(nn.Module):
         now = param_key(named, buffers)
         resident_bytes = resident_gradient_bytes(self.model) if resident else 0
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
-        values = self._watched.values(modules)
+        watched, base = self._watching(modules)
+        values = watched.values(modules)
         specs = tuple(LeafSpec.of(x) for x in inputs)
         autocast = autocast_state()  # NOTE [Autocast is traced] in monet_opt/capture.py
         hooks = hooks_of(modules)  # NOTE [Module hooks]
@@ -227,8 +231,11 @@ class OptimizedModule(nn.Module):
                    [s.requires_grad for s in first.leaves]
                    else "layouts" if [s.shape for s in specs] == [s.shape for s in first.leaves]
                    else "shapes")
-            changed = self._watched.changed(self.model, self._first_values, values) \
-                if values != self._first_values else ""
+            changed = ", ".join(filter(None, (
+                self._watched.changed(self.model, self._first_values, values)
+                if values != self._first_values else "",  # modules added or swapped, if any
+                watched.changed(self.model, base, values)
+                if base is not self._first_values and values != base else "")))
             if autocast != self._autocast:
                 changed = ", ".join(filter(None, (f"autocast {describe_autocast(autocast)}",
                                                   changed)))
@@ -247,10 +254,24 @@ class OptimizedModule(nn.Module):
                     args, kwargs, resident, resident_bytes, False, why, changed)
                 self._held.cannot_fit(err.min_feasible_bytes, self.plan.memory_limit_bytes)
             self._steps[key] = step
-            traced = self._watched.values(list(self.model.modules()))
+            traced = watched.values(list(self.model.modules()))
             if traced != values:  # the forward changed some while traced: the step holds those
                 self._steps[key[:-1] + (traced,)] = step
         return step, inputs
+
+    def _watching(self, modules: list[nn.Module]) -> tuple[Watched, tuple]:
+        """NOTE [Attributes read as constants] for the modules the model has now (`modules`:
+        walked), and their values when that set was first met. Where they are is noted once
+        per set of modules: a module added after optimize() (an adapter wrapping a Linear)
+        moved the rest, and the positions noted for the first set read other modules, so a
+        dropout's p changed after it planned nothing, silently (tests/test_attributes.py)."""
+        if modules is not self._watched_list:
+            key = _structure(modules)
+            if key not in self._watchers:
+                watched = Watched.of(self.model, skip=self._first.kept)
+                self._watchers[key] = watched, watched.values(modules)
+            self._watched_now, self._watched_list = self._watchers[key], modules
+        return self._watched_now
 
     def _plan_for(self, args: tuple, kwargs: dict, resident: tuple[int, ...],
                   resident_bytes: int, outputs_held: bool, why: str, changed: str = "") -> Step:
@@ -263,7 +284,8 @@ class OptimizedModule(nn.Module):
         try:
             with _disable_current_modes():  # the caller's dispatch modes watch the step only
                 step = dataclasses.replace(
-                    self._plan_step(args, kwargs, resident, resident_bytes, outputs_held),
+                    self._plan_step(self.model, args, kwargs, resident, resident_bytes,
+                                    outputs_held),
                     changed=changed)
         except InfeasibleBudgetError as err:
             err.add_note(f"monet_opt: while planning a step for {situation(why, resident_bytes)}"
@@ -307,18 +329,37 @@ class OptimizedModule(nn.Module):
         self._in_flight = InFlight()
         self._held = HeldOutputs()
         self._walk = Walk()
+        self._watched_list: list[nn.Module] | None = None  # those _watched_now is for
         return self
 
-    # state_dict keys are the model's own, not prefixed with "model."
+    # NOTE [The model's own keys]
+    #   state_dict() has the model's own keys, not prefixed with "model.", so a checkpoint of
+    #   the optimized module loads into the plain model and back. Inside a larger model (a
+    #   backbone optimized on its own), the parent's state_dict() asks this module for its keys
+    #   under its prefix ("backbone.0.weight"), and its load_state_dict() loads each module's
+    #   own from those keys, so this module maps them back under "model." before its model
+    #   loads them: the parent's round trip failed ("Missing key(s) backbone.model.0.weight"),
+    #   and with strict=False loaded nothing into the backbone, silently
+    #   (tests/test_wrapping.py).
     def state_dict(self, *args: Any, **kwargs: Any):
         return self.model.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
 
+    def _load_from_state_dict(self, state_dict, prefix: str, *args: Any) -> None:
+        own = {prefix + key for key in self.model.state_dict(keep_vars=True)}
+        for key in [key for key in state_dict if key in own]:  # the parent's own copy
+            state_dict[f"{prefix}model.{key[len(prefix):]}"] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def extra_repr(self) -> str:
         return (f"memory_limit={self.plan.memory_limit_bytes}, solver={self.plan.solver!r}, "
                 f"predicted_peak={self.plan.predicted_peak_bytes}")
+
+
+def _structure(modules: list[nn.Module]) -> tuple:
+    return tuple(zip(map(id, modules), map(type, modules)))
 
 
 # NOTE [The model's signature]

@@ -121,6 +121,26 @@ def test_a_replaced_module_plans_a_step():
     assert torch.equal(out, model(x))
 
 
+def test_an_attribute_changed_after_a_module_was_added_plans_a_step():
+    """A module added after optimize() (an adapter wrapping a Linear) moved the others in the
+    model's list of modules; where the watched values are was noted once, for the first list,
+    so a dropout's p changed after it planned nothing and ran at the old p, silently (outputs
+    0.17 apart). They are noted anew for each set of modules."""
+    torch.manual_seed(0)
+    model, x = Tempered().train(), torch.randn(4, 16)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    for m in (model, eager):
+        m.f = nn.Sequential(m.f, nn.Identity())
+    replans = _replans_of_alike_step(opt, model, eager, x, 1)
+    assert len(replans) == 1 and "with 3 -> 5 modules (" in replans[0]
+    for m in (model, eager):
+        m.drop.p = 0.6
+    replans = _replans_of_alike_step(opt, model, eager, x, 2)
+    assert len(replans) == 1 and "with 3 -> 5 modules, drop.p 0.1 -> 0.6 (" in replans[0]
+    assert _replans_of_alike_step(opt, model, eager, x, 3) == []
+
+
 def test_a_batch_norm_frozen_after_optimize_plans_a_step():
     """Freezing a BatchNorm (eval mode in a training model) after optimize() plans a step for
     it (it was refused); its running statistics stay, gradients bitwise eager's."""
