@@ -91,6 +91,9 @@ def describe_inputs(args: tuple, kwargs: dict) -> str:
             return repr(value)  # NOTE [Constant arguments] in monet_opt/input_spec.py
         texts = [f"{str(t.dtype).removeprefix('torch.')}[{'x'.join(map(str, t.shape))}]"
                  for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+        if not texts:  # a list of ints, say: shown as it is ("()" said nothing)
+            shown = repr(value)
+            return shown if len(shown) <= 40 else shown[:37] + "..."
         return texts[0] if isinstance(value, torch.Tensor) else f"({', '.join(texts)})"
     return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
 

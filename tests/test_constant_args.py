@@ -68,3 +68,12 @@ def test_other_arguments_are_refused_saying_what_to_do():
     model, x = Scaled().train(), torch.randn(4, 16)
     with pytest.raises(TypeError, match=r"bool, int, float, str or None .*found \['object'\]"):
         monet_opt.optimize(model, (x, object()), HUGE, profile_dir=None)
+
+
+def test_a_list_of_numbers_is_described_as_it_is():
+    """A plan's label (and a ReplanWarning's) showed a list of ints as "()"."""
+    from monet_opt.cache_keys import describe_inputs
+    x = torch.zeros(2, 3)
+    assert describe_inputs((x, [2], (x, 1)), {"k": (1, 2)}) == \
+        "float32[2x3], [2], (float32[2x3]), k=(1, 2)"
+    assert describe_inputs((list(range(40)),), {}).endswith("...")
