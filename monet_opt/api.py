@@ -330,7 +330,7 @@ class _Planner:
                                         self.time_limit_s)
         self.slots = slots
         graphs = rewrite.partition(joint, joint_inputs, lowered, result.schedule,
-                                   num_fwd_outputs, slots=slots, held=held, made=made, **kwargs)
+                                   num_fwd_outputs, slots=slots, made=made, **kwargs)
         # NOTE [Copies nothing reads]
         problem, result = updated_buffers.as_made(problem, result, graphs[0], lowered)
         self.plan = make_plan(problem, lowered.op_labels, result, limit)

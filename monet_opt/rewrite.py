@@ -32,39 +32,21 @@ _OVERWRITES = "monet_overwrites"  # node meta: (phase, the argument it writes in
 
 def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: Schedule,
               num_fwd_outputs: int, slots: GradientSlots | None = None,
-              held: tuple[int, ...] = (), made: frozenset[int] = frozenset(), **kwargs):
+              made: frozenset[int] = frozenset(), **kwargs):
     """partition_fn for aot_function: (forward GraphModule, backward GraphModule). slots: the
     parameters whose gradients the backward adds in place (NOTE [Accumulating in place]).
-    held: the positions, among the joint's outputs, of those the plan holds for the whole
-    step (NOTE [Held outputs handed to the backward]); made: the held tensors the step
-    itself makes (NOTE [Held tensors made again] in monet_opt/held_outputs.py)."""
+    made: the held tensors the step itself makes (NOTE [Held tensors made again] in
+    monet_opt/held_outputs.py)."""
     rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs, made)
-    outputs = next(iter(rebuilt.graph.find_nodes(op="output"))).args[0]
-    held_names = {outputs[k].name for k in held if isinstance(outputs[k], fx.Node)}
-    for node in rebuilt.graph.nodes:  # NOTE [Held outputs handed to the backward]
-#   default_partition hands the backward every forward value that is an output of the graph
-#   (the output node counts as a backward user) and that something copied into the backward
-#   reads; it copies there any forward op whose inputs it has, and keeps a random one (impure)
-#   alive. A pruned layer's weight (weight_orig * mask, kept on its module by the prune hook:
-#   NOTE [Tensors kept on a module]) fed such a copy of the forward's dropout, so once our dead
-#   code pass dropped that copy the backward was handed the weight and read none of it: the
-#   internal error above, under plans that recompute that weight rather than read it (an MLP
-#   pruned after optimize(), eviction and Chen's at 40-70 % of the way from its least peak).
-#   A tensor the plan holds for the whole step is alive to its end anyway, so handing it to the
-#   backward holds nothing more: those are let be.
-# NOTE [Selective checkpointing's tags]
+    for node in rebuilt.graph.nodes:  # NOTE [Selective checkpointing's tags]
         for key in _AC_TAGS:
             node.meta.pop(key, None)
     fw, bw = default_partition(rebuilt, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
     if slots is not None:
         add_accumulation(bw, slots)  # the views it leaves at the end are dead code next
     _drop_dead_code(bw)
+    _drop_unread_saved(fw, bw, num_fwd_outputs)
     _drop_backward_ops(fw)
-    unread = [n.name for n in bw.graph.find_nodes(op="placeholder")
-              if not n.users and not n.name.startswith(("primals", "tangents"))
-              and n.name not in held_names]
-    # held to the backward's end, where the simulator freed them (NOTE [Unread recomputation])
-    internal_assert(not unread, f"the backward is handed {unread[:5]} and reads none of them")
     for gm, phase in ((fw, FORWARD), (bw, BACKWARD)):
         _write_in_place(gm, phase)
         if phase == FORWARD:
@@ -95,6 +77,43 @@ def _drop_dead_code(gm: fx.GraphModule) -> None:
     impure; the schedule's own recomputations of random ops go through rng_replay."""
     gm.graph.eliminate_dead_code(is_impure_node=lambda node: node.op in (
         "placeholder", "output") or node.target is recompute.release_states)
+
+
+def _drop_unread_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> None:
+    """NOTE [Saved values the backward does not read]
+      default_partition hands the backward every forward value that is an output of the graph
+      (the output node counts as a backward user) and that something copied into the backward
+      reads; it copies there any forward op whose inputs it has, and keeps a random one
+      (impure) alive. Once our dead-code pass drops such a copy, a value saved for it alone has
+      no reader left, and was held from the forward to the backward's end, where the simulator
+      had freed it: BART and T5 (sdpa), whose returned encoder output fed a copy of the
+      cross-attention's dropout, stopped with an internal error ("the backward is handed
+      ['getitem_16'] and reads none of them") under plans that recompute part of the decoder
+      (evict, remat and Chen's at 10-30 % of the way from the least peak; auto at its least,
+      now and then). Such a value is no longer saved: dropped from the forward's saved outputs
+      and the backward's inputs alike (tests/test_random_schedules.py). Only a value the step
+      also returns is so dropped: it lives as long as its caller, or the step, holds it, as
+      the simulator has it (the encoder output; a pruned layer's weight, weight_orig * mask,
+      which the prune hook keeps on its module, NOTE [Tensors kept on a module];
+      tests/test_hooks.py). Any other was kept by the schedule for nothing, which
+      solvers.without_unread prevents: an internal error (NOTE [Unread recomputation])."""
+    unread = {n.name for n in bw.graph.find_nodes(op="placeholder")
+              if not n.users and not n.name.startswith(("primals", "tangents"))}
+    if not unread:
+        return
+    out = next(iter(fw.graph.find_nodes(op="output")))
+    values = out.args[0]
+    returned = {v.name for v in values[:num_fwd_outputs] if isinstance(v, fx.Node)}
+    left = sorted(unread - returned)
+    internal_assert(not left, f"the backward is handed {left[:5]} and reads none of them")
+    dropped = {k: v.name for k, v in enumerate(values) if k >= num_fwd_outputs and
+               isinstance(v, fx.Node) and v.name in unread}
+    out.args = (type(values)(v for k, v in enumerate(values) if k not in dropped),)
+    for node in list(bw.graph.find_nodes(op="placeholder")):
+        if node.name in dropped.values():
+            bw.graph.erase_node(node)
+    for gm in (fw, bw):
+        gm.recompile()
 
 
 def _drop_backward_ops(fw: fx.GraphModule) -> None:

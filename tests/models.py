@@ -158,6 +158,22 @@ def bert_tiny():
             lambda out: out.last_hidden_state.sum() + out.pooler_output.sum())
 
 
+def bart_tiny():
+    """An encoder-decoder whose returned encoder output feeds the cross-attention (NOTE [Saved
+    values the backward does not read] in monet_opt/rewrite.py)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+    ids = torch.randint(0, 100, (2, 12))
+    cfg = BartConfig(vocab_size=100, d_model=16, encoder_layers=1, decoder_layers=1,
+                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                     decoder_ffn_dim=32, max_position_embeddings=32, dropout=0.1,
+                     attention_dropout=0.1, activation_dropout=0.1, pad_token_id=1,
+                     bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                     attn_implementation="eager")
+    return (BartForConditionalGeneration(cfg).train(),
+            {"input_ids": ids, "labels": ids[:, :8].clone(), "use_cache": False},
+            lambda out: out.loss)
+
+
 def resnet18_small():
     import torchvision
     return torchvision.models.resnet18(num_classes=10), torch.randn(2, 3, 64, 64), \

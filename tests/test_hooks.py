@@ -112,10 +112,10 @@ def test_pruning_after_optimize_trains_like_eager():
 
 @pytest.mark.parametrize("solver", ["chen_greedy", "evict"])
 def test_a_pruned_weight_held_on_its_module_and_recomputed(solver):
-    """NOTE [Held outputs handed to the backward]: plans that recompute a pruned layer's weight
-    (the prune hook keeps it on the module, held for the whole step) rather than read it made
-    the backward be handed it unread, an internal error; each now trains bitwise like eager
-    within its prediction."""
+    """NOTE [Saved values the backward does not read]: plans that recompute a pruned layer's
+    weight (the prune hook keeps it on the module, held for the whole step) rather than read it
+    made the backward be handed it unread, an internal error; each now trains bitwise like
+    eager within its prediction."""
     prune = pytest.importorskip("torch.nn.utils.prune")
     torch.manual_seed(0)
     model, x, loss_fn = models.mlp()
