@@ -57,6 +57,20 @@ def sparse_gradient(errors: list[str]) -> str:
                                   for e in errors) else ""
 
 
+def hf_cache(errors: list[str]) -> str:
+    """What to do where the model returns an HF cache object (use_cache=True, a decoder's
+    default when built from its config): it cannot be an output of a traced step."""
+    found = {e.split("Found <class '")[1].split("'")[0].rsplit(".", 1)[-1] for e in errors
+             if "Found <class 'transformers." in e and "Cache'> in output" in e}
+    if not found:
+        return ""
+    return (f"\nThere, the model returns a transformers {', '.join(sorted(found))} (the keys "
+            "and values kept for generation, use_cache=True: a decoder's default when built "
+            "from its config), which a traced step cannot return. Training needs none: set "
+            "model.config.use_cache = False before optimize(), or pass use_cache=False in the "
+            "sample input and in every call.")
+
+
 def shapes(errors: list[str]) -> str:
     """What to do where an op's output shape depends on tensor values (a boolean mask's
     index, nonzero; CTC's loss), which a traced step, whose shapes

@@ -271,3 +271,19 @@ def test_a_transformer_mask_checked_by_its_values_says_to_say_it_is_causal():
         monet_opt.optimize(_Seq2Seq(False), x, HUGE, profile_repeats=1, profile_dir=None)
     opt = monet_opt.optimize(_Seq2Seq(True), x, HUGE, profile_repeats=1, profile_dir=None)
     assert opt(*x).shape == (2, 5, 16)
+
+
+def test_a_cache_returned_for_generation_says_to_turn_it_off():
+    """A decoder built from its config returns its generation cache (use_cache=True); the
+    CaptureError spoke of .item() and a pytree to register, with use_cache=False among three
+    generic hints. It now names the cache and says to turn it off, and doing so optimizes."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16,
+                     bos_token_id=1, eos_token_id=2)
+    model, ids = GPT2LMHeadModel(cfg).train(), torch.randint(0, 50, (2, 8))
+    x = {"input_ids": ids, "labels": ids}
+    with pytest.raises(monet_opt.CaptureError, match=r"DynamicCache.*use_cache = False"):
+        monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    model.config.use_cache = False
+    monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)(**x).loss.backward()
