@@ -68,14 +68,15 @@ def simulated(problem: Problem, schedule: Schedule) -> solvers.Simulation:
     """The simulator's replay of a stored schedule, or Unusable if it cannot run."""
     try:
         return solvers.simulate(problem, schedule)
-    except (solvers.InvalidScheduleError, IndexError, TypeError) as exc:
+    except (solvers.InvalidScheduleError, solvers.InvalidProblemError, IndexError,
+            TypeError) as exc:
         raise Unusable(f"its schedule fails the simulator ({exc})") from exc
 
 
 def check_result(result: SolveResult, problem: Problem, limit_bytes: int) -> None:
     """A stored schedule is used only if the simulator agrees with it."""
     if result.schedule is None:
-        if result.feasible or result.status == Status.TIMEOUT:
+        if result.status != Status.INFEASIBLE:
             raise Unusable(f"malformed: status {result.status.value} without a schedule")
         return
     if not result.feasible:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 from solvers.errors import InvalidProblemError, InvalidScheduleError
+from solvers.sane_numbers import check_numbers
 
 NO_PRODUCER = -1  # a tensor that exists from the start of the backward (an output gradient)
 PLAIN_PROBLEMS_CACHED = 16  # with_variants results held per problem (NOTE [Plain problems cached])
@@ -262,15 +263,12 @@ def _validate(p: Problem) -> None:
     def fail(msg: str) -> None:
         raise InvalidProblemError(f"Problem {p.name!r}: {msg}")
 
-    if p.fixed_bytes < 0:
-        fail(f"fixed_bytes is negative ({p.fixed_bytes})")
+    check_numbers(p, fail)  # NOTE [Numbers a problem may hold]
     seen_backward = False
     for i, op in enumerate(p.ops):
         seen_backward |= op.is_backward
         if seen_backward and not op.is_backward:
             fail(f"forward op {op.name!r} (#{i}) comes after a backward op")
-        if op.time_s < 0 or op.rerun_s < 0 or op.workspace_bytes < 0:
-            fail(f"op {op.name!r} has a negative time or workspace")
         for t in op.outputs:
             if not 0 <= t < len(p.tensors) or p.tensors[t].producer != i:
                 fail(f"op {op.name!r} lists output {t} whose producer is not #{i}")
@@ -290,8 +288,6 @@ def _validate(p: Problem) -> None:
                      "output reading a forward tensor of that output's size, or it writes in "
                      "place already (NOTE [Writing into a dying input])")
     for t, ten in enumerate(p.tensors):
-        if ten.bytes < 0:
-            fail(f"tensor {ten.name!r} has negative bytes")
         if ten.producer != NO_PRODUCER and (ten.producer >= len(p.ops)
                                             or t not in p.ops[ten.producer].outputs):
             fail(f"tensor {ten.name!r} names producer {ten.producer}, which does not list it")
@@ -347,8 +343,6 @@ def _validate_variants(p: Problem, fail) -> None:
             fail(f"{what} names op {var.op}, which is not a backward op")
         if var.replaces not in p.ops[var.op].inputs:
             fail(f"{what} replaces tensor {var.replaces}, which its op does not read")
-        if var.extra_workspace_bytes < 0:
-            fail(f"{what} has negative extra workspace")
         for i in var.encode_ops:
             if not 0 <= i < len(p.ops) or p.ops[i].is_backward:
                 fail(f"{what}: encode op {i} is not a forward op")

@@ -222,6 +222,11 @@ PROFILE_DAMAGE = {
                        "made by another monet_opt: op #1"),
     "malformed problem": (_edit(lambda d: d["problem"].pop("ops")), "malformed"),
     "wrong label count": (_edit(lambda d: d["op_labels"].pop()), "malformed"),
+    # NOTE [Numbers a problem may hold]: a NaN time hung HiGHS, 1e300 overflowed a solver
+    "nan time": (_edit(lambda d: d["problem"]["ops"][0].update(time_s=float("nan"))), "absurd"),
+    "huge time": (_edit(lambda d: d["problem"]["ops"][0].update(time_s=1e300)), "absurd"),
+    "inf workspace": (_edit(lambda d: d["problem"]["ops"][0].update(
+        workspace_bytes=float("inf"))), "absurd"),
 }
 
 
@@ -257,6 +262,11 @@ SCHEDULE_DAMAGE = {
     "wrong peak": (_claim("peak_bytes", -8), "mismatched: it claims peak"),
     "wrong time": (_claim("objective_s", 1.0), "mismatched: it claims peak"),
     "bad status": (_edit(lambda d: d["result"].update(status="splendid")), "malformed"),
+    # read as a proven refusal of a limit its own first solve fitted
+    "feasible without a schedule": (_edit(lambda d: d.update(schedule=None)),
+                                    "feasible without a schedule"),
+    "unknown variant": (_edit(lambda d: d["schedule"].update(variants=[99])),
+                        "fails the simulator"),
     "other limit": (_edit(lambda d: d["key"].update(memory_limit_bytes=7)),
                     "mismatched: its key has memory_limit_bytes"),
 }
