@@ -14,6 +14,7 @@ from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_s
                        grouped_attention, grouped_math, host_random, late_grads, output_bytes,
                        progress, recompute, rewrite, saved_clones, stats_in_place, updated_buffers)
 from monet_opt.accumulate import GradientSlots, in_place_problem
+from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.attributes import Watched, warn_if_forward_changed
 from monet_opt.cache import Profile, ProfileCache, derived
@@ -110,17 +111,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
         model = model.model
     capture.refuse_untraceable(model)  # before the warnings below, which it would follow
     limit = parse_limit(memory_limit)
-    if solver not in solvers.available_solvers():
-        raise ValueError(f"monet_opt.optimize: unknown solver {solver!r}; choose one of "
-                         f"{solvers.available_solvers()}")
-    if not time_limit_s > 0:
-        raise ValueError(f"monet_opt.optimize: time_limit_s must be positive, got {time_limit_s}")
-    if profile_time_limit_s is not None and not profile_time_limit_s > 0:
-        raise ValueError("monet_opt.optimize: profile_time_limit_s must be positive or None, "
-                         f"got {profile_time_limit_s}")
-    if new_shapes not in ("plan", "error"):
-        raise ValueError(f"monet_opt.optimize: new_shapes must be 'plan' or 'error', got "
-                         f"{new_shapes!r}")
+    check_arguments(solver, time_limit_s, profile_time_limit_s, new_shapes, profile_repeats,
+                    variants)
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
     families = offered_families(variants, allow_lossy)  # checked before anything is traced
 

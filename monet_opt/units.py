@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -17,10 +18,10 @@ def parse_memory_limit(value: object) -> int:
     accepted."""
     if isinstance(value, bool):
         raise ValueError(f"memory_limit must be {_ACCEPTED}; got the bool {value!r}")
-    if isinstance(value, int):
+    if isinstance(value, numbers.Integral):  # a NumPy int too
         if value <= 0:
             raise ValueError(f"memory_limit must be {_ACCEPTED}; got {value}")
-        return value
+        return int(value)
     if isinstance(value, float):
         if not math.isfinite(value) or value <= 0 or value != int(value):
             raise ValueError(f"memory_limit must be {_ACCEPTED}; got the float {value!r}")
