@@ -45,15 +45,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print each batch tried and the largest that fits."""
-    from monet_opt import precompute
+    from monet_opt import cli_inputs, precompute
     from monet_opt.errors import UsageError
-    shape = precompute.parse_shape(args.input_shape)
+    shape = cli_inputs.parse_shape(args.input_shape)
     try:
         limit = parse_limit(args.limit)
     except ValueError as exc:
         raise UsageError(f"bad --limit {args.limit!r}: {exc}") from exc
     model, _ = precompute.build(args)
-    device = torch.device(args.device)
+    device = cli_inputs.device_of(args.device)
     progress = logging.StreamHandler(sys.stderr)  # each try as it ends: a search takes minutes
     progress.setFormatter(logging.Formatter("monet-opt: %(message)s"))
     progress.addFilter(lambda record: record.getMessage().startswith("largest_batch: "))
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         return x.contiguous(memory_format=torch.channels_last) if args.channels_last else x
 
     try:
-        fit = largest_batch(model, make_input, limit, start=args.start or shape[0],
+        fit = largest_batch(model, make_input, limit, start=shape[0] if args.start is None else args.start,
                             max_batch=args.max_batch, max_tries=args.max_tries,
                             solver=args.solver, time_limit_s=args.time_limit_s,
                             profile_dir=args.profile_dir)

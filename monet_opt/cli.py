@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from monet_opt.errors import UsageError
+from monet_opt.errors import MonetError, UsageError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="optimize GPT-2 (12 layers) with activation memory halved "
                                        "and print eager vs optimized memory and time")
-    demo.add_argument("--rounds", type=int, default=5, help="timed steps per method")
+    demo.add_argument("--rounds", type=_positive, default=5, help="timed steps per method")
     from monet_opt.bench import run as bench_run
     bench = sub.add_parser("bench", help="our memory/overhead frontier beside the peers' "
                                          "(torch.utils.checkpoint, torch.compile) on the same "
@@ -43,9 +43,18 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"monet-opt {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except MonetError as exc:  # the model's or the limit's: said in full, without a traceback
+        print(f"monet-opt {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # the reader (`| head`) left; not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so exit's flush does not fail
         return 0
+
+
+def _positive(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return int(text)
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:

@@ -9,14 +9,11 @@ served raises `UsageError` (the CLI prints it on one line and exits with status 
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
-import os
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +23,7 @@ import solvers
 from solvers.peak_bound import least_peak_bound
 from monet_opt import api
 from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
+from monet_opt.cli_inputs import device_of, load_factory, parse_shape
 from monet_opt.errors import UsageError, internal_assert
 from monet_opt.plan import Plan, make_plan
 from monet_opt.units import Share, format_bytes, parse_limit, parse_memory_limit
@@ -104,46 +102,6 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
 
 # ---- precompute ------------------------------------------------------------------------------
 
-def load_factory(spec: str) -> Callable[[], Any]:
-    """The callable named by 'module:attribute' (the attribute may be dotted)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"bad factory {spec!r}: write MODULE:FACTORY, e.g. "
-                         "torchvision.models:resnet18 or monet_opt.zoo:tiny_cnn")
-    if os.getcwd() not in sys.path:  # as `python -m` would
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"bad factory {spec!r}: cannot import {module_name!r} ({exc}); check "
-                         "the module name and that its package is installed") from exc
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise UsageError(f"bad factory {spec!r}: {module_name!r} has no {attr!r}; check the "
-                             "name after the colon")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise UsageError(f"bad factory {spec!r}: {attr!r} is a {type(obj).__name__}, not a "
-                         "callable that returns an nn.Module")
-    try:
-        inspect.signature(obj).bind()
-    except TypeError as exc:
-        raise UsageError(f"bad factory {spec!r}: it cannot be called without arguments ({exc}); "
-                         "name a function of none that builds the model") from exc
-    except ValueError:  # no signature to inspect (some builtins): just try it
-        pass
-    return obj
-
-
-def parse_shape(text: str) -> tuple[int, ...]:
-    """'32x3x160x160' -> (32, 3, 160, 160)."""
-    parts = text.lower().replace(",", "x").split("x")
-    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise UsageError(f"bad input shape {text!r}: write positive sizes joined by 'x', e.g. "
-                         "32x3x160x160 (images) or 4x256 (token ids)")
-    return tuple(int(p) for p in parts)
-
-
 def build(args: argparse.Namespace) -> tuple[nn.Module, Any]:
     """The factory's model (in train mode, on --device) and the sample input."""
     shape = parse_shape(args.input_shape) if args.input_shape is not None else None
@@ -156,7 +114,7 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, Any]:
     if not isinstance(made, nn.Module):
         raise UsageError(f"bad factory {args.factory!r}: it returned a {type(made).__name__}, "
                          "not an nn.Module (or a (module, sample input) pair)")
-    device = torch.device(args.device)
+    device = device_of(args.device)
     model = made.to(device).train()
     if shape is not None:
         sample = random_input(args, shape)

@@ -189,6 +189,10 @@ def mobilenet_v2_small():
 ALL = [small_cnn, transformer_block, gpt2_tiny, bert_tiny, resnet18_small, mobilenet_v2_small]
 
 
+def frozen_mlp() -> nn.Module:
+    return tiny_mlp().requires_grad_(False)
+
+
 def tiny_mlp() -> nn.Module:
     """A model-only factory (the CLI's MODULE:FACTORY form): input (batch, 8)."""
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),

@@ -164,12 +164,25 @@ def test_explain_prints_a_cached_plan(zoo):
     (("explain", "Nothing"), "no profile 'Nothing'"),
     (("explain", "Seq"), "matches 2 profiles"),
     (("explain", "Sequential", "--solver", "chen"), "matches 2 profiles"),
+    # each was a Python traceback
+    (("precompute", FACTORY, "--input-shape", "2x\u00b2"), "bad input shape"),
+    (("precompute", FACTORY, "--input-shape", "2x8", "--device", "bogus"), "bad --device"),
+    (("largest-batch", FACTORY, "--input-shape", "2x8", "--limit", "1MiB", "--device",
+      "bogus"), "bad --device"),
 ])
 def test_errors_exit_2_with_one_line(zoo, argv, message):
     root, _ = zoo
     code, out, err = run_cli(*argv, "--profile-dir", str(root))
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_model_error_is_said_without_a_traceback(tmp_path):
+    """A model with nothing to train (NoBackwardError) printed a whole traceback."""
+    code, _, err = run_cli("precompute", "tests.models:frozen_mlp", "--input-shape", "2x8",
+                           "--profile-dir", str(tmp_path))
+    assert code == 1 and "Traceback" not in err
+    assert "\nmonet-opt precompute: NoBackwardError: " in err and "requires grad" in err
 
 
 def test_explain_limit_without_schedule(zoo):
