@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         return x.contiguous(memory_format=torch.channels_last) if args.channels_last else x
 
     try:
-        fit = largest_batch(model, make_input, limit, start=shape[0] if args.start is None else args.start,
+        start = shape[0] if args.start is None else args.start
+        fit = largest_batch(model, make_input, limit, start=start,
                             max_batch=args.max_batch, max_tries=args.max_tries,
                             solver=args.solver, time_limit_s=args.time_limit_s,
                             profile_dir=args.profile_dir)

@@ -82,21 +82,17 @@ def _drop_dead_code(gm: fx.GraphModule) -> None:
 def _drop_unread_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> None:
     """NOTE [Saved values the backward does not read]
       default_partition hands the backward every forward value that is an output of the graph
-      (the output node counts as a backward user) and that something copied into the backward
-      reads; it copies there any forward op whose inputs it has, and keeps a random one
-      (impure) alive. Once our dead-code pass drops such a copy, a value saved for it alone has
-      no reader left, and was held from the forward to the backward's end, where the simulator
-      had freed it: BART and T5 (sdpa), whose returned encoder output fed a copy of the
-      cross-attention's dropout, stopped with an internal error ("the backward is handed
-      ['getitem_16'] and reads none of them") under plans that recompute part of the decoder
-      (evict, remat and Chen's at 10-30 % of the way from the least peak; auto at its least,
-      now and then). Such a value is no longer saved: dropped from the forward's saved outputs
-      and the backward's inputs alike (tests/test_random_schedules.py). Only a value the step
-      also returns is so dropped: it lives as long as its caller, or the step, holds it, as
-      the simulator has it (the encoder output; a pruned layer's weight, weight_orig * mask,
-      which the prune hook keeps on its module, NOTE [Tensors kept on a module];
-      tests/test_hooks.py). Any other was kept by the schedule for nothing, which
-      solvers.without_unread prevents: an internal error (NOTE [Unread recomputation])."""
+      (the output node counts as a backward user) and that a forward op it copies there reads
+      (it copies any whose inputs it has, and keeps a random one alive). Once our dead-code pass
+      drops such a copy, a value saved for it alone has no reader, and was held to the
+      backward's end, where the simulator had freed it: BART and T5 (sdpa), whose returned
+      encoder output fed a copy of the cross-attention's dropout, stopped with an internal
+      error ("the backward is handed ['getitem_16'] and reads none of them") under plans that
+      recompute part of the decoder. Such a value is no longer saved (tests/
+      test_random_schedules.py). Only one the step also returns is so dropped: it lives as long
+      as the caller, or the step, holds it, as simulated (the encoder output; a pruned weight
+      the prune hook keeps on its module: tests/test_hooks.py); any other was kept for nothing,
+      which solvers.without_unread prevents (NOTE [Unread recomputation])."""
     unread = {n.name for n in bw.graph.find_nodes(op="placeholder")
               if not n.users and not n.name.startswith(("primals", "tangents"))}
     if not unread:
