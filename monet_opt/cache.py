@@ -96,7 +96,10 @@ class ProfileCache:
     it answers from a valid file or builds (measures, solves) and writes one."""
 
     def __init__(self, root: str | os.PathLike) -> None:
-        self.root = Path(root)
+        if not isinstance(root, (str, os.PathLike)) or not str(root).strip():
+            raise TypeError("monet_opt: profile_dir must be a path (a str or os.PathLike, "
+                            f"not empty), or None for no profile directory; got {root!r}")
+        self.root = Path(root).expanduser()  # "~/profiles" is the home's, as a shell has it
 
     def profile(self, key: ProfileKey, name: str, lowered: Lowered,
                 measure: Callable[[], Problem]) -> Profile:

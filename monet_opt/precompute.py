@@ -84,8 +84,14 @@ def add_precompute_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_profile_dir(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile-dir", default="profiles",
+    p.add_argument("--profile-dir", default="profiles", type=_directory,
                    help="the profile directory (default: %(default)s, as optimize's)")
+
+
+def _directory(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give a directory (it was empty)")
+    return text
 
 
 def add_explain_arguments(p: argparse.ArgumentParser) -> None:

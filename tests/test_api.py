@@ -56,6 +56,20 @@ def test_optimize_names_a_wrong_argument(argument, bad, error):
         monet_opt.optimize(model, x, HUGE, profile_dir=None, **{argument: bad})
 
 
+@pytest.mark.parametrize("bad", ["", "  ", 5, False, b"profiles"])
+def test_a_profile_dir_that_is_no_path_is_refused(bad):
+    """"" cached into the working directory; 5 and bytes failed in pathlib."""
+    model, x, _ = models.small_cnn()
+    with pytest.raises(TypeError, match="profile_dir must be a path"):
+        monet_opt.optimize(model, x, HUGE, profile_dir=bad)
+
+
+def test_a_profile_dir_under_home_is_the_home_s(monkeypatch, tmp_path):
+    from monet_opt.cache import ProfileCache
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ProfileCache("~/profiles").root == tmp_path / "profiles"
+
+
 def test_numpy_numbers_are_taken():
     np = pytest.importorskip("numpy")
     assert monet_opt.parse_memory_limit(np.int64(4096)) == 4096
