@@ -42,39 +42,6 @@ def test_optimize_rejects_bad_limit_and_solver():
         monet_opt.optimize(model, "an image", HUGE)
 
 
-@pytest.mark.parametrize("argument, bad, error", [
-    ("variants", "relu.bool_mask", TypeError), ("variants", None, TypeError),
-    ("time_limit_s", "30", ValueError), ("time_limit_s", None, ValueError),
-    ("time_limit_s", math.nan, ValueError), ("profile_time_limit_s", "60", ValueError),
-    ("profile_repeats", 0, ValueError), ("profile_repeats", 1.5, ValueError),
-])
-def test_optimize_names_a_wrong_argument(argument, bad, error):
-    """Each was split into characters, not iterable, a failed comparison, taken (0 repeats) or
-    blamed on the model (1.5), before monet_opt/arguments.py."""
-    model, x, _ = models.small_cnn()
-    with pytest.raises(error, match=f"monet_opt.optimize: {argument} must be"):
-        monet_opt.optimize(model, x, HUGE, profile_dir=None, **{argument: bad})
-
-
-@pytest.mark.parametrize("bad", ["", "  ", 5, False, b"profiles"])
-def test_a_profile_dir_that_is_no_path_is_refused(bad):
-    """"" cached into the working directory; 5 and bytes failed in pathlib."""
-    model, x, _ = models.small_cnn()
-    with pytest.raises(TypeError, match="profile_dir must be a path"):
-        monet_opt.optimize(model, x, HUGE, profile_dir=bad)
-
-
-def test_a_profile_dir_under_home_is_the_home_s(monkeypatch, tmp_path):
-    from monet_opt.cache import ProfileCache
-    monkeypatch.setenv("HOME", str(tmp_path))
-    assert ProfileCache("~/profiles").root == tmp_path / "profiles"
-
-
-def test_numpy_numbers_are_taken():
-    np = pytest.importorskip("numpy")
-    assert monet_opt.parse_memory_limit(np.int64(4096)) == 4096
-
-
 class Detached(nn.Module):
     def __init__(self):
         super().__init__()
