@@ -234,8 +234,8 @@ class OptimizedModule(nn.Module):
             changed = ", ".join(filter(None, (
                 self._watched.changed(self.model, self._first_values, values)
                 if values != self._first_values else "",  # modules added or swapped, if any
-                watched.changed(self.model, base, values)
-                if base is not self._first_values and values != base else "")))
+                watched.changed(self.model, base, values)  # ... and since, where they were
+                if base[0] != self._first_values[0] and values != base else "")))
             if autocast != self._autocast:
                 changed = ", ".join(filter(None, (f"autocast {describe_autocast(autocast)}",
                                                   changed)))
