@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         allocator = keep_freed_memory()
         torch.set_num_threads(2)
     torch.manual_seed(0)
-    model, x = zoo.ALL_MODELS[args.model](**(zoo.parse_size(args.size) or {}))
+    model, x = zoo.ALL_MODELS[args.model](**(zoo.parse_size(args.size, (args.model,)) or {}))
     model, x = model.to(args.device).train(), to_device(x, args.device)
     folder = args.profile_dir or tempfile.mkdtemp(prefix="monet-ops-")
     full = monet_opt.optimize(model, x, 1 << 40, profile_dir=folder)

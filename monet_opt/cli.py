@@ -12,11 +12,12 @@ from monet_opt.errors import MonetError, UsageError
 
 
 def main(argv: list[str] | None = None) -> int:
+    from monet_opt.cli_inputs import positive_int
     parser = argparse.ArgumentParser(prog="monet-opt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="optimize GPT-2 (12 layers) with activation memory halved "
                                        "and print eager vs optimized memory and time")
-    demo.add_argument("--rounds", type=_positive, default=5, help="timed steps per method")
+    demo.add_argument("--rounds", type=positive_int, default=5, help="timed steps per method")
     from monet_opt.bench import run as bench_run
     bench = sub.add_parser("bench", help="our memory/overhead frontier beside the peers' "
                                          "(torch.utils.checkpoint, torch.compile) on the same "
@@ -49,12 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader (`| head`) left; not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so exit's flush does not fail
         return 0
-
-
-def _positive(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
-    return int(text)
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:

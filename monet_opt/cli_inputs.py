@@ -2,8 +2,10 @@
 ('32x3x160x160') and a device, each checked with a UsageError that says what to write."""
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
+import math
 import os
 import sys
 from typing import Any, Callable
@@ -51,6 +53,24 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise UsageError(f"bad input shape {text!r}: write positive sizes joined by 'x', e.g. "
                          "32x3x160x160 (images) or 4x256 (token ids)")
     return tuple(int(p) for p in parts)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return seconds
 
 
 def device_of(name: str) -> torch.device:

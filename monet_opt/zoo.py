@@ -5,6 +5,7 @@ Kusumoto et al.'s measurements) that still profile in a minute or two on 2 cores
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -161,12 +162,22 @@ ALL_MODELS: dict[str, Callable[..., tuple[nn.Module, Any]]] = {
     "unet": unet, "bert_base": bert_base, "tiny_cnn": tiny_cnn, "gpt2_narrow": gpt2_narrow}
 
 
-def parse_size(text: str) -> dict[str, int] | None:
-    """A factory's arguments from the command line ("batch=32,size=160"); None for ""."""
+def parse_size(text: str, models: tuple[str, ...] = ()) -> dict[str, int] | None:
+    """A factory's arguments from the command line ("batch=32,size=160"); None for "". Each
+    value is a whole number of at least 1, each name an argument of every one of `models`."""
     if not text:
         return None
     try:
-        return {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
+        size = {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(","))}
     except ValueError:
-        raise SystemExit(f"--size takes name=integer pairs separated by commas, such as "
-                         f"batch=64,size=160; got {text!r}") from None
+        size = {}
+    if not size or any(v < 1 for v in size.values()):
+        raise SystemExit(f"--size takes name=integer pairs (integers of at least 1) separated by "
+                         f"commas, such as batch=64,size=160; got {text!r}")
+    for name in (m for m in models if m in ALL_MODELS):
+        takes = list(inspect.signature(ALL_MODELS[name]).parameters)
+        unknown = [k for k in size if k not in takes]
+        if unknown:
+            raise SystemExit(f"--size: {name} takes {', '.join(takes)}, not {', '.join(unknown)}"
+                             f"; give only those (or bench one model at a time)")
+    return size

@@ -101,6 +101,29 @@ def test_a_limit_that_is_none_is_refused_before_anything_runs(tmp_path, limit):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--limits", "inf"], "--limits: limit 'inf'"),
+    (["--compile-budgets", "x"], "--compile-budgets: give numbers from 0 to 1"),
+    (["--compile-budgets", "1,1.5"], "--compile-budgets: give numbers from 0 to 1"),
+    (["--size", "foo=2"], "--size: tiny_cnn takes batch, size, not foo"),
+    (["--size", "batch=0"], "integers of at least 1"),
+    (["--rounds", "0"], None), (["--time-limit", "0"], None), (["--time-limit", "inf"], None),
+    (["--models", ","], "no model in ','"),
+])
+def test_a_bad_argument_is_refused_before_anything_runs(tmp_path, args, says):
+    """Each failed after eager's run (OverflowError, ValueError, TypeError) or was taken silently
+    (--rounds 0 and --time-limit 0 as the defaults, batch=0 benchmarked)."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=re.escape(says or "")) as raised:
+        run.main(["--models", "tiny_cnn", "--quick", "--out", str(out), *args])
+    assert says is not None or raised.value.code == 2  # argparse's usage error
+    assert not out.exists()
+    (tmp_path / "file").write_text("kept")
+    with pytest.raises(SystemExit, match="is a file, not a folder"):
+        run.main(["--models", "tiny_cnn", "--quick", "--out", str(tmp_path / "file")])
+    assert (tmp_path / "file").read_text() == "kept"
+
+
 def test_channels_last_run_times_the_model_as_built_beside(tmp_path):
     """--channels-last: every method on the channels-last model (ours exact against its
     eager), eager on the model as built timed in the same block and reported."""

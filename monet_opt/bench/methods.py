@@ -2,6 +2,7 @@
 Step times come afterwards, from one interleaved timing block (see run.py)."""
 from __future__ import annotations
 
+import math
 import sys
 import time
 import traceback
@@ -63,7 +64,7 @@ def check_limit(setting: str) -> None:
     number = setting[4:] if setting.startswith("min+") else setting[1:] \
         if setting.startswith("a") else setting
     try:
-        ok = setting == "min" or float(number) > 0
+        ok = setting == "min" or 0 < float(number) < math.inf
     except ValueError:
         ok = False
     if not ok:
