@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-budgets", help="activation memory budgets, comma-separated "
                                              f"(default {','.join(map(str, BUDGETS))}; "
                                              "'none' to skip torch.compile)")
-    p.add_argument("--rounds", type=positive_int, help="timed interleaved rounds (default 11; quick 3)")
+    p.add_argument("--rounds", type=positive_int,
+                   help="timed interleaved rounds (default 11; quick 3)")
     p.add_argument("--time-limit", type=positive_seconds,
                    help="seconds each MILP may take (default 30, optimize()'s; quick 5)")
     p.add_argument("--device", choices=("cpu", "cuda"),
