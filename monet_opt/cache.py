@@ -17,9 +17,12 @@ same folder, keyed by its own content as every schedule is, and its own least-pe
 
 NOTE [Cache files are untrusted]
   Every file is checked before use: that it is JSON, of our kind and schema version; that its
-  stored key is the key asked for; that a profile has the structure of the graph being planned;
-  that a schedule passes the simulator on the cached problem, within its limit, with the peak and
-  time it claims (the last three in cache_checks.py). A file failing any check is reported by a
+  content is what was written (a SHA-256 of it is written with it: a time, a fixed size or a
+  solve's facts edited by hand or flipped on disk pass every check below); that its stored key
+  is the key asked for; that a profile has the structure of the graph being planned; that a
+  schedule's facts are ones a solve reports and that it passes the simulator on the cached
+  problem, within its limit, with the peak and time it claims (the last three in
+  cache_checks.py). A file failing any check is reported by a
   `ProfileCacheWarning` naming the file and the failure, then rebuilt and overwritten: never
   used, never a crash.
   Writes go to a temporary file in the same folder, then `os.replace`: readers see the old file
@@ -48,7 +51,7 @@ from monet_opt.lower import Lowered
 from solvers import Problem, Schedule, SolveResult, Status
 from solvers.remembered import with_known
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: each file holds the SHA-256 of its content
 PROFILE_KIND, SCHEDULE_KIND = "monet_opt.profile", "monet_opt.schedule"
 FLOOR_KIND = "monet_opt.least_peak"
 
@@ -247,7 +250,23 @@ def _load(path: Path, kind: str) -> dict[str, Any]:
     if data.get("schema_version") != SCHEMA_VERSION:
         raise Unusable(f"schema version {data.get('schema_version')!r}, but this monet_opt "
                         f"reads version {SCHEMA_VERSION}")
+    if data.get("sha256") != content_sha256(data):
+        raise Unusable("edited or damaged: its content is not what was written (its SHA-256 "
+                       "differs from the one written with it)")
     return data
+
+
+def signed(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the SHA-256 of its content, as a file of the directory is written."""
+    return {**data, "sha256": content_sha256(data)}
+
+
+def content_sha256(data: dict[str, Any]) -> str:
+    """The SHA-256 of `data` less its "sha256", written canonically (JSON's floats read back as
+    written, so a file read back hashes as it did when it was written)."""
+    body = {k: v for k, v in data.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+                          ).hexdigest()
 
 
 def _schedule_profile(path: Path) -> str | None:
@@ -337,7 +356,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f)
+            json.dump(signed(data), f)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

@@ -74,7 +74,9 @@ def simulated(problem: Problem, schedule: Schedule) -> solvers.Simulation:
 
 
 def check_result(result: SolveResult, problem: Problem, limit_bytes: int) -> None:
-    """A stored schedule is used only if the simulator agrees with it."""
+    """A stored schedule is used only if the simulator agrees with it and its facts are
+    facts a solve can report."""
+    _check_facts(result, problem)
     if result.schedule is None:
         if result.status != Status.INFEASIBLE:
             raise Unusable(f"malformed: status {result.status.value} without a schedule")
@@ -90,3 +92,27 @@ def check_result(result: SolveResult, problem: Problem, limit_bytes: int) -> Non
         raise Unusable(f"mismatched: it claims peak {result.peak_bytes} B and time "
                        f"{result.objective_s} s; the simulator says {sim.peak_bytes} B and "
                        f"{sim.time_s} s")
+
+
+def _check_facts(result: SolveResult, problem: Problem) -> None:
+    """What plan.explain() and InfeasibleBudgetError show of a solve: a gap "x" made explain()
+    raise, a least peak of 1 B or a solve of -5 s were shown as measured."""
+    least = problem.fixed_bytes + sum(problem.tensors[t].bytes
+                                      for t in set(problem.backward_outputs))
+    if not (isinstance(result.solver, str) and isinstance(result.note, str)
+            and _number(result.solve_time_s) and (result.gap is None or
+                                                  (_number(result.gap) and result.gap <= 1))
+            and (result.bound_s is None or _number(result.bound_s))
+            and (result.objective_s is None or _number(result.objective_s))
+            and (result.min_feasible_bytes is None or
+                 (type(result.min_feasible_bytes) is int and result.min_feasible_bytes >= least))):
+        raise Unusable(f"malformed: facts no solve reports (solver {result.solver!r}, "
+                       f"time {result.solve_time_s!r} s, gap {result.gap!r}, bound "
+                       f"{result.bound_s!r} s, least peak {result.min_feasible_bytes!r} B with "
+                       f"{least} B held by every schedule)")
+
+
+def _number(value: Any) -> bool:
+    """A finite number, not below 0 (bool is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value) and value >= 0

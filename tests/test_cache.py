@@ -155,11 +155,13 @@ def _garble(path: Path) -> None:
     path.write_bytes(b'{"kind": "monet_opt.profile", \x00\xff garbage ]]')
 
 
-def _edit(change):
+def _edit(change, sign=True):
+    """A file edited as our writer would write it (signed: the checks past the checksum are
+    what is tested), or by hand (`sign` False)."""
     def run(path: Path) -> None:
         data = json.loads(path.read_text())
         change(data)
-        path.write_text(json.dumps(data))
+        path.write_text(json.dumps(cache.signed(data) if sign else data))
     return run
 
 
@@ -219,6 +221,9 @@ PROFILE_DAMAGE = {
     "older lowering": (_edit(lambda d: d["problem"]["ops"][1].update(overwrites=[0])),
                        "made by another monet_opt: op #1"),
     "malformed problem": (_edit(lambda d: d["problem"].pop("ops")), "malformed"),
+    # passed every check below: a hand-edited time or fixed size was taken as measured
+    "edited by hand": (_edit(lambda d: d["problem"].update(fixed_bytes=10**9), sign=False),
+                       "edited or damaged"),
     "wrong label count": (_edit(lambda d: d["op_labels"].pop()), "malformed"),
     # NOTE [Numbers a problem may hold]: a NaN time hung HiGHS, 1e300 overflowed a solver
     "nan time": (_edit(lambda d: d["problem"]["ops"][0].update(time_s=float("nan"))), "absurd"),
@@ -260,6 +265,14 @@ SCHEDULE_DAMAGE = {
     "wrong peak": (_claim("peak_bytes", -8), "mismatched: it claims peak"),
     "wrong time": (_claim("objective_s", 1.0), "mismatched: it claims peak"),
     "bad status": (_edit(lambda d: d["result"].update(status="splendid")), "malformed"),
+    "edited by hand": (_edit(lambda d: d["result"].update(solve_time_s=0.5), sign=False),
+                       "edited or damaged"),
+    # explain() raised on the gap; the least peak and the time were shown as real
+    "gap not a number": (_edit(lambda d: d["result"].update(gap="x")), "malformed: facts"),
+    "absurd least peak": (_edit(lambda d: d["result"].update(min_feasible_bytes=1)),
+                          "malformed: facts"),
+    "negative solve time": (_edit(lambda d: d["result"].update(solve_time_s=-5.0)),
+                            "malformed: facts"),
     # read as a proven refusal of a limit its own first solve fitted
     "feasible without a schedule": (_edit(lambda d: d.update(schedule=None)),
                                     "feasible without a schedule"),
@@ -296,7 +309,7 @@ def test_schedule_over_its_limit_is_refused(direct):
     tight, = Path("profiles").glob(f"*/schedule-{least}-*.json")
     data = json.loads(loose.read_text())
     data["key"]["memory_limit_bytes"] = least
-    tight.write_text(json.dumps(data))
+    tight.write_text(json.dumps(cache.signed(data)))
     direct.take()
     with pytest.warns(ProfileCacheWarning, match=f"above its limit {least} B"):
         result = direct.solve(least)
