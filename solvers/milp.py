@@ -125,13 +125,15 @@ class Program:
                 mip.row([(self.E[v], 1.0) for v in vs], hi=1.0)
 
     def _forward_rows(self) -> None:
-        """Forward step k holds what it reads later, its outputs, its workspace, and every kept
-        tensor already past its last forward read (P[k])."""
+        """Forward step k holds what it reads later, its outputs, its workspace, every kept
+        tensor already past its last forward read (P[k]) and what chosen encode ops read later
+        (NOTE [Read by a later encode op])."""
         p, mip = self.st.problem, self.mip
         last_read = _last_forward_read(p)
         dies_after: dict[int, list[int]] = {}
         for x, k in last_read.items():
             dies_after.setdefault(k, []).append(x)
+        waiting = self._encode_reads(last_read)
         alive = 0  # bytes of tensors made earlier and read at or after this step
         prev = None
         kept = self.S[0]
@@ -145,15 +147,44 @@ class Program:
                      if x in kept]
             mip.row(terms + ([(prev, -1.0)] if prev is not None else []) + newly, lo=0.0, hi=0.0)
             self.P[k] = var
-            made = []
-            if i in p.encode_ops:  # it runs only if chosen, reading what may be dead already
-                e = self.E[p.encode_ops[i]]
-                made = [(e, float(own))] + [(e, self._size(x)) for x in p.ops[i].inputs
-                                            if last_read[x] < k]
-            self._mem_row([(var, 1.0)] + made, const)
+            made = [(self.E[p.encode_ops[i]], float(own))] if i in p.encode_ops else []
+            self._mem_row([(var, 1.0)] + made + waiting.get(k, []), const)
             prev = var
             alive += out
             alive -= sum(p.tensors[x].bytes for x in dies_after.get(k, []))
+
+    # NOTE [Read by a later encode op]
+    #   An encode op runs only where its variant is chosen, and may read a tensor past that
+    #   tensor's last plain forward read (an op's mask made after the op's output was last
+    #   read). Then the tensor lives on to the encode op, and every forward step between holds
+    #   it, unless it is kept (then P counts it). At each such step the row counts its bytes
+    #   times w >= E[v] - S[0][x] for every chosen encode op at or after the step; w is E[v]
+    #   itself where one encode op waits on an unkept tensor. Counting it only at the encode
+    #   op's own step, an earlier encode op's workspace met it uncounted: the schedule the
+    #   program found peaked at 111 B over a budget of 80 B (an internal SolverError of
+    #   "milp" and "auto", solvers fuzzing, 2026-12-02).
+    def _encode_reads(self, last_read: dict[int, int]) -> dict[int, list[tuple[int, float]]]:
+        """Per forward step, the terms of tensors waiting there for a chosen encode op."""
+        p, mip, kept = self.st.problem, self.mip, self.S[0]
+        pos = {i: k for k, i in enumerate(p.forward_ops)}
+        readers: dict[int, list[tuple[int, int]]] = {}  # x -> (step, E) of late encode reads
+        for i, v in p.encode_ops.items():
+            for x in set(p.ops[i].inputs):
+                if p.tensors[x].producer != NO_PRODUCER and last_read[x] < pos[i]:
+                    readers.setdefault(x, []).append((pos[i], self.E[v]))
+        terms: dict[int, list[tuple[int, float]]] = {}
+        for x, reads in readers.items():
+            for k in range(last_read[x] + 1, max(step for step, _ in reads) + 1):
+                later = [e for step, e in reads if step >= k]
+                if len(later) == 1 and x not in kept:
+                    w = later[0]
+                else:
+                    w = mip.var(0.0, 1.0, integer=False)
+                    for e in later:
+                        mip.row([(w, 1.0), (e, -1.0)] + ([(kept[x], 1.0)] if x in kept else []),
+                                lo=0.0)
+                terms.setdefault(k, []).append((w, self._size(x)))
+        return terms
 
     # NOTE [One copy held on]
     #   A recomputed y held on into the next stage is counted once. After its last reader in
