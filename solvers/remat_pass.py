@@ -142,6 +142,10 @@ class _Walk:
                     self._drop(t)
                 elif t in self.others:
                     self.resident -= self.others.pop(t)
+        self.k = len(f.bwd)  # a forward tensor the backward returns is read at its end
+        for t in p.backward_outputs:
+            if f.forward[t] and t not in self.held:
+                self._run(f.producer[t])
         return tuple(self.order)
 
     def _run(self, i: int) -> None:

@@ -10,7 +10,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers import registry, remat, simulate, solve, variants
+from solvers import NO_PRODUCER, Op, Problem, Tensor, registry, remat, simulate, solve, variants
 from solvers.remat import RematOptions, rematerialize
 from solvers.schedule import SolveResult, Status
 from tests.problems import autodiff_problem, chain, with_masks
@@ -114,3 +114,18 @@ def test_fine_windows_refine_a_rematerialized_plan_only_well_ahead():
     assert registry._to_refine(p, [slower, ahead, once]) is ahead
     assert registry._to_refine(p, [slower, once]) is once
     assert registry._to_refine(p, [close]) is close
+
+
+def test_a_forward_tensor_the_backward_returns_is_made_again_at_the_end():
+    """x (100 B) is returned by the backward; held through it the step peaks at 201 B, made
+    again after the last backward op at 101 B. The pass left it unmade: "remat" and "auto"
+    raised InvalidScheduleError ("the backward's outputs reads 'x'") at every budget."""
+    ops = (Op("f0", False, 0.1, (), (0,)), Op("b0", True, 1.0, (1,), (2,)),
+           Op("b1", True, 1.0, (2,), (3,)))
+    tensors = (Tensor("x", 100, 0), Tensor("tan", 1, NO_PRODUCER), Tensor("g", 100, 1),
+               Tensor("h", 1, 2))
+    p = Problem(ops, tensors, 0, forward_outputs=(), backward_outputs=(3, 0))
+    for budget in (101, 150, 10**6):
+        for name in ("remat", "auto"):
+            r = solve(p, budget, name, time_limit_s=5)
+            assert r.feasible and simulate(p, r.schedule).peak_bytes == r.peak_bytes <= budget
