@@ -285,7 +285,11 @@ def checkmate_milp(problem: Problem, budget_bytes: int, options: CheckmateOption
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     least = least_peak(problem, options)  # cached; a quarter of the limit
-    program = CheckmateProgram(problem, budget_bytes)
+    # Above store-all's peak a budget holds no schedule more: the program is built at that
+    # peak. Built at 2**63 - 1 its rows' bounds (~9e18) broke HiGHS: a slower schedule than
+    # store-all's came back "optimal" (solvers fuzzing, 2026-12-02).
+    roof = simulate(problem, schedule_from_kept(problem, problem.saved_for_backward)).peak_bytes
+    program = CheckmateProgram(problem, min(budget_bytes, roof))
     if least.floor_bytes is not None and budget_bytes < least.floor_bytes:
         res, scheds, how = MipResult("infeasible", None, None, None), [], "milp"
     else:
