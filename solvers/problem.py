@@ -269,6 +269,8 @@ def _validate(p: Problem) -> None:
         seen_backward |= op.is_backward
         if seen_backward and not op.is_backward:
             fail(f"forward op {op.name!r} (#{i}) comes after a backward op")
+        if len(set(op.outputs)) != len(op.outputs):
+            fail(f"op {op.name!r} lists an output twice ({list(op.outputs)})")
         for t in op.outputs:
             if not 0 <= t < len(p.tensors) or p.tensors[t].producer != i:
                 fail(f"op {op.name!r} lists output {t} whose producer is not #{i}")

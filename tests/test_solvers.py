@@ -85,6 +85,14 @@ def test_problem_validation():
                 tensors=(Tensor("a", 1, 0), Tensor("b", 1, 1)), fixed_bytes=0)
     with pytest.raises(InvalidProblemError, match="negative"):
         Problem(ops=(), tensors=(), fixed_bytes=-1)
+    # the simulator counted 2 B for a 1 B tensor; the DP timed out on 1.5 B; "3" a TypeError
+    one = (Op("f", False, 1.0, (), (0,)),)
+    with pytest.raises(InvalidProblemError, match="lists an output twice"):
+        Problem(ops=(Op("f", False, 1.0, (), (0, 0)),), tensors=(Tensor("a", 1, 0),),
+                fixed_bytes=0)
+    for size in (1.5, "3", True):
+        with pytest.raises(InvalidProblemError, match=f"not a whole number.*{size!r}"):
+            Problem(ops=one, tensors=(Tensor("a", size, 0),), fixed_bytes=0)
 
 
 def _accumulating(inplace_bytes: int = 40, returned: tuple[int, ...] = (4,)) -> Problem:
