@@ -15,7 +15,7 @@ from solvers.milp import MilpOptions
 from solvers.problem import Problem
 from solvers.prune import without_unread
 from solvers.remembered import fitting, floor_of, lowest, with_known
-from solvers.schedule import Schedule, SolveResult, Status, gap_of
+from solvers.schedule import Schedule, SolveResult, Status, gap_of, without_refuted_bound
 from solvers.simulate import simulate
 from solvers.stages import build_stages
 
@@ -208,7 +208,8 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
         limit = time_limit_s if time_limit_s is not None else MilpOptions().time_limit_s
         result = portfolio.best_of(
             lambda: _auto(problem, budget_bytes, limit, start, candidates, least_peak), limit)
-        return without_unread(problem, with_known(problem, budget_bytes, result, known))
+        return without_refuted_bound(without_unread(problem, with_known(problem, budget_bytes,
+                                                                        result, known)))
     if solver not in _REGISTRY:
         raise UnknownSolverError(
             f"solvers.solve: no solver named {solver!r}; available: {available_solvers()}")
@@ -222,7 +223,8 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
         result = fn(problem, budget_bytes, options)
     else:
         result = variants.run_with(fn, problem, budget_bytes, options)
-    return without_unread(problem, with_known(problem, budget_bytes, result, known))
+    return without_refuted_bound(without_unread(problem, with_known(problem, budget_bytes,
+                                                                    result, known)))
 
 
 _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")

@@ -1,6 +1,7 @@
 """What a solver decides, and what it reports."""
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 from dataclasses import dataclass
@@ -72,3 +73,23 @@ class SolveResult:
     @property
     def feasible(self) -> bool:
         return self.schedule is not None and self.status in (Status.OPTIMAL, Status.FEASIBLE)
+
+
+# NOTE [A bound its own schedule refutes]
+#   A bound is a claim about every schedule within the budget, the result's own included. A
+#   program that cannot represent a schedule it was handed (the warm start, a heuristic's) may
+#   prove a bound above that schedule's time: the MILP called 13.27 s optimal with a bound of
+#   14.53 s (two variants of one op; solvers fuzzing, 2026-12-02), and gap_of's clamp at 0 hid
+#   it. Such a bound proves nothing: it is dropped, the status is at most FEASIBLE, the note
+#   says so.
+def without_refuted_bound(result: SolveResult) -> SolveResult:
+    """`result`, its bound dropped where its own schedule is faster (NOTE above)."""
+    if result.bound_s is None or result.objective_s is None or \
+            result.bound_s <= result.objective_s * (1 + 1e-9) + 1e-12:
+        return result
+    note = (f"the program's bound {result.bound_s:.6g} s is above this schedule's own time: "
+            f"dropped, not a proof")
+    return dataclasses.replace(
+        result, bound_s=None, gap=None,
+        status=Status.FEASIBLE if result.status == Status.OPTIMAL else result.status,
+        note=f"{result.note}; {note}" if result.note else note)

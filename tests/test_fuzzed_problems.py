@@ -1,0 +1,61 @@
+"""Problems the solvers fuzzing drew (2026-12-02) where a solver went wrong. No torch."""
+from __future__ import annotations
+
+from solvers import NO_PRODUCER, Op, Problem, Status, Tensor, Variant, simulate, solve
+
+
+def _fuzzed_r75() -> Problem:
+    """Nine ops, two of them writing into a dying input."""
+    ops = (Op("f0", False, 2.0, (), (0, 1), recompute_time_s=0.5),
+           Op("f1", False, 1.0, (0, 1), (2,)),
+           Op("f2", False, 0.5, (0, 2), (3,), overwrites=(0,)),
+           Op("f3", False, 2.0, (0,), (4,), overwrites=(0,)),
+           Op("f4", False, 0.0, (3,), (5,)),
+           Op("b0", True, 0.0, (1, 3, 4, 6), (7,)),
+           Op("b1", True, 2.0, (3, 5, 6, 7), (8,)),
+           Op("b2", True, 2.0, (0, 2, 7, 8), (9,)),
+           Op("b3", True, 0.0, (2, 4, 6, 7), (10,)))
+    sizes = (("a0.1", 0, 0), ("a0.2", 50, 0), ("a1.1", 10, 1), ("a2.1", 0, 2), ("a3.1", 0, 3),
+             ("a4.1", 10, 4), ("tan", 10, NO_PRODUCER), ("g0", 5, 5), ("g1", 20, 6),
+             ("g2", 0, 7), ("g3", 20, 8))
+    return Problem(ops, tuple(Tensor(*t) for t in sizes), 0, forward_outputs=(3,),
+                   backward_outputs=(7, 9), name="r75")
+
+
+def test_checkmate_at_a_huge_budget_gives_store_alls_time():
+    """Checkmate's program built at 2**63 - 1: its row bounds (~9e18) broke HiGHS, 11.0 s
+    called optimal where store-all, within the budget, takes 9.5 s (2**60: 11.5 s)."""
+    p = _fuzzed_r75()
+    store_all = solve(p, 2**63 - 1, "store_all")
+    for budget in (10**15, 2**60, 2**63 - 1):
+        r = solve(p, budget, "checkmate", time_limit_s=5)
+        assert r.feasible and r.objective_s == store_all.objective_s
+
+
+def _fuzzed_r371() -> Problem:
+    """Ten ops; backward op b4 has two variants in two groups (one reads nothing for a0)."""
+    ops = (Op("f0", False, 1.261, (), (0,), workspace_bytes=5), Op("f1", False, 1.617, (0,), (1,)),
+           Op("f2", False, 1.929, (0,), (2,)),
+           Op("f3", False, 1.792, (2,), (3,), recompute_time_s=0.358),
+           Op("f4", False, 0.480, (0, 2, 3), (4,)), Op("b4", True, 1.796, (5, 0, 2, 3), (6,)),
+           Op("b3", True, 0.322, (6, 2, 3), (7,)), Op("b2", True, 1.968, (7, 6, 0), (8,)),
+           Op("b1", True, 0.495, (5, 0), (9,), workspace_bytes=5),
+           Op("b0", True, 2.108, (9, 8, 6), (10,)))
+    sizes = (("a0", 27, 0), ("a1", 21, 1), ("a2", 40, 2), ("a3", 48, 3), ("a4", 46, 4),
+             ("tangent", 46, NO_PRODUCER), ("g4", 31, 5), ("g3", 16, 6), ("g2", 15, 7),
+             ("g1", 40, 8), ("g0", 24, 9))
+    variants = (Variant("alt5.0", 5, 0, (), (), 0.0), Variant("alt5.3", 5, 3, (4,), (), -1.5),
+                Variant("alt6.2", 6, 2, (), (), -0.5, 15))
+    return Problem(ops, tuple(Tensor(*t) for t in sizes), 100, forward_outputs=(4,),
+                   backward_outputs=(10,), variants=variants, name="r371")
+
+
+def test_a_bound_above_the_schedules_own_time_is_dropped():
+    """NOTE [A bound its own schedule refutes]: the MILP returned the warm start's schedule
+    as optimal, gap 0, with a bound above that schedule's own time."""
+    p = _fuzzed_r371()
+    for budget in (265, 300):
+        r = solve(p, budget, "milp", time_limit_s=5)
+        assert r.feasible and simulate(p, r.schedule).time_s == r.objective_s
+        assert r.bound_s is None or r.bound_s <= r.objective_s * (1 + 1e-9)
+        assert r.status != Status.OPTIMAL or r.bound_s is not None
