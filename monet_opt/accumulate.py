@@ -73,8 +73,8 @@ def accumulate_into(slots_id: int, k: int, grad: torch.Tensor) -> torch.Tensor:
     """NOTE [Accumulating in place]: grad added into parameter k's gradient, and -0.0 in its
     shape returned; or grad itself where eager would not accumulate into that tensor."""
     slots = _SLOTS.get(slots_id)
-    param = slots.params[k] if slots is not None and k < len(slots.params) else None
-    if param is None:
+    param = _param(k, slots)
+    if param is None or slots is None:
         return grad
     old = param.grad
     zero = slots.zeros.get((grad.dtype, grad.device))
@@ -85,6 +85,25 @@ def accumulate_into(slots_id: int, k: int, grad: torch.Tensor) -> torch.Tensor:
         return grad
     old.add_(grad)
     return zero.expand(grad.shape)
+
+
+# NOTE [The parameter a backward adds into]
+#   The backward adds parameter k's gradient into the parameter that call's forward was handed.
+#   The node the engine runs (the step's CompiledFunctionBackward) has it: its k-th next edge is
+#   that parameter's AccumulateGrad (parameters are the step's first inputs). The slots bound
+#   at each forward are only a fallback where no node runs: bound per step, not per call, two
+#   calls of one module in one backward (functional_call with other weights, then the module)
+#   added each call's gradients into the other's, and a deep copy, whose compiled backward names
+#   the original's slots, added its gradients into the original's (or, alone, into nothing,
+#   one set of gradients over its plan).
+def _param(k: int, slots: GradientSlots | None) -> torch.Tensor | None:
+    """The leaf parameter k's gradient goes to in the running backward, or None."""
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return slots.params[k] if slots is not None and k < len(slots.params) else None
+    edges = node.next_functions
+    accumulate = edges[k][0] if k < len(edges) else None
+    return getattr(accumulate, "variable", None)
 
 
 def _engine_accumulates(param: torch.Tensor) -> bool:

@@ -188,3 +188,58 @@ def test_the_step_with_gradients_in_place_is_offered_the_schedules_found_without
         opt(x)
     scalar = torch.tensor(-0.0).untyped_storage().nbytes()
     assert least < info.value.min_feasible_bytes <= least + store_all.plan.gradient_bytes + scalar
+
+
+def _three_linears() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return (torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)),
+            torch.randn(32, 16), torch.randn(32, 16))
+
+
+def _grads(module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in module.parameters()]
+
+
+def test_two_calls_in_one_backward_add_into_their_own_parameters(tmp_path):
+    """NOTE [The parameter a backward adds into]: functional_call with other weights, then the
+    module, in one backward, gradients in place: each call's gradients went into the other's
+    (0.35 from eager's, with only a StepsInFlightWarning)."""
+    base, x1, x2 = _three_linears()
+    out = []
+    for optimized in (False, True):
+        model = copy.deepcopy(base)
+        module = monet_opt.optimize(model, x1, HUGE, profile_dir=tmp_path) if optimized \
+            else model
+        fast = {k: (v.detach() * 1.5).requires_grad_() for k, v in base.named_parameters()}
+        prefix = "model." if optimized else ""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", monet_opt.StepsInFlightWarning)
+            for _ in range(3):
+                loss = torch.func.functional_call(
+                    module, {prefix + k: v for k, v in fast.items()}, (x1,)).square().mean()
+                (loss + module(x2).square().mean()).backward()
+        out.append(_grads(model) + [v.grad for v in fast.values()])
+    for eager, ours in zip(*out):
+        assert torch.equal(eager, ours)
+
+
+def test_a_deep_copy_adds_into_its_own_parameters(tmp_path):
+    """A deep copy made after the accumulating step was planned shares its compiled backward,
+    which named the original's parameters: run with the original in one backward, both
+    modules' gradients were wrong (up to 90 from eager's)."""
+    base, x1, x2 = _three_linears()
+    model = copy.deepcopy(base)
+    opt = monet_opt.optimize(model, x1, HUGE, profile_dir=tmp_path)
+    opt(x1).sum().backward()
+    opt(x1).sum().backward()  # the step with gradients in place is planned
+    opt.zero_grad()
+    twin = copy.deepcopy(opt)
+    eager, eager_twin = copy.deepcopy(base), copy.deepcopy(base)
+    with torch.no_grad():
+        for p in [*twin.parameters(), *eager_twin.parameters()]:
+            p.mul_(1.5)
+    for a, b in ((eager, eager_twin), (opt, twin)):
+        for x in (x1, x2):
+            (a(x).square().sum() + b(x).square().sum()).backward()
+    for e, o in zip(_grads(eager) + _grads(eager_twin), _grads(opt) + _grads(twin)):
+        assert torch.equal(e, o)
