@@ -68,11 +68,14 @@ def check_module(model: object) -> None:
         raise TypeError(f"monet_opt.optimize: model must be a torch.nn.Module, got "
                         f"{type(model).__name__}; wrap a function in a Module whose forward "
                         "calls it.")
-    if isinstance(model, _PARALLEL) or type(model).__name__ == "FullyShardedDataParallel" or \
-            any(type(m).__name__.startswith("FSDP") for m in model.modules()):
-        # the wrapper's Python around the forward is not in a traced step
+    wrapper = next((m for m in model.modules() if isinstance(m, _PARALLEL) or type(
+        m).__name__ == "FullyShardedDataParallel" or type(m).__name__.startswith("FSDP")), None)
+    if wrapper is not None:
+        # the wrapper's Python around the forward is not in a traced step (inside the model,
+        # DDP's buffer broadcast was blamed as "drew random numbers in Python")
+        where = "" if wrapper is model else " (a module inside it)"
         raise TypeError(
-            f"monet_opt.optimize: the model is wrapped in {type(model).__name__}, whose "
+            f"monet_opt.optimize: the model is wrapped in {type(wrapper).__name__}{where}, whose "
             "gradient synchronization (or scattering) runs in Python around each forward, "
             "which a traced step does not run: under DDP on two processes each rank's "
             "gradients stayed its own, silently. Optimize the module inside, then wrap what "

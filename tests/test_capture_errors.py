@@ -47,6 +47,10 @@ def test_parallel_wrappers_say_to_wrap_the_result():
     with pytest.raises(TypeError, match=r"wrapped in DataParallel.*DistributedDataParallel\("
                                         r"monet_opt.optimize\(model"):
         monet_opt.optimize(model, torch.randn(3, 4), HUGE, profile_dir=None)
+    # inside the model (DDP's buffer broadcast was blamed as random numbers drawn in Python)
+    with pytest.raises(TypeError, match=r"wrapped in DataParallel \(a module inside it\)"):
+        monet_opt.optimize(nn.Sequential(model, nn.ReLU()), torch.randn(3, 4), HUGE,
+                           profile_dir=None)
 
 
 def test_lazy_module_says_to_call_it_first():
