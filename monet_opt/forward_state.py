@@ -208,8 +208,11 @@ class Kept:
             warnings.warn(SideEffectWarning(message), stacklevel=user_stacklevel())
 
     def outputs(self, outputs: Any) -> tuple:
-        """What the traced function returns: the outputs and the kept tensors."""
-        result = (outputs, tuple(self._found.values()))
+        """What the traced function returns: the outputs and the kept tensors (let go of here:
+        the trace's tensors held on made copy.deepcopy(opt) fail, 'Only Tensors created
+        explicitly by the user ... support the deepcopy protocol')."""
+        found, self._found = self._found, {}
+        result = (outputs, tuple(found.values()))
         self._leaves = len(pytree.tree_leaves(result))
         return result
 

@@ -104,6 +104,19 @@ def test_kept_tensors_and_assigned_buffers_train_like_eager(least):
     assert opt.plan.predicted_peak_bytes <= limit
 
 
+def test_a_deep_copy_right_after_optimize_trains_like_eager():
+    """The module held on to the trace's tensors the forward keeps on modules: copy.deepcopy
+    (and AveragedModel) of it failed in torch ("Only Tensors created explicitly by the
+    user...")."""
+    torch.manual_seed(0)
+    net = Net("tensor")
+    eager = copy.deepcopy(net)
+    xs = [torch.randn(32, 16) for _ in range(2)]
+    twin = copy.deepcopy(monet_opt.optimize(net, xs[0], HUGE, profile_dir=None,
+                                            profile_repeats=1))
+    assert_same(_train(twin, twin.model, xs), _train(eager, eager, xs), exact=True)
+
+
 @pytest.mark.parametrize("returns", ["tuple", "namedtuple"])
 def test_outputs_keep_their_structure(returns):
     """A tuple returned by the forward is a tuple from the step (it was a list), a namedtuple
