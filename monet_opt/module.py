@@ -311,6 +311,18 @@ class OptimizedModule(nn.Module):
             "after loading, call monet_opt.optimize() again: with its profile directory (the "
             "default) it neither profiles nor solves again.")
 
+    def __getattr__(self, name: str) -> Any:
+        """Past its own, the model's attributes (as torch.compile's module has them): opt.fc,
+        and functional_call(opt, opt.state_dict(), x), whose "0.weight" raised a bare
+        AttributeError (NOTE [The model's own keys])."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            model = self.__dict__.get("_modules", {}).get("model")
+            if model is None:
+                raise
+            return getattr(model, name)
+
     def __copy__(self) -> OptimizedModule:
         twin = type(self).__new__(type(self))
         twin.__dict__.update(self.__dict__)

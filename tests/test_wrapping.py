@@ -178,3 +178,24 @@ def test_functional_call_with_fast_weights():
             loss_fn(torch.func.functional_call(module, fast, x)).backward()
         grads.append([p.grad for p in owner.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_the_models_own_names_reach_through():
+    """functional_call(opt, opt.state_dict(), x) (the model's own keys) raised a bare
+    AttributeError ("OptimizedModule has no attribute 'conv1'"); the model's attributes are
+    reached through the module, as through torch.compile's."""
+    torch.manual_seed(0)
+    base, x, loss_fn = small_cnn()
+    opt = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_dir=None, profile_repeats=1)
+    eager = copy.deepcopy(base)
+    first = next(iter(dict(base.named_children())))
+    assert getattr(opt, first) is getattr(opt.model, first)
+    grads = []
+    for module in (opt, eager):
+        weights = {k: (v * 1.5).detach().requires_grad_() for k, v in base.named_parameters()}
+        torch.manual_seed(1)
+        loss_fn(torch.func.functional_call(module, weights, x)).backward()
+        grads.append([w.grad for w in weights.values()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        opt.nothing_here
