@@ -30,7 +30,8 @@ def parse_memory_limit(value: object) -> int:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
         if m and m.group(2).lower() in _UNITS:
             n = float(m.group(1)) * _UNITS[m.group(2).lower()]
-            if math.isfinite(n) and n >= 1:
+            # in bytes, a fraction is no size ("1.5" was read as 1 B)
+            if math.isfinite(n) and n >= 1 and (_UNITS[m.group(2).lower()] > 1 or n == int(n)):
                 return int(n)
     raise ValueError(f"memory_limit must be {_ACCEPTED}; got {value!r}")
 

@@ -19,14 +19,15 @@ HUGE = 1 << 40
 
 @pytest.mark.parametrize("text, expected", [
     (1234, 1234), ("512MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("300 MiB", 300 * 2**20),
-    ("2GiB", 2 * 2**30), ("4096", 4096), ("1e3KB", 10**6), (2.0**20, 2**20),
+    ("2GiB", 2 * 2**30), ("4096", 4096), ("1e3KB", 10**6), (2.0**20, 2**20), ("1e3", 1000),
+    ("2.0", 2),
 ])
 def test_memory_limit_forms(text, expected):
     assert monet_opt.parse_memory_limit(text) == expected
 
 
 @pytest.mark.parametrize("bad", [0, -5, math.nan, math.inf, "lots", "", "12 parsecs", "-1GB",
-                                 None, True, [1], 1.5])
+                                 None, True, [1], 1.5, "1.5", "0.5B"])  # "1.5" was 1 B
 def test_memory_limit_rejects(bad):
     with pytest.raises(ValueError, match="512MiB"):
         monet_opt.parse_memory_limit(bad)
