@@ -4,9 +4,10 @@ was not iterable, a string time limit failed a comparison, profile_repeats=0 was
 1.5 blamed the model)."""
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
-from typing import Any
+from typing import Any, Callable
 
 import solvers
 
@@ -35,6 +36,20 @@ def check_arguments(solver: Any, time_limit_s: Any, profile_time_limit_s: Any,
             isinstance(name, str) for name in _iterable(variants))):
         raise TypeError("monet_opt.optimize: variants must be True, False or a collection of "
                         f"family names (['relu.bool_mask']), got {variants!r}")
+
+
+def check_options(who: str, options: dict[str, Any], optimize: Callable) -> None:
+    """`options` as `who` hands them to every optimize(), checked before its first batch is
+    traced: a typo or a bad solver failed only after the batches traced for their sizes."""
+    own = {"model", "sample_input", "memory_limit"}
+    params = inspect.signature(optimize).parameters
+    unknown = [k for k in options if k not in params or k in own]
+    if unknown:
+        raise TypeError(f"monet_opt.{who}: {unknown[0]!r} is not one of optimize()'s options "
+                        f"({', '.join(k for k in params if k not in own)})")
+    check_arguments(*(options.get(k, params[k].default) for k in (
+        "solver", "time_limit_s", "profile_time_limit_s", "new_shapes", "profile_repeats",
+        "variants")))
 
 
 def _number(value: Any) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from monet_opt.batch_size import Try
+    from monet_opt.batch_fit import Try
 
 GROWTH = 3  # before a try fails, a try's batch is at most this many times the largest that fit
 

@@ -55,7 +55,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -65,6 +64,8 @@ from torch.utils import _pytree as pytree
 import solvers
 from monet_opt import api
 from monet_opt.batch_chord import next_batch
+from monet_opt.batch_fit import BatchFit, Try
+from monet_opt.arguments import check_options
 from monet_opt.errors import InfeasibleBudgetError
 from monet_opt.memory import resident_bytes
 from monet_opt.module import OptimizedModule
@@ -72,80 +73,9 @@ from monet_opt.units import Share, format_bytes, parse_limit
 from solvers.peak_bound import least_peak_bound
 
 log = logging.getLogger("monet_opt")
+_OPTIMIZE = api.optimize  # whose options optimize_options are (tests stand in for api.optimize)
 SIZED_TRIES = 32  # batches traced at most for their size bounds (a trace each: seconds)
 ESTIMATE_S = 5.0  # the DP's time on a batch's sizes alone, before it is tried
-
-
-@dataclass(frozen=True)
-class Try:
-    """One batch size tried: whether a plan fit, the least peak the solver reached there and
-    the peak with nothing recomputed (known where a plan fit), and the seconds it took.
-    `profiled` False: the batch was only traced, and `least_bytes` is its size bound (NOTE [A
-    least peak from sizes] in solvers/peak_bound.py), `fits` whether that is within the
-    limit, or within `held_to` where that is set (the limit scaled to a try's least peak).
-    `estimated`: its sizes alone solved by the lower-set DP; `least_bytes` is the DP's least
-    peak (its size bound where the DP ran out of time), `fits` whether a schedule of those
-    sizes fit the limit (an estimate of a try: proof neither way)."""
-
-    batch: int
-    fits: bool
-    least_bytes: int | None  # None: the device ran out of memory first
-    store_all_bytes: int | None
-    seconds: float
-    profiled: bool = True
-    held_to: int | None = None  # traced against the limit scaled to a try, not the limit
-    estimated: bool = False  # traced and solved briefly on its sizes: least_bytes a solve's
-
-    @property
-    def is_bound(self) -> bool:
-        """Traced for its size bound alone (neither tried nor estimated)."""
-        return not self.profiled and not self.estimated
-
-    def text(self) -> str:
-        if self.estimated:
-            return (f"batch {self.batch:>6}: {('over', 'may fit')[self.fits]:<12} least peak "
-                    f"about {_mib(self.least_bytes):>10} (the DP's on its sizes alone, not "
-                    "profiled"
-                    + ("" if self.held_to is None else
-                       f"; against {_mib(self.held_to)}, the limit scaled to a try")
-                    + f")  ({self.seconds:.1f} s)")
-        if not self.profiled:
-            status = ("may fit", "does not fit") if self.held_to is None else ("below", "above")
-            return (f"batch {self.batch:>6}: {status[not self.fits]:<12} least peak at least "
-                    f"{_mib(self.least_bytes):>13} (its sizes alone, not profiled"
-                    + ("" if self.held_to is None else
-                       f"; against {_mib(self.held_to)}, the limit scaled to a try")
-                    + f")  ({self.seconds:.1f} s)")
-        return (f"batch {self.batch:>6}: {'fits' if self.fits else 'does not fit':<12} least peak "
-                + (f"{_mib(self.least_bytes):>13}" if self.least_bytes is not None
-                   else "unknown (the device ran out of memory)")
-                + (f", store-all {_mib(self.store_all_bytes)}"
-                   if self.store_all_bytes is not None else "")
-                + f"  ({self.seconds:.1f} s)")
-
-
-@dataclass(frozen=True)
-class BatchFit:
-    """`batch`: the largest batch found to fit; `module`: its plan (an optimized module for
-    inputs of that batch); `proven`: the next batch was tried, or traced, and did not fit (or
-    `batch` is `max_batch`); `tries`: every batch traced (`Try.profiled` False; `estimated`
-    where the DP solved its sizes) or tried, in order."""
-
-    batch: int
-    module: OptimizedModule
-    proven: bool
-    tries: tuple[Try, ...]
-
-    def text(self) -> str:
-        """One line per try and the answer, for a terminal."""
-        lines = [f"  {t.text()}" for t in self.tries]
-        plan = self.module.plan
-        lines.append(f"largest batch {self.batch}" + ("" if self.proven else
-                     " (not proven: the tries ran out before the next batch was tried)")
-                     + f": predicted peak {_mib(plan.predicted_peak_bytes)} of "
-                     f"{_mib(plan.memory_limit_bytes)}, predicted overhead "
-                     f"{plan.predicted_overhead:+.1%} ({plan.solver})")
-        return "\n".join(lines)
 
 
 def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
@@ -182,6 +112,7 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
         raise ValueError(f"monet_opt.largest_batch: need 1 <= start <= max_batch and max_tries "
                          f">= 1, got start={start}, max_batch={max_batch}, "
                          f"max_tries={max_tries}")
+    check_options("largest_batch", optimize_options, _OPTIMIZE)
     _check_batched(make_input)
     fixed = _batchless_bytes(model)
     every: list[Try] = []  # traced and tried, in order
@@ -201,7 +132,7 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
         else:
             hi = batch
             if batch == 1:
-                raise _not_even_one(tried, limit)
+                raise _not_even_one(tried, limit, optimize_options.get("solver", "auto"))
         if hi == lo + 1:
             break
         batch = next_batch(tries, fixed, limit, lo, hi)
@@ -336,17 +267,12 @@ def _sized(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit
     return Try(batch, bound <= limit, bound, None, time.perf_counter() - begun, profiled=False)
 
 
-def _mib(n: int) -> str:
-    """Bytes in MiB to a tenth: the tries of one search differ by a few MiB."""
-    return f"{n / 2**20:,.1f} MiB"
-
-
-def _not_even_one(tried: Try, limit: int) -> Exception:
+def _not_even_one(tried: Try, limit: int, solver: str) -> Exception:
     if tried.least_bytes is None:
         return ValueError(f"monet_opt.largest_batch: a batch of 1 ran the device out of memory "
                           f"while planning it: the device holds less than {format_bytes(limit)}; "
                           "give a smaller memory_limit")
-    error = InfeasibleBudgetError(limit, tried.least_bytes, "largest_batch")
+    error = InfeasibleBudgetError(limit, tried.least_bytes, solver)
     error.add_note("monet_opt.largest_batch: not even a batch of 1 fits this limit")
     return error
 

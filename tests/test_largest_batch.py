@@ -179,6 +179,7 @@ def test_not_even_one_fits():
         lb.largest_batch(model, _images, least - 1, start=2, **OPTIONS)
     assert caught.value.min_feasible_bytes == least
     assert "not even a batch of 1" in "".join(caught.value.__notes__)
+    assert "solver 'auto'" in str(caught.value)  # it named a solver 'largest_batch'
 
 
 def test_requests_that_cannot_be_served_say_why():
@@ -189,6 +190,18 @@ def test_requests_that_cannot_be_served_say_why():
         lb.largest_batch(model, lambda b: torch.randn(4, 3, 16, 16), "1GiB")
     with pytest.raises(ValueError, match="start <= max_batch"):
         lb.largest_batch(model, _images, "1GiB", start=8, max_batch=4)
+    # optimize()'s options, before a batch is traced (they failed after the size search)
+    never = lambda b: pytest.fail("traced")  # noqa: E731
+    with pytest.raises(ValueError, match="unknown solver 'fast'"):
+        lb.largest_batch(model, never, "1GiB", solver="fast")
+    with pytest.raises(TypeError, match="'time_limit' is not one of optimize"):
+        lb.largest_batch(model, never, "1GiB", time_limit=5)
+
+
+def test_sizes_under_a_mib_are_shown():
+    """A small model's tries all read "0.0 MiB"."""
+    line = lb.Try(4, True, 300_000, 400_000, 0.5).text()
+    assert "292.97 KiB" in line and "390.62 KiB" in line
 
 
 def test_the_command_line_prints_each_try_and_the_answer(tmp_path):
