@@ -20,7 +20,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from monet_opt import variants_impl
 from monet_opt.bench_bn import median_ms
-from monet_opt.bench.run import device_name, git_commit
+from monet_opt.bench.run import device_name
+from monet_opt.bench.settings import git_commit
 from monet_opt.variant_probe import relative_error
 
 aten = torch.ops.aten

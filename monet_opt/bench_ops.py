@@ -19,7 +19,8 @@ import torch
 import monet_opt
 from monet_opt import zoo
 from monet_opt.bench.allocator import keep_freed_memory
-from monet_opt.bench.run import device_name, git_commit, to_device
+from monet_opt.bench.run import device_name, to_device
+from monet_opt.bench.settings import git_commit
 
 
 def _profiled(step, cuda: bool) -> tuple[dict[str, float], dict[str, int]]:

@@ -241,7 +241,11 @@ def _load(path: Path, kind: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
+        end = text.rstrip()
+        # our files end with their object's "}"; cut after a "-" or a "t", the error is at
+        # the last character, not past it
+        if exc.pos >= len(end) - 1 or exc.msg.startswith("Unterminated string") or \
+                not end.endswith("}"):
             raise Unusable(f"truncated: the JSON ends early, at byte {len(text)}") from exc
         raise Unusable(f"corrupt: not valid JSON ({exc})") from exc
     if not isinstance(data, dict) or data.get("kind") != kind:

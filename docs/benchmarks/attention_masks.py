@@ -22,7 +22,8 @@ import torch
 
 import monet_opt
 from monet_opt import attention_masks, grouped_attention
-from monet_opt.bench.run import device_name, git_commit
+from monet_opt.bench.run import device_name
+from monet_opt.bench.settings import git_commit
 
 
 def build(batch: int, seq: int, device: str, width: int, heads: int, vocab: int):

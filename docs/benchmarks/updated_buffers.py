@@ -15,7 +15,7 @@ import warnings
 import torch
 
 import monet_opt
-from monet_opt.bench.run import git_commit
+from monet_opt.bench.settings import git_commit
 from tests import test_data_assigned, test_weight_hooks
 
 HUGE = 1 << 40
