@@ -84,6 +84,9 @@ def count_made(t: torch.Tensor) -> torch.Tensor:
 def resident_tensors(model: torch.nn.Module, inputs: Any = ()) -> list[torch.Tensor]:
     """Parameters, buffers, tensors the modules hold as attributes, existing gradients and the
     tensors in `inputs`."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"monet_opt.resident_tensors: model must be a torch.nn.Module, got "
+                        f"{type(model).__name__}; call resident_tensors(model, inputs)")
     out = list(model.parameters()) + list(model.buffers())
     out += [v for m in model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
     out += [p.grad for p in model.parameters() if p.grad is not None]
@@ -100,7 +103,19 @@ def measure_peak(step: Callable[[], Any], resident: Iterable[torch.Tensor] = (),
     was allocated before it, plus `resident` (the device may hold other tensors of the process,
     which are not the step's).
     """
-    resident = list(resident)
+    if not callable(step) or isinstance(step, torch.nn.Module):
+        raise TypeError(f"monet_opt.measure_peak: step must be a function of no arguments that "
+                        f"runs one training step, such as lambda: loss_fn(opt(x)).backward(); "
+                        f"got {type(step).__name__}")
+    if isinstance(resident, torch.Tensor):
+        resident = [resident]
+    try:
+        resident = None if isinstance(resident, torch.nn.Module) else list(resident)
+    except TypeError:
+        resident = None
+    if resident is None or not all(isinstance(t, torch.Tensor) for t in resident):
+        raise TypeError("monet_opt.measure_peak: resident must be the tensors held before the "
+                        "step: pass monet_opt.resident_tensors(model, inputs)")
     device = torch.device(device) if device is not None else _device_of(resident)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 import monet_opt
 from tests import models
@@ -43,3 +44,17 @@ def test_a_profile_dir_under_home_is_the_home_s(monkeypatch, tmp_path):
 def test_numpy_numbers_are_taken():
     np = pytest.importorskip("numpy")
     assert monet_opt.parse_memory_limit(np.int64(4096)) == 4096
+
+
+def test_measuring_says_what_it_takes():
+    """Misused, measure_peak and resident_tensors raised bare TypeErrors from inside."""
+    model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+    step = lambda: model(x).sum().backward()  # noqa: E731
+    with pytest.raises(TypeError, match="step must be a function of no arguments"):
+        monet_opt.measure_peak(model(x).sum())
+    for resident in (model, 5, [model]):
+        with pytest.raises(TypeError, match="pass monet_opt.resident_tensors"):
+            monet_opt.measure_peak(step, resident)
+    with pytest.raises(TypeError, match="call resident_tensors\\(model, inputs\\)"):
+        monet_opt.resident_tensors(x, model)
+    assert monet_opt.measure_peak(step, monet_opt.resident_tensors(model, x)) > 0
