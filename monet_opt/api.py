@@ -26,6 +26,7 @@ from monet_opt.errors import (InfeasibleBudgetError, NoBackwardError, check_back
                               internal_assert)
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
+from monet_opt.merged_inputs import refuse_merged
 from monet_opt.memory import cuda_slack, held_beyond, shared_bytes, sparse_bytes, storage_groups
 from monet_opt.lower_variants import attach_variants, matching, with_costs
 from monet_opt.module import OptimizedModule, Step, for_model
@@ -195,7 +196,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     # cloned for the first run (it applies their updates): NOTE [Buffers viewing a larger storage]
     state = [buffers[n] for n in buffer_names] + attribute_values(model, tuple(attributes))
     clones, weights = [t.clone() for t in state], [params[n] for n in param_names]
-    planner.primals = weights + clones + list(inputs)
+    planner.primals, planner.num_inputs = weights + clones + list(inputs), len(inputs)
     planner.storage_extra = held_beyond(state, clones, counted=weights + list(inputs))
     planner.inputs = describe_inputs(args, kwargs)
     progress.tracing(planner.name, planner.inputs)  # NOTE [Progress]
@@ -238,6 +239,7 @@ class _Planner:
         self.resident, self.resident_bytes = resident, resident_bytes
         self.outputs_held, self.timed, self.replan = outputs_held, timed, replan
         self.primals: list[torch.Tensor] = []
+        self.num_inputs = 0  # the last of primals: the step's input tensors
         self.inputs, self.storage_extra = "", 0
         self.problem: solvers.Problem | None = None
         self.profile: Profile | None = None
@@ -252,6 +254,7 @@ class _Planner:
         where the caller holds them (NOTE [Outputs held through the backward])."""
         self.partitioned = True
         host_random.refuse_drawn()  # NOTE [Random numbers drawn in Python]
+        refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
         unmasked = attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
         grouped_attention.use_grouped_keys(joint, unmasked)  # NOTE [Grouped-query attention]
         grouped_math.cast_before_repeat(joint)  # NOTE [Grouped keys on the math path]
