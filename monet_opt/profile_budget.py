@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 
 PROGRESS_AFTER_S = 2.0   # print progress lines on stderr once profiling has taken this long
 PROGRESS_EVERY_S = 5.0
+FIRST_REPEATS = 3  # the first op's timed runs under a time limit, before any mean is known
 
 
 class Budget:
@@ -47,8 +48,10 @@ class Budget:
 
     def repeats_now(self) -> int:
         """Timed runs for the next op after its warm-up; 0: one timed run, no warm-up."""
-        if self.limit_s is None or self.calls == 0:
+        if self.limit_s is None:
             return self.repeats
+        if self.calls == 0:  # nothing timed yet to project from: a few (100,000 repeats of
+            return min(self.repeats, FIRST_REPEATS)  # the first op ran past 300 s of a 1 s limit)
         mean = self.call_s / self.calls
         left_s = self.limit_s - self.elapsed_s()
         ops_left = max(1, self.total - self.done)

@@ -300,8 +300,9 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
             key = (*sig, _RERUN)
             if key not in seen:
                 target(*rerun, **kwargs)  # its warm-up: the forward never ran this form
-                seen[key] = _samples(target, rerun, kwargs, cuda, max(1, repeats)) if cuda \
-                    else _cold_samples(target, rerun, kwargs, max(1, repeats))
+                n = max(1, budget.repeats_now())  # under the time limit too (an op met before)
+                seen[key] = _samples(target, rerun, kwargs, cuda, n) if cuda \
+                    else _cold_samples(target, rerun, kwargs, n)
             reruns[node.name] = key
         budget.op_done(repeats)
     probe.measure(node, target, args, kwargs, env[node.name], sig, cuda, budget, env)

@@ -245,6 +245,24 @@ def test_time_limit_estimates_ops_and_still_trains_exactly():
         assert torch.equal(p.grad, q.grad), name
 
 
+def test_a_time_limit_bounds_many_repeats(monkeypatch):
+    """profile_repeats=100000 with a 1 s limit ran past 300 s: the first op took every repeat
+    (no mean was known yet to project from), and a recomputation's cold timing of an op met
+    before took them all again."""
+    assert profile_budget.Budget(100000, 1.0, 9, "m").repeats_now() == \
+        profile_budget.FIRST_REPEATS
+    asked = []
+    for name in ("_samples", "_cold_samples"):
+        real = getattr(profiler, name)
+        monkeypatch.setattr(profiler, name, lambda *a, real=real: asked.append(a[-1]) or real(
+            *a[:-1], min(a[-1], 2)))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8),
+                                torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    monet_opt.optimize(model, torch.randn(4, 8), HUGE, profile_repeats=100000, profile_dir=None,
+                       profile_time_limit_s=0.1, variants=False)
+    assert asked and max(asked) < 100000, asked
+
+
 def test_time_limited_profile_is_cached_apart(monkeypatch):
     counts = collections.Counter()
     real = api.profile
