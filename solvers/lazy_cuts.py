@@ -13,8 +13,9 @@ NOTE [Cuts where the schedule goes over]
   there (a recomputation just before the cut's op, whose chain is alive then, or an encode
   op's reads in the forward, which NOTE [Forward rows] leaves out), that cut's row is given
   the excess less room instead; where it goes over in the forward, a forward row is added
-  there. The first schedule that fits ends the rounds. Until some row is given less room,
-  every row holds for every schedule, so each round's proven bound bounds every schedule.
+  there. The first schedule that fits ends the rounds. Until some row is given less room or a
+  forward row is added, every row holds for every schedule, so each round's proven bound
+  bounds every schedule.
   The program grows with its cuts (CPU ResNet-50 at a quarter of its activations: 9 cuts
   solved in 13 s, 13 cuts not in 130 s); alone in 18 s, its schedule on CPU ResNet-50 at a
   third of its activations was +7.23 % (11 cuts, in 13 s) where auto's in 30 s is +8.06 %, but
@@ -101,8 +102,10 @@ class _Rounds:
 
     @property
     def exact(self) -> bool:
-        """Whether every row holds for every schedule (none has had room taken)."""
-        return not any(self.forward.values()) and not self.taken
+        """Whether every row holds for every schedule: none has had room taken, and there is
+        no forward row (NOTE [Forward rows]: it charges every copy alive at the first cut as
+        held through the forward, where a schedule may make it again before that cut)."""
+        return not self.forward and not self.taken
 
     def solve(self, left: float) -> tuple:
         """The program with this round's rows solved in `left` seconds, and its solution as a
