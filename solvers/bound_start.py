@@ -60,9 +60,10 @@ NOTE [Forward rows]
   fuzzing, 2026-12-02: a bound of 20 s where schedules of 15 s fit), so no bound is taken
   from a program with them (NOTE [Cuts where the schedule goes over] in lazy_cuts.py). The
   starts, before -> after (kept problems, 2 s): GoogLeNet at a quarter +23.2 -> +21.1 %,
-  BERT-base at a third +12.2 -> +11.5 %, DenseNet-121 at a quarter +14.4 -> +13.7 %, the rest the same or within 1 point; auto in 30 s (docs/benchmarks/
-  auto_shares.md): GoogLeNet at a quarter +23.10 -> +21.02 %, DenseNet-121 +13.85 ->
-  +13.59 %, the rest within their spread (sum of the 11 cells +147.92 -> +145.95 %).
+  BERT-base at a third +12.2 -> +11.5 %, DenseNet-121 at a quarter +14.4 -> +13.7 %, the
+  rest the same or within 1 point; auto in 30 s (docs/benchmarks/auto_shares.md): GoogLeNet
+  at a quarter +23.10 -> +21.02 %, DenseNet-121 +13.85 -> +13.59 %, the rest within their
+  spread (sum of the 11 cells +147.92 -> +145.95 %).
 """
 from __future__ import annotations
 
