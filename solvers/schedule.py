@@ -53,8 +53,9 @@ class SolveResult:
     """solver: registry name. objective_s: predicted step time of `schedule`. peak_bytes: its
     simulated peak. bound_s: a proven lower bound on the step time of any schedule within the
     budget (the joint MILP's, where its program is whole: of any schedule in its program's
-    space, which recomputes an op only in a stage that reads it: NOTE [A valid bound]). gap: (objective - bound) / objective. min_feasible_bytes: the least peak this solver
-    can reach at any budget (what an infeasible caller should raise the budget to).
+    space, which recomputes an op only in a stage that reads it: NOTE [A valid bound]).
+    gap: (objective - bound) / objective. min_feasible_bytes: the least peak this solver can
+    reach at any budget (what an infeasible caller should raise the budget to).
     floor_schedule: a schedule whose simulated peak is min_feasible_bytes, where the solver
     found that least peak by a search a clock can cut short (NOTE [Least peaks remembered] in
     solvers/remembered.py); None where the same search always finds it again."""
