@@ -254,6 +254,7 @@ class _Planner:
         where the caller holds them (NOTE [Outputs held through the backward])."""
         self.partitioned = True
         host_random.refuse_drawn()  # NOTE [Random numbers drawn in Python]
+        host_random.refuse_generators(joint)  # NOTE [Generators set in the forward]
         refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
         unmasked = attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
         grouped_attention.use_grouped_keys(joint, unmasked)  # NOTE [Grouped-query attention]

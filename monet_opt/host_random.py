@@ -25,6 +25,7 @@ import sys
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from monet_opt.errors import CaptureError
 
@@ -121,7 +122,8 @@ def watching(model: torch.nn.Module):
             setattr(module, name, _reseeding(fn, f"{module.__name__}.{name}"))
     outer = dict(_watch)
     _watch.update(model=type(model).__name__, rngs=rngs, lines={}, reseeds={},
-                  states={name: _state(rng) for name, rng in rngs.items()})
+                  states={name: _state(rng) for name, rng in rngs.items()},
+                  torch_held={name: (g, g.get_state()) for name, g in _held_torch(model)})
     try:
         yield
     finally:
@@ -158,6 +160,68 @@ def refuse_drawn() -> None:
             "masks unlike eager's, silently). Seed before calling the model instead, or keep "
             "the mask meant to repeat as a buffer (NOTE [Random state set in the forward] in "
             "monet_opt/host_random.py).")
+
+
+# NOTE [Generators set in the forward]
+#   A forward that seeds a torch.Generator it holds (self.g.manual_seed(1): the same noise at
+#   every call), or makes and seeds one (torch.Generator().manual_seed(1) given to randint),
+#   draws the same numbers at every eager call; traced, the seeding ran once, at optimize(),
+#   and the steps drew on from that generator: targets and losses unlike eager's from the
+#   second step, silently. A trace does not draw from a held generator (fake tensors), so a
+#   held generator's state that changed while the model was traced was set by its forward;
+#   a generator the graph's ops are given that no module holds (nor the device's default)
+#   was made by it (or is held where monet_opt cannot see it). Both are refused, saying to
+#   draw outside the model and pass the draw in, or to hold the generator on a module and
+#   seed it before calling the model.
+def refuse_generators(gm: torch.fx.GraphModule) -> None:
+    """CaptureError for the generators `gm`'s ops are given that its forward set or made
+    (NOTE [Generators set in the forward]); nothing outside `watching`."""
+    if not _watch:
+        return
+    from monet_opt.recompute import held_generators
+    held = _watch["torch_held"]
+    known = [g for g, _ in held.values()] + [torch.default_generator] + (
+        list(torch.cuda.default_generators) if torch.cuda.is_available() else [])
+    with unset_fake_temporarily():  # the partition runs inside the trace
+        set_ = [name for name, (g, state) in held.items()
+                if not torch.equal(g.get_state(), state)]
+        made = _unknown(held_generators(gm), known)
+    if set_ or made:
+        for g, state in held.values():  # as they were before optimize()
+            g.set_state(state)
+        what = f"sets the state of {', '.join(set_)}" if set_ else \
+            "draws from a torch.Generator no module holds (one it makes?)"
+        raise CaptureError(
+            f"monet_opt.optimize: {_watch['model']}'s forward {what}. Eager seeds it at every "
+            "call; a traced step would seed it once, at optimize(), and draw on from there "
+            "(draws unlike eager's from the second step, silently). Draw outside the model and "
+            "pass the tensor in, or hold the generator on a module (self.g = "
+            "torch.Generator()) and seed it before calling the model (NOTE [Generators set in "
+            "the forward] in monet_opt/host_random.py).")
+
+
+def _unknown(found: list[torch.Generator], known: list[torch.Generator]
+             ) -> list[torch.Generator]:
+    """The generators of `found` that are none of `known`. A graph holds its own Python object
+    for a generator, so each known one is seeded apart for a moment, and its state put back
+    as it was (its initial seed with it)."""
+    saved = [(g, g.get_state()) for g in known]
+    try:
+        for n, g in enumerate(known):
+            g.manual_seed(_MARK + n)
+        return [g for g in found if not 0 <= g.initial_seed() - _MARK < len(known)]
+    finally:
+        for g, state in saved:
+            g.set_state(state)
+
+
+_MARK = 0x6D6F6E6574 << 16  # seeds that mark the known generators, one each
+
+
+def _held_torch(model: torch.nn.Module) -> list[tuple[str, torch.Generator]]:
+    return [(f"model.{name}.{attr}" if name else f"model.{attr}", value)
+            for name, module in model.named_modules()
+            for attr, value in vars(module).items() if isinstance(value, torch.Generator)]
 
 
 def drawn_hint() -> str:

@@ -196,3 +196,28 @@ def test_a_generator_given_to_ops_draws_as_in_eager():
     assert _recomputed_draws(opt) >= 2
     assert_same_grads(opt, model, eager, x, steps=3)
     assert torch.equal(model.g.get_state(), eager.g.get_state())
+
+
+class _Seeded(nn.Module):
+    """Noise from a generator the forward seeds (held, or made there): the same each call."""
+
+    def __init__(self, make: bool) -> None:
+        super().__init__()
+        self.lin, self.make, self.g = nn.Linear(8, 8), make, torch.Generator().manual_seed(0)
+
+    def forward(self, x):
+        g = torch.Generator().manual_seed(1) if self.make else self.g.manual_seed(1)
+        return self.lin(x) + torch.randn(x.shape, generator=g)
+
+
+@pytest.mark.parametrize("make, says", [(False, "sets the state of model.g"),
+                                        (True, "draws from a torch.Generator no module holds")])
+def test_a_generator_seeded_in_the_forward_is_refused(make, says):
+    """NOTE [Generators set in the forward]: seeded once at optimize(), the steps drew on from
+    it: outputs unlike eager's from the second step, silently. The model's generator is left
+    as it was."""
+    model = _Seeded(make)
+    before = model.g.get_state()
+    with pytest.raises(monet_opt.CaptureError, match=f"{says}.*seed it before calling"):
+        monet_opt.optimize(model, torch.randn(4, 8), 1 << 40, profile_dir=None)
+    assert torch.equal(model.g.get_state(), before)
