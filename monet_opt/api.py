@@ -320,6 +320,10 @@ class _Planner:
             recall(self.solver, problem, result)
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
             result = solvers.without_unread(problem, result)
+            if not result.feasible and lowered.snapshot_bytes:  # NOTE [Copies counted as made]
+                result = updated_buffers.retried(problem, limit, lowered, result, lambda p: solve(
+                    p, limit, self.solver, time_limit_s=seconds, known=known), lambda s: (
+                    rewrite.partition(joint, joint_inputs, lowered, s, num_fwd_outputs, **kwargs)))
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds
             raise InfeasibleBudgetError(limit, result.min_feasible_bytes, self.solver, self.limit,
                                         least_held(problem, result), least_peak_bound(problem),
