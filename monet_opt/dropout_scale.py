@@ -49,7 +49,9 @@ def eager_scale(p: float, dtype: torch.dtype) -> float:
 
 
 def round_dropout_scales(gm: fx.GraphModule) -> int:
-    """NOTE [Dropout's scale], in place; returns how many backward ops it changed."""
+    """NOTE [Dropout's scale], in place (and NOTE [Dropout of everything]); returns how many
+    backward ops it changed."""
+    _drop_everything(gm)
     changed = 0
     backward = aten.native_dropout_backward.default
     for node in gm.graph.find_nodes(op="call_function", target=backward):
@@ -99,3 +101,33 @@ def match_kernel_layouts(gm: fx.GraphModule) -> int:
     if added:
         gm.recompile()
     return added
+
+
+# NOTE [Dropout of everything]
+#   Eager's dropout at p = 1 draws nothing: it multiplies its input by a zero (ATen's
+#   `_dropout`, on every device: the fused kernel takes 0 < p < 1 only). The trace records
+#   `native_dropout(x, 1.0, True)`, whose kernel draws a mask all the same, so every random op
+#   after it drew other numbers than eager's (a Dropout(0.5) after a Dropout(1.0): gradients
+#   0.12 apart; torch.compile's aot_eager the same; layer zoo, 2026-12-02). Its output is
+#   made here as eager makes it, and its mask as the all-False one it is, without a draw.
+def _drop_everything(gm: fx.GraphModule) -> None:
+    graph, changed = gm.graph, False
+    for drop in list(graph.find_nodes(op="call_function", target=aten.native_dropout.default)):
+        x, p, train = (*drop.args, *drop.kwargs.values())[:3]
+        if float(p) != 1.0 or not train:
+            continue
+        with graph.inserting_after(drop):
+            mask = graph.call_function(aten.zeros_like.default, (x,), {"dtype": torch.bool})
+            out = graph.call_function(aten.mul.Tensor, (x, 0.0))
+        for use in list(drop.users):
+            if use.target is operator.getitem:
+                use.replace_all_uses_with(out if use.args[1] == 0 else mask)
+                graph.erase_node(use)
+        for node, val in ((mask, drop.meta.get("val", (None, None))[1]),
+                          (out, drop.meta.get("val", (None, None))[0])):
+            node.meta.update({k: v for k, v in drop.meta.items() if k != "val"}, val=val)
+        if not drop.users:
+            graph.erase_node(drop)
+        changed = True
+    if changed:
+        gm.recompile()
