@@ -100,9 +100,8 @@ def _check_facts(result: SolveResult, problem: Problem) -> None:
     least = problem.fixed_bytes + sum(problem.tensors[t].bytes
                                       for t in set(problem.backward_outputs))
     if not (isinstance(result.solver, str) and isinstance(result.note, str)
-            and _number(result.solve_time_s) and (result.gap is None or
-                                                  (_number(result.gap) and result.gap <= 1))
-            and (result.bound_s is None or _number(result.bound_s))
+            and _number(result.solve_time_s) and (result.gap is None or _number(result.gap))
+            and (result.bound_s is None or _number(abs(result.bound_s)))
             and (result.objective_s is None or _number(result.objective_s))
             and (result.min_feasible_bytes is None or
                  (type(result.min_feasible_bytes) is int and result.min_feasible_bytes >= least))):

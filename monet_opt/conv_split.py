@@ -71,3 +71,20 @@ def _narrowed(graph: fx.Graph, node: fx.Node, mask: list[bool], val) -> fx.Node:
     new.meta.update(node.meta)
     new.meta["val"] = val
     return new
+
+
+# NOTE [A weight gradient made unasked]
+#   On the CPU, a convolution_backward asked for the bias's gradient and not the weight's (a
+#   frozen weight with a trainable bias, as BitFit trains) makes the weight's gradient all the
+#   same and returns it, where the trace's kernel returns None: the step allocated the
+#   weight's bytes beyond its plan (147,456 B over the limit for a 64x64x3x3 convolution;
+#   variants hunt, 2026-12-02). It goes as the call returns, so it is the op's workspace.
+def unasked_weight_bytes(node: fx.Node) -> int:
+    """The bytes of the weight gradient `node` makes without being asked (NOTE above)."""
+    if node.target is not aten.convolution_backward.default:
+        return 0
+    mask, weight = node.args[-1], node.args[2].meta.get("val")
+    if not isinstance(weight, torch.Tensor) or weight.device.type != "cpu" or mask[1] \
+            or not mask[2]:
+        return 0
+    return weight.numel() * weight.element_size()

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from monet_opt import bn_split, grad_in_place, recompute, updated_buffers
+from monet_opt import bn_split, conv_split, grad_in_place, recompute, updated_buffers
 from monet_opt.errors import UnsupportedGraphError
 from monet_opt.memory import allocated_bytes, dense_parts, refuse_sparse_made
 from monet_opt.stats_in_place import MARK
@@ -243,7 +243,8 @@ class _Builder:
                            inputs=self._reads(node), outputs=outs,
                            is_random=recompute.is_random(node),
                            workspace_bytes=bn_split.workspace_bytes(node)
-                           if node.target is bn_split.apply_stats else 0,
+                           if node.target is bn_split.apply_stats
+                           else conv_split.unasked_weight_bytes(node),
                            overwrites=self._overwritable(node, is_backward)))
         self.op_nodes.append(node.name)
         self.labels.append(_label(node))

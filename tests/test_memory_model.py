@@ -66,3 +66,22 @@ def test_problem_files_match_default_options_and_keep_to_one_device(tmp_path, mo
     again.saved = {k: (p, s, "NVIDIA H200, torch 2.11") for k, (p, s, _) in again.saved.items()}
     with pytest.raises(SystemExit, match="would mix devices"):
         again.get("tiny_cnn", {"batch": 4}, {})
+
+
+def test_a_frozen_weight_with_a_trainable_bias_is_counted():
+    """NOTE [A weight gradient made unasked]: the CPU's convolution_backward makes the frozen
+    weight's gradient when asked for the bias's; the step measured the weight's bytes over its
+    prediction, and over the limit at the least plan."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(16 * 64, 4))
+    model[2].weight.requires_grad_(False)
+    x = torch.randn(2, 3, 8, 8)
+    least = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1,
+                               variants=False).plan.min_feasible_bytes
+    opt = monet_opt.optimize(model, x, least, profile_dir=None, profile_repeats=1,
+                             variants=False)
+    peak = monet_opt.measure_peak(lambda: opt(x).sum().backward(),
+                                  monet_opt.resident_tensors(model, x))
+    assert peak <= opt.plan.predicted_peak_bytes <= least
