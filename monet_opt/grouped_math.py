@@ -188,6 +188,17 @@ def _move_casts(chain: list[fx.Node], casts: list[fx.Node], cast_grads: list[fx.
         unsqueeze.prepend(cast)
     for node in (*casts, *chain):
         refresh(node)
+    if not any(node.target is aten.clone.default for node in chain):
+        # one key/value head: the repeat is a view (stride 0 over the heads), and the casts
+        # after it were what made it contiguous, as the math path's views read it (they
+        # failed to trace: Gemma-like MQA under autocast; HF hunt, 2026-12-02). Eager's
+        # repeat copies, so a copy here holds what the moved casts held.
+        with reshape.graph.inserting_after(reshape):
+            copy = reshape.graph.call_function(aten.clone.default, (reshape,),
+                                               {"memory_format": torch.contiguous_format})
+        reshape.replace_all_uses_with(copy, delete_user_cb=lambda user: user is not copy)
+        copy.meta.update({k: v for k, v in reshape.meta.items() if k != "val"})
+        refresh(copy)
 
     first, last = group_sum[0], group_sum[-1]
     grad = cast_grads[0].args[0]
