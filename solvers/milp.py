@@ -21,6 +21,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from solvers.encode_reads import encode_reads, last_forward_read
 from solvers.mip import Mip, solve_mip
 from solvers.problem import NO_PRODUCER, Problem
 from solvers.schedule import Schedule
@@ -127,13 +128,13 @@ class Program:
     def _forward_rows(self) -> None:
         """Forward step k holds what it reads later, its outputs, its workspace, every kept
         tensor already past its last forward read (P[k]) and what chosen encode ops read later
-        (NOTE [Read by a later encode op])."""
+        (NOTE [Read by a later encode op] in solvers/encode_reads.py)."""
         p, mip = self.st.problem, self.mip
-        last_read = _last_forward_read(p)
+        last_read = last_forward_read(p)
         dies_after: dict[int, list[int]] = {}
         for x, k in last_read.items():
             dies_after.setdefault(k, []).append(x)
-        waiting = self._encode_reads(last_read)
+        waiting = encode_reads(p, mip, self.S[0], self.E, last_read)
         alive = 0  # bytes of tensors made earlier and read at or after this step
         prev = None
         kept = self.S[0]
@@ -152,39 +153,6 @@ class Program:
             prev = var
             alive += out
             alive -= sum(p.tensors[x].bytes for x in dies_after.get(k, []))
-
-    # NOTE [Read by a later encode op]
-    #   An encode op runs only where its variant is chosen, and may read a tensor past that
-    #   tensor's last plain forward read (an op's mask made after the op's output was last
-    #   read). Then the tensor lives on to the encode op, and every forward step between holds
-    #   it, unless it is kept (then P counts it). At each such step the row counts its bytes
-    #   times w >= E[v] - S[0][x] for every chosen encode op at or after the step; w is E[v]
-    #   itself where one encode op waits on an unkept tensor. Counting it only at the encode
-    #   op's own step, an earlier encode op's workspace met it uncounted: the schedule the
-    #   program found peaked at 111 B over a budget of 80 B (an internal SolverError of
-    #   "milp" and "auto", solvers fuzzing, 2026-12-02).
-    def _encode_reads(self, last_read: dict[int, int]) -> dict[int, list[tuple[int, float]]]:
-        """Per forward step, the terms of tensors waiting there for a chosen encode op."""
-        p, mip, kept = self.st.problem, self.mip, self.S[0]
-        pos = {i: k for k, i in enumerate(p.forward_ops)}
-        readers: dict[int, list[tuple[int, int]]] = {}  # x -> (step, E) of late encode reads
-        for i, v in p.encode_ops.items():
-            for x in set(p.ops[i].inputs):
-                if p.tensors[x].producer != NO_PRODUCER and last_read[x] < pos[i]:
-                    readers.setdefault(x, []).append((pos[i], self.E[v]))
-        terms: dict[int, list[tuple[int, float]]] = {}
-        for x, reads in readers.items():
-            for k in range(last_read[x] + 1, max(step for step, _ in reads) + 1):
-                later = [e for step, e in reads if step >= k]
-                if len(later) == 1 and x not in kept:
-                    w = later[0]
-                else:
-                    w = mip.var(0.0, 1.0, integer=False)
-                    for e in later:
-                        mip.row([(w, 1.0), (e, -1.0)] + ([(kept[x], 1.0)] if x in kept else []),
-                                lo=0.0)
-                terms.setdefault(k, []).append((w, self._size(x)))
-        return terms
 
     # NOTE [One copy held on]
     #   A recomputed y held on into the next stage is counted once. After its last reader in
@@ -373,21 +341,6 @@ class Program:
                 if self.budget_var in r_idx:
                     need = max(need, sum(c * vals[k] for k, c in zip(r_idx, r_val)) - hi)
             vals[self.budget_var] = need
-
-
-def _last_forward_read(p: Problem) -> dict[int, int]:
-    """Forward step after which each forward tensor is freed if it is not kept (reads by
-    variants' encode ops not counted: the forward rows add those where chosen)."""
-    pos = {i: k for k, i in enumerate(p.forward_ops)}
-    last = {x: pos[p.tensors[x].producer] for x in p.forward_tensors}
-    for i in p.forward_ops:
-        if i in p.encode_ops:
-            continue
-        for x in p.ops[i].inputs:
-            last[x] = max(last[x], pos[i])
-    for x in p.forward_outputs:
-        last[x] = len(p.forward_ops) - 1
-    return last
 
 
 def _backward_constants(p: Problem) -> list[tuple[float, float]]:
