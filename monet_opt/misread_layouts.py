@@ -66,7 +66,9 @@ class Layouts:
         raise CaptureError(
             f"monet_opt.optimize: {made}, so {node.target}, traced for the tracer's layout, "
             f"cannot run on a tensor made from it (strides {tuple(real.stride())}: {exc}). "
-            "torch.compile(backend='aot_eager') fails alike. Make that op's inputs contiguous "
+            "Where torch's tracer misreads the op (GroupNorm on channels-last, copysign, "
+            "xlogy, complex angle), torch.compile(backend='aot_eager') fails alike; where that "
+            "runs the model, please report it. Make that op's inputs contiguous "
             "before it (`x.contiguous()` before a GroupNorm of a channels-last model; a "
             ".contiguous() after the op is no help: the tracer takes its output for contiguous "
             "already)" + (f"; the op: {' '.join(w.strip() for w in where)}" if where else "") +
