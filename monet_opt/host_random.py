@@ -180,8 +180,8 @@ def refuse_generators(gm: torch.fx.GraphModule) -> None:
         return
     from monet_opt.recompute import held_generators
     held = _watch["torch_held"]
-    known = [g for g, _ in held.values()] + [torch.default_generator] + (
-        list(torch.cuda.default_generators) if torch.cuda.is_available() else [])
+    known = [g for g, _ in held.values()] + [torch.default_generator] + (  # not starting CUDA
+        list(torch.cuda.default_generators) if torch.cuda.is_initialized() else [])
     with unset_fake_temporarily():  # the partition runs inside the trace
         set_ = [name for name, (g, state) in held.items()
                 if not torch.equal(g.get_state(), state)]
@@ -205,6 +205,8 @@ def _unknown(found: list[torch.Generator], known: list[torch.Generator]
     """The generators of `found` that are none of `known`. A graph holds its own Python object
     for a generator, so each known one is seeded apart for a moment, and its state put back
     as it was (its initial seed with it)."""
+    if not found:
+        return []
     saved = [(g, g.get_state()) for g in known]
     try:
         for n, g in enumerate(known):
