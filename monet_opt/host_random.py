@@ -57,11 +57,13 @@ def _state(rng: Any) -> Any:
     return repr(rng.get_state(legacy=False))  # numpy.random.RandomState
 
 
-def _held(model: torch.nn.Module) -> dict[str, Any]:
-    """Python and NumPy generators the model's modules hold as attributes, by name."""
+def _held(model: torch.nn.Module, kinds: tuple[type, ...] | None = None) -> dict[str, Any]:
+    """The generators of `kinds` (default: Python's and NumPy's) the model's modules hold as
+    attributes, by name."""
     np = _numpy()
-    kinds = (random.Random,) if np is None else \
-        (random.Random, np.random.RandomState, np.random.Generator)
+    if kinds is None:
+        kinds = (random.Random,) if np is None else \
+            (random.Random, np.random.RandomState, np.random.Generator)
     return {f"model.{name}.{attr}" if name else f"model.{attr}": value
             for name, module in model.named_modules()
             for attr, value in vars(module).items() if isinstance(value, kinds)}
@@ -123,7 +125,8 @@ def watching(model: torch.nn.Module):
     outer = dict(_watch)
     _watch.update(model=type(model).__name__, rngs=rngs, lines={}, reseeds={},
                   states={name: _state(rng) for name, rng in rngs.items()},
-                  torch_held={name: (g, g.get_state()) for name, g in _held_torch(model)})
+                  torch_held={name: (g, g.get_state()) for name, g in _held(
+                      model, (torch.Generator,)).items()})
     try:
         yield
     finally:
@@ -218,12 +221,6 @@ def _unknown(found: list[torch.Generator], known: list[torch.Generator]
 
 
 _MARK = 0x6D6F6E6574 << 16  # seeds that mark the known generators, one each
-
-
-def _held_torch(model: torch.nn.Module) -> list[tuple[str, torch.Generator]]:
-    return [(f"model.{name}.{attr}" if name else f"model.{attr}", value)
-            for name, module in model.named_modules()
-            for attr, value in vars(module).items() if isinstance(value, torch.Generator)]
 
 
 def drawn_hint() -> str:
