@@ -27,6 +27,10 @@ import sys
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils import checkpoint
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
+from torch.utils.checkpoint import CheckpointPolicy
+
+from monet_opt.errors import CaptureError
 
 
 @contextlib.contextmanager
@@ -68,8 +72,8 @@ def _call(function, preserve_rng_state: bool, *args):
 #   the first's result with the same batch statistics, as eager's recomputation does, so the
 #   buffers are eager's bitwise (tests/test_reentrant.py). Those statistics are then updated
 #   functionally (they are read twice: NOTE [Statistics updated in place] does not apply).
-#   A selective checkpoint whose policy saves the BatchNorm's outputs does not run it again in
-#   eager; its statistics here still are updated twice (not handled).
+#   A selective checkpoint (NOTE [Selective checkpoints' BatchNorms]) runs again only what its
+#   policy does not save.
 _CHECKPOINTS = {checkpoint._checkpoint_impl.__code__, _call.__code__} \
     if hasattr(checkpoint, "_checkpoint_impl") else {_call.__code__}
 
@@ -80,8 +84,49 @@ def _twice(module: _BatchNorm, norm, input: torch.Tensor, *args, **kwargs):
             input.requires_grad or (weight is not None and weight.requires_grad)) and \
             _in_checkpoint():
         with torch.no_grad():
-            norm(module, input.detach(), *args, **kwargs)
+            if _runs_again(module, input):
+                norm(module, input.detach(), *args, **kwargs)
+            elif module.num_batches_tracked is not None:
+                module.num_batches_tracked.add_(1)
     return norm(module, input, *args, **kwargs)
+
+
+# NOTE [Selective checkpoints' BatchNorms]
+#   Eager's backward runs a selective checkpoint's block again op by op, and an op its policy
+#   saves (MUST_SAVE, PREFER_SAVE, True) is not run but read from what the forward kept: a
+#   policy that saves the BatchNorm's op updates the running statistics once a step. Its
+#   `num_batches_tracked.add_(1)` runs again all the same (a policy saving add_ fails in eager:
+#   "Tensor cached during selective activation checkpoint has been mutated"). So the policy is
+#   asked about the batch norm of the backend torch picks for these tensors (native_batch_norm
+#   on CPU, cudnn_batch_norm or miopen_batch_norm on GPUs; the trace runs another op), with no
+#   op_output (the trace has not run eager's op), and the second update makes the statistics
+#   and the count again, or the count alone. Before, a policy saving the BatchNorm's op trained
+#   with running statistics 0.0088 from eager's in two steps (tests/test_reentrant.py).
+_SAVED = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE, True)
+
+
+def _runs_again(module: _BatchNorm, input: torch.Tensor) -> bool:
+    """Whether eager's recomputation of the checkpoint runs this BatchNorm's op again."""
+    policy = next((getattr(mode, "policy_fn", None) for mode in _mode_stack()
+                   if type(mode).__name__ == "_CachingTorchDispatchMode"), None)
+    if policy is None:  # a plain checkpoint runs the whole block again
+        return True
+    stats = (input, module.weight, module.bias, module.running_mean, module.running_var)
+    backend = torch._C._select_batch_norm_backend(*stats, True, module.eps)
+    aten = torch.ops.aten
+    op = {torch._C._BatchNormBackend.Cudnn: aten.cudnn_batch_norm.default,
+          torch._C._BatchNormBackend.Miopen: aten.miopen_batch_norm.default}.get(
+              backend, aten.native_batch_norm.default)
+    momentum = 0.0 if module.momentum is None else module.momentum
+    try:
+        return policy(checkpoint.SelectiveCheckpointContext(is_recompute=False), op, *stats,
+                      True, momentum, module.eps) not in _SAVED
+    except Exception as error:
+        raise CaptureError(
+            f"the selective checkpoint's policy failed when asked whether it saves the "
+            f"BatchNorm's {op} (asked with no op_output, which the trace cannot give): "
+            f"{type(error).__name__}: {error}. Make the policy work without ctx.op_output "
+            f"for batch norms, or checkpoint the block without a context_fn.") from error
 
 
 def _in_checkpoint() -> bool:
