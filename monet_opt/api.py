@@ -12,7 +12,8 @@ from torch import nn
 
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
                        grouped_attention, grouped_math, host_random, late_grads, output_bytes,
-                       progress, recompute, rewrite, saved_clones, stats_in_place, updated_buffers)
+                       outside_grads, progress, recompute, rewrite, saved_clones, stats_in_place,
+                       updated_buffers)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -27,7 +28,8 @@ from monet_opt.errors import (InfeasibleBudgetError, NoBackwardError, check_back
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
 from monet_opt.merged_inputs import refuse_merged
-from monet_opt.memory import cuda_slack, held_beyond, shared_bytes, sparse_bytes, storage_groups
+from monet_opt.memory import (held_beyond, shared_bytes, sparse_bytes, storage_groups,
+                              with_cuda_slack)
 from monet_opt.lower_variants import attach_variants, matching, with_costs
 from monet_opt.module import OptimizedModule, Step, for_model
 from monet_opt.plan import Plan, least_held, limit_bytes, make_plan
@@ -290,9 +292,11 @@ class _Planner:
                 self.profile = self._cached_profile(joint, lowered, measure)
                 problem = self.profile.problem
             # NOTEs [Inputs that share a storage], [Sparse inputs], [Buffers the step updates],
-            # [The step's generator states] in monet_opt/recompute.py
+            # [The step's generator states] in monet_opt/recompute.py, [Gradients made outside
+            # the step]
             extra = lowered.snapshot_bytes + sparse_bytes(self.primals) - shared_bytes(self.primals)
-            extra += recompute.state_bytes(joint, lowered) + self.storage_extra
+            extra += recompute.state_bytes(joint, lowered) + self.storage_extra + \
+                outside_grads.outside_bytes(joint, num_fwd_outputs, self.primals, self.resident)
             if extra:
                 problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + extra)
             held = held + returned if self.outputs_held else held
@@ -390,11 +394,5 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
                           RuntimeWarning, stacklevel=2)
         problem = problem.only_variants({v for v, ok in enumerate(exact) if ok})
     problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + loss_bytes(joint))
-    if primals and primals[0].device.type == "cuda":  # NOTE [CUDA blocks]
-        store_all = solvers.simulate(problem, solvers.schedule_from_kept(
-            problem, problem.saved_for_backward))
-        largest = max((t.bytes for t in problem.tensors), default=0)
-        problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes
-                                      + cuda_slack(store_all.peak_bytes, largest))
-    return problem
+    return with_cuda_slack(problem, primals)  # NOTE [CUDA blocks]
 

@@ -2,6 +2,7 @@
 caching allocator's max_memory_allocated."""
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any, Callable, Iterable, Sequence
 
@@ -12,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from monet_opt.errors import CaptureError
+import solvers
 
 
 class LiveBytes(TorchDispatchMode):
@@ -267,6 +269,17 @@ def cuda_slack(store_all_peak_bytes: int, largest_tensor_bytes: int) -> int:
     """What a CUDA plan reserves for the allocator's whole blocks (NOTE [CUDA blocks])."""
     whole = CUDA_LARGE if largest_tensor_bytes > CUDA_LARGE else 0
     return whole + store_all_peak_bytes // 500
+
+
+def with_cuda_slack(problem: solvers.Problem, primals: Sequence[torch.Tensor]) -> solvers.Problem:
+    """`problem` with `cuda_slack` in its fixed memory where the step runs on CUDA."""
+    if not primals or primals[0].device.type != "cuda":
+        return problem
+    store_all = solvers.simulate(problem, solvers.schedule_from_kept(
+        problem, problem.saved_for_backward))
+    largest = max((t.bytes for t in problem.tensors), default=0)
+    return dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes
+                               + cuda_slack(store_all.peak_bytes, largest))
 
 
 def allocated_bytes(nbytes: int, device: torch.device) -> int:

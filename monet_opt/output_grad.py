@@ -40,9 +40,12 @@ class OutputGradientWarning(RuntimeWarning):
 
 def watch(outputs: list[torch.Tensor], predicted_peak_bytes: int) -> None:
     """Hook every output tensor that requires a gradient (the step's output tensors, before the
-    user's loss sees them)."""
+    user's loss sees them), but a leaf: a parameter or an input returned as it is, whose
+    gradient goes to its .grad, not through the step, and which outlives the step (a hook on it
+    stayed: a parameter returned every step gathered one a step, 3,001 after 3,000 steps, each
+    run by every backward, the step 0.75 -> 7.2 ms)."""
     for out in outputs:
-        if out.requires_grad:
+        if out.requires_grad and not out.is_leaf:
             out.register_hook(_hook(predicted_peak_bytes))
 
 
