@@ -108,7 +108,11 @@ def _param(k: int, slots: GradientSlots | None) -> torch.Tensor | None:
 
 def _engine_accumulates(param: torch.Tensor) -> bool:
     """Whether this backward runs the parameter's AccumulateGrad. Under torch.autograd.grad
-    the engine refuses to say for a leaf; it accumulates nothing there."""
+    the engine refuses to say for a leaf; it accumulates nothing there. A parameter frozen
+    after the forward (requires_grad_(False) before the backward) gets no gradient in eager
+    (its AccumulateGrad returns at once), and has no gradient edge to ask about."""
+    if not param.requires_grad:
+        return False
     node = torch.autograd.graph.get_gradient_edge(param).node
     try:
         return bool(torch._C._will_engine_execute_node(node))

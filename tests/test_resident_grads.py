@@ -243,3 +243,23 @@ def test_a_deep_copy_adds_into_its_own_parameters(tmp_path):
             (a(x).square().sum() + b(x).square().sum()).backward()
     for e, o in zip(_grads(eager) + _grads(eager_twin), _grads(opt) + _grads(twin)):
         assert torch.equal(e, o)
+
+
+def test_a_parameter_frozen_before_the_backward_keeps_its_gradient(tmp_path):
+    """Gradients in place, a parameter frozen between the forward and the backward: eager's
+    AccumulateGrad leaves its gradient as it was; the step raised ("It is not possible to get
+    the gradient edge for a Tensor that does not require gradients")."""
+    base, x1, _ = _three_linears()
+    done = []
+    for optimized in (False, True):
+        model = copy.deepcopy(base)
+        module = monet_opt.optimize(model, x1, HUGE, profile_dir=tmp_path) if optimized \
+            else model
+        module(x1).sum().backward()
+        frozen = next(model.parameters())
+        out = module(x1)
+        frozen.requires_grad_(False)
+        out.sum().backward()
+        done.append(_grads(model))
+    for eager, ours in zip(*done):
+        assert torch.equal(eager, ours)
