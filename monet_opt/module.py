@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from monet_opt import output_grad
 from monet_opt.attributes import TRAINING, Watched
+from monet_opt.forwarded import ToModel
 from monet_opt.capture import autocast_state
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.input_spec import InputSpec, LeafSpec, constants_of
@@ -107,7 +108,7 @@ from monet_opt.walk import Walk
 _TRACED = (FakeTensor, FunctionalTensor)
 
 
-class OptimizedModule(nn.Module):
+class OptimizedModule(ToModel):
     """Runs `model`'s training step under a memory plan.
 
     It holds `model` as its only child, so it shares every parameter and buffer: optimizers,
@@ -117,7 +118,8 @@ class OptimizedModule(nn.Module):
     simply calls the model (nothing is kept for a backward, so there is nothing to plan).
     `plan` is the sample input's plan; `plans` has one per input shape met so far, per amount of
     gradients resident at a step's start (NOTE [New input shapes]) and per set of parameters
-    that train.
+    that train. Its other attributes are the model's (NOTE [The model's attributes through the
+    optimized module] in monet_opt/forwarded.py).
     """
 
     def __init__(self, model: nn.Module, first: Step, training_flags: tuple[bool, ...],
@@ -149,6 +151,7 @@ class OptimizedModule(nn.Module):
         self._training_flags = training_flags
         self._autocast = autocast
         self._fresh()  # steps in flight, outputs held (NOTE [Outputs held through the backward])
+        self.ready()
 
     @property
     def plans(self) -> Mapping[str, Plan]:
@@ -311,18 +314,6 @@ class OptimizedModule(nn.Module):
             "after loading, call monet_opt.optimize() again: with its profile directory (the "
             "default) it neither profiles nor solves again.")
 
-    def __getattr__(self, name: str) -> Any:
-        """Past its own, the model's attributes (as torch.compile's module has them): opt.fc,
-        and functional_call(opt, opt.state_dict(), x), whose "0.weight" raised a bare
-        AttributeError (NOTE [The model's own keys])."""
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            model = self.__dict__.get("_modules", {}).get("model")
-            if model is None:
-                raise
-            return getattr(model, name)
-
     def __copy__(self) -> OptimizedModule:
         twin = type(self).__new__(type(self))
         twin.__dict__.update(self.__dict__)
@@ -342,6 +333,7 @@ class OptimizedModule(nn.Module):
         self._held = HeldOutputs()
         self._walk = Walk()
         self._watched_list: list[nn.Module] | None = None  # those _watched_now is for
+        self._watched_now = None
         return self
 
     # NOTE [The model's own keys]

@@ -199,3 +199,36 @@ def test_the_models_own_names_reach_through():
     assert all(torch.equal(a, b) for a, b in zip(*grads))
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         opt.nothing_here
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.act = torch.nn.Linear(8, 32), torch.nn.Linear(32, 4), torch.nn.ReLU()
+        self.scale, self._hooks = 1.0, ["the model's own"]
+
+    def forward(self, x):
+        return self.b(self.act(self.a(x)) * self.scale)
+
+
+def test_attributes_set_on_the_module_are_the_models():
+    """NOTE [The model's attributes through the optimized module]: `opt.scale = 2.0; opt.act =
+    nn.Tanh()` stayed on the wrapper (read back 2.0) while the step ran the model's 1.0 and ReLU,
+    1.17 from eager's, and the Tanh became the wrapper's child. Now they are set
+    on the model, planned for, and the step is eager's; the wrapper's own state stays its own
+    though the model has an attribute of that name."""
+    torch.manual_seed(0)
+    model, x = _Scaled(), torch.randn(16, 8)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    assert model._hooks == ["the model's own"] and opt._hooks != model._hooks
+    for module in (opt, eager):
+        module.scale, module.act = 2.0, torch.nn.Tanh()
+        module.extra = 3
+    assert model.scale == 2.0 and isinstance(model.act, torch.nn.Tanh) and model.extra == 3
+    assert [n for n, _ in opt.named_children()] == ["model"]
+    with pytest.warns(ReplanWarning):
+        out = opt(x)
+    assert torch.equal(out, eager(x))
+    del opt.extra
+    assert not hasattr(model, "extra")
