@@ -10,7 +10,7 @@ from monet_opt.in_flight import StepsInFlightWarning
 from monet_opt.batch_size import BatchFit, largest_batch
 from monet_opt.memory import LiveBytes, measure_peak, resident_tensors
 from monet_opt.module import OptimizedModule, ReplanWarning
-from monet_opt.output_grad import OutputGradientWarning, WithLoss
+from monet_opt.output_grad import OutputGradientWarning, TransformWarning, WithLoss
 from monet_opt.plan import Plan
 from monet_opt.units import Share, format_bytes, parse_memory_limit
 
@@ -18,6 +18,7 @@ __all__ = ["BatchFit", "CaptureError", "DoubleBackwardError", "HookWarning",
            "InfeasibleBudgetError", "LiveBytes", "MonetError", "NoBackwardError",
            "OptimizedModule", "OutputGradientWarning", "OutputsHeldWarning", "Plan",
            "PlanMismatchError", "ReplanWarning", "Share", "SideEffectWarning",
-           "StepsInFlightWarning", "UnsupportedGraphError", "WithLoss", "format_bytes",
+           "StepsInFlightWarning", "TransformWarning", "UnsupportedGraphError", "WithLoss",
+           "format_bytes",
            "largest_batch", "lower_problem", "measure_peak", "optimize", "parse_memory_limit",
            "resident_tensors"]

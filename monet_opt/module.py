@@ -176,7 +176,8 @@ class OptimizedModule(ToModel):
         modules, params, buffers = self._walk(self.model)
         mine = list(params.values())
         leaves, treedef = pytree.tree_flatten((args, kwargs))
-        if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)):
+        if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)) or \
+                output_grad.transformed():  # NOTE [torch.func transforms]
             return self.model(*args, **kwargs)  # NOTE [Optimized inside optimized]
         flags = tuple(map(TRAINING, modules))
         if flags != self._training_flags and not self.training:

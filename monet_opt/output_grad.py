@@ -18,6 +18,15 @@ NOTE [Double backward]
   support double backward", naming a tool the user never called. The same hook sees the
   gradient arrive with grad mode on (which create_graph=True sets) and raises
   DoubleBackwardError saying what to do instead, before the step's backward runs.
+
+NOTE [torch.func transforms]
+  Under torch.func's transforms (grad, vmap: per-sample gradients as vmap(grad(functional_call(
+  opt, params, x)))) the step's tensors are functorch's wrappers, which its compiled graphs
+  cannot run: they stopped in torch ("Cannot access storage of TensorWrapper", "... of
+  BatchedTensorImpl"), naming neither monet_opt nor what to do. A forward called inside a
+  transform runs the model as it is, as eager does, with a TransformWarning
+  saying that it is not planned; a backward handed batched gradients (autograd.grad(...,
+  is_grads_batched=True)) raises DoubleBackwardError's kin, saying to take it through the model.
 """
 from __future__ import annotations
 
@@ -49,8 +58,33 @@ def watch(outputs: list[torch.Tensor], predicted_peak_bytes: int) -> None:
             out.register_hook(_hook(predicted_peak_bytes))
 
 
+class TransformWarning(RuntimeWarning):
+    """A torch.func transform ran the model unplanned (NOTE [torch.func transforms])."""
+
+
+def transformed() -> bool:
+    """Whether a torch.func transform is running (NOTE [torch.func transforms]); if so, says
+    that the step runs the model as it is."""
+    if torch._C._functorch.maybe_current_level() is None:
+        return False
+    warnings.warn(TransformWarning(
+        "monet_opt: the optimized module was called under a torch.func transform (grad, vmap, "
+        "jacrev, ...), whose tensors its planned step cannot run: it runs the model as it is "
+        "(eager, no memory plan). NOTE [torch.func transforms] in monet_opt/output_grad.py."),
+        stacklevel=user_stacklevel())
+    return True
+
+
 def _hook(peak: int):
     def check(grad: torch.Tensor | None) -> None:  # None: an output the loss did not read
+        if grad is not None and (torch._C._functorch.is_functorch_wrapped_tensor(grad) or
+                                 torch._C._functorch.is_legacy_batchedtensor(grad)):
+            raise DoubleBackwardError(
+                "monet_opt: a batched backward (torch.autograd.grad(..., is_grads_batched=True), "
+                "or a torch.func transform over it) reached the optimized step, whose compiled "
+                "backward cannot run on batched gradients. Take that backward through the "
+                "model itself (opt.model(x): eager, no plan). NOTE [torch.func transforms] "
+                "in monet_opt/output_grad.py.")
         if torch.is_grad_enabled():  # NOTE [Double backward]
             raise DoubleBackwardError(
                 "monet_opt: a backward with create_graph=True (a gradient penalty, second-order "

@@ -1,0 +1,44 @@
+"""NOTE [torch.func transforms] in monet_opt/output_grad.py: under grad and vmap the optimized
+module runs its model as it is, saying so; a batched backward is refused saying what to do."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.func import functional_call, grad, vmap
+
+import monet_opt
+from tests.models import mlp, small_cnn
+
+
+def test_per_sample_gradients_run_the_model_as_it_is():
+    """vmap(grad(functional_call(opt, ...))) stopped in torch ("Cannot access storage of
+    TensorWrapper"); now it gives the model's per-sample gradients, with a TransformWarning."""
+    torch.manual_seed(0)
+    model, x, _ = mlp()
+    opt = monet_opt.optimize(copy.deepcopy(model), x, 1 << 40, profile_dir=None,
+                             profile_repeats=1)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def per_sample(module):
+        loss = lambda p, one: functional_call(module, p, (one[None],)).square().sum()  # noqa: E731
+        torch.manual_seed(1)
+        return vmap(grad(loss), in_dims=(None, 0), randomness="same")(params, x)
+
+    with pytest.warns(monet_opt.TransformWarning, match="torch.func transform"):
+        ours = per_sample(opt)
+    eager = per_sample(model)
+    assert all(torch.equal(ours[k], eager[k]) for k in eager)
+
+
+def test_a_batched_backward_says_what_to_do():
+    """autograd.grad(..., is_grads_batched=True) stopped in torch ("Cannot access storage of
+    BatchedTensorImpl")."""
+    torch.manual_seed(0)
+    model, x, _ = small_cnn()
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    out = opt(x).flatten(1)[:, :2]
+    seeds = torch.eye(2)[:, None].expand(2, *out.shape)
+    with pytest.raises(monet_opt.DoubleBackwardError, match="opt.model"):
+        torch.autograd.grad(out, next(model.parameters()), seeds, is_grads_batched=True)
