@@ -172,16 +172,18 @@ def profile_model(model: nn.Module, sample_input: Any, *,
                   variants: bool | Collection[str] = True, allow_lossy: bool = False,
                   profile_time_limit_s: float | None = None) -> tuple[Profile | None, Plan]:
     """Trace and profile one training step of `model` (or read its profile from `profile_dir`,
-    storing it there if new) without solving for any limit: the profile (None without a
-    profile directory) and the store-all plan, whose fixed, gradient and store-all bytes say
-    which limits make sense. Options as optimize()'s. Leaves the model's state as it was."""
+    storing it there if new) without solving for any limit: the profile with the problem
+    optimize() solves (None without a profile directory) and the store-all plan, whose fixed,
+    gradient and store-all bytes say which limits make sense. Options as optimize()'s. Leaves
+    the model's state as it was."""
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
     planner = _Planner(None, "store_all", profile_repeats, type(model).__name__, 1.0,
                        cache=cache, variants=variants, allow_lossy=allow_lossy,
                        profile_time_limit_s=profile_time_limit_s)
     _trace(model, *capture.InputSpec.split(sample_input), planner)
     internal_assert(planner.plan is not None, "the partition function was never called")
-    return planner.profile, planner.plan
+    # NOTE [Problems as planned] in monet_opt/cache.py: the problem optimize() solves
+    return planner.profile and derived(planner.profile, planner.problem), planner.plan
 
 
 def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):

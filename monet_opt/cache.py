@@ -15,6 +15,18 @@ in solvers/remembered.py), so a least budget once reported is met on any later c
 derived from the profile's (`derived`: a step with gradients in place) has its schedules in the
 same folder, keyed by its own content as every schedule is, and its own least-peak file.
 
+NOTE [Problems as planned]
+  optimize() solves the profile's problem with what the step holds beyond the measured ops
+  counted as fixed memory (CPU generator states, tensors kept on modules, buffer copies, a
+  loss held: api._Planner.partition), so for many models (any with dropout on CPU) the problem
+  it solves is derived from the profile's. `monet-opt precompute` solved the profile's own
+  problem: its schedules were never met by optimize(), which profiled nothing but solved
+  again, and the peaks it printed were under the step's (a limit it called feasible was
+  refused by optimize(), 5,056 B short: one generator state). It now solves the problem
+  optimize() plans (api.profile_model returns it), and a derived problem solved is written
+  beside its schedules (problem-<digest[:12]>.json), so `list` and `explain` show the
+  schedules optimize() uses, with that problem's store-all peak.
+
 NOTE [Cache files are untrusted]
   Every file is checked before use: that it is JSON, of our kind and schema version; that its
   content is what was written (a SHA-256 of it is written with it: a time, a fixed size or a
@@ -38,26 +50,22 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import solvers
 from monet_opt.cache_checks import Unusable, check_key, check_result, check_structure, simulated
+from monet_opt.cache_files import (SCHEMA_VERSION, ProfileCacheWarning, _load, _schedule_profile,
+                                   _stat, _write)
 from monet_opt.cache_keys import ProfileKey, ScheduleKey, library_version
 from monet_opt.lower import Lowered
 from solvers import Problem, Schedule, SolveResult, Status
 from solvers.remembered import with_known
 
-SCHEMA_VERSION = 2  # 2: each file holds the SHA-256 of its content
 PROFILE_KIND, SCHEDULE_KIND = "monet_opt.profile", "monet_opt.schedule"
-FLOOR_KIND = "monet_opt.least_peak"
-
-
-class ProfileCacheWarning(UserWarning):
-    """A file in the profile directory was unusable; it is rebuilt."""
+FLOOR_KIND, PROBLEM_KIND = "monet_opt.least_peak", "monet_opt.problem"
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,9 @@ class ProfileCache:
         _write(path, {"kind": PROFILE_KIND, "schema_version": SCHEMA_VERSION,
                       "key": key.to_dict(), "name": name, "op_labels": list(profile.op_labels),
                       "problem": json.loads(profile.problem.to_json())})
+        for stale in folder.glob("problem-*.json"):  # made from an older measurement
+            with contextlib.suppress(OSError):
+                stale.unlink()
         for stale in [*folder.glob("schedule-*.json"), *folder.glob("least-peak-*.json")]:
             # made on an older measurement
             if _schedule_profile(stale) != profile.content_sha256:
@@ -149,6 +160,10 @@ class ProfileCache:
         otherwise next time). known: schedules of the problem found elsewhere (NOTE [Least
         peaks remembered] in solvers/remembered.py); candidates: more for "auto" beside those
         the directory holds (NOTE [Plans for other shapes])."""
+        if limit_bytes >= 2 ** 64:  # more digits than a file name holds: not cached
+            return (solve or solvers.solve)(profile.problem, limit_bytes, solver,
+                                            time_limit_s=time_limit_s, known=known,
+                                            candidates=list(candidates))
         key = ScheduleKey(profile.content_sha256, limit_bytes, solver,
                           (("time_limit_s", float(time_limit_s)),), library_version())
         path = profile.folder / f"schedule-{limit_bytes}-{_safe(solver)}-{key.digest[:12]}.json"
@@ -164,6 +179,11 @@ class ProfileCache:
                 return with_known(profile.problem, limit_bytes,
                                   _read_schedule(path, profile, key).result, known)
         solve = solve or solvers.solve
+        if profile.derived:  # NOTE [Problems as planned]
+            problem_path = profile.folder / f"problem-{profile.content_sha256[:12]}.json"
+            if _stat(problem_path) is None:
+                _write(problem_path, {"kind": PROBLEM_KIND, "schema_version": SCHEMA_VERSION,
+                                      "problem": json.loads(profile.problem.to_json())})
         result = solve(profile.problem, limit_bytes, solver, time_limit_s=time_limit_s,
                        known=known, candidates=self._held(profile, solver) + list(candidates))
         if result.floor_schedule is not None and (floor is None or
@@ -199,6 +219,23 @@ class ProfileCache:
                 found.append(_read_profile(path, path.parent, None))
         return found
 
+    def planned(self, profile: Profile) -> list[Profile]:
+        """The problems made from `profile`'s that were solved (NOTE [Problems as planned]), as
+        derived profiles (unusable files are warned about)."""
+        found = []
+        for path in sorted(profile.folder.glob("problem-*.json")):
+            with _reported(path, "skipped"):
+                data = _load(path, PROBLEM_KIND)
+                try:
+                    made = derived(profile, Problem.from_dict(data["problem"]))
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    raise Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
+                if len(made.problem.ops) != len(profile.problem.ops) or \
+                        path.name != f"problem-{made.content_sha256[:12]}.json":
+                    raise Unusable("mismatched: not a problem made from this profile's")
+                found.append(made)
+        return found
+
     def schedules(self, profile: Profile) -> list[CachedSchedule]:
         """Every valid schedule of `profile`, by limit then solver (those of an older
         measurement of it are passed over)."""
@@ -228,65 +265,6 @@ def _reported(path: Path, then: str = "rebuilt"):
     except Unusable as why:
         warnings.warn(f"monet_opt profile directory: {path}: {why}; {then}.",
                       ProfileCacheWarning, stacklevel=4)
-
-
-def _load(path: Path, kind: str) -> dict[str, Any]:
-    """The JSON object in `path`, checked for kind and schema version."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise Unusable(f"cannot be read ({exc})") from exc
-    except UnicodeDecodeError as exc:
-        raise Unusable(f"corrupt: not UTF-8 text ({exc})") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        end = text.rstrip()
-        # our files end with their object's "}"; cut after a "-" or a "t", the error is at
-        # the last character, not past it
-        if exc.pos >= len(end) - 1 or exc.msg.startswith("Unterminated string") or \
-                not end.endswith("}"):
-            raise Unusable(f"truncated: the JSON ends early, at byte {len(text)}") from exc
-        raise Unusable(f"corrupt: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict) or data.get("kind") != kind:
-        found = data.get("kind") if isinstance(data, dict) else type(data).__name__
-        raise Unusable(f"not a {kind} file (kind {found!r})")
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise Unusable(f"schema version {data.get('schema_version')!r}, but this monet_opt "
-                        f"reads version {SCHEMA_VERSION}")
-    if data.get("sha256") != content_sha256(data):
-        raise Unusable("edited or damaged: its content is not what was written (its SHA-256 "
-                       "differs from the one written with it)")
-    return data
-
-
-def signed(data: dict[str, Any]) -> dict[str, Any]:
-    """`data` with the SHA-256 of its content, as a file of the directory is written."""
-    return {**data, "sha256": content_sha256(data)}
-
-
-def content_sha256(data: dict[str, Any]) -> str:
-    """The SHA-256 of `data` less its "sha256", written canonically (JSON's floats read back as
-    written, so a file read back hashes as it did when it was written)."""
-    body = {k: v for k, v in data.items() if k != "sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-                          ).hexdigest()
-
-
-def _schedule_profile(path: Path) -> str | None:
-    """The profile a schedule file was made on, or None if that cannot be read."""
-    try:
-        return json.loads(path.read_bytes())["key"]["profile_sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _stat(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _read_profile(path: Path, folder: Path, key: ProfileKey | None,
@@ -350,27 +328,3 @@ def _read_floor(path: Path, profile: Profile) -> tuple[int, Schedule]:
         raise Unusable(f"mismatched: it claims peak {peak} B; the simulator says "
                         f"{sim.peak_bytes} B")
     return peak, schedule
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    """Write `data` atomically (a temporary file in the same folder, then os.replace). A folder
-    that cannot be written is warned about; optimize() goes on without caching."""
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(signed(data), f)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        if not isinstance(exc, OSError):
-            raise
-        warnings.warn(f"monet_opt profile directory: cannot write {path} ({exc}); not cached.",
-                      ProfileCacheWarning, stacklevel=3)

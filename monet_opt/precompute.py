@@ -246,12 +246,13 @@ def _note(text: str) -> None:
 # ---- list and explain ------------------------------------------------------------------------
 
 def _read(root: Path) -> list[tuple[Profile, list[CachedSchedule]]]:
-    """Every valid profile under `root` and its schedules; unusable files are reported on
-    stderr, one line each."""
+    """Every valid profile under `root` and its schedules, each followed by the problems made
+    from it that optimize() or precompute solved and theirs (NOTE [Problems as planned] in
+    monet_opt/cache.py); unusable files are reported on stderr, one line each."""
     cache = ProfileCache(root)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ProfileCacheWarning)
-        found = [(p, cache.schedules(p)) for p in cache.profiles()]
+        found = [(q, cache.schedules(q)) for p in cache.profiles() for q in [p, *cache.planned(p)]]
     for w in caught:
         if issubclass(w.category, ProfileCacheWarning):
             print(f"monet-opt: warning: {w.message}", file=sys.stderr)
@@ -261,7 +262,7 @@ def _read(root: Path) -> list[tuple[Profile, list[CachedSchedule]]]:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    root = Path(args.profile_dir)
+    root = Path(args.profile_dir).expanduser()
     if not root.is_dir():
         print(f"no profile directory at {root}/ (monet-opt precompute MODULE:FACTORY "
               f"--profile-dir {root} makes one)")
@@ -271,13 +272,21 @@ def run_list(args: argparse.Namespace) -> int:
         print(f"{root}/ holds no usable profiles (monet-opt precompute MODULE:FACTORY "
               f"--profile-dir {root} adds some)")
         return 0
-    for profile, schedules in found:
-        key = profile.key
-        store_all = _store_all(profile)
-        print(f"{profile.folder.name}")
-        print(f"  model {profile.name}, inputs {key.inputs}, {len(profile.problem.ops)} ops; "
-              f"{key.device}; torch {key.torch_version}; options "
-              + ", ".join(f"{k}={v}" for k, v in key.options))
+    measured = None
+    for k, (profile, schedules) in enumerate(found):
+        key, store_all = profile.key, _store_all(profile)
+        if not profile.derived:
+            measured = profile
+            print(f"{profile.folder.name}")
+            print(f"  model {profile.name}, inputs {key.inputs}, {len(profile.problem.ops)} "
+                  f"ops; {key.device}; torch {key.torch_version}; options "
+                  + ", ".join(f"{k}={v}" for k, v in key.options))
+            if not schedules and k + 1 < len(found) and found[k + 1][0].derived:
+                continue  # its schedules are the planned problems'
+        else:
+            extra = profile.problem.fixed_bytes - measured.problem.fixed_bytes
+            print(f"  as optimize() plans the step ({extra:+,} B fixed: what it holds beyond the "
+                  "measured ops), problem " + profile.content_sha256[:12])
         print(f"  store-all: peak {format_bytes(store_all.peak_bytes)}, step "
               f"{store_all.time_s * 1e3:.2f} ms")
         if not schedules:
@@ -308,29 +317,32 @@ def _store_all(profile: Profile) -> solvers.Simulation:
 
 
 def find_profile(found: list[tuple[Profile, list[CachedSchedule]]], name: str,
-                 root: Path) -> tuple[Profile, list[CachedSchedule]]:
-    """The profile whose folder is `name`, or the only one it is a prefix of."""
+                 root: Path) -> list[tuple[Profile, CachedSchedule]]:
+    """The schedules of the profile whose folder is `name`, or of the only one it is a prefix
+    of (its planned problems' among them), each with its problem's profile."""
     exact = [f for f in found if f[0].folder.name == name]
     hits = exact or [f for f in found if f[0].folder.name.startswith(name)]
+    folders = sorted({p.folder.name for p, _ in hits})
     if not hits:
         raise UsageError(f"no profile {name!r} in {root}/; `monet-opt list --profile-dir "
                          f"{root}` shows the profiles there")
-    if len(hits) > 1:
-        names = ", ".join(p.folder.name for p, _ in hits)
-        raise UsageError(f"{name!r} matches {len(hits)} profiles in {root}/ ({names}); give "
-                         "more of the name")
-    return hits[0]
+    if len(folders) > 1:
+        raise UsageError(f"{name!r} matches {len(folders)} profiles in {root}/ "
+                         f"({', '.join(folders)}); give more of the name")
+    return [(p, s) for p, schedules in hits for s in schedules] or [(hits[0][0], None)]
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    root = Path(args.profile_dir)
-    profile, schedules = find_profile(_read(root) if root.is_dir() else [], args.profile, root)
-    mine = [s for s in schedules if s.key.solver == args.solver]
+    root = Path(args.profile_dir).expanduser()
+    entries = find_profile(_read(root) if root.is_dir() else [], args.profile, root)
+    profile = entries[0][0]
+    mine = [(p, s) for p, s in entries if s is not None and s.key.solver == args.solver]
     if args.limit is None:
+        others = _solvers([s for _, s in entries if s is not None])
         print(f"{profile.folder.name}: {len(mine)} cached {args.solver} schedule(s)"
-              + (":" if mine else f" (other solvers: {_solvers(schedules)})"))
-        for s in mine:
-            print("  " + _schedule_line(s, _store_all(profile).time_s))
+              + (":" if mine else f" (other solvers: {others})"))
+        for p, s in mine:
+            print("  " + _schedule_line(s, _store_all(p).time_s))
         print(f"monet-opt explain {profile.folder.name} LIMIT prints one (LIMIT as in the "
               "bytes column)")
         return 0
@@ -338,14 +350,14 @@ def run_explain(args: argparse.Namespace) -> int:
         limit = parse_memory_limit(args.limit)
     except ValueError as exc:
         raise UsageError(f"bad LIMIT {args.limit!r}: {exc}") from exc
-    at = sorted((s for s in mine if s.key.memory_limit_bytes == limit),
-                key=lambda s: (not s.result.feasible, s.result.objective_s or 0.0))
+    at = sorted(((p, s) for p, s in mine if s.key.memory_limit_bytes == limit),
+                key=lambda e: (not e[1].result.feasible, e[1].result.objective_s or 0.0))
     if not at:
-        cached = ", ".join(str(s.key.memory_limit_bytes) for s in mine) or "none"
+        cached = ", ".join(str(s.key.memory_limit_bytes) for _, s in mine) or "none"
         raise UsageError(f"no cached {args.solver} schedule at {format_bytes(limit)} ({limit} B) "
                          f"for {profile.folder.name} (cached limits in bytes: {cached}); "
                          f"precompute it: monet-opt precompute MODULE:FACTORY --limits {limit}")
-    result = at[0].result
+    planned, result = at[0][0], at[0][1].result
     if not result.feasible:
         raise UsageError(f"{format_bytes(limit)} ({limit} B) is infeasible for "
                          f"{profile.folder.name}: the least feasible peak is "
@@ -353,7 +365,7 @@ def run_explain(args: argparse.Namespace) -> int:
                          f"({result.min_feasible_bytes} B); explain a larger limit")
     print(f"{profile.folder.name}: {profile.name}, inputs {profile.key.inputs}, "
           f"{profile.key.device}")
-    print(make_plan(profile.problem, profile.op_labels, result, limit).explain())
+    print(make_plan(planned.problem, planned.op_labels, result, limit).explain())
     return 0
 
 

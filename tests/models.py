@@ -198,3 +198,9 @@ def tiny_mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
                          nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(),
                          nn.Linear(32, 4))
+
+
+def tiny_dropout_mlp() -> nn.Module:
+    """tiny_mlp with dropout: on CPU its step holds a generator state beyond the measured ops."""
+    return nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 64),
+                         nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 4))

@@ -15,7 +15,7 @@ from torch import nn
 
 import monet_opt
 import solvers
-from monet_opt import api, cache
+from monet_opt import api, cache, cache_files
 from monet_opt.cache import ProfileCache, ProfileCacheWarning
 from monet_opt.cache_keys import ProfileKey
 from monet_opt.lower import Lowered
@@ -161,7 +161,7 @@ def _edit(change, sign=True):
     def run(path: Path) -> None:
         data = json.loads(path.read_text())
         change(data)
-        path.write_text(json.dumps(cache.signed(data) if sign else data))
+        path.write_text(json.dumps(cache_files.signed(data) if sign else data))
     return run
 
 
@@ -212,6 +212,8 @@ def direct(calls):
 PROFILE_DAMAGE = {
     "truncated": (_truncate, "truncated"),
     "empty": (lambda p: p.write_text(""), "truncated"),
+    # a RecursionError out of json.loads, through optimize() and `monet-opt list`
+    "nested too deeply": (lambda p: p.write_text("[" * 100000 + "]" * 100000), "nested too"),
     "corrupt": (_garble, "corrupt"),
     "foreign version": (_edit(lambda d: d.update(schema_version=99)), "schema version 99"),
     "foreign kind": (_edit(lambda d: d.update(kind="something.else")), "not a monet_opt.profile"),
@@ -260,6 +262,7 @@ def _drop_backward_step(data):
 
 SCHEDULE_DAMAGE = {
     "truncated": (_truncate, "truncated"),
+    "nested too deeply": (lambda p: p.write_text("[" * 100000 + "]" * 100000), "nested too"),
     "foreign version": (_edit(lambda d: d.update(schema_version=0)), "schema version 0"),
     "fails the simulator": (_edit(_drop_backward_step), "fails the simulator"),
     "wrong peak": (_claim("peak_bytes", -8), "mismatched: it claims peak"),
@@ -309,7 +312,7 @@ def test_schedule_over_its_limit_is_refused(direct):
     tight, = Path("profiles").glob(f"*/schedule-{least}-*.json")
     data = json.loads(loose.read_text())
     data["key"]["memory_limit_bytes"] = least
-    tight.write_text(json.dumps(cache.signed(data)))
+    tight.write_text(json.dumps(cache_files.signed(data)))
     direct.take()
     with pytest.warns(ProfileCacheWarning, match=f"above its limit {least} B"):
         result = direct.solve(least)
@@ -357,3 +360,11 @@ def test_a_schedule_from_other_solver_code_is_solved_again(direct, monkeypatch):
     monkeypatch.setattr(cache, "library_version", lambda: "0.1.0+solvers.000000000000")
     direct.solve(25)
     assert direct.take() == (0, 1)
+
+
+def test_a_limit_too_long_for_a_file_name_is_solved_uncached(direct):
+    """optimize(model, x, 10**300) raised OSError "File name too long" with a profile
+    directory (the limit is in the schedule's file name)."""
+    result = direct.solve(10 ** 300)
+    assert result.feasible and direct.take() == (1, 1)
+    assert not list(Path("profiles").glob("*/schedule-*.json"))

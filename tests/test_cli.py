@@ -132,6 +132,33 @@ def test_precompute_channels_last_serves_a_channels_last_optimize(tmp_path, monk
     assert code == 2 and "needs an image batch" in err
 
 
+def test_precompute_solves_the_problem_optimize_plans(tmp_path, monkeypatch):
+    """NOTE [Problems as planned]: with dropout on CPU the step holds a generator state beyond
+    the measured ops; precompute solved the profile's own problem, so optimize() solved again
+    and precompute's peaks were under the step's. Now optimize() neither profiles nor solves,
+    its plan is the one precompute printed, and list and explain show it."""
+    factory, root = "tests.models:tiny_dropout_mlp", tmp_path / "profiles"
+    code, out, err = run_cli("precompute", factory, "--input-shape", "64x8", "--profile-dir",
+                             str(root), "--profile-repeats", "1", "--fractions", "0.9")
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if "90% of" in line).split()
+    limit, peak = int(row[2]), row[6] + " " + row[7]
+    solved = []
+    real_profile, real_solve = api.profile, solvers.solve
+    monkeypatch.setattr(api, "profile", lambda *a, **k: solved.append("profile") or
+                        real_profile(*a, **k))
+    monkeypatch.setattr(solvers, "solve", lambda *a, **k: solved.append("solve") or
+                        real_solve(*a, **k))
+    opt = monet_opt.optimize(models.tiny_dropout_mlp(), torch.randn(64, 8),
+                             "90% of activations", profile_repeats=1, profile_dir=root)
+    assert solved == [] and opt.plan.memory_limit_bytes == limit
+    assert monet_opt.format_bytes(opt.plan.predicted_peak_bytes) == peak
+    code, listed, _ = run_cli("list", "--profile-dir", str(root))
+    assert code == 0 and "as optimize() plans the step" in listed and str(limit) in listed
+    code, text, _ = run_cli("explain", "--profile-dir", str(root), "Sequential", str(limit))
+    assert code == 0 and f"predicted peak    {peak}" in text
+
+
 def test_list_shows_profiles_and_schedules(zoo):
     root, _ = zoo
     code, out, err = run_cli("list", "--profile-dir", str(root))
@@ -317,3 +344,15 @@ def test_disagreeing_samples_are_taken_again(monkeypatch):
     assert samples == [1.0, 20.0, 20.0, 1.0, 1.0, 1.0] and statistics.median(samples) == 1.0
     monkeypatch.setattr(profiler, "_call", scripted([1.0, 1.2, 1.4]))  # within SPREAD
     assert profiler._samples(None, (), {}, False, 3) == [1.0, 1.2, 1.4]
+
+
+def test_list_and_explain_read_a_profile_dir_under_home(zoo, monkeypatch):
+    """`--profile-dir ~/...` reached precompute and optimize() as the home's, but list said
+    "no profile directory at ~/pd/" and explain "no profile"."""
+    root, _ = zoo
+    monkeypatch.setenv("HOME", str(root.parent))
+    code, out, _ = run_cli("list", "--profile-dir", f"~/{root.name}")
+    assert code == 0 and out.count("Sequential-") == 2
+    folder = next(p.name for p in root.iterdir() if (p / "profile.json").exists())
+    code, _, err = run_cli("explain", "--profile-dir", f"~/{root.name}", folder)
+    assert code == 0, err

@@ -15,7 +15,7 @@ import torch
 
 import monet_opt
 import solvers
-from monet_opt import cache
+from monet_opt import cache, cache_files
 from monet_opt.cache import ProfileCacheWarning
 from solvers import Schedule, SolveResult, Status, joint, least, registry, simulate
 from solvers.remembered import fitting
@@ -102,7 +102,7 @@ def test_a_damaged_least_peak_file_is_reported_and_not_used(direct, monkeypatch,
     path, = Path("profiles").glob("*/least-peak-auto.json")
     data = json.loads(path.read_text())
     damage(data)
-    path.write_text(json.dumps(cache.signed(data)))
+    path.write_text(json.dumps(cache_files.signed(data)))
     monkeypatch.setattr(registry, "_auto", _cut_short(registry._auto))
     with pytest.warns(ProfileCacheWarning, match=re.escape(str(path)) + ".*" + reason):
         refused = direct.solve(least)
