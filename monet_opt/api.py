@@ -114,11 +114,11 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
         model = model.model
     capture.refuse_untraceable(model)  # before the warnings below, which it would follow
     limit = parse_limit(memory_limit)
-    check_arguments(solver, time_limit_s, profile_time_limit_s, new_shapes, profile_repeats,
-                    variants)
+    time_limit_s, profile_time_limit_s, profile_repeats = check_arguments(
+        solver, time_limit_s, profile_time_limit_s, new_shapes, profile_repeats, variants,
+        allow_lossy)
     cache = ProfileCache(profile_dir) if profile_dir is not None else None
     families = offered_families(variants, allow_lossy)  # checked before anything is traced
-
     replan = False
 
     def plan_step(model: nn.Module, args: tuple, kwargs: dict, resident: tuple[int, ...] = (),

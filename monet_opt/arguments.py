@@ -13,8 +13,11 @@ import solvers
 
 
 def check_arguments(solver: Any, time_limit_s: Any, profile_time_limit_s: Any,
-                    new_shapes: Any, profile_repeats: Any, variants: Any) -> None:
-    """ValueError or TypeError naming the first argument that is wrong."""
+                    new_shapes: Any, profile_repeats: Any, variants: Any,
+                    allow_lossy: Any = False) -> tuple[float, float | None, int]:
+    """ValueError or TypeError naming the first argument that is wrong; else time_limit_s,
+    profile_time_limit_s and profile_repeats as Python numbers (numpy's int64 failed writing
+    the profile's key, a Fraction printing the solve's progress)."""
     if solver not in solvers.available_solvers():
         raise ValueError(f"monet_opt.optimize: unknown solver {solver!r}; choose one of "
                          f"{solvers.available_solvers()}")
@@ -36,6 +39,11 @@ def check_arguments(solver: Any, time_limit_s: Any, profile_time_limit_s: Any,
             isinstance(name, str) for name in _iterable(variants))):
         raise TypeError("monet_opt.optimize: variants must be True, False or a collection of "
                         f"family names (['relu.bool_mask']), got {variants!r}")
+    if not isinstance(allow_lossy, bool):  # "False" turned the lossy variants on
+        raise TypeError(f"monet_opt.optimize: allow_lossy must be True or False, got "
+                        f"{allow_lossy!r}")
+    return float(time_limit_s), profile_time_limit_s and float(profile_time_limit_s), \
+        int(profile_repeats)
 
 
 def check_options(who: str, options: dict[str, Any], optimize: Callable) -> None:
@@ -49,7 +57,7 @@ def check_options(who: str, options: dict[str, Any], optimize: Callable) -> None
                         f"({', '.join(k for k in params if k not in own)})")
     check_arguments(*(options.get(k, params[k].default) for k in (
         "solver", "time_limit_s", "profile_time_limit_s", "new_shapes", "profile_repeats",
-        "variants")))
+        "variants", "allow_lossy")))
 
 
 def _number(value: Any) -> bool:

@@ -79,7 +79,8 @@ ESTIMATE_S = 5.0  # the DP's time on a batch's sizes alone, before it is tried
 
 
 def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
-                  memory_limit: int | str, *, start: int = 8, max_batch: int = 1 << 16,
+                  memory_limit: int | str, *, start: int | None = None,
+                  max_batch: int = 1 << 16,
                   max_tries: int = 12, **optimize_options: Any) -> BatchFit:
     """The largest batch size whose training step `optimize()` plans within `memory_limit`
     (NOTE [The largest batch]).
@@ -90,7 +91,8 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
             it (e.g. `lambda b: torch.randn(b, 3, 224, 224)`).
         memory_limit: bytes, or a size such as "16GiB" (not a share of a step: which batch's
             step would it be a share of?).
-        start: the first batch traced (NOTE [The largest batch]).
+        start: the first batch traced (NOTE [The largest batch]); by default 8, or max_batch
+            where that is smaller.
         max_batch: no larger batch is tried.
         max_tries: at most this many batches are tried (each a whole `optimize()`; batches
             only traced for their size bounds, at most SIZED_TRIES, are not counted).
@@ -108,6 +110,13 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
         raise ValueError(f"monet_opt.largest_batch: memory_limit {str(memory_limit)!r} is a "
                          "share of one step, but the step changes with the batch: give bytes or "
                          "a size such as '16GiB'")
+    if start is None and isinstance(max_batch, int):
+        start = min(8, max_batch)  # max_batch=5 alone was refused: "got start=8"
+    if not all(isinstance(n, int) and not isinstance(n, bool)
+               for n in (start, max_batch, max_tries)):  # make_input(2.5) failed in the user's
+        raise TypeError(f"monet_opt.largest_batch: start, max_batch and max_tries must be ints, "
+                        f"got start={start!r}, max_batch={max_batch!r}, "
+                        f"max_tries={max_tries!r}")
     if not 1 <= start <= max_batch or max_tries < 1:
         raise ValueError(f"monet_opt.largest_batch: need 1 <= start <= max_batch and max_tries "
                          f">= 1, got start={start}, max_batch={max_batch}, "

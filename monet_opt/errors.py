@@ -40,12 +40,19 @@ class InfeasibleBudgetError(MonetError):
         from monet_opt.units import Share, format_bytes
 
         self.memory_limit_bytes = int(memory_limit_bytes)
-        self.min_feasible_bytes = int(min_feasible_bytes)
+        self.min_feasible_bytes = None if min_feasible_bytes is None else int(min_feasible_bytes)
         self.lower_bound_bytes = None if bound is None else int(bound.bytes)
         self.held = held
         size = f"{format_bytes(memory_limit_bytes)} ({memory_limit_bytes} B)"
         if isinstance(asked, Share):
             size = f"{str(asked)!r} ({format_bytes(memory_limit_bytes)}, {memory_limit_bytes} B)"
+        if min_feasible_bytes is None:  # stopped before any schedule (dp at time_limit_s=1e-3)
+            super().__init__(
+                f"monet_opt.optimize: solver {solver!r} found no schedule for memory_limit "
+                f"{size} in " + (f"time_limit_s={time_limit_s:g}" if time_limit_s else
+                                 "its time") + ", nor any least peak to report: give it a "
+                "longer time_limit_s, or use solver='auto'.")
+            return
         least = f"{format_bytes(min_feasible_bytes)} ({min_feasible_bytes} B)"
         super().__init__(
             f"monet_opt.optimize: memory_limit {size} is below the least peak solver "

@@ -95,14 +95,17 @@ class HeldOutputs:
                     stacklevel=user_stacklevel())  # the line that ran the backward
         node.register_prehook(check)
 
-    def cannot_fit(self, least: int, limit: int) -> None:
-        """Warn that no plan holding the outputs fits `limit` (its least peak: `least`)."""
+    def cannot_fit(self, least: int | None, limit: int) -> None:
+        """Warn that no plan holding the outputs fits `limit` (its least peak: `least`, None
+        where the solver found none in its time)."""
+        shown = "not found in the solver's time" if least is None else f"{least:,} B"
         warnings.warn(OutputsHeldWarning(
             f"monet_opt: no plan that holds the step's outputs through its backward fits the "
-            f"memory limit, {limit:,} B (the least such peak: {least:,} B), so the steps keep "
+            f"memory limit, {limit:,} B (the least such peak: {shown}), so the steps keep "
             f"the plan that frees them and pass the limit by the outputs' bytes while the "
-            f"caller holds them. Let go of them before the backward, raise the limit to "
-            f"{least:,} B, or compute the loss inside the module (monet_opt.WithLoss)."),
+            f"caller holds them. Let go of them before the backward, raise the limit"
+            + ("" if least is None else f" to {least:,} B")
+            + ", or compute the loss inside the module (monet_opt.WithLoss)."),
             stacklevel=user_stacklevel())
 
 

@@ -18,6 +18,8 @@ HUGE = 1 << 40
     ("time_limit_s", "30", ValueError), ("time_limit_s", None, ValueError),
     ("time_limit_s", math.nan, ValueError), ("profile_time_limit_s", "60", ValueError),
     ("profile_repeats", 0, ValueError), ("profile_repeats", 1.5, ValueError),
+    # "False" turned the lossy variants on: gradients 0.0153 from eager's
+    ("allow_lossy", "False", TypeError), ("allow_lossy", None, TypeError),
 ])
 def test_optimize_names_a_wrong_argument(argument, bad, error):
     """Each was split into characters, not iterable, a failed comparison, taken (0 repeats) or
@@ -41,9 +43,37 @@ def test_a_profile_dir_under_home_is_the_home_s(monkeypatch, tmp_path):
     assert ProfileCache("~/profiles").root == tmp_path / "profiles"
 
 
-def test_numpy_numbers_are_taken():
+def test_numpy_numbers_are_taken(tmp_path):
+    """numpy's int64 as profile_repeats failed writing the profile's key (not JSON), a
+    Fraction as time_limit_s printing the solve's progress."""
+    import fractions
     np = pytest.importorskip("numpy")
     assert monet_opt.parse_memory_limit(np.int64(4096)) == 4096
+    model, x, _ = models.small_cnn()
+    opt = monet_opt.optimize(model, x, "80% of activations", profile_dir=tmp_path,
+                             profile_repeats=np.int64(1), time_limit_s=fractions.Fraction(5))
+    assert opt.plan.predicted_peak_bytes <= opt.plan.memory_limit_bytes
+
+
+def test_a_solver_stopped_before_any_schedule_says_so():
+    """solver="dp" at time_limit_s=1e-3 found no schedule and no least peak: a bare TypeError
+    (int(None)) from InfeasibleBudgetError."""
+    model, x, _ = models.small_cnn()
+    with pytest.raises(monet_opt.InfeasibleBudgetError, match="found no schedule") as caught:
+        monet_opt.optimize(model, x, "50% of activations", solver="dp", time_limit_s=1e-6,
+                           profile_dir=None)
+    assert caught.value.min_feasible_bytes is None
+
+
+def test_largest_batch_takes_max_batch_alone_and_refuses_fractions():
+    """max_batch=5 alone was refused ("got start=8"); start=2.5 reached make_input."""
+    model, _, _ = models.small_cnn()
+    make = lambda b: torch.randn(b, 3, 16, 16)  # noqa: E731
+    fit = monet_opt.largest_batch(model, make, "1GiB", max_batch=3, profile_dir=None)
+    assert fit.batch == 3
+    for bad in ({"start": 2.5}, {"max_batch": 16.0}):
+        with pytest.raises(TypeError, match="must be ints"):
+            monet_opt.largest_batch(model, make, "1GiB", profile_dir=None, **bad)
 
 
 def test_measuring_says_what_it_takes():
