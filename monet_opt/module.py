@@ -17,7 +17,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from monet_opt import output_grad
+from monet_opt import absent_grads, output_grad
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.forwarded import ToModel
 from monet_opt.capture import autocast_state
@@ -197,6 +197,7 @@ class OptimizedModule(ToModel):
         self._held.watch(node, returned, inputs, step.plan,
                          lambda: [*self.model.parameters(), *self.model.buffers()])
         output_grad.watch(returned, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
+        absent_grads.prehook(returned)  # NOTE [Outputs the loss does not read]
         return outputs
 
     def _step_for(self, args: tuple, kwargs: dict, leaves: list, treedef: pytree.TreeSpec,

@@ -18,8 +18,8 @@ import torch.fx as fx
 from functorch.compile import default_partition
 from torch.fx._lazy_graph_module import _make_graph_module
 
-from monet_opt import (cudnn_bn, direct_calls, grad_in_place, recompute, stats_in_place,
-                       updated_buffers, variants)
+from monet_opt import (absent_grads, cudnn_bn, direct_calls, grad_in_place, recompute,
+                       stats_in_place, updated_buffers, variants)
 from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
 from monet_opt.lower import OVERWRITING, Lowered
@@ -39,14 +39,14 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
     monet_opt/held_outputs.py)."""
     rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs, made)
     for node in rebuilt.graph.nodes:  # NOTE [Selective checkpointing's tags]
-        for key in _AC_TAGS:
-            node.meta.pop(key, None)
+        node.meta = {k: v for k, v in node.meta.items() if k not in _AC_TAGS}
     fw, bw = default_partition(rebuilt, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
     if slots is not None:
         add_accumulation(bw, slots)  # the views it leaves at the end are dead code next
     _drop_dead_code(bw)
     _drop_unread_saved(fw, bw, num_fwd_outputs)
     _drop_backward_ops(fw)
+    absent_grads.gate(bw, joint, num_fwd_outputs)  # NOTE [Outputs the loss does not read]
     for gm, phase in ((fw, FORWARD), (bw, BACKWARD)):
         _write_in_place(gm, phase)
         if phase == FORWARD:
