@@ -15,10 +15,12 @@ NOTE [Attributes read as constants]
   reassigned: buffers are inputs of the step, so no plan is made for it. A tensor held as an
   attribute (private ones too) is an input of the step as well; its shape, dtype, device,
   strides and requires_grad are watched, as is a None that may become one (NOTE [Tensors held
-  as attributes] in monet_opt/forward_state.py). Not watched: private attributes (a leading
-  underscore) of other types, attributes added after optimize(), values of other types, and
-  anything not held by a module but a global, which is watched too (NOTE [Globals read by
-  the forward] in monet_opt/global_reads.py).
+  as attributes] in monet_opt/forward_state.py). So is what a module's code reads from
+  `self` whatever it holds (NOTE [Attributes the forward's code reads], below), and what the
+  forward reads by a global name (NOTE [Globals read by the forward] in
+  monet_opt/global_reads.py). Not watched: what the code reads otherwise than from `self` or a
+  global name (an argument, a local alias), objects held deeper than two containers down, and
+  the submodules' flags and buffers of a module kept out of the model in a list.
   A forward that changes such a value itself (a counter it increments) changes it while traced
   and never at a step: optimize() warns (SideEffectWarning), naming it.
   Where they are is noted once; reading them is 47 us a step on a 12-layer GPT-2 (435 values and
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import types
 import warnings
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -60,16 +63,21 @@ class Watched:
     where: tuple[tuple[int, bool, tuple[str, ...]], ...]
     # where in values() a tensor may be: the values that were None or a tensor at of()
     maybe_tensors: tuple[int, ...] = ()
-    # plain values read from outside the modules: last in values()
+    # plain values read from outside the modules: after `where`'s in values()
     global_reads: tuple[Read, ...] = field(default=(), compare=False)
+    # (position, name) of the other attributes the forward's code reads from a module: last
+    read_by_code: tuple[tuple[int, str], ...] = ()
 
     @staticmethod
     def of(model: nn.Module, skip: tuple[tuple[str, str], ...] = ()) -> Watched:
         """skip: (module name, attribute) pairs not watched: where the step itself keeps a
         tensor (NOTE [Tensors kept on a module] in monet_opt/forward_state.py)."""
-        where, configs, maybe = [], set(), []
+        where, configs, maybe, by_code = [], set(), [], []
+        reads, on_self = global_reads(model)
         for position, (path, module) in enumerate(model.named_modules()):
             public = _public(module)
+            by_code += [(position, name) for name in sorted(_read_names(module, on_self))
+                        if name not in public and (path, name) not in skip]
             names = tuple(n for n in public if (path, n) not in skip)
             if names:
                 first = 2 + sum(len(w[2]) for w in where)
@@ -81,7 +89,7 @@ class Watched:
                     and hasattr(config, "__dict__") and id(config) not in configs:
                 configs.add(id(config))
                 where.append((position, True, tuple(_public(config))))
-        return Watched(tuple(where), tuple(maybe), global_reads(model))
+        return Watched(tuple(where), tuple(maybe), reads, tuple(by_code))
 
     @functools.cached_property
     def _columns(self) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[tuple[str, ...], ...]]:
@@ -104,6 +112,10 @@ class Watched:
             if isinstance(out[k], torch.Tensor):
                 out[k] = LeafSpec.of(out[k])
         out.extend(read.value() for read in self.global_reads)
+        out.append(tuple(map(_OWN_FORWARD, map(vars, modules))))
+        for p, name in self.read_by_code:
+            value = _read_value(modules[p], name) if p < len(modules) else _MISSING
+            out.append(value if type(value) in _PLAIN else _frozen(value))
         return tuple(out)
 
     def changed(self, model: nn.Module, before: tuple, now: tuple) -> str:
@@ -125,9 +137,82 @@ class Watched:
                   for position, in_config, attrs in self.where if position < len(names)
                   for name in attrs]
         labels += [read.label for read in self.global_reads]
+        labels.append("a module's own forward")
+        labels += [".".join(filter(None, (names[p] if p < len(names) else "?", name)))
+                   for p, name in self.read_by_code]
         diffs = swapped + [f"{label} {_shown(b)} -> {_shown(n)}"
                            for label, b, n in zip(labels, before, now) if b != n]
         return ", ".join(diffs[:4]) + (f" and {len(diffs) - 4} more" if len(diffs) > 4 else "")
+
+
+# NOTE [Attributes the forward's code reads]
+#   Beside the plain public values, a module's attributes that its class's code reads from
+#   `self` (found with the globals: NOTE [Globals read by the forward]) are watched whatever
+#   they hold: a function (`self.act_fn = F.relu`, TransformerEncoderLayer's `activation`), a
+#   private number (`self._scale`), a dtype, a list or dict of values (`self.opts["scale"]`),
+#   an object's own values (`self.cfg.tau`), a class
+#   attribute (`SCALE` on the class, or set on the instance later), a tensor or module kept
+#   in a list or dict (a teacher kept out of the parameters: the step holds it as a constant,
+#   so one replaced is planned anew; updated in place it is read as it is), and each module's
+#   own `forward` set on the instance. Each was held as traced after optimize(), silently
+#   (outputs 0.16-1.45 from eager's; torch.compile guards on them). Values are compared as
+#   `_frozen` makes them: containers by their items (at most 64), tensors and modules in them by
+#   identity (and a module's train/eval flag and its parameters' identities), functions by
+#   identity; other objects by their own values (at most 64), or not at all.
+_OPAQUE = object()
+_CALLABLE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+             functools.partial, type)
+_LEAVES = (torch.dtype, torch.device, torch.memory_format)
+
+
+_OWN_FORWARD = operator.methodcaller("get", "forward")  # of a module's __dict__: set on it
+_PLAIN = {bool, int, float, str, type(None)}
+
+
+def _read_names(module: nn.Module, on_self: dict[type, set[str]]) -> set[str]:
+    """The attributes of `module` its class's code reads that hold a value to watch (NOTE
+    [Attributes the forward's code reads])."""
+    names = set()
+    for name in on_self.get(type(module), ()):
+        if name in ("training", "config", "forward"):  # watched already (a config: its
+            # public values; a forward set on the instance: for every module)
+            continue
+        value = _read_value(module, name)
+        if value is _MISSING or (name not in vars(module) and isinstance(
+                value, (types.FunctionType, property, staticmethod, classmethod))):
+            continue  # a method: its code is read, not its identity
+        if _frozen(value) is not _OPAQUE:
+            names.add(name)
+    return names
+
+
+def _read_value(module: nn.Module, name: str) -> object:
+    own = vars(module)
+    if name in own:
+        return own[name]
+    for cls in type(module).__mro__:
+        if cls is nn.Module:
+            break
+        if name in cls.__dict__:
+            return cls.__dict__[name]
+    return _MISSING
+
+
+def _frozen(value: object, depth: int = 0) -> object:
+    if value is _MISSING or _plain(value) or isinstance(value, _CALLABLE + _LEAVES):
+        return value
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value))
+    if isinstance(value, nn.Module):  # its weights are constants of the step: each one's id
+        return ("module", id(value), value.training, tuple(map(id, value.parameters())))
+    if depth < 2 and isinstance(value, (list, tuple)) and len(value) <= 64:
+        return (type(value), tuple(_frozen(v, depth + 1) for v in value))
+    if depth < 2 and isinstance(value, dict) and len(value) <= 64:
+        return (dict, tuple((k, _frozen(v, depth + 1)) for k, v in value.items()))
+    held = getattr(value, "__dict__", None)  # a namespace of settings (self.cfg.tau)
+    if depth < 2 and isinstance(held, dict) and len(held) <= 64 and not callable(value):
+        return (type(value), tuple((k, _frozen(v, depth + 1)) for k, v in held.items()))
+    return _OPAQUE
 
 
 def _shown(value: object) -> str:

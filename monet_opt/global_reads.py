@@ -6,7 +6,8 @@ NOTE [Globals read by the forward]
   module-level schedule the loop reassigns), an attribute of an object held in a global
   (`cfg.tau`, `args.p`, a chain of them: `cfg.MODEL.P`, yacs' nodes, dicts read as attributes,
   included) or an item of a global dict (`CONFIG["p"]`) was held as a constant of the traced
-  step, silently: reassigning it between steps changed nothing. Those whose values are plain
+  step, silently: reassigning it between steps changed nothing; so was a function read by a
+  global name (`ACT = torch.tanh` for torch.relu), watched as well (by identity). Those whose values are plain
   when optimize() runs are watched like a module's attributes (NOTE [Attributes read as
   constants] in monet_opt/attributes.py), each named by its path and the file reading it, and
   read anew at every call through the same path (an object in the chain replaced is seen).
@@ -84,24 +85,31 @@ def _step(owner: object, item: bool, key: object) -> object:
     return MISSING
 
 
-def global_reads(model: nn.Module) -> tuple[Read, ...]:
+def global_reads(model: nn.Module) -> tuple[tuple[Read, ...], dict[type, set[str]]]:
     """Every plain value the model's forward code reads from outside its modules (NOTE
-    [Globals read by the forward]), each once."""
+    [Globals read by the forward]), each once; and the attributes each class's code reads
+    from `self` (NOTE [Attributes the forward's code reads] in monet_opt/attributes.py)."""
     found: dict[tuple, Read] = {}
-    queue = list(_forward_functions(model))
-    seen = {fn for fn, _ in queue}
+    on_self: dict[type, set[str]] = {}
+    queue = [(fn, owner, False) for fn, owner in _forward_functions(model)]
+    seen = {fn for fn, _, _ in queue}
     while queue and len(seen) <= MAX_FUNCTIONS:
-        fn, owner = queue.pop()
-        for read_or_fn in _scan(fn, owner):
+        fn, owner, self_only = queue.pop()
+        for read_or_fn in _scan(fn, owner, not self_only):
             if isinstance(read_or_fn, Read):
                 key = (id(read_or_fn.scope), read_or_fn.name, read_or_fn.chain)
                 found.setdefault(key, read_or_fn)
                 continue
+            if isinstance(read_or_fn[0], type):  # (owner, name) read from self
+                on_self.setdefault(read_or_fn[0], set()).add(read_or_fn[1])
+                continue
             called, called_owner = read_or_fn
-            if called not in seen and not _not_followed(called):
+            # PyTorch's own methods only for what they read from self (its activation)
+            torch_own = _not_followed(called)
+            if called not in seen and (not torch_own or called_owner is not None):
                 seen.add(called)
-                queue.append((called, called_owner))
-    return tuple(found.values())
+                queue.append((called, called_owner, torch_own))
+    return tuple(found.values()), on_self
 
 
 def _not_followed(fn: types.FunctionType) -> bool:
@@ -125,9 +133,11 @@ def _forward_functions(model: nn.Module) -> set[tuple[types.FunctionType, type]]
     return out
 
 
-def _scan(fn: types.FunctionType, owner: type | None) -> Iterator:
+def _scan(fn: types.FunctionType, owner: type | None, globals_too: bool = True) -> Iterator:
     """The Reads in `fn`'s code (nested functions too), and (function, owner) for each
-    function it reaches: called by a global name, or through `self` (its first argument)."""
+    function it reaches: called by a global name, or through `self` (its first argument); and
+    (owner, name) for each attribute it reads from `self`. Not `globals_too`: only the last
+    two through `self`."""
     scope = fn.__globals__
     where = scope.get("__file__") or scope.get("__name__")
     self_name = fn.__code__.co_varnames[0] if fn.__code__.co_argcount else None
@@ -140,9 +150,10 @@ def _scan(fn: types.FunctionType, owner: type | None) -> Iterator:
         key = MISSING  # a constant just loaded after `held`: an item's key, if subscripted
         for ins in dis.get_instructions(code):
             op, arg = ins.opname, ins.argval
-            if op == "LOAD_GLOBAL":
+            if op == "LOAD_GLOBAL" and globals_too:
                 held = (arg, (), scope.get(arg, MISSING))
             elif op in ("LOAD_ATTR", "LOAD_METHOD") and on_self and owner is not None:
+                yield owner, arg
                 yield from _methods(owner, arg)
                 held = None
             elif op in ("LOAD_ATTR", "LOAD_METHOD") and held is not None:
@@ -162,8 +173,11 @@ def _scan(fn: types.FunctionType, owner: type | None) -> Iterator:
             if plain(value):
                 yield Read(scope, name, chain, f"global {_path(name, chain)} ({where})")
                 held = None
-            elif isinstance(value, types.FunctionType):
-                yield value, None
+            elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+                # watched (reassigned: ACT = torch.tanh), and a Python one followed
+                yield Read(scope, name, chain, f"global {_path(name, chain)} ({where})")
+                if isinstance(value, types.FunctionType):
+                    yield value, None
                 held = None
             elif value is MISSING or isinstance(value, type) or not (
                     hasattr(value, "__dict__") or isinstance(value, dict)):

@@ -1,0 +1,113 @@
+"""NOTE [Attributes the forward's code reads] in monet_opt/attributes.py: what a module's code
+reads from `self` beside its plain public values (a function, a private number, a list or dict,
+a class attribute, a namespace, a dtype, a module or tensor kept in a list, a forward set on
+the instance) and a function read by a global name, changed after optimize(), plan a step for
+the new value; each was held as traced, silently (outputs 0.16-1.45 from eager's)."""
+from __future__ import annotations
+
+import copy
+import types
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import monet_opt
+from monet_opt.module import ReplanWarning
+
+ACT = torch.relu
+
+
+class _Reads(nn.Module):
+    SCALE = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f, self.g = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.act_fn, self._scale, self.dtype = F.relu, 1.0, torch.float32
+        self.use, self.opts = [True], {"scale": 1.0}
+        self.cfg = types.SimpleNamespace(tau=1.0)
+        self.kept = [nn.Linear(8, 16).requires_grad_(False), torch.ones(16)]
+
+    def forward(self, x):
+        h = self.act_fn(self.f(x)) * self._scale * self.SCALE * self.opts["scale"] / self.cfg.tau
+        h = h + self.kept[0](x) * self.kept[1]
+        h = ACT(h.to(self.dtype).float())
+        return self.g(h if self.use[0] else -h)
+
+
+def _use_tanh(m):
+    m.act_fn = torch.tanh
+
+
+def _new_teacher_weight(m):
+    m.kept[0].weight = nn.Parameter(m.kept[0].weight * 3, requires_grad=False)
+
+
+def _forward_set_on_the_instance(m):
+    g = m.g
+    g.forward = lambda x: nn.Linear.forward(g, x) * 2
+
+
+def _global_function(m):
+    global ACT
+    ACT = torch.tanh
+
+
+CHANGES = {
+    "a function": _use_tanh,
+    "a private number": lambda m: setattr(m, "_scale", 3.0),
+    "a list item": lambda m: m.use.__setitem__(0, False),
+    "a dict item": lambda m: m.opts.__setitem__("scale", 3.0),
+    "a class attribute set on the instance": lambda m: setattr(m, "SCALE", 2.0),
+    "a namespace's value": lambda m: setattr(m.cfg, "tau", 0.5),
+    "a dtype": lambda m: setattr(m, "dtype", torch.float16),
+    "a module kept in a list, replaced": lambda m: m.kept.__setitem__(0, nn.Linear(8, 16)),
+    "a kept module's new weight": _new_teacher_weight,
+    "a tensor kept in a list, replaced": lambda m: m.kept.__setitem__(1, torch.full((16,), 2.)),
+    "a forward set on the instance": _forward_set_on_the_instance,
+    "a global function": _global_function,
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_value_the_code_reads_changed_plans_a_step(change):
+    global ACT
+    torch.manual_seed(0)
+    model, x = _Reads(), torch.randn(4, 8)
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    before = opt(x).detach()
+    try:
+        CHANGES[change](model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = opt(x)
+        assert any(issubclass(w.category, ReplanWarning) for w in caught)
+        assert torch.equal(out, model(x)) and not torch.equal(out, before)
+    finally:
+        ACT = torch.relu
+
+
+def test_a_torch_layers_activation_changed_plans_a_step():
+    """TransformerEncoderLayer reads `self.activation` in a method of PyTorch's own."""
+    torch.manual_seed(0)
+    model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    model.activation = F.gelu
+    with pytest.warns(ReplanWarning, match="activation"):
+        out = opt(x)
+    assert torch.equal(out, copy.deepcopy(model)(x))
+
+
+def test_nothing_changed_plans_nothing():
+    torch.manual_seed(0)
+    model, x = _Reads(), torch.randn(4, 8)
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReplanWarning)
+        for _ in range(3):
+            opt(x).sum().backward()
+            model.zero_grad(set_to_none=True)
