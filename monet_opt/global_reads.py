@@ -7,8 +7,8 @@ NOTE [Globals read by the forward]
   (`cfg.tau`, `args.p`, a chain of them: `cfg.MODEL.P`, yacs' nodes, dicts read as attributes,
   included) or an item of a global dict (`CONFIG["p"]`) was held as a constant of the traced
   step, silently: reassigning it between steps changed nothing; so was a function read by a
-  global name (`ACT = torch.tanh` for torch.relu), watched as well (by identity). Those whose values are plain
-  when optimize() runs are watched like a module's attributes (NOTE [Attributes read as
+  global name (`ACT = torch.tanh` for torch.relu), watched as well (by identity). Those whose
+  values are plain when optimize() runs are watched like a module's attributes (NOTE [Attributes read as
   constants] in monet_opt/attributes.py), each named by its path and the file reading it, and
   read anew at every call through the same path (an object in the chain replaced is seen).
   They are found in the code, not by running it: the forward functions of the model's module
