@@ -9,8 +9,9 @@ NOTE [Globals read by the forward]
   step, silently: reassigning it between steps changed nothing; so was a function read by a
   global name (`ACT = torch.tanh` for torch.relu), watched as well (by identity). Those whose
   values are plain when optimize() runs are watched like a module's attributes (NOTE
-  [Attributes read as constants] in monet_opt/attributes.py), each named by its path and the file reading it, and
-  read anew at every call through the same path (an object in the chain replaced is seen).
+  [Attributes read as constants] in monet_opt/attributes.py), each named by its path and the
+  file reading it, and read anew at every call through the same path (an object in the chain
+  replaced is seen).
   They are found in the code, not by running it: the forward functions of the model's module
   classes, their nested functions, the functions they call by a global name (`helper(x)`,
   `utils.helper(x)`) and the methods and properties they reach through their first argument
