@@ -210,9 +210,9 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
                                   partitioned=lambda: planner.partitioned)
     if planner.problem is None:  # AOTAutograd compiled it for inference: no output needs grad
         raise NoBackwardError(
-            f"monet_opt.optimize: no output of {type(model).__name__} depends on a tensor that "
-            "requires grad (are they detached, or made under torch.no_grad() inside forward?), "
-            "so its step has no backward to plan. Return outputs that carry gradients.")
+            f"monet_opt.optimize: no output of {type(model).__name__} is computed from a tensor "
+            "that requires grad (detached, made under torch.no_grad() inside forward, or an "
+            "input or parameter returned as it is), so its step has no backward to plan.")
     return step, spec
 
 

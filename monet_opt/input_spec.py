@@ -100,7 +100,20 @@ class InputSpec:
             raise TypeError(f"{what} must be a tensor, or a bool, int, float, str or None (NOTE "
                             f"[Constant arguments]); found {bad}. Bind other arguments with "
                             "functools.partial or a wrapper.")
-        return [x for x in leaves if isinstance(x, torch.Tensor)]
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        for x in tensors:  # each failed inside torch, or was blamed on something else
+            if x.is_nested:
+                raise TypeError(f"{what} must be a dense or sparse COO tensor; found a nested "
+                                "tensor (torch.nested). Pad it (torch.nested.to_padded_tensor) "
+                                "and pass a mask.")
+            if x.layout not in (torch.strided, torch.sparse_coo):
+                raise TypeError(f"{what} must be a dense or sparse COO tensor; found one of "
+                                f"layout {x.layout}. Convert it: .to_sparse_coo() or "
+                                ".to_dense().")
+            if x.layout == torch.sparse_coo and x.requires_grad:
+                raise TypeError(f"{what}: a sparse input that requires grad cannot be planned "
+                                "(its gradient is sparse). Pass it detached, or dense.")
+        return tensors
 
     def rebuild(self, tensors: list) -> tuple[tuple, dict]:
         """(args, kwargs) from the flat input tensors and the constants."""

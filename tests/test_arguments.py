@@ -88,3 +88,19 @@ def test_measuring_says_what_it_takes():
     with pytest.raises(TypeError, match="call resident_tensors\\(model, inputs\\)"):
         monet_opt.resident_tensors(x, model)
     assert monet_opt.measure_peak(step, monet_opt.resident_tensors(model, x)) > 0
+
+
+def _coo():
+    return torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.ones(2), (2, 2))
+
+
+@pytest.mark.parametrize("make, message", [
+    # each failed inside torch or was blamed on something else
+    (lambda: _coo().to_sparse_csr(), "layout torch.sparse_csr"),
+    (lambda: _coo().requires_grad_(), "sparse input that requires grad"),
+    (lambda: torch.nested.nested_tensor([torch.ones(2, 2), torch.ones(3, 2)]), "nested tensor"),
+])
+def test_inputs_of_unplannable_layouts_say_what_to_pass(make, message):
+    with pytest.raises(TypeError, match=message):
+        monet_opt.optimize(torch.nn.Linear(2, 2), (torch.ones(2, 2), make()), HUGE,
+                           profile_dir=None)
