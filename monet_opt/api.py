@@ -12,8 +12,8 @@ from torch import nn
 
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
                        grouped_attention, grouped_math, host_random, late_grads, output_bytes,
-                       outside_grads, progress, recompute, rewrite, saved_clones, stats_in_place,
-                       updated_buffers)
+                       ones_masks, outside_grads, progress, recompute, rewrite, saved_clones,
+                       stats_in_place, updated_buffers)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -143,7 +143,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
     warn_if_hooks(model)  # NOTE [Module hooks]
     watched = Watched.of(model)  # NOTE [Attributes read as constants]
     before = watched.values(list(model.modules()))
-    first = plan_step(model, *capture.InputSpec.split(sample_input))
+    first = plan_step(model, *ones_masks.split(model, sample_input))  # NOTE in ones_masks.py
     limit = first.plan.memory_limit_bytes  # other shapes: the same bytes (NOTE [Limits as shares])
     replan = True  # NOTE [Plans for other shapes]
     warn_if_forward_changed(model, watched, before)

@@ -17,7 +17,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from monet_opt import absent_grads, output_grad
+from monet_opt import absent_grads, ones_masks, output_grad
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.forwarded import ToModel
 from monet_opt.capture import autocast_state
@@ -172,6 +172,7 @@ class OptimizedModule(ToModel):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
+        kwargs = ones_masks.dropped(self.model, kwargs)  # NOTE [Attention masks of all ones]
         # params in the order the steps take them; NOTE [Names kept between walks]
         modules, params, buffers = self._walk(self.model)
         mine = list(params.values())

@@ -1,0 +1,89 @@
+"""NOTE [Attention masks of all ones]
+  A tokenizer's `attention_mask` with no padding (every fixed-length or packed batch) is all
+  ones. Eager HF models look at its values and, seeing no padded token, drop it: Llama, Mistral
+  and Qwen2 call SDPA with is_causal=True and their keys and values unrepeated, exactly as with
+  no mask. A trace cannot look at values, so the traced step built the explicit mask from the
+  input and ran SDPA with it: the loss was eager's, 13 of Llama's 21 gradients were not (1.1e-8
+  in float32, up to 6.9e-4 under bfloat16 autocast), and the step held the repeated keys and
+  values eager does not (padded batches were bitwise). So for an HF model whose sample's
+  `attention_mask` is all ones, optimize() first checks that the model's forward gives the
+  same outputs, bitwise, with the mask as with None (two forwards under no_grad, the random
+  stream and buffers as they were); if so, it plans the step with None, and each call with an
+  all-ones mask runs that step (one reduction a call, as HF's own check). Other masks are
+  passed as they are (a padded batch plans a step of its own, once). Models that treat the two
+  alike are eager's bitwise at once; those that do not are left as they were.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from monet_opt.input_spec import InputSpec
+
+NAMES = ("attention_mask",)
+_DROPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> names dropped
+
+
+def split(model: nn.Module, sample_input: Any) -> tuple[tuple, dict]:
+    """optimize()'s sample as (args, kwargs), an all-ones mask left out where the model gives
+    the same outputs without it (noted for the model's later calls)."""
+    args, kwargs = InputSpec.split(sample_input)
+    names = tuple(n for n in NAMES if _all_ones(kwargs.get(n))) \
+        if type(model).__module__.startswith("transformers.") else ()
+    if names and _alike(model, args, kwargs, {**kwargs, **dict.fromkeys(names)}):
+        _DROPPED[model] = names
+        return args, {**kwargs, **dict.fromkeys(names)}
+    _DROPPED.pop(model, None)
+    return args, kwargs
+
+
+def dropped(model: nn.Module, kwargs: dict) -> dict:
+    """A call's kwargs, each all-ones mask the model's plan left out set to None."""
+    names = _DROPPED.get(model)
+    if not names or not any(_all_ones(kwargs.get(n)) for n in names):
+        return kwargs
+    return {**kwargs, **{n: None for n in names if _all_ones(kwargs.get(n))}}
+
+
+def _all_ones(mask: Any) -> bool:
+    return isinstance(mask, torch.Tensor) and mask.layout == torch.strided and \
+        not mask.requires_grad and mask.numel() > 0 and bool((mask == 1).all())
+
+
+def _alike(model: nn.Module, args: tuple, with_mask: dict, without: dict) -> bool:
+    """Whether the model's forward gives bitwise the same outputs both ways (from the same
+    random state, its buffers put back after each)."""
+    buffers = [b.clone() for b in model.buffers()]
+    outputs = []
+    devices = sorted({p.device for p in model.parameters() if p.device.type == "cuda"}, key=str)
+    with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        state = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
+        for kwargs in (with_mask, without):
+            torch.set_rng_state(state[0])
+            for d, cuda_state in zip(devices, state[1]):
+                torch.cuda.set_rng_state(cuda_state, d)
+            try:
+                outputs.append(_tensors(model(*args, **kwargs)))
+            except Exception:  # noqa: BLE001 - a model that needs its mask: leave it
+                outputs.append([])
+            finally:
+                for b, saved in zip(model.buffers(), buffers):
+                    b.copy_(saved)
+    first, second = outputs
+    return bool(first) and len(first) == len(second) and all(
+        a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+        for a, b in zip(first, second))
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors in a model's output (an HF ModelOutput is a dict)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for item in out for t in _tensors(item)]
+    return []
