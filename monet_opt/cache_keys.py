@@ -23,6 +23,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 import solvers
+from monet_opt.input_spec import viewed_bytes
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ def describe_inputs(args: tuple, kwargs: dict) -> str:
         if not isinstance(value, (torch.Tensor, tuple, list, dict)):
             return repr(value)  # NOTE [Constant arguments] in monet_opt/input_spec.py
         texts = [f"{str(t.dtype).removeprefix('torch.')}[{'x'.join(map(str, t.shape))}]"
+                 + (f" viewing {viewed_bytes(t)} B" if t.layout == torch.strided and
+                    viewed_bytes(t) else "")  # NOTE [Inputs viewing more]
                  for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
         if not texts:  # a list of ints, say: shown as it is ("()" said nothing)
             shown = repr(value)

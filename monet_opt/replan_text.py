@@ -22,7 +22,8 @@ def situation(why: str, resident_bytes: int) -> str:
             "attributes": "modules or their attributes changed since optimize()",
             "input_grads": "inputs that require a gradient where the sample's did not, or the "
                            "other way round",
-            "layouts": "inputs laid out otherwise than the sample (their strides)",
+            "layouts": "inputs laid out otherwise than the sample (their strides, or a "
+                       "larger storage they view)",
             "shapes": "inputs of new shapes"}[why]
 
 
@@ -60,8 +61,10 @@ WHAT_TO_DO = {
                    "makes the backward compute its gradient too: a step of its own; give "
                    "optimize() a sample that does as your steps do.",
     "layouts": "A step is traced for its inputs' strides (a channels-last or permuted batch "
-               "where the sample was contiguous): give optimize() a sample laid out as your "
-               "batches are (NOTE [Input layouts] in monet_opt/input_spec.py).",
+               "where the sample was contiguous), and counts a larger storage an input views "
+               "(a batch sliced from a data set on the device): give optimize() a sample laid "
+               "out as your batches are, or pass batches of their own (x.clone()) (NOTEs "
+               "[Input layouts], [Inputs viewing more] in monet_opt/input_spec.py).",
     "shapes": "DataLoader(drop_last=True) keeps every batch the sample's shape; "
               "optimize(..., new_shapes='error') refuses other shapes."}
 

@@ -37,7 +37,9 @@ def epoch(module, owner, batches, loss_fn, seed=99):
 def test_smaller_last_batch_trains_exactly_within_the_limit():
     torch.manual_seed(0)
     base, x, loss_fn = models.small_cnn()
-    batches = [x, x.flip(0), x[:3], x.flip(0)[:3], x]  # full, full, short (new), short, full
+    # full, full, short (new), short, full; a loader's short batch is a tensor of its own (a
+    # slice of x views x's storage: NOTE [Inputs viewing more])
+    batches = [x, x.flip(0), x[:3].clone(), x.flip(0)[:3].clone(), x]
     store_all = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
     limit = store_all.plan.min_feasible_bytes
     tight = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1, time_limit_s=5)
@@ -58,7 +60,7 @@ def test_smaller_last_batch_trains_exactly_within_the_limit():
         assert_same(run, epoch(store_all, store_all.model, batches, loss_fn), exact=True)
     assert_same(run, epoch(eager, eager, batches, loss_fn), exact=False)
 
-    short = x[:3]
+    short = x[:3].clone()
     plan = tight.plans["float32[3x3x16x16]"]
     _check_peak(tight, short, loss_fn, plan, limit)
     # met first inside a dispatch mode (the live-bytes counter): planned outside it
@@ -300,3 +302,26 @@ def test_an_input_laid_out_otherwise_plans_a_step(layout):
                                 new_shapes="error")
     with pytest.raises(monet_opt.PlanMismatchError, match=r"strides \(192, 1, 24, 3\)"):
         strict(odd)
+
+
+def test_an_input_viewing_a_larger_storage_plans_a_step_counting_it(tmp_path):
+    """NOTE [Inputs viewing more]: a step planned for a batch of its own ran batches sliced
+    from a data set (158,400 B over its prediction), and a profile made on a sliced sample was
+    served to a batch of its own (fixed memory 50 % over)."""
+    from tests.models import small_cnn
+    torch.manual_seed(0)
+    model, x, _ = small_cnn()
+    data = torch.randn(6 * len(x), *x.shape[1:])
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=tmp_path, profile_repeats=1)
+    sliced = data[len(x):2 * len(x)]
+    with pytest.warns(monet_opt.ReplanWarning, match="larger storage"):
+        opt(sliced).sum().backward()
+    model.zero_grad(set_to_none=True)
+    measured = monet_opt.measure_peak(lambda: opt(sliced).sum().backward(),
+                                      monet_opt.resident_tensors(model, sliced))
+    assert data.nbytes < measured <= max(p.predicted_peak_bytes for p in opt.plans.values())
+    again = monet_opt.optimize(small_cnn()[0], x.clone(), 1 << 40, profile_dir=tmp_path,
+                               profile_repeats=1)
+    viewed = monet_opt.optimize(small_cnn()[0], data[:len(x)], 1 << 40, profile_dir=tmp_path,
+                                profile_repeats=1)
+    assert viewed.plan.fixed_bytes - again.plan.fixed_bytes == data.nbytes - x.nbytes
