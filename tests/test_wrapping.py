@@ -51,7 +51,7 @@ def test_torch_compile_around_runs_the_plan():
     opt = _least(base, x)
     assert opt.plan.recomputed_ops > 0
     compiled = torch.compile(opt)
-    for batch in (x, x[:3]):
+    for batch in (x, x[:3].clone()):  # a batch of its own (NOTE [Inputs viewing more])
         eager = copy.deepcopy(base)
         torch.manual_seed(1)
         _, want = _step(eager, eager, batch, loss_fn)
