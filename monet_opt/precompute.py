@@ -187,6 +187,10 @@ def run_precompute(args: argparse.Namespace) -> int:
     if not args.time_limit_s > 0 or args.profile_repeats < 1:
         raise UsageError("--time-limit-s must be positive and --profile-repeats at least 1")
     requested = requested_limits(args)
+    root = Path(args.profile_dir).expanduser()
+    if root.exists() and not root.is_dir():  # it warned three times and cached nothing
+        raise UsageError(f"--profile-dir {args.profile_dir} is a file, not a directory: "
+                         "precompute caches its profile and schedules in a directory")
     model, sample = build(args)
     _note(f"profiling {args.factory} ({type(model).__name__}) on {args.device} into "
           f"{args.profile_dir}/ ...")

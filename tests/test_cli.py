@@ -346,6 +346,15 @@ def test_disagreeing_samples_are_taken_again(monkeypatch):
     assert profiler._samples(None, (), {}, False, 3) == [1.0, 1.2, 1.4]
 
 
+def test_precompute_into_a_file_is_refused(tmp_path):
+    """It warned three times, printed its results and exited 0 with nothing cached."""
+    spot = tmp_path / "afile"
+    spot.write_text("")
+    code, _, err = run_cli("precompute", FACTORY, "--input-shape", "2x8", "--profile-dir",
+                           str(spot))
+    assert code == 2 and "is a file, not a directory" in err
+
+
 def test_list_and_explain_read_a_profile_dir_under_home(zoo, monkeypatch):
     """`--profile-dir ~/...` reached precompute and optimize() as the home's, but list said
     "no profile directory at ~/pd/" and explain "no profile"."""
