@@ -15,7 +15,7 @@ import torch
 
 import monet_opt
 import solvers
-from monet_opt import cache, cache_files
+from monet_opt import cache_files
 from monet_opt.cache import ProfileCacheWarning
 from solvers import Schedule, SolveResult, Status, joint, least, registry, simulate
 from solvers.remembered import fitting

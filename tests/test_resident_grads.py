@@ -200,18 +200,23 @@ def _grads(module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in module.parameters()]
 
 
+def _eager_then_optimized(base, x, profile_dir):
+    """(a copy of `base`, itself), then (another copy, that copy optimized on `x`)."""
+    for optimized in (False, True):
+        model = copy.deepcopy(base)
+        yield model, monet_opt.optimize(model, x, HUGE, profile_dir=profile_dir) \
+            if optimized else model
+
+
 def test_two_calls_in_one_backward_add_into_their_own_parameters(tmp_path):
     """NOTE [The parameter a backward adds into]: functional_call with other weights, then the
     module, in one backward, gradients in place: each call's gradients went into the other's
     (0.35 from eager's, with only a StepsInFlightWarning)."""
     base, x1, x2 = _three_linears()
     out = []
-    for optimized in (False, True):
-        model = copy.deepcopy(base)
-        module = monet_opt.optimize(model, x1, HUGE, profile_dir=tmp_path) if optimized \
-            else model
+    for model, module in _eager_then_optimized(base, x1, tmp_path):
         fast = {k: (v.detach() * 1.5).requires_grad_() for k, v in base.named_parameters()}
-        prefix = "model." if optimized else ""
+        prefix = "model." if module is not model else ""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", monet_opt.StepsInFlightWarning)
             for _ in range(3):
@@ -251,10 +256,7 @@ def test_a_parameter_frozen_before_the_backward_keeps_its_gradient(tmp_path):
     the gradient edge for a Tensor that does not require gradients")."""
     base, x1, _ = _three_linears()
     done = []
-    for optimized in (False, True):
-        model = copy.deepcopy(base)
-        module = monet_opt.optimize(model, x1, HUGE, profile_dir=tmp_path) if optimized \
-            else model
+    for model, module in _eager_then_optimized(base, x1, tmp_path):
         module(x1).sum().backward()
         frozen = next(model.parameters())
         out = module(x1)
