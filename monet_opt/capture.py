@@ -14,7 +14,7 @@ import contextlib
 import gc
 import io
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch._functorch import config as functorch_config
@@ -29,6 +29,7 @@ from monet_opt import (attribute_tensors, capture_hints, data_assigned, forward_
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
+from monet_opt.kernels import SDPA_AT_IMPORT, sdpa_kernels
 from monet_opt.reentrant import plain_checkpoints
 
 
@@ -49,10 +50,14 @@ from monet_opt.reentrant import plain_checkpoints
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
-def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
-    """(device type, dtype) of each device type autocast is on for now."""
-    return tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES
-                 if torch.is_autocast_enabled(d))
+def autocast_state() -> tuple[tuple[str, Any], ...]:
+    """(device type, dtype) of each device type autocast is on for now; and ("sdpa", flags)
+    where the attention kernels allowed are not as they were at import (NOTE [Attention
+    kernels are traced])."""
+    state = tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES
+                  if torch.is_autocast_enabled(d))
+    kernels = sdpa_kernels()
+    return state if kernels == SDPA_AT_IMPORT else state + (("sdpa", kernels),)
 
 
 def state_names(model: torch.nn.Module) -> tuple[list[str], list[str], list[str]]:

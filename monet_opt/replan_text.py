@@ -15,7 +15,8 @@ def situation(why: str, resident_bytes: int) -> str:
             "params": "parameters or buffers changed since optimize() (added, removed, tied, "
                       "requires_grad, shape, dtype or device)",
             "outputs_held": "a caller that holds the step's outputs through its backward",
-            "autocast": "a step under another autocast state than optimize() was called in",
+            "autocast": "a step under another autocast state (or attention kernels: "
+                        "sdpa_kernel) than optimize() was called in",
             "hooks": "module hooks added or removed since optimize()",
             "structure": "inputs structured otherwise than the sample (other arguments)",
             "sharing": "inputs that share storages otherwise than the sample's",

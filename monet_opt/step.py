@@ -104,4 +104,7 @@ def param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor])
 
 
 def describe_autocast(state: tuple) -> str:
-    return ", ".join(f"on for {device} ({dtype})" for device, dtype in state) or "off"
+    kernels = ("flash", "memory-efficient", "math", "cuDNN")
+    return ", ".join(f"on for {device} ({dtype})" if device != "sdpa" else
+                     "attention kernels " + "/".join(k for k, on in zip(kernels, dtype) if on)
+                     for device, dtype in state) or "off"

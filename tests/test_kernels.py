@@ -1,0 +1,42 @@
+"""NOTE [Attention kernels are traced] in monet_opt/kernels.py: steps under sdpa_kernel(...) run
+the kernel eager runs there."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import monet_opt
+
+
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.out = nn.Linear(32, 96), nn.Linear(32, 32)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 64, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        return self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                        .transpose(1, 2).reshape(2, 64, 32))
+
+
+def test_a_step_under_other_attention_kernels_is_eager_s():
+    """Under sdpa_kernel(MATH) the step ran the kernel traced outside it: outputs 1.2e-7,
+    a gradient 2.9e-6 from eager's, silently."""
+    torch.manual_seed(0)
+    model, x = _Attention(), torch.randn(2, 64, 32)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    with sdpa_kernel(SDPBackend.MATH):
+        with pytest.warns(monet_opt.ReplanWarning, match="attention kernels math"):
+            ours = opt(x)
+        theirs = eager(x)
+        ours.square().sum().backward()
+        theirs.square().sum().backward()
+    assert torch.equal(ours, theirs)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                           eager.parameters()))
