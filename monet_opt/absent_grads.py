@@ -76,16 +76,23 @@ def gate(bw: fx.GraphModule, joint: fx.GraphModule, num_fwd_outputs: int) -> Non
         if isinstance(grad, fx.Node) and depends.get(grad) and depends[grad] != every:
             with bw.graph.inserting_before(output):
                 grads[k] = bw.graph.call_function(unless_absent, (grad, tuple(sorted(
-                    depends[grad]))))
+                    depends[grad])), k))
                 grads[k].meta = dict(grad.meta)
     output.args = (tuple(grads),)
 
 
-def unless_absent(grad: torch.Tensor, outputs: tuple[int, ...]) -> torch.Tensor | None:
-    """`grad`, or None where the running backward node was handed no gradient for any of
-    `outputs` (positions among the step's forward outputs)."""
+def unless_absent(grad: torch.Tensor, outputs: tuple[int, ...],
+                  k: int) -> torch.Tensor | None:
+    """`grad` (the k-th the backward returns), or None where the running backward node was
+    handed no gradient for any of `outputs` (positions among the step's forward outputs) and
+    the input it goes to has no post-accumulate-grad hook: the engine runs that input's
+    AccumulateGrad all the same, and the hook (an optimizer stepped in the backward) met a
+    gradient of None; it is handed the zeros as before."""
     node = torch._C._current_autograd_node()
     absent = None if node is None else node.metadata.get(_KEY)
-    if absent and all(k in absent for k in outputs):
-        return None
+    if absent and all(j in absent for j in outputs):
+        edges = node.next_functions
+        leaf = getattr(edges[k][0], "variable", None) if k < len(edges) else None
+        if not getattr(leaf, "_post_accumulate_grad_hooks", None):
+            return None
     return grad

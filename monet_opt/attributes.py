@@ -149,16 +149,18 @@ class Watched:
 #   Beside the plain public values, a module's attributes that its class's code reads from
 #   `self` (found with the globals: NOTE [Globals read by the forward]) are watched whatever
 #   they hold: a function (`self.act_fn = F.relu`, TransformerEncoderLayer's `activation`), a
-#   private number (`self._scale`), a dtype, a list or dict of values (`self.opts["scale"]`),
-#   an object's own values (`self.cfg.tau`), a class
-#   attribute (`SCALE` on the class, or set on the instance later), a tensor or module kept
-#   in a list or dict (a teacher kept out of the parameters: the step holds it as a constant,
-#   so one replaced is planned anew; updated in place it is read as it is), and each module's
-#   own `forward` set on the instance. Each was held as traced after optimize(), silently
-#   (outputs 0.16-1.45 from eager's; torch.compile guards on them). Values are compared as
-#   `_frozen` makes them: containers by their items (at most 64), tensors and modules in them by
-#   identity (and a module's train/eval flag and its parameters' identities), functions by
-#   identity; other objects by their own values (at most 64), or not at all.
+#   private number (`self._scale`), a dtype, a class
+#   attribute (`SCALE` on the class, or set on the instance later), a module kept in a list
+#   or dict (a teacher kept out of the parameters: the step holds it as a constant, so one
+#   replaced is planned anew; updated in place it is read as it is), and each module's own
+#   `forward` set on the instance. Not objects' values (`self.cfg.tau`, cfg not named
+#   `config`), nor what lists and dicts hold besides modules (`self.opts["scale"]`): compared
+#   whole, an argparse Namespace whose `step` the loop counts, a logger, a list the loop
+#   appends to, planned a step at every call (50x slower; found the same day). Each
+#   was held as traced after optimize(), silently (outputs 0.16-1.45 from eager's;
+#   torch.compile guards on them). Values are compared as
+#   `_frozen` makes them: modules in a list or dict by identity (with their train/eval flag and
+#   their parameters' identities), functions by identity; other objects not at all.
 _OPAQUE = object()
 _CALLABLE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
              functools.partial, type)
@@ -201,18 +203,16 @@ def _read_value(module: nn.Module, name: str) -> object:
 def _frozen(value: object, depth: int = 0) -> object:
     if value is _MISSING or _plain(value) or isinstance(value, _CALLABLE + _LEAVES):
         return value
-    if isinstance(value, torch.Tensor):
-        return ("tensor", id(value))
     if isinstance(value, nn.Module):  # its weights are constants of the step: each one's id
         return ("module", id(value), value.training, tuple(map(id, value.parameters())))
-    if depth < 2 and isinstance(value, (list, tuple)) and len(value) <= 64:
-        return (type(value), tuple(_frozen(v, depth + 1) for v in value))
-    if depth < 2 and isinstance(value, dict) and len(value) <= 64:
-        return (dict, tuple((k, _frozen(v, depth + 1)) for k, v in value.items()))
-    held = getattr(value, "__dict__", None)  # a namespace of settings (self.cfg.tau)
-    if depth < 2 and isinstance(held, dict) and len(held) <= 64 and not callable(value):
-        return (type(value), tuple((k, _frozen(v, depth + 1)) for k, v in held.items()))
-    return _OPAQUE
+    items = list(value.values()) if isinstance(value, dict) else value
+    if depth < 1 and isinstance(items, (list, tuple)) and len(items) <= 64 and any(
+            isinstance(v, nn.Module) for v in items):  # modules kept in a list or dict
+        return (type(value), tuple(_frozen(v, depth + 1) if isinstance(v, nn.Module)
+                                   else _OPAQUE for v in items))
+    return _OPAQUE  # other lists and dicts (a history the loop appends to, features a hook
+    # gathers) and objects (an argparse Namespace the loop updates, a logger): compared whole
+    # they planned a step at every call
 
 
 def _shown(value: object) -> str:

@@ -73,3 +73,18 @@ def test_autograd_grad_of_one_output_gives_none_for_the_other_heads():
     for ours, theirs in zip(*got):
         assert (ours is None and theirs is None) or torch.equal(ours, theirs)
     assert got[0][-1] is None
+
+
+def test_a_post_accumulate_hook_on_an_unread_head_is_handed_zeros():
+    """The optimizer stepped in the backward (p.grad.mul_ in a post-accumulate-grad hook): the
+    engine runs an unread head's AccumulateGrad all the same, and the hook met None."""
+    torch.manual_seed(0)
+    model, x = _TwoHeads(), torch.randn(32, 8)
+    opt = _optimized(model, x, False)
+    def halve(p):
+        p.grad.mul_(0.5)
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(halve)
+    opt(x)[0].sum().backward()
+    assert all(p.grad is not None for p in model.a.parameters())
