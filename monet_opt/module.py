@@ -29,6 +29,7 @@ from monet_opt.held_outputs import HeldOutputs
 from monet_opt.in_flight import InFlight
 from monet_opt.memory import storage_groups
 from monet_opt.plan import Plan
+from monet_opt.refused import Refused
 from monet_opt.replan_text import WHAT_TO_DO, situation, too_many
 from monet_opt.step import (ReplanWarning, Step, describe_autocast, param_key,
                             resident_gradient_bytes, resident_positions, step_key)
@@ -147,6 +148,7 @@ class OptimizedModule(ToModel):
                      self._first_params, first.resident, first.resident_bytes, first.shared,
                      (autocast, self._hooks, first.outputs_held), self._first_values): first}
         self._plan_step = plan_step
+        self._refused = Refused()  # NOTE [Situations found infeasible]
         self._any_shape = any_shape and plan_step is not None
         self._training_flags = training_flags
         self._autocast = autocast
@@ -226,6 +228,7 @@ class OptimizedModule(ToModel):
                        (autocast, hooks, held), values)
         step = self._steps.get(key)
         if step is None:
+            self._refused.again(key)  # NOTE [Situations found infeasible]
             why = ("params" if now != self._first_params else "resident" if resident_bytes
                    else "outputs_held" if held
                    else "autocast" if autocast != self._autocast
@@ -253,6 +256,7 @@ class OptimizedModule(ToModel):
                 step = self._plan_for(args, kwargs, resident, resident_bytes, held, why, changed)
             except InfeasibleBudgetError as err:
                 if not held:
+                    self._refused.remember(key, err)
                     raise
                 # NOTE [Outputs held through the backward]: keep the plan that frees them
                 freeing = key[:6] + ((autocast, hooks, False),) + key[7:]

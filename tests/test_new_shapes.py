@@ -127,6 +127,35 @@ def test_a_shape_the_limit_cannot_hold_raises_and_changes_nothing():
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_a_shape_found_infeasible_is_not_planned_again(monkeypatch):
+    """NOTE [Situations found infeasible]: a loop that skips the batches too wide to fit meets
+    the same error at once, not after tracing, profiling and solving again, and the error it
+    keeps does not hold the first call's inputs."""
+    torch.manual_seed(0)
+    model, x, loss_fn = models.small_cnn()
+    store_all = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
+    opt = monet_opt.optimize(model, x, store_all.plan.min_feasible_bytes, profile_repeats=1,
+                             time_limit_s=5)
+    planned = []
+    plan_step = opt._plan_step
+    monkeypatch.setattr(opt, "_plan_step", lambda *a: planned.append(1) or plan_step(*a))
+    errors = []
+    for _ in range(3):
+        wide = torch.cat([x] * 4)
+        with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+            opt(wide)
+        errors.append(info.value)
+    assert planned == [1], "planned once, the first time the wide batch is met"
+    first, again = errors[0], errors[2]
+    assert str(again) == str(first) and again.min_feasible_bytes == first.min_feasible_bytes
+    assert again.__notes__[:len(first.__notes__)] == first.__notes__
+    assert "not planned again" in again.__notes__[-1]
+    assert opt._refused._errors and all(e.__traceback__ is None
+                                        for e in opt._refused._errors.values())
+    loss_fn(opt(x)).backward()  # the sample's plan still trains
+    assert len(opt.plans) == 1
+
+
 def test_many_shapes_get_advice_to_pad():
     """Inputs of varying length make a plan each; past a few, the warning says to bucket."""
     model, x, loss_fn = models.small_cnn()
