@@ -174,7 +174,8 @@ class OptimizedModule(ToModel):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
-        kwargs = ones_masks.dropped(self.model, kwargs)  # NOTE [Attention masks of all ones]
+        # NOTE [Attention masks of all ones]
+        kwargs = ones_masks.dropped(self.model, args, kwargs, self._any_shape)
         # params in the order the steps take them; NOTE [Names kept between walks]
         modules, params, buffers = self._walk(self.model)
         mine = list(params.values())

@@ -10,11 +10,14 @@
   same outputs, bitwise, with the mask as with None (two forwards under no_grad, the random
   stream and buffers as they were); if so, it plans the step with None, and each call with an
   all-ones mask runs that step (one reduction a call, as HF's own check). Other masks are
-  passed as they are (a padded batch plans a step of its own, once), as are masks of another
-  rank or dtype than the sample's (an all-True 4-d mask is no padding mask: dropped, Llama ran
-  causal attention, 0.24 from eager's). Models that treat the two alike are eager's bitwise at
-  once; those that do not are left as they were. A sample with padding decides nothing: its
-  model's later all-ones batches run with the mask, 1.9e-8 from eager's (not changed).
+  passed as they are (a padded batch plans a step of its own, once). The decision is per rank
+  and dtype of mask (an all-True 4-d mask is no padding mask: dropped on the 2-d sample's
+  word, Llama ran causal attention, 0.24 from eager's), and a mask of a rank or dtype not met
+  before is checked at the first call that passes it all ones: a sample with padding decided
+  nothing, and its model's all-ones batches ran with the mask, 1.9e-8 from eager's. Such a
+  call's step for None is planned then, once; not where the model has module hooks, which the
+  check's two forwards would run (those calls keep the mask, as before). Models that treat the
+  two alike are eager's bitwise; those that do not are left as they were.
 """
 from __future__ import annotations
 
@@ -24,38 +27,52 @@ from typing import Any
 import torch
 from torch import nn
 
+from monet_opt.hooks import hooks_of
 from monet_opt.input_spec import InputSpec
 
 NAMES = ("attention_mask",)
-_DROPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {name: checked}
+# model -> {(name, rank, dtype): whether the model treats that all-ones mask as None}
+_DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def split(model: nn.Module, sample_input: Any) -> tuple[tuple, dict]:
     """optimize()'s sample as (args, kwargs), an all-ones mask left out where the model gives
-    the same outputs without it (noted for the model's later calls)."""
+    the same outputs without it (checked again, and noted for the model's later calls)."""
     args, kwargs = InputSpec.split(sample_input)
-    names = tuple(n for n in NAMES if _all_ones(kwargs.get(n))) \
-        if type(model).__module__.startswith("transformers.") else ()
-    if names and _alike(model, args, kwargs, {**kwargs, **dict.fromkeys(names)}):
-        # each as checked: its rank and dtype (a 4-d all-True mask is no padding mask)
-        _DROPPED[model] = {n: (kwargs[n].dim(), kwargs[n].dtype) for n in names}
-        return args, {**kwargs, **dict.fromkeys(names)}
-    return args, kwargs
+    return args, _without(model, args, kwargs, fresh=True)
 
 
-def dropped(model: nn.Module, kwargs: dict) -> dict:
-    """A call's kwargs, each all-ones mask like the one the model's plan left out set to
-    None."""
-    checked = _DROPPED.get(model)
-    if not checked:
-        return kwargs
-    left = [n for n, (dim, dtype) in checked.items() if isinstance(kwargs.get(n), torch.Tensor)
-            and kwargs[n].dim() == dim and kwargs[n].dtype == dtype and _all_ones(kwargs[n])]
-    return {**kwargs, **dict.fromkeys(left)} if left else kwargs
+def dropped(model: nn.Module, args: tuple, kwargs: dict, check: bool) -> dict:
+    """A call's kwargs, each all-ones mask the model treats as None set to None; with `check`
+    (the module plans new structures), a mask of a rank and dtype not met before is checked
+    now, where that is safe."""
+    return _without(model, args, kwargs, fresh=False, check=check)
+
+
+def _without(model: nn.Module, args: tuple, kwargs: dict, fresh: bool,
+             check: bool = True) -> dict:
+    if not _hf(model) or torch._C._functorch.maybe_current_level() is not None:
+        return kwargs  # under a torch.func transform the step runs the model as it is
+    decided = _DECIDED.setdefault(model, {})
+    masks = {n: kwargs[n] for n in NAMES if type(kwargs.get(n)) is torch.Tensor}
+    keys = {n: (n, mask.dim(), mask.dtype) for n, mask in masks.items()}
+    ones = [n for n, mask in masks.items()
+            if (fresh or decided.get(keys[n]) is not False) and _all_ones(mask)]
+    new = [n for n in ones if fresh or check and keys[n] not in decided]
+    # a call's check runs the forward twice: not where module hooks would see it
+    if new and (fresh or not hooks_of(list(model.modules()))):
+        alike = _alike(model, args, kwargs, {**kwargs, **dict.fromkeys(new)})
+        decided.update({keys[n]: alike for n in new})
+    drop = [n for n in ones if decided.get(keys[n])]
+    return {**kwargs, **dict.fromkeys(drop)} if drop else kwargs
+
+
+def _hf(model: nn.Module) -> bool:
+    return type(model).__module__.startswith("transformers.")
 
 
 def _all_ones(mask: Any) -> bool:
-    return isinstance(mask, torch.Tensor) and mask.layout == torch.strided and \
+    return type(mask) is torch.Tensor and mask.layout == torch.strided and \
         not mask.requires_grad and mask.numel() > 0 and bool((mask == 1).all())
 
 

@@ -65,3 +65,36 @@ def test_a_mask_of_another_rank_is_passed_as_it_is():
         warnings.simplefilter("ignore", ReplanWarning)
         ours = opt(input_ids=ids, attention_mask=full).logits
     assert torch.equal(ours, eager(input_ids=ids, attention_mask=full).logits)
+
+
+def test_a_padded_sample_decides_at_the_first_all_ones_batch():
+    """A padded sample decided nothing: the model's all-ones batches ran with the mask, 1.9e-8
+    from eager's. The first such call checks and plans the step for None, once."""
+    model = _llama().train()
+    eager = copy.deepcopy(model)
+    torch.manual_seed(1)
+    batches = [_batch(True), _batch(False), _batch(False), _batch(True)]
+    opt = monet_opt.optimize(model, batches[0], 1 << 40, profile_dir=None, profile_repeats=1)
+    replans = []
+    for seed, batch in enumerate(batches):
+        grads = []
+        for module, owner in ((opt, model), (eager, eager)):
+            owner.zero_grad(set_to_none=True)
+            torch.manual_seed(seed)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                module(**batch).loss.backward()
+            replans += [w for w in caught if issubclass(w.category, ReplanWarning)]
+            grads.append([p.grad for p in owner.parameters()])
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), seed
+    assert len(replans) == 1  # the all-ones batches' step, once
+
+
+def test_a_padded_sample_under_new_shapes_error_keeps_the_mask():
+    """A module that plans no new structure runs all-ones batches with the mask, as planned."""
+    model = _llama().train()
+    torch.manual_seed(1)
+    opt = monet_opt.optimize(model, _batch(True), 1 << 40, profile_dir=None,
+                             profile_repeats=1, new_shapes="error")
+    opt(**_batch(False)).loss.backward()
+    assert len(opt.plans) == 1
