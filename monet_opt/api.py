@@ -28,7 +28,7 @@ from monet_opt.errors import (InfeasibleBudgetError, NoBackwardError, check_back
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
 from monet_opt.merged_inputs import refuse_merged
-from monet_opt.memory import (held_beyond, shared_bytes, sparse_bytes, storage_groups,
+from monet_opt.memory import (cuda_devices, held_beyond, shared_bytes, sparse_bytes, storage_groups,
                               with_cuda_slack)
 from monet_opt.lower_variants import attach_variants, matching, with_costs
 from monet_opt.module import OptimizedModule, Step, for_model
@@ -204,7 +204,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     planner.storage_extra = held_beyond(state, clones, counted=weights + list(inputs))
     planner.inputs = describe_inputs(args, kwargs)
     progress.tracing(planner.name, planner.inputs)  # NOTE [Progress]
-    devices = sorted({t.device for t in planner.primals if t.device.type == "cuda"}, key=str)
+    devices = cuda_devices(planner.primals)
     with torch.random.fork_rng(devices=devices):
         step = capture.first_call(model, spec, args, kwargs, planner.primals, planner.partition,
                                   partitioned=lambda: planner.partitioned)

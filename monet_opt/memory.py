@@ -301,6 +301,12 @@ def allocated_bytes(nbytes: int, device: torch.device) -> int:
     return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
 
 
+def cuda_devices(tensors: Iterable[torch.Tensor]) -> list[torch.device]:
+    """The CUDA devices these tensors are on, in order: those whose random streams a forked
+    random state (torch.random.fork_rng) keeps."""
+    return sorted({t.device for t in tensors if t.device.type == "cuda"}, key=str)
+
+
 def _device_of(tensors: Iterable[torch.Tensor]) -> torch.device:
     for t in tensors:
         return t.device

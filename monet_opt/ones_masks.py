@@ -21,14 +21,17 @@
 """
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
 import torch
 from torch import nn
 
+from monet_opt import progress
 from monet_opt.hooks import hooks_of
 from monet_opt.input_spec import InputSpec
+from monet_opt.memory import cuda_devices
 
 NAMES = ("attention_mask",)
 # model -> {(name, rank, dtype): whether the model treats that all-ones mask as None}
@@ -61,8 +64,13 @@ def _without(model: nn.Module, args: tuple, kwargs: dict, fresh: bool,
     new = [n for n in ones if fresh or check and keys[n] not in decided]
     # a call's check runs the forward twice: not where module hooks would see it
     if new and (fresh or not hooks_of(list(model.modules()))):
+        start = time.perf_counter()
         alike = _alike(model, args, kwargs, {**kwargs, **dict.fromkeys(new)})
         decided.update({keys[n]: alike for n in new})
+        progress.log.info("%s: %s all ones %s in %.1f s (two forwards under no_grad)",
+                          type(model).__name__, ", ".join(new),
+                          "treated as None: left out" if alike else "not treated as None: kept",
+                          time.perf_counter() - start)
     drop = [n for n in ones if decided.get(keys[n])]
     return {**kwargs, **dict.fromkeys(drop)} if drop else kwargs
 
@@ -81,7 +89,7 @@ def _alike(model: nn.Module, args: tuple, with_mask: dict, without: dict) -> boo
     random state, its buffers put back after each)."""
     buffers = [b.clone() for b in model.buffers()]
     outputs = []
-    devices = sorted({p.device for p in model.parameters() if p.device.type == "cuda"}, key=str)
+    devices = cuda_devices(model.parameters())
     with torch.no_grad(), torch.random.fork_rng(devices=devices):
         state = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
         for kwargs in (with_mask, without):

@@ -39,7 +39,7 @@ from torch.utils import _pytree as pytree
 from monet_opt import cudnn_bn, output_bytes, recompute
 from monet_opt.lower import Lowered, is_effect_token
 from monet_opt.misread_layouts import Layouts
-from monet_opt.memory import counted
+from monet_opt.memory import counted, cuda_devices
 from monet_opt.profile_budget import Budget, estimates
 from monet_opt.profile_memory import BoundedEnv
 from monet_opt.variant_probe import VariantProbe, timed_call as _call
@@ -104,7 +104,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
     wanted = [name for name in lowered.op_nodes if name in nodes]
     probe = VariantProbe(lowered)
     budget = Budget(repeats, time_limit_s, len(wanted), lowered.problem.name or "model")
-    devices = sorted({t.device for t in primals if t.device.type == "cuda"}, key=str)
+    devices = cuda_devices(primals)
     with unset_fake_temporarily(), torch.no_grad(), recompute.kept_generators(joint), \
             torch.random.fork_rng(devices=devices, enabled=True):
         given = iter(primals)  # in placeholder order, effect tokens put in
