@@ -1,23 +1,19 @@
-"""Backward ops writing their result into an input that dies there: BatchNorm's, elementwise ones.
+"""Backward ops writing their result into an input that dies there: elementwise ones.
 
 NOTE [BatchNorm's gradient in place]
   native_batch_norm_backward reads dy, the gradient of its output, and makes dx, the gradient
-  of its input, of the same size. Where dy dies there (the backward made it for this op alone:
-  a ReLU's backward, usually), the executor runs the op's out= form with dx written into dy's
-  storage. ATen's CPU kernels take their per-channel sums over dy first and then make each dx
-  element from the dy element it replaces, so dx is bitwise the functional op's (checked over
-  NCHW and channels-last, 2 to 5 dimensions, float32, float64 and bfloat16, training and eval:
-  tests/test_grad_in_place.py). The step then holds one activation-sized tensor less while each such
-  op runs: GoogLeNet (b32, 128², CPU, the kept problem) reaches a least peak of 143.5 MiB where
-  it reached 152.6 (its activations there 96.0 -> 86.9 MiB), at the same predicted cost with
-  half or a third of its activations (+5.0 / +12.9 %); ResNet-50's least peak, at another op,
-  is unchanged. Only where all three gradients are asked for (the out= form cannot leave one
-  out) and on CPU (on CUDA the step runs cuDNN's BatchNorm: NOTE [cuDNN's BatchNorm]). The
-  lowering marks the op as an in-place accumulation is marked (`Op.inplace_bytes`, NOTE
-  [In-place accumulation] in solvers/problem.py); a variant run in its place (NOTE [BatchNorm
-  from its output]) makes dx anew, so its workspace counts dx again (lower_variants.with_costs).
-  ReLU's and ReLU6's backwards (threshold_backward, hardtanh_backward) are elementwise and take
-  dy as dx the same way (their grad_input= form); a ReLU whose 1-bit or bool mask is in use
+  of its input, of the same size. Where dy died there, the executor ran the op's out= form
+  with dx written into dy's storage (34e1e53), and the plan counted one activation-sized
+  tensor less while it ran (GoogLeNet, b32, 128², CPU: least peak 152.6 -> 143.5 MiB). That
+  out= form is ATen's generated one (`autogen` in native_functions.yaml): it makes dx anew and
+  copies it into dy, below the dispatcher, so the live-bytes counter saw nothing made while
+  torch.profiler's allocation events saw the whole dx (96 MiB on a 32x96x64x64 BatchNorm,
+  as the functional op): the saving was the counter's, not the process's (found 2026-12-02;
+  a MobileNetV2 plan at its least peak: 54,272 B over its limit by allocation events, at it
+  without). So a BatchNorm's backward makes its dx anew again. ReLU's and ReLU6's backwards
+  (threshold_backward, hardtanh_backward) are elementwise structured kernels whose out= form
+  writes into dy itself (allocation events show no result made: tests/test_grad_in_place.py
+  checks every form the executor writes into so); a ReLU whose 1-bit or bool mask is in use
   writes into dy too (NOTE [A ReLU's mask and its gradient in place] in
   monet_opt/variants_bits.py). MobileNetV2 (b32, 128², CPU) peaked least at a ReLU6's
   backward: 172.74 -> 136.52 MiB, the plan measured at its prediction, bitwise eager's.
@@ -59,8 +55,6 @@ import functools
 import torch
 import torch.fx as fx
 
-from monet_opt import cudnn_bn
-
 aten = torch.ops.aten
 
 
@@ -70,8 +64,6 @@ def dropout_backward_out(grad: torch.Tensor, mask: torch.Tensor, scale: float, *
     return torch.mul(grad, mask, out=out).mul_(scale)
 
 
-BACKWARD = aten.native_batch_norm_backward.default
-_OUT = aten.native_batch_norm_backward.out
 # NOTE [Elementwise backward ops in place]: op -> (its out= form, the out argument's name, the
 # arguments it may write into)
 ELEMENTWISE = {
@@ -89,37 +81,23 @@ ELEMENTWISE = {
     aten.neg.default: (aten.neg.out, "out", (0,)),
     aten.native_dropout_backward.default: (dropout_backward_out, "out", (0,)),
 }
-TARGETS = (BACKWARD, *ELEMENTWISE)
+TARGETS = tuple(ELEMENTWISE)
 
 
 def may_write(node: fx.Node) -> tuple[int, ...]:
-    """The arguments `node` may write its result into: dy (0) where it is a BatchNorm backward
-    on CPU, run as ATen's kernel (not cuDNN's), asked for all three gradients; those of
-    ELEMENTWISE on CPU; else none (the caller checks that the argument dies there, laid out as
-    the result)."""
+    """The arguments `node` may write its result into: those of ELEMENTWISE, on CPU; else none
+    (the caller checks that the argument dies there, laid out as the result)."""
     vals = node.meta.get("val")
     dx = vals[0] if isinstance(vals, (tuple, list)) else vals
     if not isinstance(dx, torch.Tensor) or dx.device.type != "cpu":
         return ()
-    if node.target in ELEMENTWISE:
-        return ELEMENTWISE[node.target][2]
-    return (0,) if node.target is BACKWARD and not node.kwargs and len(node.args) == 10 and \
-        list(node.args[9]) == [True, True, True] and cudnn_bn.kernel(node) is BACKWARD else ()
-
-
-def backward_into(dy: torch.Tensor, *args):
-    """native_batch_norm_backward(dy, *args) with dx written into dy."""
-    weight = args[1]
-    return _OUT(dy, *args, out0=dy, out1=torch.empty_like(weight),
-                out2=torch.empty_like(weight))
+    return ELEMENTWISE[node.target][2] if node.target in ELEMENTWISE else ()
 
 
 @functools.cache
 def into(op, k: int):
-    """What runs in the place of `op` writing its result into its argument `k` (NOTEs
-    [BatchNorm's gradient in place], [Elementwise backward ops in place])."""
-    if op is BACKWARD:
-        return backward_into
+    """What runs in the place of `op` writing its result into its argument `k` (NOTE
+    [Elementwise backward ops in place])."""
     out_form, name, _ = ELEMENTWISE[op]
 
     def run(*args, **kwargs) -> torch.Tensor:
