@@ -316,6 +316,34 @@ def test_identical_plans_report_their_spread():
     assert report.same_plan_spread(other) == []
 
 
+def test_methods_are_compared_by_one_instrument_and_our_misses_are_flagged():
+    """NOTE [One instrument for every method]: a plan counted at half of eager's activations
+    whose allocation events (which the compiled peer was measured by) hold more is not "at
+    half"; points over their prediction, and over their limit by the events, are named."""
+    meta = dataclasses.replace(_other_run().meta, floor_bytes=100, eager_peak_bytes=300)
+
+    def point(method, family, peak, events, overhead, limit=None, predicted=None):
+        return results.Point(model="m", method=method, family=family, setting="s",
+                             status="ok", peak_bytes=peak, profiler_peak_bytes=events,
+                             overhead=overhead, limit_bytes=limit, predicted_peak_bytes=predicted,
+                             prediction_error=None if predicted is None else
+                             (predicted - peak) / peak)
+    run_ = results.ModelRun(meta=meta, points=(
+        point("eager", "eager", 300, 320, 0.0),
+        point("monet_opt auto", "ours", 200, 230, 0.05, limit=200, predicted=200),
+        point("monet_opt auto", "ours", 150, 170, 0.20, limit=160, predicted=149),
+        point("torch.compile inductor", "compile", 205, 205, 0.10)))
+    assert run_.eager_compared_bytes == 320 and run_.instrument.startswith("torch.profiler")
+    text = "\n".join(report.summary(run_, ("B", 1)))
+    # half of eager's activations by the events: 100 + 110 = 210; ours counted 200 holds 230
+    assert "| monet_opt auto | +20.0% | 170.0 (68%), +20.0% |" in text
+    assert "| torch.compile inductor | +10.0% | 205.0 (52%), +10.0% |" in text
+    assert "2 of 2 within their limit" in text and "1 measured over their prediction" in text
+    assert "By allocation events, 2 of 2 over their limit, by up to 30.0" in text
+    table = "\n".join(report.table(run_.points, 100, 300, ("B", 1)))
+    assert table.count("**over prediction**") == 1 and table.count("(over limit)") == 2
+
+
 def test_sizes_are_name_integer_pairs():
     from monet_opt import zoo
     from monet_opt.bench import run

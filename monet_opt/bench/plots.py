@@ -78,15 +78,16 @@ def _color(method: str) -> str:
 def frontier(ax, run: ModelRun, legend: bool = True) -> None:
     """Measured peak (% of eager's) against overhead, one series per method."""
     m = run.meta
-    ok = [p for p in run.points if p.status == "ok" and p.peak_bytes is not None
+    ok = [p for p in run.points if p.status == "ok" and p.compared_bytes is not None
           and p.overhead is not None]
+    eager = run.eager_compared_bytes  # NOTE [One instrument for every method]
     for method in dict.fromkeys(p.method for p in ok):
         pts = [p for p in ok if p.method == method]
         family = pts[0].family
         marker, line = STYLE.get(family, ("x", "-"))
         if family != "compile":
-            pts.sort(key=lambda p: p.peak_bytes)
-        xs = [100 * p.peak_bytes / m.eager_peak_bytes for p in pts]
+            pts.sort(key=lambda p: p.compared_bytes)
+        xs = [100 * p.compared_bytes / eager for p in pts]
         ys = [100 * p.overhead for p in pts]
         color = "black" if family == "eager" else _color(method)
         ax.plot(xs, ys, marker=marker, linestyle=line or "none", label=method, color=color,
@@ -95,13 +96,14 @@ def frontier(ax, run: ModelRun, legend: bool = True) -> None:
             for p, x, y in zip(pts, xs, ys):
                 ax.annotate(p.setting.replace("budget ", ""), (x, y), fontsize=6,
                             textcoords="offset points", xytext=(3, 3))
-    floor = 100 * m.floor_bytes / m.eager_peak_bytes
-    half = 100 * (m.floor_bytes + (m.eager_peak_bytes - m.floor_bytes) / 2) / m.eager_peak_bytes
+    floor = 100 * m.floor_bytes / eager
+    half = 100 * (m.floor_bytes + (eager - m.floor_bytes) / 2) / eager
     ax.axvline(floor, color="grey", linestyle=":", linewidth=1)
     ax.axvline(half, color="grey", linestyle="--", linewidth=0.8)
     ax.text(floor, ax.get_ylim()[1], " floor", fontsize=7, color="grey", va="top")
     ax.text(half, ax.get_ylim()[1], " activations halved", fontsize=7, color="grey", va="top")
-    ax.set_xlabel("measured peak, % of eager's")
+    ax.set_xlabel("peak, % of eager's" + (" (allocation events)" if run.instrument.startswith(
+        "torch.profiler") else ""))
     ax.set_ylabel("step time overhead vs eager, %")
     ax.set_title(f"{m.model}: {_short(m.config)}", fontsize=9)
     ax.grid(alpha=0.3)

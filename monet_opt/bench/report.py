@@ -20,6 +20,10 @@ commit, device and torch version it was measured with. Regenerate rather than ed
   torch.compile'd code (a dispatch mode would make it run eager). The profiler figure, which
   also sees scratch memory inside kernels, is given for every method as a cross-check. CUDA:
   `max_memory_allocated` (cudnn.benchmark on).
+- **Compared by** one figure for every method (NOTE [One instrument for every method] in
+  monet_opt/bench/results.py): on CPU the profiler's allocation events, which the summaries
+  and plots use; the tables give both, and mark our points over their limit or prediction by
+  the counter, and "(over limit)" by the events.
 - **Floor** = parameters + buffers + input + gradients; **activations** = peak - floor.
 - **Time**: median of interleaved steps after warm-up (eager, ours and checkpointing in one
   block, in a seeded order shuffled each round; each torch.compile budget in its own block
@@ -95,29 +99,53 @@ def section(run: ModelRun) -> str:
 
 
 def summary(run: ModelRun, u: tuple[str, int]) -> list[str]:
-    """Per method: the least overhead with activations at most half of eager's, and the least
-    measured peak; then how our points held their limits and predictions."""
+    """Per method, by the figure every method has (NOTE [One instrument for every method]):
+    the least overhead with activations at most half of eager's, and the least peak; then how
+    our points held their limits and predictions."""
     m = run.meta
-    half = m.floor_bytes + (m.eager_peak_bytes - m.floor_bytes) // 2
-    rows = ["| method | least overhead with activations halved (peak <= "
-            f"{size(half, u)}) | least measured peak (activations cut vs eager), its overhead |",
+    eager = run.eager_compared_bytes
+    half = m.floor_bytes + (eager - m.floor_bytes) // 2
+    rows = [f"Compared by {run.instrument} for every method (eager's peak {size(eager, u)}).",
+            "", "| method | least overhead with activations halved (peak <= "
+            f"{size(half, u)}) | least peak (activations cut vs eager), its overhead |",
             "|---|---|---|"]
-    ok = [p for p in run.points if p.status == "ok" and p.peak_bytes is not None]
+    ok = [p for p in run.points if p.status == "ok" and p.compared_bytes is not None]
     for method in dict.fromkeys(p.method for p in ok if p.family != "eager"):
         mine = [p for p in ok if p.method == method]
-        under = [p.overhead for p in mine if p.peak_bytes <= half and p.overhead is not None]
-        least = min(mine, key=lambda p: p.peak_bytes)
-        cut = 1 - (least.peak_bytes - m.floor_bytes) / max(1, m.eager_peak_bytes - m.floor_bytes)
+        under = [p.overhead for p in mine if p.compared_bytes <= half and p.overhead is not None]
+        least = min(mine, key=lambda p: p.compared_bytes)
+        cut = 1 - (least.compared_bytes - m.floor_bytes) / max(1, eager - m.floor_bytes)
         rows.append(f"| {method} | {pct(min(under)) if under else 'none reached'} | "
-                    f"{size(least.peak_bytes, u)} ({cut:.0%}), {pct(least.overhead)} |")
+                    f"{size(least.compared_bytes, u)} ({cut:.0%}), {pct(least.overhead)} |")
     planned = [p for p in ok if p.limit_bytes is not None]
     if planned:
-        within = sum(1 for p in planned if p.within_limit)
-        worst = max(abs(p.prediction_error) for p in planned if p.prediction_error is not None)
-        rows.append(f"\nOur executor's points: {within} of {len(planned)} within their limit; "
-                    f"largest |prediction error| {worst:.2%}.")
+        rows.append("")
+        rows += held(planned, u)
         rows += same_plan_spread(planned)
     return ["", *rows]
+
+
+def held(planned: list[Point], u: tuple[str, int]) -> list[str]:
+    """How our points held their limits and predictions, by the figure plans are made for
+    and, on CPU, by the allocation events (which see memory inside kernels, NOTE
+    [Workspace])."""
+    within = sum(1 for p in planned if p.within_limit)
+    errors = [p.prediction_error for p in planned if p.prediction_error is not None]
+    over = [p for p in planned if p.predicted_peak_bytes is not None and p.peak_bytes is not None
+            and p.peak_bytes > p.predicted_peak_bytes]
+    text = (f"Our executor's points: {within} of {len(planned)} within their limit; "
+            f"largest |prediction error| {max(map(abs, errors), default=0):.2%}; "
+            f"{len(over)} measured over their prediction" +
+            (f" (by up to {size(max(p.peak_bytes - p.predicted_peak_bytes for p in over), u)})"
+             if over else ""))
+    events = [p for p in planned if p.profiler_peak_bytes is not None]
+    above = [p.profiler_peak_bytes - p.limit_bytes for p in events
+             if p.profiler_peak_bytes > p.limit_bytes]
+    if events:
+        text += (f". By allocation events, {len(above)} of {len(events)} over their limit" +
+                 (f", by up to {size(max(above), u)}: memory inside kernels, which plans on "
+                  "CPU do not count (NOTE [Workspace])" if above else ""))
+    return [text + "."]
 
 
 def same_plan_spread(points: list[Point]) -> list[str]:
@@ -155,9 +183,13 @@ def table(points: tuple[Point, ...], floor: int, eager_peak: int,
         solve = "-" if p.solve_time_s is None else f"{p.solve_time_s:.1f}"
         err = "-" if p.prediction_error is None else f"{p.prediction_error:+.2%}"
         grad = "-" if p.grad_rel_diff is None else f"{p.grad_rel_diff:.1e}"
-        over = "" if p.within_limit is not False else " **over limit**"
+        over = (" **over limit**" if p.within_limit is False else "") + (
+            " **over prediction**" if p.predicted_peak_bytes is not None and
+            p.peak_bytes is not None and p.peak_bytes > p.predicted_peak_bytes else "")
+        beyond = " (over limit)" if p.limit_bytes is not None and p.profiler_peak_bytes \
+            is not None and p.profiler_peak_bytes > p.limit_bytes else ""
         rows.append(f"| {p.method} | {p.setting} | {p.status} | {fmt(p.limit_bytes)} | "
-                    f"{fmt(p.peak_bytes)}{over} | {share} | {act} | {fmt(p.profiler_peak_bytes)} "
+                    f"{fmt(p.peak_bytes)}{over} | {share} | {act} | {fmt(p.profiler_peak_bytes)}{beyond} "
                     f"| {step} | {pct(p.overhead)} | {pct(p.predicted_overhead)} | {solve} | "
                     f"{fmt(p.predicted_peak_bytes)} | "
                     f"{err} | {grad} | {p.note.replace('|', '/')} |")

@@ -64,6 +64,25 @@ class Point:
             return None
         return self.peak_bytes <= self.limit_bytes
 
+    @property
+    def compared_bytes(self) -> int | None:
+        """The peak methods are compared by (NOTE [One instrument for every method])."""
+        return self.peak_bytes if self.profiler_peak_bytes is None else self.profiler_peak_bytes
+
+
+# NOTE [One instrument for every method]
+#   On CPU our executor, eager and torch.utils.checkpoint are measured by the live-bytes
+#   counter (the figure our plans are made for and checked against), torch.compile'd code by
+#   torch.profiler's allocation events (a dispatch mode would make it run eager). The events
+#   also see memory allocated inside kernels (oneDNN's scratch in convolutions, ATen's
+#   temporaries), which the counter does not, so the two figures side by side favoured the
+#   counted methods: by the events, MobileNetV2's least activations of ours were 187 MiB, not
+#   the 139 counted, and U-Net's plans reached half of eager's activations at no limit
+#   (2026-12-02, on the bench.json then committed). The summaries and the frontier plots
+#   compare every method by the one figure all have: on CPU the allocation events (taken for
+#   every method), on CUDA max_memory_allocated; the counter's figure stays in the tables,
+#   beside each plan's prediction and limit.
+
 
 @dataclass(frozen=True)
 class Meta:
@@ -118,6 +137,21 @@ class ModelRun:
     meta: Meta
     points: tuple[Point, ...]
     timeline: Timeline | None = None
+
+    @property
+    def eager_compared_bytes(self) -> int:
+        """Eager's peak by the figure every method is compared by (NOTE [One instrument for
+        every method])."""
+        eager = [p.compared_bytes for p in self.points
+                 if p.family == "eager" and p.compared_bytes is not None]
+        return eager[0] if eager else self.meta.eager_peak_bytes
+
+    @property
+    def instrument(self) -> str:
+        """The figure the summaries and plots compare by."""
+        if any(p.profiler_peak_bytes is not None for p in self.points):
+            return "torch.profiler's allocation events"
+        return next((p.peak_instrument for p in self.points if p.peak_instrument), "")
 
 
 class BenchFileError(MonetError):
