@@ -159,7 +159,6 @@ def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
         plan_s = time.perf_counter() - start
         plan = opt.plan
         least = plan.min_feasible_bytes if least is None else min(least, plan.min_feasible_bytes)
-        runner = measure.runner_for(f"{method} {label}", opt, ctx.model, ctx.x)
         gap = "" if plan.gap is None else f", gap {plan.gap:.1%}"
         note = (f"{plan.solver} {plan.status}{gap}; {plan.recomputed_ops} op runs recomputed"
                 + (f"; {plan.solver_note}" if plan.solver_note else "")
@@ -169,7 +168,12 @@ def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
         point = replace(base, solve_time_s=plan.solve_time_s, plan_time_s=plan_s,
                         predicted_peak_bytes=plan.predicted_peak_bytes,
                         predicted_overhead=predicted_overhead, note=note)
-        point = measured_point(ctx, runner, point)
+        try:  # a plan whose step fails is a failed point, as a peer's is
+            runner = measure.runner_for(f"{method} {label}", opt, ctx.model, ctx.x)
+            point = measured_point(ctx, runner, point)
+        except Exception as exc:  # noqa: BLE001 - recorded, the benchmark goes on
+            out.append(Measured(replace(point, status="failed", note=f"{note}; {_failure(exc)}")))
+            continue
         point = replace(point, prediction_error=(
             (plan.predicted_peak_bytes - point.peak_bytes) / point.peak_bytes))
         out.append(Measured(point, runner, plan))

@@ -196,8 +196,13 @@ def _timeline(ctx: Context, measured: list[Measured], device: torch.device):
         return None
     pick = next((m for m in ran if m.point.setting == "50%"),
                 min(ran, key=lambda m: m.point.limit_bytes))
-    return timeline_mod.record(pick.runner, ctx.x, pick.plan, pick.point.method,
-                               pick.point.setting, device)
+    try:
+        return timeline_mod.record(pick.runner, ctx.x, pick.plan, pick.point.method,
+                                   pick.point.setting, device)
+    except Exception as exc:  # noqa: BLE001 - the points already measured are worth more
+        print(f"  no timeline for {pick.point.method} {pick.point.setting}: "
+              f"{methods._failure(exc)}", flush=True)
+        return None
 
 
 def _meta(name: str, config: str, s: Settings, ctx: Context, eager: results.Point,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ import torch
 
 from monet_opt import zoo
 from monet_opt.bench import methods, models
-from monet_opt.cli_inputs import positive_int, positive_seconds
+from monet_opt.cli_inputs import device_of, positive_int, positive_seconds
+from monet_opt.errors import UsageError
 
 LIMITS = ("100", "80", "60", "50", "40", "33", "a50", "a33", "min", "min+10")
 QUICK_LIMITS = ("100", "50", "min")
@@ -80,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(args.device)
     names = tuple(n for n in args.models.split(",") if n)
     unknown = [n for n in names if n not in models.SPECS]
     if unknown or not names:
@@ -90,7 +92,7 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
     if out.exists() and not out.is_dir():
         raise SystemExit(f"monet-opt bench --out: {out} is a file, not a folder; name a folder "
                          "(it is made if missing)")
-    return Settings(
+    settings = Settings(
         models=names, regime="quick" if args.quick else device.type.replace("cuda", "gpu"),
         device=device,
         limits=_limits(args.limits) if args.limits else QUICK_LIMITS if args.quick else LIMITS,
@@ -103,6 +105,42 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
         out=out, merge=not args.no_merge,
         command="monet-opt bench " + shlex.join(argv), git_commit=git_commit(),
         size=zoo.parse_size(args.size, names), channels_last=args.channels_last)
+    if settings.compile_budgets:
+        _check_backend(settings.compile_backend)
+    _make_folder(out)  # last: a run refused for another argument leaves no folder behind
+    return settings
+
+
+def _device(name: str | None) -> torch.device:
+    """--device, or cuda where torch sees it: a missing CUDA said now, not at the model's move."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return device_of(name)
+    except UsageError as exc:
+        raise SystemExit(f"monet-opt bench: {exc}; run where torch sees one, or give "
+                         "--device cpu") from None
+
+
+def _check_backend(backend: str) -> None:
+    """A backend torch.compile does not know failed each budget, after our points had run."""
+    import torch._dynamo
+    if backend not in torch._dynamo.list_backends(exclude_tags=()):  # debug ones too
+        raise SystemExit(f"monet-opt bench --compile-backend: torch.compile has no backend "
+                         f"{backend!r}; choose from {torch._dynamo.list_backends()} (or one "
+                         "of list_backends(exclude_tags=())), or give --compile-budgets none")
+
+
+def _make_folder(out: Path) -> None:
+    """--out made now: one that cannot be made failed only when the results were written."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"monet-opt bench --out: cannot make the folder {out} "
+                         f"({exc.strerror or exc}); name a folder that can be made") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise SystemExit(f"monet-opt bench --out: cannot write into {out} (permission denied); "
+                         "name a folder you can write to")
 
 
 def _limits(text: str) -> tuple[str, ...]:
