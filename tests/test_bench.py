@@ -201,6 +201,23 @@ def test_a_run_cut_while_compiling_keeps_what_was_timed(tmp_path, monkeypatch):
         ["torch.compile budget 0.3: the run ended before it"]
 
 
+def test_a_run_failing_while_timing_keeps_what_was_measured(tmp_path, monkeypatch):
+    """NOTE [A run cut short]: the timing block failing lost every point of the model."""
+    def fail(*args, **kwargs):
+        raise RuntimeError("timing failed")
+
+    monkeypatch.setattr(run.measure, "interleaved_times", fail)
+    argv = ["--models", "tiny_cnn", "--quick", "--out", str(tmp_path), "--solvers", "auto",
+            "--limits", "100,min", "--compile-budgets", "none", "--rounds", "1"]
+    with pytest.raises(RuntimeError, match="timing failed"):
+        run.main(argv)
+    r = results.load(tmp_path / results.JSON_NAME)["tiny_cnn"]
+    ours = [p for p in r.points if p.family == "ours"]
+    assert [p.setting for p in ours] == ["100%", "min"]
+    assert all(p.status == "ok" and p.peak_bytes and p.step_time_s is None for p in ours)
+    assert "timing: the run ended before it" in r.meta.skipped
+
+
 def test_a_run_names_what_it_replaces_of_the_models_run_in_the_file(tmp_path):
     """A model's run in bench.json is replaced whole: before anything runs, the bench names
     the points of the old run that the new one will not have."""

@@ -104,6 +104,10 @@ def bench_model(spec: models.BenchModel, s: Settings,
             continue
         measured += methods.ours(ctx, solver, s.limits, s.time_limit_s)
     measured += [methods.checkpoint(ctx, peer) for peer in spec.checkpoint]
+    save(results.ModelRun(  # NOTE [A run cut short]: measured, not yet timed
+        meta=_meta(spec.name, config, s, ctx, eager_point,
+                   (*skipped, "timing: the run ended before it"), time.perf_counter() - started),
+        points=(eager_point, *(m.point for m in measured))))
     points, noise, as_built_s = _timed(ctx, eager_point, measured, s.rounds, as_built)
     timeline = _timeline(ctx, measured, s.device)
 
@@ -137,7 +141,9 @@ def bench_model(spec: models.BenchModel, s: Settings,
 #   lent machine's run is cut at its time limit, where everything of the model would be lost with
 #   the points already timed (the seventh lease lost GPT-2's that way). So the bench saves the
 #   model's run before each budget, each budget not yet run named in the run's "Not run" (its
-#   meta.skipped), and once more when the model is done.
+#   meta.skipped), and once more when the model is done; and before the timing block, its
+#   points measured but untimed, so a run cut or failing there keeps its peaks, predictions
+#   and gradient checks (a GPT-2 run's ~100 s of a lease).
 
 
 def _timed(ctx: Context, eager_point: results.Point, measured: list[Measured], rounds: int,
