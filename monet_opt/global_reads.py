@@ -15,7 +15,9 @@ NOTE [Globals read by the forward]
   They are found in the code, not by running it: the forward functions of the model's module
   classes, their nested functions, the functions they call by a global name (`helper(x)`,
   `utils.helper(x)`) and the methods and properties they reach through their first argument
-  (`self._attn(q, k, v)`, `self.scale`), and so on from those, at most MAX_FUNCTIONS; not
+  (`self._attn(q, k, v)`, `self.scale`), the module hooks' functions (a forward hook scaling
+  an output by a global schedule held the value met at optimize(): loss 23.95 where eager's
+  was 16.33), and so on from those, at most MAX_FUNCTIONS; not
   into PyTorch's, NumPy's or the standard library's functions, whose globals are their own
   settings and bookkeeping, not a training loop's.
   Objects' attributes are read from their __dict__, so no property of theirs runs. Not seen:
@@ -34,6 +36,9 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from torch import nn
+from torch.nn.modules import module as nn_module
+
+from monet_opt.hooks import GLOBAL_KINDS, KINDS
 
 _PLAIN = (bool, int, float, str, type(None))
 MISSING = object()
@@ -120,10 +125,11 @@ def _not_followed(fn: types.FunctionType) -> bool:
     return module in _NOT_FOLLOWED or module in sys.stdlib_module_names
 
 
-def _forward_functions(model: nn.Module) -> set[tuple[types.FunctionType, type]]:
+def _forward_functions(model: nn.Module) -> set[tuple[types.FunctionType, type | None]]:
     """(function, the class `self` is) for the forward of each class in the model's module
     classes' MROs (nn.Module's own aside), and the functions decorated ones wrap (HF's
-    can_return_tuple)."""
+    can_return_tuple); and (function, None) for each module hook, the model's and the global
+    ones (a hook scaling an output by a global schedule held it fixed: NOTE [Module hooks])."""
     out = set()
     for kind in {type(module) for module in model.modules()}:
         for cls in kind.__mro__:
@@ -131,6 +137,13 @@ def _forward_functions(model: nn.Module) -> set[tuple[types.FunctionType, type]]
             while isinstance(fn, types.FunctionType):
                 out.add((fn, kind))
                 fn = getattr(fn, "__wrapped__", None)
+    tables = [vars(module).get(kind) or {} for module in model.modules() for kind in KINDS]
+    tables += [getattr(nn_module, kind) for kind in GLOBAL_KINDS]
+    for hook in (hook for table in tables for hook in table.values()):
+        hook = getattr(hook, "func", hook)  # functools.partial
+        hook = getattr(hook, "__func__", hook)  # a bound method
+        if isinstance(hook, types.FunctionType) and not _not_followed(hook):
+            out.add((hook, None))
     return out
 
 

@@ -305,3 +305,31 @@ def test_globals_read_by_called_functions_plan_a_step():
             assert seed == 0 or named in replans[0]
     finally:
         LIMITS["clip"], CFG.MODEL, model_node.TEMP = 3.0, model_node, 1.0
+
+
+HOOK_SCALE = 1.5  # read by a module hook, changed by the test as a warm-up schedule would
+
+
+def _scaled(module, inputs, output):
+    return output * HOOK_SCALE
+
+
+def test_globals_read_by_module_hooks_plan_a_step():
+    """A forward hook scaling an output by a global the loop changes: the step held the value
+    met at optimize() (loss 23.95 where eager's was 16.33, silently). HookWarning aside, it
+    is watched as the forward's own reads are."""
+    global HOOK_SCALE
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)), torch.randn(8, 16)
+    model[0].register_forward_hook(_scaled)
+    eager = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", monet_opt.HookWarning)
+        opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    try:
+        for seed, scale in enumerate((1.5, 0.25)):
+            HOOK_SCALE = scale
+            replans = _replans_of_alike_step(opt, model, eager, x, seed)
+            assert len(replans) == seed and (seed == 0 or "HOOK_SCALE" in replans[0])
+    finally:
+        HOOK_SCALE = 1.5
