@@ -25,11 +25,10 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.nn.modules.lazy import LazyModuleMixin
 
 from monet_opt import (attribute_tensors, capture_hints, data_assigned, forward_state, input_spec,
-                       host_random, saved_hooks)
+                       host_random, kernels, saved_hooks)
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
-from monet_opt.kernels import SDPA_AT_IMPORT, sdpa_kernels
 from monet_opt.reentrant import plain_checkpoints
 
 
@@ -51,13 +50,11 @@ AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 def autocast_state() -> tuple[tuple[str, Any], ...]:
-    """(device type, dtype) of each device type autocast is on for now; and ("sdpa", flags)
-    where the attention kernels allowed are not as they were at import (NOTE [Attention
-    kernels are traced])."""
-    state = tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES
-                  if torch.is_autocast_enabled(d))
-    kernels = sdpa_kernels()
-    return state if kernels == SDPA_AT_IMPORT else state + (("sdpa", kernels),)
+    """(device type, dtype) of each device type autocast is on for now; and the kernel
+    choices made as a step is traced, where not as at import (NOTE [Attention kernels are
+    traced] in monet_opt/kernels.py)."""
+    return tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES
+                 if torch.is_autocast_enabled(d)) + kernels.changed()
 
 
 def state_names(model: torch.nn.Module) -> tuple[list[str], list[str], list[str]]:

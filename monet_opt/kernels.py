@@ -17,3 +17,15 @@ def sdpa_kernels() -> tuple[bool, ...]:
 
 
 SDPA_AT_IMPORT = sdpa_kernels()
+CUDNN_AT_IMPORT = torch.backends.cudnn.enabled
+
+
+def changed() -> tuple[tuple[str, object], ...]:
+    """("sdpa", flags) where the attention kernels allowed are not as they were at import;
+    ("cudnn", enabled) where cuDNN is turned on or off otherwise than at import: a BatchNorm's
+    kernel is chosen as it is traced (NOTE [cuDNN's BatchNorm] in monet_opt/cudnn_bn.py), so
+    a step traced with cuDNN on ran cuDNN's under `torch.backends.cudnn.flags(enabled=False)`,
+    where eager runs ATen's (not bitwise alike)."""
+    kernels, cudnn = sdpa_kernels(), torch.backends.cudnn.enabled
+    return ((("sdpa", kernels),) if kernels != SDPA_AT_IMPORT else ()) + \
+        ((("cudnn", cudnn),) if cudnn != CUDNN_AT_IMPORT else ())

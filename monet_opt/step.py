@@ -105,6 +105,7 @@ def param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor])
 
 def describe_autocast(state: tuple) -> str:
     kernels = ("flash", "memory-efficient", "math", "cuDNN")
-    return ", ".join(f"on for {device} ({dtype})" if device != "sdpa" else
+    return ", ".join(f"cuDNN {'on' if dtype else 'off'}" if device == "cudnn" else
+                     f"on for {device} ({dtype})" if device != "sdpa" else
                      "attention kernels " + "/".join(k for k, on in zip(kernels, dtype) if on)
                      for device, dtype in state) or "off"

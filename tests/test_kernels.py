@@ -40,3 +40,20 @@ def test_a_step_under_other_attention_kernels_is_eager_s():
     assert torch.equal(ours, theirs)
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
                                                            eager.parameters()))
+
+
+def test_a_step_with_cudnn_turned_off_is_planned_for_it():
+    """A BatchNorm's kernel is chosen as the step is traced (cuDNN's on CUDA): under
+    cudnn.flags(enabled=False) the step ran cuDNN's where eager runs ATen's. The flag is part
+    of the step's key (on CPU nothing else changes: the step is eager's all the same)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
+    x = torch.randn(2, 3, 12, 12)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    with torch.backends.cudnn.flags(enabled=not torch.backends.cudnn.enabled):
+        with pytest.warns(monet_opt.ReplanWarning, match="cuDNN o"):
+            ours = opt(x)
+        theirs = eager(x)
+    assert torch.equal(ours, theirs)
+    assert len(opt.plans) == 2
