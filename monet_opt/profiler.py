@@ -24,6 +24,7 @@ The time limit: NOTE [The profiling time limit] in monet_opt/profile_budget.py.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import warnings
@@ -105,8 +106,11 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
     probe = VariantProbe(lowered)
     budget = Budget(repeats, time_limit_s, len(wanted), lowered.problem.name or "model")
     devices = cuda_devices(primals)
+    # the model's GPU the current one: CUDA events and the allocator's counters read the
+    # current device (a DDP rank's model.to(rank) without set_device timed GPU 0's idle stream)
+    on_device = torch.cuda.device(devices[0]) if devices else contextlib.nullcontext()
     with unset_fake_temporarily(), torch.no_grad(), recompute.kept_generators(joint), \
-            torch.random.fork_rng(devices=devices, enabled=True):
+            torch.random.fork_rng(devices=devices, enabled=True), on_device:
         given = iter(primals)  # in placeholder order, effect tokens put in
         inputs = [torch.empty(0) if is_effect_token(n) else
                   _random_like(n.meta["val"], primals) if n.name.startswith("tangents") else

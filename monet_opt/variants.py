@@ -122,7 +122,10 @@ class Family:
 #   the same layout: the same kernel on the same draws, at the cost of that input and output for
 #   a moment. Either way the profiler checks it: it captures a state, draws a mask as the
 #   forward does, and withdraws the variant unless the backward from the replayed mask is
-#   bitwise the backward from that one.
+#   bitwise the backward from that one. CUDA's kernel is vectorised by the input's address
+#   (16-byte aligned or not), and its two forms hand the draws to other elements: an input
+#   viewing its storage at an offset misaligned so is replayed at that same misalignment (the
+#   profiler's own check draws both masks alike, so it would not have seen it).
 
 
 def _is_dropout_mask(node: fx.Node) -> bool:
@@ -132,13 +135,14 @@ def _is_dropout_mask(node: fx.Node) -> bool:
 
 
 def _dropout_layout(node: fx.Node) -> tuple:
-    """(p, shape, the mask's stride, the input's stride, the input's dtype, device) of the
-    native_dropout whose mask `node` reads."""
+    """(p, shape, the mask's stride, the input's stride, the input's dtype, its bytes past a
+    16-byte boundary, device) of the native_dropout whose mask `node` reads."""
     mask = node.args[1]
     drop = mask.args[0]
     x = drop.args[0].meta["val"]
     return (float(drop.args[1]), tuple(x.shape), tuple(mask.meta["val"].stride()),
-            tuple(x.stride()), x.dtype, str(x.device))
+            tuple(x.stride()), x.dtype, x.storage_offset() * x.element_size() % 16,
+            str(x.device))
 
 
 def _generator_state(mask: torch.Tensor, *layout) -> torch.Tensor:
@@ -148,11 +152,13 @@ def _generator_state(mask: torch.Tensor, *layout) -> torch.Tensor:
         return recompute.rng_state(layout[-1])
 
 
-def _dropout_draw(p, shape, mask_stride, stride, dtype, device) -> torch.Tensor:
+def _dropout_draw(p, shape, mask_stride, stride, dtype, misaligned, device) -> torch.Tensor:
     """A dropout mask drawn from the generator as native_dropout draws it."""
     if torch.device(device).type == "cpu":
         return torch.empty_strided(shape, mask_stride, dtype=torch.bool).bernoulli_(1 - p)
-    x = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    offset = misaligned // torch.empty((), dtype=dtype).element_size()
+    span = 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
+    x = torch.empty(offset + span, dtype=dtype, device=device).as_strided(shape, stride, offset)
     return aten.native_dropout(x, p, True)[1]
 
 

@@ -27,7 +27,7 @@ def test_the_replayed_mask_is_the_forwards(layout):
     _, mask = aten.native_dropout(x, 0.4, True)
     after = torch.get_rng_state()
     fam = variants.family(REPLAY)
-    layout_ = (0.4, tuple(x.shape), tuple(mask.stride()), tuple(x.stride()), x.dtype, "cpu")
+    layout_ = (0.4, tuple(x.shape), tuple(mask.stride()), tuple(x.stride()), x.dtype, 0, "cpu")
     again = fam.decode(state, *layout_)
     assert torch.equal(again, mask) and again.stride() == mask.stride()
     assert torch.equal(torch.get_rng_state(), after)  # the stream is where the forward left it
