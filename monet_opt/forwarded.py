@@ -9,6 +9,15 @@
   [Attributes read as constants]: a new value or module is planned for, with a ReplanWarning).
   The wrapper's own state is what it set before `ready()` (its __init__'s end), and a private
   name the model lacks.
+
+NOTE [DDP's names to ignore]
+  DistributedDataParallel leaves out of its all-reduce the parameters and buffers named in
+  its module's `_ddp_params_and_buffers_to_ignore` (set by
+  DDP._set_params_and_buffers_to_ignore_for_model), matched against the module's own names:
+  the optimized module's carry "model.". Set on the model before optimize() (read through the
+  wrapper) or on the optimized module with the model's names, nothing matched and each rank's
+  "private" parameters were averaged across ranks, silently (0.994 apart in eager, 0 here).
+  The list is kept on the model in its names, and read through the wrapper in the wrapper's.
 """
 from __future__ import annotations
 
@@ -41,11 +50,20 @@ class ToModel(nn.Module):
             model = self._model()
             if model is None:
                 raise
-            return getattr(model, name)
+            value = getattr(model, name)
+            if name == DDP_IGNORE and self.__dict__.get("_ready"):  # NOTE [DDP's names to ignore]
+                own = _names(model)
+                value = [f"model.{n}" if n in own else n for n in value]
+            return value
 
     def __setattr__(self, name: str, value: Any) -> None:
         model = self._model()
-        if self._own(name, model):
+        if name == DDP_IGNORE and model is not None and self.__dict__.get("_ready"):
+            own = _names(model)
+            value = [n[6:] if n not in own and n.startswith("model.") and n[6:] in own else n
+                     for n in value]
+            setattr(model, name, value)  # NOTE [DDP's names to ignore]
+        elif self._own(name, model):
             super().__setattr__(name, value)
         else:
             setattr(model, name, value)
@@ -56,3 +74,10 @@ class ToModel(nn.Module):
             super().__delattr__(name)
         else:
             delattr(model, name)
+
+
+DDP_IGNORE = "_ddp_params_and_buffers_to_ignore"
+
+
+def _names(model: nn.Module) -> set[str]:
+    return {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}

@@ -80,3 +80,20 @@ def test_optimized_module_trains_like_the_model_under_ddp(tmp_path):
         grads.append(ours[0])
     # DDP averaged the gradients: every rank holds the same, though their batches differ
     assert all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
+
+
+def test_names_ddp_leaves_out_are_the_optimized_modules():
+    """NOTE [DDP's names to ignore]: DDP matches its module's names; set on the model, or on
+    the optimized module in the model's names, nothing matched "model."-prefixed names and
+    each rank's own parameters were averaged across ranks, silently."""
+    base, x, _ = models.small_cnn()
+    names = [n for n, _ in base.named_parameters()][:2]
+    DDP._set_params_and_buffers_to_ignore_for_model(base, names)
+    opt = monet_opt.optimize(base, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    ours = {n for n, _ in opt.named_parameters()}
+    assert set(opt._ddp_params_and_buffers_to_ignore) == {f"model.{n}" for n in names} <= ours
+    DDP._set_params_and_buffers_to_ignore_for_model(opt, names[:1])  # the model's names
+    assert set(opt._ddp_params_and_buffers_to_ignore) == {f"model.{names[0]}"}
+    DDP._set_params_and_buffers_to_ignore_for_model(opt, [f"model.{names[1]}"])  # the wrapper's
+    assert base._ddp_params_and_buffers_to_ignore == [names[1]]
+    assert "_ddp_params_and_buffers_to_ignore" not in vars(opt)
