@@ -80,6 +80,10 @@ class HeldOutputs:
             own = ins | {t.untyped_storage().data_ptr() for t in fixed()}
             held = resident_bytes(_beyond_loss(
                 [t for t in alive if t.untyped_storage().data_ptr() not in own]))
+            if held > room:  # those the step's backward saves are alive for it, in its plan
+                own |= {t.untyped_storage().data_ptr() for t in _saved(node)}
+                held = resident_bytes(_beyond_loss(
+                    [t for t in alive if t.untyped_storage().data_ptr() not in own]))
             if held > room:
                 self.held = True
                 warnings.warn(OutputsHeldWarning(
@@ -107,6 +111,17 @@ class HeldOutputs:
             + ("" if least is None else f" to {least:,} B")
             + ", or compute the loss inside the module (monet_opt.WithLoss)."),
             stacklevel=user_stacklevel())
+
+
+def _saved(node: Any) -> list[torch.Tensor]:
+    """The tensors the step's backward node saved: an output it saves (topk's indices, returned
+    for logging) is alive through the backward whatever the caller does, and the plan holds it
+    there; counted as held by a caller that kept only the loss, it warned and planned a slower
+    step. Unpacked only where the outputs seem held, as a saved-tensor hook may move them."""
+    try:
+        return [t for t in node.saved_tensors if isinstance(t, torch.Tensor)]
+    except (RuntimeError, AttributeError):  # freed, or not a node that saves
+        return []
 
 
 def _beyond_loss(outputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -313,3 +313,35 @@ def test_a_sum_loss_on_a_tiny_model_is_not_warned_about():
     with warnings.catch_warnings():
         warnings.simplefilter("error", monet_opt.OutputGradientWarning)
         opt(x).sum().backward()
+
+
+class _TopK(torch.nn.Module):
+    """Returns its loss and topk's indices (for logging), which topk's backward saves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(16, 64), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        values, indices = self.l2(torch.tanh(self.l1(x))).topk(32, -1)
+        return values.square().sum(), indices
+
+
+def test_an_output_the_backward_saves_is_not_held_by_the_caller():
+    """The caller kept only the loss, yet the indices, alive for topk's backward, were
+    counted as held by it: the step warned and planned a slower one (+2.8 %)."""
+    torch.manual_seed(0)
+    model, x = _TopK(), torch.randn(2048, 16)
+    store_all = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_dir=None,
+                                   profile_repeats=1)
+    limit = store_all.plan.predicted_peak_bytes + x.shape[0] * 32 * 8 // 4  # a quarter of them
+    opt = monet_opt.optimize(model, x, limit, profile_dir=None, profile_repeats=1,
+                             time_limit_s=5)
+    resident = monet_opt.resident_tensors(model, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.OutputsHeldWarning)
+        for _ in range(2):
+            peak = monet_opt.measure_peak(lambda: opt(x)[0].backward(), resident)
+            assert peak <= opt.plan.predicted_peak_bytes <= limit
+            model.zero_grad(set_to_none=True)
+    assert len(opt.plans) == 1
