@@ -88,9 +88,11 @@ def _noting(fn: Callable, where: str) -> Callable:
 #   and the steps' draws went on from wherever the stream was: outputs unlike eager's at every
 #   step, silently. While traced, a call to one of these from the model's own code (not from
 #   torch's, as torch.utils.checkpoint's replay) is noted, and refuse_drawn raises CaptureError
-#   naming the line: seed before calling the model instead.
+#   naming the line: seed before calling the model instead. So is torch.random.fork_rng(),
+#   whose exit puts the stream back (from torch's own code, which is not noted): eager's draws
+#   after the block repeated those inside it, the step's drew on (a loss 0.124 for eager's 0.098).
 _RESEEDS = ((torch, ("manual_seed", "seed", "set_rng_state")),
-            (torch.random, ("manual_seed", "seed", "set_rng_state")),
+            (torch.random, ("manual_seed", "seed", "set_rng_state", "fork_rng")),
             (torch.cuda, ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state")))
 
 
@@ -160,9 +162,10 @@ def refuse_drawn() -> None:
             f"monet_opt.optimize: {_watch['model']}'s forward sets torch's random state:"
             + _listed(reseeds) + "\nEager restarts its random stream there at every call; a "
             "traced step cannot (it would set it once, at optimize(), and draw on from there: "
-            "masks unlike eager's, silently). Seed before calling the model instead, or keep "
-            "the mask meant to repeat as a buffer (NOTE [Random state set in the forward] in "
-            "monet_opt/host_random.py).")
+            "masks unlike eager's, silently). Seed before calling the model instead, keep "
+            "the mask meant to repeat as a buffer, or draw what must not move the stream from "
+            "a torch.Generator held on a module (torch.rand(..., generator=self.g)) (NOTE "
+            "[Random state set in the forward] in monet_opt/host_random.py).")
 
 
 # NOTE [Generators set in the forward]
