@@ -31,6 +31,7 @@ NOTE [Dropout backward's layout]
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
@@ -49,9 +50,10 @@ def eager_scale(p: float, dtype: torch.dtype) -> float:
 
 
 def round_dropout_scales(gm: fx.GraphModule) -> int:
-    """NOTE [Dropout's scale], in place (and NOTE [Dropout of everything]); returns how many
-    backward ops it changed."""
+    """NOTE [Dropout's scale], in place (and NOTEs [Dropout of everything], [Noise in the
+    input's memory order]); returns how many backward ops it changed."""
     _drop_everything(gm)
+    _noise_in_memory_order(gm)
     changed = 0
     backward = aten.native_dropout_backward.default
     for node in gm.graph.find_nodes(op="call_function", target=backward):
@@ -131,3 +133,57 @@ def _drop_everything(gm: fx.GraphModule) -> None:
         changed = True
     if changed:
         gm.recompile()
+
+
+# NOTE [Noise in the input's memory order]
+#   An in-place dropout (nn.Dropout(inplace=True), F.dropout(x, inplace=True)) is ATen's
+#   composite on every device: noise = empty_like(x).bernoulli_(1 - p), which keeps x's strides
+#   and draws in its memory order. The trace records it as bernoulli.p(empty_like(x), 1 - p),
+#   whose kernel makes its result contiguous and draws in that order: where x is permuted (a
+#   channels-last activation, a transposed one) the step's mask put the same draws on other
+#   elements (a channels-last CNN's loss 0.58 for eager's 0.49, silently; torch.compile's
+#   aot_eager alike). So such a draw is made into a contiguous tensor shaped as x lies in
+#   memory, permuted back to x's dimensions and copied contiguous, as the graph holds it: the
+#   same draws on the same elements as eager's. An `empty_like(x).bernoulli_(p)` of the
+#   model's own is traced alike and drawn so too (eager draws it in x's memory order as well).
+def _noise_in_memory_order(gm: fx.GraphModule) -> None:
+    graph, changed = gm.graph, False
+    for node in list(graph.find_nodes(op="call_function", target=aten.bernoulli.p)):
+        like = node.args[0]
+        val = like.meta.get("val") if isinstance(like, fx.Node) else None
+        if like.target is not aten.empty_like.default or not isinstance(val, torch.Tensor) or \
+                val.is_contiguous() or not _dense(val):
+            continue
+        order = sorted(range(val.dim()), key=lambda d: (-val.stride(d), d))
+        shape = [val.shape[d] for d in order]
+        with graph.inserting_before(node):
+            flat = graph.call_function(aten.empty.memory_format, (shape,),
+                                       {"dtype": val.dtype, "device": val.device})
+        with graph.inserting_after(node):
+            back = graph.call_function(aten.permute.default, (node, [order.index(d) for d in
+                                                                      range(val.dim())]))
+        with graph.inserting_after(back):
+            made = graph.call_function(aten.clone.default, (back,),
+                                       {"memory_format": torch.contiguous_format})
+        node.replace_all_uses_with(made, delete_user_cb=lambda user: user is not back)
+        node.args = (flat, *node.args[1:])
+        with detect_fake_mode((val,)) or contextlib.nullcontext():
+            drawn = aten.empty.memory_format(shape, dtype=val.dtype, device=val.device)
+            flat.meta["val"], made.meta = drawn, dict(node.meta)
+            node.meta = {**node.meta, "val": aten.bernoulli.p(drawn, *node.args[1:])}
+            back.meta["val"] = node.meta["val"].permute(back.args[1])
+        changed = True
+    if changed:
+        graph.eliminate_dead_code()
+        gm.recompile()
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill its storage span without gaps or overlaps."""
+    sizes = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1)
+    expected = 1
+    for st, n in sizes:
+        if st != expected:
+            return False
+        expected *= n
+    return True
