@@ -13,10 +13,11 @@ def situation(why: str, resident_bytes: int) -> str:
                         "resident (accumulation, or zero_grad(set_to_none=False)), which the "
                         "limit must hold too",
             "params": "parameters or buffers changed since optimize() (added, removed, tied, "
-                      "requires_grad, shape, dtype or device)",
+                      "requires_grad, shape, dtype, device or layout)",
             "outputs_held": "a caller that holds the step's outputs through its backward",
             "autocast": "a step under another autocast state (or attention kernels: "
-                        "sdpa_kernel) than optimize() was called in",
+                        "sdpa_kernel; cuDNN on or off; torch's default dtype) than optimize() "
+                        "was called in",
             "hooks": "module hooks added or removed since optimize()",
             "structure": "inputs structured otherwise than the sample (other arguments)",
             "sharing": "inputs that share storages otherwise than the sample's",
@@ -30,7 +31,8 @@ def situation(why: str, resident_bytes: int) -> str:
 
 WHAT_TO_DO = {
     "params": "Parameters or buffers added, removed or tied, or whose requires_grad, shape, "
-              "dtype or device changed since optimize() (layers frozen or unfrozen), need a "
+              "dtype, device or layout changed since optimize() (layers frozen or unfrozen, "
+              "the model made channels-last), need a "
               "step traced for them (NOTE [Parameters changed]).",
     "resident": "Gradients in place at a step's start (accumulating over micro-batches, or "
                 "zero_grad(set_to_none=False)) are held through the whole step, so less of the "

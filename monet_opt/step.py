@@ -91,13 +91,19 @@ def step_key(structure: tuple, leaves: tuple, params: tuple, resident: tuple[int
     return structure, leaves, params, resident, resident_bytes, shared, traced, values
 
 
-_PARAM = operator.attrgetter("shape", "dtype", "device", "requires_grad")
-_BUFFER = operator.attrgetter("shape", "dtype", "device")
+def _PARAM(t: torch.Tensor) -> tuple:
+    return t.shape, t.dtype, t.device, t.requires_grad, t.stride()
+
+
+def _BUFFER(t: torch.Tensor) -> tuple:
+    return t.shape, t.dtype, t.device, t.stride()
 
 
 def param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> tuple:
     """What a traced step fixes of the parameters and buffers: their names, and each one's
-    shape, dtype, device and, a parameter's, requires_grad (NOTE [Parameters changed] in
+    shape, dtype, device, strides (a model made channels-last after optimize() ran the step
+    traced for its contiguous weights: gradients 7e-6 from eager's, or a view the new
+    layout does not allow) and, a parameter's, requires_grad (NOTE [Parameters changed] in
     monet_opt/module.py)."""
     return (tuple(params), tuple(map(_PARAM, params.values())),
             tuple(buffers), tuple(map(_BUFFER, buffers.values())))
@@ -106,6 +112,7 @@ def param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor])
 def describe_autocast(state: tuple) -> str:
     kernels = ("flash", "memory-efficient", "math", "cuDNN")
     return ", ".join(f"cuDNN {'on' if dtype else 'off'}" if device == "cudnn" else
+                     f"default dtype {dtype}" if device == "dtype" else
                      f"on for {device} ({dtype})" if device != "sdpa" else
                      "attention kernels " + "/".join(k for k, on in zip(kernels, dtype) if on)
                      for device, dtype in state) or "off"
