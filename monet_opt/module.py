@@ -181,7 +181,7 @@ class OptimizedModule(ToModel):
         mine = list(params.values())
         leaves, treedef = pytree.tree_flatten((args, kwargs))
         if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)) or \
-                output_grad.transformed():  # NOTE [torch.func transforms]
+                output_grad.eager_only():  # NOTE [torch.func transforms]
             return self.model(*args, **kwargs)  # NOTE [Optimized inside optimized]
         flags = tuple(map(TRAINING, modules))
         if flags != self._training_flags and not self.training:

@@ -62,16 +62,22 @@ class TransformWarning(RuntimeWarning):
     """A torch.func transform ran the model unplanned (NOTE [torch.func transforms])."""
 
 
-def transformed() -> bool:
-    """Whether a torch.func transform is running (NOTE [torch.func transforms]); if so, says
-    that the step runs the model as it is."""
-    if torch._C._functorch.maybe_current_level() is None:
+def eager_only() -> bool:
+    """Whether the step cannot run here: under a torch.func transform (NOTE [torch.func
+    transforms]), or under torch.autograd.graph.allow_mutation_on_saved_tensors(), whose
+    dispatch mode reads every out= op's result as `out` (the step's backward writes into
+    gradients through other names: a bare KeyError('out')); if so, says that the step runs
+    the model as it is."""
+    if torch._C._functorch.maybe_current_level() is not None:
+        why = "under a torch.func transform (grad, vmap, jacrev, ...), whose tensors"
+    elif torch.autograd.graph._allow_mutation_on_saved_tensors_enabled:
+        why = "under torch.autograd.graph.allow_mutation_on_saved_tensors(), whose mode"
+    else:
         return False
     warnings.warn(TransformWarning(
-        "monet_opt: the optimized module was called under a torch.func transform (grad, vmap, "
-        "jacrev, ...), whose tensors its planned step cannot run: it runs the model as it is "
-        "(eager, no memory plan). NOTE [torch.func transforms] in monet_opt/output_grad.py."),
-        stacklevel=user_stacklevel())
+        f"monet_opt: the optimized module was called {why} its planned step cannot run: it "
+        "runs the model as it is (eager, no memory plan). NOTE [torch.func transforms] in "
+        "monet_opt/output_grad.py."), stacklevel=user_stacklevel())
     return True
 
 

@@ -2,6 +2,7 @@
 module runs its model as it is, saying so; a batched backward is refused saying what to do."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -42,3 +43,23 @@ def test_a_batched_backward_says_what_to_do():
     seeds = torch.eye(2)[:, None].expand(2, *out.shape)
     with pytest.raises(monet_opt.DoubleBackwardError, match="opt.model"):
         torch.autograd.grad(out, next(model.parameters()), seeds, is_grads_batched=True)
+
+
+def test_mutation_allowed_on_saved_tensors_runs_the_model():
+    """Under allow_mutation_on_saved_tensors() (a batch refilled in place before the
+    backward) the step's backward stopped with a bare KeyError('out')."""
+    torch.manual_seed(0)
+    model, x, _ = small_cnn()
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    for module in (opt, eager):
+        batch = x.clone()
+        torch.manual_seed(1)
+        with torch.autograd.graph.allow_mutation_on_saved_tensors():
+            with pytest.warns(monet_opt.TransformWarning, match="allow_mutation") if \
+                    module is opt else contextlib.nullcontext():
+                loss = module(batch).square().sum()
+            batch.mul_(2.0)
+            loss.backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                           eager.parameters()))
