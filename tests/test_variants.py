@@ -350,3 +350,23 @@ def test_backward_reads_the_output_where_that_is_exact():
         low = int(y.argmin())
         assert 0 < low < len(x) - 1  # falls, then rises again: not one-to-one
         assert y[0] > y[low] < y[-1]
+
+
+def test_an_encoding_is_priced_no_faster_than_its_op(monkeypatch):
+    """NOTE [Encodings priced no faster]: a bfloat16 copy's op measured faster than the op by
+    noise made store-all with it "faster" (allow_lossy): a lossy plan at a limit store-all
+    met. Every run measured 1 ms faster here: the encodings' cost at least their op's time."""
+    profile = api.profile
+
+    def faster(*args, **kwargs):
+        result = profile(*args, **kwargs)
+        costs = [(enc_s, enc_ws, -1e-3, run_ws)
+                 for enc_s, enc_ws, _, run_ws in result.variant_costs]
+        return dataclasses.replace(result, variant_costs=costs)
+
+    monkeypatch.setattr(api, "profile", faster)
+    model, x, _ = models.small_cnn()
+    problem = monet_opt.lower_problem(model, x, profile_repeats=1, allow_lossy=True)
+    encoded = [v for v in problem.variants if v.encode_ops]
+    assert encoded and all(v.extra_time_s == 0.0 for v in encoded)
+    assert all(v.extra_time_s == -1e-3 for v in problem.variants if not v.encode_ops)
