@@ -17,7 +17,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from monet_opt import absent_grads, ones_masks, output_grad
+from monet_opt import absent_grads, ones_masks, output_grad, saved_hooks
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.forwarded import ToModel
 from monet_opt.capture import autocast_state
@@ -174,6 +174,7 @@ class OptimizedModule(ToModel):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
+        saved_hooks.warn_if_around()  # NOTE [Saved-tensor hooks in the forward]
         # NOTE [Attention masks of all ones]
         kwargs = ones_masks.dropped(self.model, args, kwargs, self._any_shape)
         # params in the order the steps take them; NOTE [Names kept between walks]

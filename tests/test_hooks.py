@@ -184,3 +184,16 @@ def test_saved_tensor_hooks_in_the_forward_are_named(how):
     measured = monet_opt.measure_peak(lambda: opt(x).sum().backward(),
                                       monet_opt.resident_tensors(model, x))
     assert measured == opt.plan.predicted_peak_bytes
+
+
+def test_saved_tensor_hooks_around_the_call_are_warned_of():
+    """Hooks set around the call act on the plan's saved tensors: the step measured over its
+    prediction and limit under a pack hook that copies, silently."""
+    model, x = _Offloaded("checkpoint"), torch.randn(4, 8)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        with pytest.warns(monet_opt.HookWarning, match="saved-tensor hooks context"):
+            opt(x).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.HookWarning)
+        opt(x).sum().backward()  # outside: nothing to say
