@@ -77,3 +77,11 @@ def test_a_failing_step_of_ours_is_a_failed_point_and_the_run_goes_on(tmp_path, 
     assert failed.peak_bytes is None and failed.step_time_s is None
     assert ok.setting == "90% act" and ok.status == "ok" and ok.step_time_s > 0, ok.note
     assert r.timeline is None
+
+
+def test_a_quick_run_writes_apart_from_the_committed_figures(monkeypatch, tmp_path):
+    """--quick without --out merged its tiny runs into docs/benchmarks/bench.json, replacing
+    the models' real runs there."""
+    from monet_opt.bench import settings
+    monkeypatch.setattr(settings, "QUICK_OUT", str(tmp_path / "quick"))
+    assert _settings("--compile-budgets", "none").out == tmp_path / "quick"

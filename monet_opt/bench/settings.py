@@ -8,6 +8,7 @@ import math
 import os
 import shlex
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from monet_opt.errors import UsageError
 
 LIMITS = ("100", "80", "60", "50", "40", "33", "a50", "a33", "min", "min+10")
 QUICK_LIMITS = ("100", "50", "min")
+QUICK_OUT = str(Path(tempfile.gettempdir()) / "monet-opt-bench-quick")
 SOLVERS = ("auto", "milp", "dp", "checkmate")
 BUDGETS = (1.0, 0.7, 0.5, 0.3, 0.1, 0.0)
 QUICK_BUDGETS = (1.0, 0.5, 0.0)
@@ -52,7 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="tiny inputs, limits 100%%,50%%,min, budgets 1,0.5,0, 3 rounds, 5 s solver "
                         "limit: checks that everything runs, measures nothing worth reporting")
-    p.add_argument("--out", default="docs/benchmarks", help="folder for bench.json/.md/.png")
+    p.add_argument("--out", help="folder for bench.json/.md/.png (default docs/benchmarks; "
+                                 f"with --quick, {QUICK_OUT}: its tiny runs would replace the "
+                                 "models' real ones in the committed figures)")
     p.add_argument("--limits", help=f"shares of eager's peak in %%, of its activations "
                                     f"('a33': the floor and 33%% of them) and/or 'min' "
                                     f"('min+10': 10%% above it) (default {','.join(LIMITS)})")
@@ -88,7 +92,7 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
     if unknown or not names:
         what = f"unknown models {unknown}" if unknown else f"no model in {args.models!r}"
         raise SystemExit(f"monet-opt bench: {what}; choose from {sorted(models.SPECS)}")
-    out = Path(args.out).expanduser()
+    out = Path(args.out or (QUICK_OUT if args.quick else "docs/benchmarks")).expanduser()
     if out.exists() and not out.is_dir():
         raise SystemExit(f"monet-opt bench --out: {out} is a file, not a folder; name a folder "
                          "(it is made if missing)")
