@@ -99,6 +99,9 @@ _RESEEDS = ((torch, ("manual_seed", "seed", "set_rng_state")),
 def _reseeding(fn: Callable, where: str) -> Callable:
     def reseed(*args, **kwargs):
         frame = sys._getframe(1)
+        if kwargs.get("enabled", True) is False or fn.__name__ == "fork_rng" and \
+                len(args) > 1 and args[1] is False:
+            return fn(*args, **kwargs)  # fork_rng(enabled=False): nothing set
         if not any(part in frame.f_code.co_filename for part in _OURS):
             line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
             _watch["reseeds"].setdefault(

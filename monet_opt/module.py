@@ -174,7 +174,6 @@ class OptimizedModule(ToModel):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
-        saved_hooks.warn_if_around()  # NOTE [Saved-tensor hooks in the forward]
         # NOTE [Attention masks of all ones]
         kwargs = ones_masks.dropped(self.model, args, kwargs, self._any_shape)
         # params in the order the steps take them; NOTE [Names kept between walks]
@@ -190,6 +189,7 @@ class OptimizedModule(ToModel):
         if not any(p.requires_grad for p in mine) and not any(
                 isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
             return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan
+        saved_hooks.warn_if_around()  # NOTE [Saved-tensor hooks in the forward]
         step, inputs = self._step_for(args, kwargs, leaves, treedef, params, buffers, modules)
         if step.slots is not None:
             step.slots.bind(mine)

@@ -197,3 +197,13 @@ def test_saved_tensor_hooks_around_the_call_are_warned_of():
     with warnings.catch_warnings():
         warnings.simplefilter("error", monet_opt.HookWarning)
         opt(x).sum().backward()  # outside: nothing to say
+
+
+def test_saved_tensor_hooks_around_a_call_that_runs_the_model_say_nothing():
+    """In eval mode the model itself runs (its hooks act as in eager): no plan to warn of."""
+    model, x = _Offloaded("checkpoint"), torch.randn(4, 8)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    opt.eval()
+    with torch.autograd.graph.save_on_cpu(), warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.HookWarning)
+        opt(x).sum().backward()
