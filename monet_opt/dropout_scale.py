@@ -32,6 +32,7 @@ NOTE [Dropout backward's layout]
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 
 import torch
@@ -146,13 +147,20 @@ def _drop_everything(gm: fx.GraphModule) -> None:
 #   memory, permuted back to x's dimensions and copied contiguous, as the graph holds it: the
 #   same draws on the same elements as eager's. An `empty_like(x).bernoulli_(p)` of the
 #   model's own is traced alike and drawn so too (eager draws it in x's memory order as well).
+#   Only where the device's kernel draws so: on Intel CPUs ATen's bernoulli_ takes MKL's
+#   generator, drawing into a contiguous buffer copied into x (x's logical order, the trace's
+#   own), so the kernel is asked once per device, on tensors of its own, with a generator of
+#   its own. Not told apart: the functional `empty_like(x).bernoulli(p)`, traced as the in-place
+#   one, is drawn in x's memory order too where eager draws it in its logical order (rare:
+#   found 2026-12-02 by review).
 def _noise_in_memory_order(gm: fx.GraphModule) -> None:
     graph, changed = gm.graph, False
     for node in list(graph.find_nodes(op="call_function", target=aten.bernoulli.p)):
         like = node.args[0]
         val = like.meta.get("val") if isinstance(like, fx.Node) else None
         if like.target is not aten.empty_like.default or not isinstance(val, torch.Tensor) or \
-                val.is_contiguous() or not _dense(val):
+                val.is_contiguous() or not _dense(val) or not _draws_in_memory_order(
+                    str(val.device)):
             continue
         order = sorted(range(val.dim()), key=lambda d: (-val.stride(d), d))
         shape = [val.shape[d] for d in order]
@@ -176,6 +184,20 @@ def _noise_in_memory_order(gm: fx.GraphModule) -> None:
     if changed:
         graph.eliminate_dead_code()
         gm.recompile()
+
+
+@functools.cache
+def _draws_in_memory_order(device: str) -> bool:
+    """Whether bernoulli_ on a transposed tensor of `device` draws in its memory order (and
+    not in its logical order, as a contiguous one)."""
+    with unset_fake_temporarily():
+        gen = torch.Generator(device=device)
+        x = torch.empty(33, 64, device=device).t()
+        gen.manual_seed(0)
+        drawn = torch.empty_like(x).bernoulli_(0.5, generator=gen)
+        gen.manual_seed(0)
+        in_memory = torch.empty(33, 64, device=device).bernoulli_(0.5, generator=gen).t()
+        return torch.equal(drawn, in_memory)
 
 
 def _dense(t: torch.Tensor) -> bool:
