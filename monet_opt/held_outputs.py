@@ -9,7 +9,8 @@ NOTE [Outputs held through the backward]
   loss = model(x, y)`, HF's `outputs = model(**batch); outputs.loss.backward()`. There every
   step measured the outputs' bytes over its plan and over the limit, silently (an LM's logits:
   the largest tensor of its step). So the step's autograd node gets a hook that, once, as its
-  backward begins, looks at the outputs it returned (weak references): where those still alive
+  backward ends (its saved tensors freed: an output it saved is alive then only where the
+  caller holds it), looks at the outputs it returned (weak references): where those still alive
   and not parameters, buffers or inputs hold more than the room its plan leaves under the limit
   (limit minus predicted peak), this step may have passed the limit by the difference: it warns
   (OutputsHeldWarning, with the bytes), and from the next step on the module runs a step
@@ -62,16 +63,21 @@ class HeldOutputs:
 
     def watch(self, node: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
               plan: Plan, fixed: Callable[[], list[torch.Tensor]]) -> None:
-        """Look, once, as the backward of the step whose autograd node is `node` begins, at the
+        """Look, once, as the backward of the step whose autograd node is `node` ends, at the
         output tensors it returned under `plan`; `fixed()`: the parameters and buffers then.
-        Nothing to do once held, or without a node."""
+        Nothing to do once held, or without a node. At its end, not its start: an output the
+        backward saves (topk's indices, returned for logging) is alive at its start whatever
+        the caller does, and at its end (the saved tensors freed) only where the caller holds
+        it, through the whole backward where the plan frees it at its read. Counted at the
+        start, a loop that kept only the loss was warned and got a slower plan; left out, a
+        loop that kept the indices passed the limit by their bytes, silently."""
         room = plan.memory_limit_bytes - plan.predicted_peak_bytes
         if self.held or node is None or room >= resident_bytes(_beyond_loss(outputs)):
             return
         refs = [weakref.ref(t) for t in outputs]
         ins = {p.untyped_storage().data_ptr() for x in inputs for p in dense_parts(x)}
 
-        def check(grad_outputs):
+        def check(grad_inputs, grad_outputs):
             if self.held:
                 return
             alive = [t for r in refs if (t := r()) is not None]
@@ -80,10 +86,6 @@ class HeldOutputs:
             own = ins | {t.untyped_storage().data_ptr() for t in fixed()}
             held = resident_bytes(_beyond_loss(
                 [t for t in alive if t.untyped_storage().data_ptr() not in own]))
-            if held > room:  # those the step's backward saves are alive for it, in its plan
-                own |= {t.untyped_storage().data_ptr() for t in _saved(node)}
-                held = resident_bytes(_beyond_loss(
-                    [t for t in alive if t.untyped_storage().data_ptr() not in own]))
             if held > room:
                 self.held = True
                 warnings.warn(OutputsHeldWarning(
@@ -97,7 +99,7 @@ class HeldOutputs:
                     "the loss inside the module: monet_opt.WithLoss(model, loss_fn). NOTE "
                     "[Outputs held through the backward] in monet_opt/held_outputs.py."),
                     stacklevel=user_stacklevel())  # the line that ran the backward
-        node.register_prehook(check)
+        node.register_hook(check)
 
     def cannot_fit(self, least: int | None, limit: int) -> None:
         """Warn that no plan holding the outputs fits `limit` (its least peak: `least`, None
@@ -111,17 +113,6 @@ class HeldOutputs:
             + ("" if least is None else f" to {least:,} B")
             + ", or compute the loss inside the module (monet_opt.WithLoss)."),
             stacklevel=user_stacklevel())
-
-
-def _saved(node: Any) -> list[torch.Tensor]:
-    """The tensors the step's backward node saved: an output it saves (topk's indices, returned
-    for logging) is alive through the backward whatever the caller does, and the plan holds it
-    there; counted as held by a caller that kept only the loss, it warned and planned a slower
-    step. Unpacked only where the outputs seem held, as a saved-tensor hook may move them."""
-    try:
-        return [t for t in node.saved_tensors if isinstance(t, torch.Tensor)]
-    except (RuntimeError, AttributeError):  # freed, or not a node that saves
-        return []
 
 
 def _beyond_loss(outputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -345,3 +345,11 @@ def test_an_output_the_backward_saves_is_not_held_by_the_caller():
             assert peak <= opt.plan.predicted_peak_bytes <= limit
             model.zero_grad(set_to_none=True)
     assert len(opt.plans) == 1
+    kept = []  # a loop that keeps the indices, which the plan frees at topk's backward
+
+    def keeping():
+        loss, indices = opt(x)
+        kept.append(indices)
+        loss.backward()
+    with pytest.warns(monet_opt.OutputsHeldWarning, match="the caller held 524,288 B"):
+        keeping()
