@@ -153,13 +153,15 @@ def _encoded_bytes(fam: variants.Family, node: fx.Node, seen: dict[tuple, int]) 
     return seen[key]
 
 
-# NOTE [Encodings priced no faster]
-#   A variant that keeps an encoded form (a bfloat16 copy, a bit mask) has its op read that
-#   form and decode it: it cannot run faster than the op on the tensor itself, so a run
-#   measured faster is timing noise. Priced so, store-all with bfloat16 storage (allow_lossy)
-#   was "faster" by 0.2 % where store-all fitted: a lossy plan holding more than store-all's
-#   peak, at a limit that needed neither (found 2026-12-02). An encoding's op now costs at
-#   least its own time; another implementation of an op (no encoding) keeps what it measured.
+# NOTE [Lossy encodings priced no faster]
+#   A lossy variant that keeps an encoded form (a bfloat16 copy of a convolution's or matrix
+#   product's input) has its op read the copy made float32 again: it does the op's work and
+#   more, so a run measured faster is timing noise. Priced so, store-all with bfloat16 storage
+#   (allow_lossy) was "faster" by 0.2 % where store-all fitted: a lossy plan holding more than
+#   store-all's peak, at a limit that needed neither (found 2026-12-02). Such a variant's op
+#   now costs at least its own time: it is chosen for memory only. Exact encodings keep what
+#   they measured (a ReLU's bool mask read in place of its float output is less to read: it
+#   may well be faster), as do other implementations of an op.
 def with_costs(lowered: Lowered, costs) -> Lowered:
     """Fill measured costs in: costs[v] = (encode time, encode workspace, run time minus the
     op's own time, run workspace)."""
@@ -175,8 +177,8 @@ def with_costs(lowered: Lowered, costs) -> Lowered:
         # when a variant runs in its place, unless the variant writes there too (NOTE [A
         # ReLU's mask and its gradient in place]): else that makes its output anew
         anew = 0 if variants.writes_into((site.family,)) else p.ops[var.op].inplace_bytes
-        if site.encode_op is not None:  # NOTE [Encodings priced no faster]
-            extra_s = max(0.0, extra_s)
+        if site.encode_op is not None and not variants.family(site.family).exact:
+            extra_s = max(0.0, extra_s)  # NOTE [Lossy encodings priced no faster]
         out.append(dataclasses.replace(var, extra_time_s=extra_s,
                                        extra_workspace_bytes=max(0, run_ws) + anew))
     problem = dataclasses.replace(p, ops=tuple(ops), variants=tuple(out))

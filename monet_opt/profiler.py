@@ -60,7 +60,8 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # [The loss scalar]; 13: dropout backwards making their dx anew, NOTE [Dropout's gradient in
 # place]; 14: mask variants written into dy priced as made anew, NOTE [Workspace written
 # into], and replayed dropouts' states tensors of their own, NOTE [A replay's state]; 15:
-# encodings' ops priced faster than their op, NOTE [Encodings priced no faster], and
+# lossy encodings' ops priced faster than their op, NOTE [Lossy encodings priced no faster],
+# and
 # BatchNorm backwards written into dy, NOTE [BatchNorm's gradient in place]) is not served to
 # this one. Raise it when what the profiler measures changes meaning.
 PROFILER_REVISION = 15
