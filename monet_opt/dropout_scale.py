@@ -143,9 +143,9 @@ def _drop_everything(gm: fx.GraphModule) -> None:
 #   whose kernel makes its result contiguous and draws in that order: where x is permuted (a
 #   channels-last activation, a transposed one) the step's mask put the same draws on other
 #   elements (a channels-last CNN's loss 0.58 for eager's 0.49, silently; torch.compile's
-#   aot_eager alike). So such a draw is made into a contiguous tensor shaped as x lies in
-#   memory, permuted back to x's dimensions and copied contiguous, as the graph holds it: the
-#   same draws on the same elements as eager's. An `empty_like(x).bernoulli_(p)` of the
+#   aot_eager alike). So such a draw is made into a flat tensor, laid over x's empty_like as
+#   x really lies in memory at the step (`eager_noise`) and copied contiguous, as the graph
+#   holds it: the same draws on the same elements as eager's. An `empty_like(x).bernoulli_(p)` of the
 #   model's own is traced alike and drawn so too (eager draws it in x's memory order as well).
 #   Only where the device's kernel draws so: on Intel CPUs ATen's bernoulli_ takes MKL's
 #   generator, drawing into a contiguous buffer copied into x (x's logical order, the trace's
@@ -162,28 +162,29 @@ def _noise_in_memory_order(gm: fx.GraphModule) -> None:
                 val.is_contiguous() or not _dense(val) or not _draws_in_memory_order(
                     str(val.device)):
             continue
-        order = sorted(range(val.dim()), key=lambda d: (-val.stride(d), d))
-        shape = [val.shape[d] for d in order]
         with graph.inserting_before(node):
-            flat = graph.call_function(aten.empty.memory_format, (shape,),
+            flat = graph.call_function(aten.empty.memory_format, ([val.numel()],),
                                        {"dtype": val.dtype, "device": val.device})
         with graph.inserting_after(node):
-            back = graph.call_function(aten.permute.default, (node, [order.index(d) for d in
-                                                                      range(val.dim())]))
-        with graph.inserting_after(back):
-            made = graph.call_function(aten.clone.default, (back,),
-                                       {"memory_format": torch.contiguous_format})
-        node.replace_all_uses_with(made, delete_user_cb=lambda user: user is not back)
+            made = graph.call_function(eager_noise, (node, like))
+        node.replace_all_uses_with(made, delete_user_cb=lambda user: user is not made)
         node.args = (flat, *node.args[1:])
         with detect_fake_mode((val,)) or contextlib.nullcontext():
-            drawn = aten.empty.memory_format(shape, dtype=val.dtype, device=val.device)
+            drawn = aten.empty.memory_format([val.numel()], dtype=val.dtype, device=val.device)
             flat.meta["val"], made.meta = drawn, dict(node.meta)
             node.meta = {**node.meta, "val": aten.bernoulli.p(drawn, *node.args[1:])}
-            back.meta["val"] = node.meta["val"].permute(back.args[1])
         changed = True
     if changed:
-        graph.eliminate_dead_code()
         gm.recompile()
+
+
+def eager_noise(drawn: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The draws `drawn` (1-D, in the order drawn) where bernoulli_ puts them into `like` (an
+    empty_like of the dropout's input, laid out as the input really is, which the tracer may
+    misread: a BatchNorm of a transposed input is contiguous on CPU where the trace says
+    transposed, and drawing by the trace's layout put eager's draws elsewhere, found by a
+    fuzz), made contiguous as the graph holds the noise."""
+    return drawn.as_strided(like.shape, like.stride()).contiguous()
 
 
 @functools.cache
