@@ -145,8 +145,8 @@ def _drop_everything(gm: fx.GraphModule) -> None:
 #   elements (a channels-last CNN's loss 0.58 for eager's 0.49, silently; torch.compile's
 #   aot_eager alike). So such a draw is made into a flat tensor, laid over x's empty_like as
 #   x really lies in memory at the step (`eager_noise`) and copied contiguous, as the graph
-#   holds it: the same draws on the same elements as eager's. An `empty_like(x).bernoulli_(p)` of the
-#   model's own is traced alike and drawn so too (eager draws it in x's memory order as well).
+#   holds it: the same draws on the same elements as eager's. An `empty_like(x).bernoulli_(p)`
+#   of the model's own is traced alike and drawn so too (eager draws it in x's memory order).
 #   Only where the device's kernel draws so: on Intel CPUs ATen's bernoulli_ takes MKL's
 #   generator, drawing into a contiguous buffer copied into x (x's logical order, the trace's
 #   own), so the kernel is asked once per device, on tensors of its own, with a generator of

@@ -4,7 +4,6 @@ BatchNorm's, whose out= form only copies a dx made anew, does not."""
 from __future__ import annotations
 
 import copy
-import itertools
 
 import pytest
 import torch

@@ -189,8 +189,9 @@ def table(points: tuple[Point, ...], floor: int, eager_peak: int,
         beyond = " (over limit)" if p.limit_bytes is not None and p.profiler_peak_bytes \
             is not None and p.profiler_peak_bytes > p.limit_bytes else ""
         rows.append(f"| {p.method} | {p.setting} | {p.status} | {fmt(p.limit_bytes)} | "
-                    f"{fmt(p.peak_bytes)}{over} | {share} | {act} | {fmt(p.profiler_peak_bytes)}{beyond} "
-                    f"| {step} | {pct(p.overhead)} | {pct(p.predicted_overhead)} | {solve} | "
+                    f"{fmt(p.peak_bytes)}{over} | {share} | {act} | "
+                    f"{fmt(p.profiler_peak_bytes)}{beyond} | {step} | {pct(p.overhead)} | "
+                    f"{pct(p.predicted_overhead)} | {solve} | "
                     f"{fmt(p.predicted_peak_bytes)} | "
                     f"{err} | {grad} | {p.note.replace('|', '/')} |")
     return rows
