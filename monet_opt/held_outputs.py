@@ -63,7 +63,7 @@ class HeldOutputs:
 
     def watch(self, node: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
               plan: Plan, fixed: Callable[[], list[torch.Tensor]]) -> None:
-        """Look, once, as the backward of the step whose autograd node is `node` ends, at the
+        """Look, once, as the backward that runs the step's autograd node `node` ends, at the
         output tensors it returned under `plan`; `fixed()`: the parameters and buffers then.
         Nothing to do once held, or without a node. At its end, not its start: an output the
         backward saves (topk's indices, returned for logging) is alive at its start whatever
@@ -77,7 +77,7 @@ class HeldOutputs:
         refs = [weakref.ref(t) for t in outputs]
         ins = {p.untyped_storage().data_ptr() for x in inputs for p in dense_parts(x)}
 
-        def check(grad_inputs, grad_outputs):
+        def check():
             if self.held:
                 return
             alive = [t for r in refs if (t := r()) is not None]
@@ -99,7 +99,10 @@ class HeldOutputs:
                     "the loss inside the module: monet_opt.WithLoss(model, loss_fn). NOTE "
                     "[Outputs held through the backward] in monet_opt/held_outputs.py."),
                     stacklevel=user_stacklevel())  # the line that ran the backward
-        node.register_hook(check)
+        # at the backward's end, by the engine's callback: a post-hook on the node would have
+        # the engine hold the node's incoming gradients through it (128 B over a plan)
+        node.register_prehook(
+            lambda grad_outputs: torch.autograd.Variable._execution_engine.queue_callback(check))
 
     def cannot_fit(self, least: int | None, limit: int) -> None:
         """Warn that no plan holding the outputs fits `limit` (its least peak: `least`, None
