@@ -189,3 +189,35 @@ def test_a_limit_store_all_fits_without_the_copies_is_met():
     eager(ids).backward()
     for p, q in zip(model.parameters(), eager.parameters()):
         assert torch.equal(p.grad, q.grad) and torch.equal(p, q)
+
+
+class _DroppedInput(nn.Module):
+    """Its input dropped out in place: a copy of it is counted for a recomputation to read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop, self.pool = nn.Dropout(0.1, inplace=True), nn.MaxPool2d(2)
+        self.bn, self.head = nn.BatchNorm2d(8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.bn(self.pool(self.drop(x))).mean((2, 3)))
+
+
+def test_the_least_peak_said_is_met_where_the_copies_are_not_made():
+    """NOTE [Copies counted as made]: below every plan the least peak said counted the input's
+    copy (70,940 B) where a plan at a larger limit measured 54,520 B (fuzz); the least said is
+    met now."""
+    torch.manual_seed(0)
+    model, x = _DroppedInput(), torch.randn(2, 8, 16, 16)
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+        monet_opt.optimize(copy.deepcopy(model), x.clone(), 1, profile_dir=None,
+                           profile_repeats=1, time_limit_s=5)
+    least = info.value.min_feasible_bytes
+    store_all = monet_opt.optimize(copy.deepcopy(model), x.clone(), HUGE, profile_dir=None,
+                                   profile_repeats=1).plan.predicted_peak_bytes
+    assert least <= store_all
+    opt = monet_opt.optimize(model, x.clone(), least, profile_dir=None, profile_repeats=1,
+                             time_limit_s=5)
+    batch = x.clone()
+    assert monet_opt.measure_peak(lambda: opt(batch).square().sum().backward(),
+                                  monet_opt.resident_tensors(model, batch)) <= least
