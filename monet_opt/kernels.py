@@ -27,10 +27,9 @@ def changed() -> tuple[tuple[str, object], ...]:
     kernel is chosen as it is traced (NOTE [cuDNN's BatchNorm] in monet_opt/cudnn_bn.py), so
     a step traced with cuDNN on ran cuDNN's under `torch.backends.cudnn.flags(enabled=False)`,
     where eager runs ATen's (not bitwise alike; where torch sees no GPU it changes nothing);
-    ("dtype", default) where torch's default
-    dtype is another: a tensor the forward makes without one (torch.arange(n) / 3.0) is
-    made in it, so after set_default_dtype(torch.float64) eager's loss was float64 and the
-    step's float32."""
+    ("dtype", default) where torch's default dtype is another: a tensor the forward makes
+    without one (torch.arange(n) / 3.0) is made in it, so after set_default_dtype(float64)
+    eager's loss was float64 and the step's float32."""
     kernels, cudnn, dtype = sdpa_kernels(), torch.backends.cudnn.enabled, \
         torch.get_default_dtype()
     return ((("sdpa", kernels),) if kernels != SDPA_AT_IMPORT else ()) + \
