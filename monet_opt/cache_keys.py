@@ -23,6 +23,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 import solvers
+from monet_opt import alloc_events
 from monet_opt.input_spec import viewed_bytes
 
 
@@ -39,6 +40,9 @@ class ProfileKey:
     @staticmethod
     def of(joint: fx.GraphModule, primals: Sequence[torch.Tensor], inputs: str,
            options: dict[str, Any]) -> ProfileKey:
+        if not alloc_events.available() and not any(t.is_cuda for t in primals):
+            # profiled inside the user's profiler: no kernel scratch (NOTE [Allocation events])
+            options = {**options, "kernel_scratch": "not measured"}
         return ProfileKey(graph_fingerprint(joint), inputs, device_name(primals),
                           torch.__version__, tuple(sorted(options.items())))
 

@@ -1,8 +1,10 @@
-"""Measure the peak memory of a training step: on CPU a live-tensor-bytes counter, on CUDA the
-caching allocator's max_memory_allocated."""
+"""Measure the peak memory of a training step: on CPU the allocator's allocation events (NOTE
+[Allocation events] in monet_opt/alloc_events.py), on CUDA the caching allocator's
+max_memory_allocated; and the live-tensor-bytes counter, which sees what ops return."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import weakref
 from typing import Any, Callable, Iterable, Sequence
 
@@ -12,6 +14,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
+from monet_opt import alloc_events
 from monet_opt.errors import CaptureError
 import solvers
 
@@ -101,7 +104,10 @@ def measure_peak(step: Callable[[], Any], resident: Iterable[torch.Tensor] = (),
     """Run `step()` once and return its peak memory in bytes, everything counted: the tensors in
     `resident` (pass `resident_tensors(model, inputs)`) plus everything the step allocates.
 
-    CPU: the LiveBytes counter. CUDA: the caching allocator's peak during the step above what
+    CPU: `resident` plus the most the allocator held above what it held before the step, by
+    torch.profiler's allocation events: kernels' scratch included (NOTE [Allocation events] in
+    monet_opt/alloc_events.py); inside a profiler the user runs, the LiveBytes counter, which
+    sees only what ops return. CUDA: the caching allocator's peak during the step above what
     was allocated before it, plus `resident` (the device may hold other tensors of the process,
     which are not the step's).
     """
@@ -126,9 +132,13 @@ def measure_peak(step: Callable[[], Any], resident: Iterable[torch.Tensor] = (),
         step()
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_allocated(device)) - before + resident_bytes(resident)
-    with LiveBytes(resident) as counter:
+    if not alloc_events.available():  # inside the user's profiler (NOTE [Allocation events])
+        with LiveBytes(resident) as counter:
+            step()
+        return counter.peak
+    with alloc_events.Allocations(resident) as events:
         step()
-    return counter.peak
+    return resident_bytes(resident) + events.peak
 
 
 def resident_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -324,9 +334,11 @@ def counted(fn: Callable[[], Any], cuda: bool, inputs: Any = ()) -> tuple[Any, i
       timed ones (the first call of a convolution under cudnn.benchmark tries every
       algorithm, with their workspaces). Measured on an H100 (ResNet-50, batch 64, 224x224,
       torch 2.11): without it, steps peaked over their plans by up to 120 MiB, inside
-      convolution backwards. On CPU: what the live-bytes counter sees, which is what ops
-      return, not their scratch (DESIGN pitfall 5), so ops' workspace stays 0 there and
-      variants' counts only the tensors they make on the way. The counter starts with the
+      convolution backwards. On CPU: the allocation events' peak during the call, less its
+      outputs (NOTE [Allocation events] in monet_opt/alloc_events.py); it was the live-bytes
+      counter's, which sees what ops return and not their scratch, so ops' workspace was 0 and
+      plans passed their limits by the process's allocations (by up to 48 MiB on a CNN).
+      Inside a profiler the user runs it is the counter's still. The counter starts with the
       inputs: it counts a storage the first time an op returns it, so a view of an input
       taken inside (a 1-bit mask's `packed.unsqueeze(1)` as it is unpacked) counted the input
       as made there: a small CNN's plan with a ReLU's 1-bit mask predicted 1,024 B (the mask)
@@ -341,7 +353,15 @@ def counted(fn: Callable[[], Any], cuda: bool, inputs: Any = ()) -> tuple[Any, i
         out = fn()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
-    else:
+    elif alloc_events.available():
+        with alloc_events.Allocations(given) as events:
+            out = fn()
+        peak = events.peak
+    else:  # inside the user's profiler: what ops return only (NOTE [Allocation events])
+        warnings.warn("monet_opt: profiled inside a running torch.profiler, which allocation "
+                      "events cannot be taken beside: kernels' scratch is not counted in this "
+                      "plan; optimize() outside the profiler for plans that count it",
+                      stacklevel=2)
         with LiveBytes(given) as counter:
             base = counter.live
             out = fn()

@@ -61,10 +61,10 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # place]; 14: mask variants written into dy priced as made anew, NOTE [Workspace written
 # into], and replayed dropouts' states tensors of their own, NOTE [A replay's state]; 15:
 # lossy encodings' ops priced faster than their op, NOTE [Lossy encodings priced no faster],
-# and
-# BatchNorm backwards written into dy, NOTE [BatchNorm's gradient in place]) is not served to
-# this one. Raise it when what the profiler measures changes meaning.
-PROFILER_REVISION = 15
+# and BatchNorm backwards written into dy, NOTE [BatchNorm's gradient in place]; 16: no op
+# workspace on CPU, NOTE [Allocation events]) is not served to this one. Raise it when what
+# the profiler measures changes meaning.
+PROFILER_REVISION = 16
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -171,7 +171,7 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
          ) -> tuple[dict[str, float], dict[str, float], int, dict[str, int], int]:
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
     the same of their recomputations where those run otherwise, how many distinct signatures
-    were timed, {op node: workspace bytes} (CUDA) and how many values were made again to keep
+    were timed, {op node: workspace bytes} and how many values were made again to keep
     within `memory_limit`."""
     measured: dict[str, tuple] = {}  # op node -> its signature
     reruns: dict[str, tuple] = {}
@@ -274,7 +274,7 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
                   budget: Budget, cuda: bool, reruns: dict[str, tuple],
                   workspace: dict[tuple, int]) -> None:
     """Run `node` for its value; if the problem schedules it, time it (or, for a signature
-    timed already, add this run to its samples) and on CUDA take its workspace, and time its
+    timed already, add this run to its samples) and take its workspace, and time its
     recomputation where that runs otherwise; then its variants. It runs the kernel the
     executor will (NOTE [cuDNN's BatchNorm])."""
     target = cudnn_bn.kernel(node)
@@ -297,9 +297,9 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
         for s in samples:
             budget.timed(s)
         seen[sig] = samples
-        if cuda:  # after the timed calls: cuDNN's benchmark search is over (NOTE [Workspace])
-            workspace[sig] = counted(functools.partial(target, *args, **kwargs), cuda,
-                                     (args, kwargs))[1]
+        # after the timed calls: cuDNN's benchmark search is over (NOTE [Workspace])
+        workspace[sig] = counted(recompute.as_run(node, target, args, kwargs), cuda,
+                                 (args, kwargs))[1]
     if node.name in wanted:
         measured[node.name] = sig
         rerun = recompute.rerun_args(node, args)

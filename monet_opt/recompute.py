@@ -32,9 +32,18 @@ NOTE [The step's generator states]
   with the parameters (state_bytes, on CPU; on CUDA they are host memory, not the device's),
   and the solvers need nothing new. The cost: on CPU 5 KB per random op for the step, recomputed or
   not (GPT-2's 37 dropouts: 185 KB, against a peak of hundreds of MB). One tensor per slot:
-  Generator.set_state crashed (segfault) on a slice of one larger buffer. Left uncounted, as a
-  kernel's scratch: the state get_state() makes to copy into a slot, and the one a replay
-  saves to put the generator back, each freed within its call.
+  Generator.set_state crashed (segfault) on a slice of one larger buffer.
+
+NOTE [The replay's state held]
+  A recomputed random op runs with its generator set to the slot's state, and the state the
+  generator had is held through the op to put it back (`with_generator_state`): one more
+  state's bytes while the op runs, made by get_state() outside the dispatcher. The live-bytes
+  counter did not see it; the allocator's events do (NOTE [Allocation events] in
+  monet_opt/alloc_events.py): a random schedule on a small RNN measured 5,056 B over its
+  prediction. So the profiler takes a random CPU op's workspace as the executor recomputes
+  it (`as_run`), the held state included. The op's workspace is the same for its forward run,
+  where the state copied into its slot is freed before the op runs: a plan whose peak is at a
+  random op in the forward predicts up to one state more than the step holds.
 
 NOTE [A replay's state]
   A replaying variant (NOTE [Generator-state replay] in monet_opt/variants.py) keeps the state
@@ -55,6 +64,8 @@ NOTE [A replay's state]
 from __future__ import annotations
 
 import contextlib
+import functools
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -194,6 +205,17 @@ def with_generator_state(state: torch.Tensor, device: str, fn, /, *args, **kwarg
         return fn(*args, **kwargs)
     finally:
         gen.set_state(saved)
+
+
+def as_run(node: fx.Node, target, args: tuple, kwargs: dict) -> Callable[[], Any]:
+    """`node`'s op on `args` as the executor runs it, for its workspace (NOTE [Workspace] in
+    monet_opt/memory.py): a random op on the CPU (not given a generator) with the generator
+    set to a state and put back after, holding the state it puts back (NOTE [The replay's
+    state held])."""
+    if not is_random(node) or "generator" in kwargs or device_of(node) != "cpu":
+        return functools.partial(target, *args, **kwargs)
+    return functools.partial(with_generator_state, rng_state("cpu"), "cpu", target, *args,
+                             **kwargs)
 
 
 def rng_state_nbytes(device: str) -> int:

@@ -1,0 +1,142 @@
+"""CPU memory as the allocator hands it out: torch.profiler's allocation events.
+
+NOTE [Allocation events]
+  The live-bytes counter (memory.LiveBytes) sees the tensors ops return, not the memory a
+  kernel takes and gives back inside one call: oneDNN's convolutions reorder their inputs and
+  weights into scratch buffers, a matmul packs its operands, an out= form may make its result
+  and copy it (NOTE [Gradients written in place] in monet_opt/grad_in_place.py). With plans
+  made and checked by the counter alone, a CNN's step passed its limit by up to 48 MiB by
+  the process's allocations (MobileNetV2 b32 at 160², docs/benchmarks/channels_last), and a
+  convolution of 8x64x32x32 took 2.1 MiB of scratch beside its 2 MiB output, its backward
+  4.2 MiB. The CPU allocator reports every allocation and free to torch.profiler when it
+  records memory, so on CPU both an op's workspace (memory.counted) and a step's peak
+  (memory.measure_peak) are read from those events: the largest running sum of what was
+  allocated in the window, less what was freed of it and of the storages alive at its start
+  that it was told of. The allocator reports no free of memory it handed out while no
+  profiler recorded: a tensor made before the window and freed in it counts as alive
+  throughout (the counter saw it die), and the frees of other memory made before it are not
+  counted, as the counter did not count that memory. Figures are the same to the byte from
+  run to run where the kernels' scratch is (one thread or many, as long as it is the same).
+  Starting and stopping the profiler prints two lines to the process's stderr from C++
+  (kineto's "profiler_start"/"profiler_stop", and on a CUDA build without a GPU an error
+  about the device count the first time); an op's workspace is taken once per signature, so
+  those lines are silenced by pointing file descriptor 2 at /dev/null for the start and the
+  stop only (what another thread writes there in those few milliseconds is lost too). The
+  profiler cannot run inside another: one window opened inside another (a step measured that
+  plans, profiling its ops) stops the outer's profiler while it runs and hands its events to
+  it; where the user's profiler is running, no events are taken (`available()`): the callers
+  fall back to the counter, with a warning, and such a profile is keyed apart in the profile
+  directory (monet_opt/cache_keys.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterable, Iterator
+
+import torch
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile
+
+
+def available() -> bool:
+    """Whether allocation events can be taken now: no profiler runs, or only ours."""
+    return bool(_open) or not torch._C._autograd._profiler_enabled()
+
+
+class Allocations:
+    """While open, records the CPU allocator's allocations and frees; then `peak` is the most
+    it held above its start and `net` what it held more at its end (NOTE [Allocation
+    events]). `held`: tensors alive at the start whose frees in the window count (the step's
+    inputs, parameters...). One may open inside another (a step measured that plans, and the
+    profiler taking an op's workspace): the outer's profiler stops while the inner runs, and
+    takes in the inner's events as its own."""
+
+    def __init__(self, held: Iterable[torch.Tensor] = ()) -> None:
+        self._live: dict[int, int] = {}  # pointer: bytes, of what a free counts
+        for t in held:
+            if t.device.type == "cpu" and not t.is_meta and not t._is_zerotensor() \
+                    and t.layout == torch.strided:
+                storage = t.untyped_storage()
+                if storage.nbytes():
+                    self._live[storage.data_ptr()] = storage.nbytes()
+        self._prof: profile | None = None
+        self.peak = 0
+        self.net = 0
+
+    def __enter__(self) -> "Allocations":
+        if _open:
+            _open[-1]._stop()
+            self._live = {**_open[-1]._live, **self._live}
+        _open.append(self)
+        self._start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        events = self._stop()
+        _open.pop()
+        if _open:
+            _open[-1]._take(events)
+            _open[-1]._start()
+
+    def _start(self) -> None:
+        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with _quiet_stderr():
+            self._prof.__enter__()
+
+    def _stop(self) -> list[tuple[int, int, int, int]]:
+        """Stops the profiler and takes in its events; returns them."""
+        with _quiet_stderr():
+            self._prof.__exit__(None, None, None)
+        events = _events(self._prof)
+        self._prof = None
+        self._take(events)
+        return events
+
+    def _take(self, events: list[tuple[int, int, int, int]]) -> None:
+        """Counts `events` in: a free only where its pointer was allocated in the window or
+        is held."""
+        for _, _, ptr, size in events:
+            if size > 0:
+                self._live[ptr] = size
+                self.net += size
+                self.peak = max(self.peak, self.net)
+            elif ptr in self._live:
+                self.net -= self._live.pop(ptr)
+
+
+_open: list[Allocations] = []  # those open, innermost last
+
+
+def _events(prof: profile) -> list[tuple[int, int, int, int]]:
+    """(time ns, order seen, pointer, bytes: negative for a free) of each CPU allocation event."""
+    out = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.tag == _EventType.Allocation:
+            fields = e.extra_fields
+            if fields.device.type == "cpu":
+                out.append((e.start_time_ns, len(out), fields.ptr, fields.alloc_size))
+        else:
+            stack.extend(reversed(e.children))
+    return sorted(out)
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 pointed at /dev/null (NOTE [Allocation events])."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
