@@ -366,7 +366,8 @@ def counted(fn: Callable[[], Any], cuda: bool, inputs: Any = ()) -> tuple[Any, i
             base = counter.live
             out = fn()
         peak = counter.peak - base
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    made = sum(allocated_bytes(o.untyped_storage().nbytes(), o.device) for o in outs
-               if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in old)
-    return out, max(0, peak - made)
+    made = {storage.data_ptr(): allocated_bytes(storage.nbytes(), o.device)
+            for o in tree_leaves(out) if isinstance(o, torch.Tensor)
+            for storage in (p.untyped_storage() for p in dense_parts(o))
+            if storage.data_ptr() not in old}
+    return out, max(0, peak - sum(made.values()))
