@@ -40,9 +40,10 @@ class ProfileKey:
     @staticmethod
     def of(joint: fx.GraphModule, primals: Sequence[torch.Tensor], inputs: str,
            options: dict[str, Any]) -> ProfileKey:
-        if not alloc_events.available() and not any(t.is_cuda for t in primals):
-            # profiled inside the user's profiler: no kernel scratch (NOTE [Allocation events])
-            options = {**options, "kernel_scratch": "not measured"}
+        if alloc_events.enabled() and not any(t.is_cuda for t in primals):
+            # NOTE [Allocation events]: not inside the user's profiler
+            options = {**options, "kernel_scratch": "measured" if alloc_events.available()
+                       else "not measured"}
         return ProfileKey(graph_fingerprint(joint), inputs, device_name(primals),
                           torch.__version__, tuple(sorted(options.items())))
 

@@ -132,7 +132,7 @@ def measure_peak(step: Callable[[], Any], resident: Iterable[torch.Tensor] = (),
         step()
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_allocated(device)) - before + resident_bytes(resident)
-    if not alloc_events.available():  # inside the user's profiler (NOTE [Allocation events])
+    if not (alloc_events.enabled() and alloc_events.available()):  # NOTE [Allocation events]
         with LiveBytes(resident) as counter:
             step()
         return counter.peak
@@ -353,15 +353,16 @@ def counted(fn: Callable[[], Any], cuda: bool, inputs: Any = ()) -> tuple[Any, i
         out = fn()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
-    elif alloc_events.available():
+    elif alloc_events.enabled() and alloc_events.available():
         with alloc_events.Allocations(given) as events:
             out = fn()
         peak = events.peak
-    else:  # inside the user's profiler: what ops return only (NOTE [Allocation events])
-        warnings.warn("monet_opt: profiled inside a running torch.profiler, which allocation "
-                      "events cannot be taken beside: kernels' scratch is not counted in this "
-                      "plan; optimize() outside the profiler for plans that count it",
-                      stacklevel=2)
+    else:  # what ops return only (NOTE [Allocation events])
+        if alloc_events.enabled():  # inside the user's profiler
+            warnings.warn("monet_opt: profiled inside a running torch.profiler, which allocation "
+                          "events cannot be taken beside: kernels' scratch is not counted in "
+                          "this plan; optimize() outside the profiler for plans that count it",
+                          stacklevel=2)
         with LiveBytes(given) as counter:
             base = counter.live
             out = fn()

@@ -37,7 +37,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as dense_l
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from monet_opt import cudnn_bn, output_bytes, recompute
+from monet_opt import alloc_events, cudnn_bn, output_bytes, recompute
 from monet_opt.lower import Lowered, is_effect_token
 from monet_opt.misread_layouts import Layouts
 from monet_opt.memory import counted, cuda_devices
@@ -61,9 +61,10 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # place]; 14: mask variants written into dy priced as made anew, NOTE [Workspace written
 # into], and replayed dropouts' states tensors of their own, NOTE [A replay's state]; 15:
 # lossy encodings' ops priced faster than their op, NOTE [Lossy encodings priced no faster],
-# and BatchNorm backwards written into dy, NOTE [BatchNorm's gradient in place]; 16: no op
-# workspace on CPU, NOTE [Allocation events]) is not served to this one. Raise it when what
-# the profiler measures changes meaning.
+# and BatchNorm backwards written into dy, NOTE [BatchNorm's gradient in place]; 16: outputs
+# sharing a storage counted once per op in workspaces, no replayed random op's held state,
+# NOTEs [Allocation events], [The replay's state held]) is not served to this one. Raise it
+# when what the profiler measures changes meaning.
 PROFILER_REVISION = 16
 
 
@@ -297,9 +298,10 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
         for s in samples:
             budget.timed(s)
         seen[sig] = samples
-        # after the timed calls: cuDNN's benchmark search is over (NOTE [Workspace])
-        workspace[sig] = counted(recompute.as_run(node, target, args, kwargs), cuda,
-                                 (args, kwargs))[1]
+        if cuda or alloc_events.enabled():  # after the timed calls: cuDNN's benchmark
+            # search is over (NOTE [Workspace]); on CPU NOTE [Allocation events]
+            workspace[sig] = counted(recompute.as_run(node, target, args, kwargs), cuda,
+                                     (args, kwargs))[1]
     if node.name in wanted:
         measured[node.name] = sig
         rerun = recompute.rerun_args(node, args)

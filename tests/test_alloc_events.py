@@ -1,6 +1,6 @@
-"""NOTE [Allocation events] (monet_opt/alloc_events.py): on CPU an op's workspace and a step's
-peak are read from the allocator's events, so plans count kernels' scratch and a plan's
-measured peak, scratch included, stays within its limit."""
+"""NOTE [Allocation events] (monet_opt/alloc_events.py): with MONET_OPT_CPU_SCRATCH=1, on CPU
+an op's workspace and a step's peak are read from the allocator's events, so plans count
+kernels' scratch and a plan's measured peak, scratch included, stays within its limit."""
 from __future__ import annotations
 
 import functools
@@ -13,6 +13,11 @@ from torch.profiler import ProfilerActivity, profile
 import monet_opt
 from monet_opt import alloc_events
 from monet_opt.memory import LiveBytes, counted, measure_peak, resident_tensors
+
+
+@pytest.fixture(autouse=True)
+def _events_on(monkeypatch):
+    monkeypatch.setenv(alloc_events.SWITCH, "1")
 
 
 def _conv_net() -> nn.Module:
@@ -123,3 +128,17 @@ def test_a_step_that_plans_inside_a_measurement_counts_scratch(tmp_path):
     assert again == plan.predicted_peak_bytes < first  # the first step profiled too
     alone = monet_opt.optimize(_conv_net(), wider, 1 << 30, profile_dir=None)
     assert alone.plan.predicted_peak_bytes == plan.predicted_peak_bytes
+
+
+def test_off_by_default_plans_count_what_ops_return(monkeypatch, tmp_path):
+    monkeypatch.delenv(alloc_events.SWITCH)
+    model, x = _conv_net(), torch.randn(4, 3, 16, 16)
+    opt = monet_opt.optimize(model, x, 1 << 30, profile_dir=tmp_path)
+    resident = resident_tensors(model, x)
+    _step(opt, x)
+    model.zero_grad(set_to_none=True)
+    with LiveBytes(resident) as counter:
+        _step(opt, x)
+    model.zero_grad(set_to_none=True)
+    assert measure_peak(lambda: _step(opt, x), resident) == counter.peak \
+        == opt.plan.predicted_peak_bytes

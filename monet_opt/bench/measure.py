@@ -4,13 +4,12 @@ A *step* is forward, `out.sum()`, backward, starting with every gradient unset. 
 the most memory the step holds on the device, everything counted: parameters, buffers, the
 input, activations, workspace and the gradients it creates.
 
-- CPU, every method: torch.profiler's allocation events (`monet_opt.measure_peak`, NOTE
-  [Allocation events] in monet_opt/alloc_events.py): the tensors alive at entry plus the
-  largest running sum of what the step allocated less what it freed, kernels' scratch
-  included; the figure our plans are made for on CPU. It was the live-bytes counter
-  (`monet_opt.LiveBytes`) for eager-mode code until 2026-12-02; a TorchDispatchMode (the
-  counter) silently makes compiled code run eager (research/anchors-cpu.md), so compiled code
-  was measured by the events already.
+- CPU, eager-mode code (eager, torch.utils.checkpoint, our executor): the live-bytes counter
+  (`monet_opt.LiveBytes`, exact to the byte, the instrument our predictions are held against).
+- CPU, torch.compile'd code: the profiler's allocation events. An active TorchDispatchMode (the
+  counter) silently makes compiled code run eager (research/anchors-cpu.md), so it cannot be used
+  there. Their running sum plus the tensors alive at entry is the peak. Taken for every method as
+  a cross-check (it also sees scratch memory allocated inside kernels).
 - CUDA: `max_memory_allocated` above what was allocated before the step, plus the method's own
   parameters, buffers and input (so other models alive on the device do not count).
 """
@@ -26,8 +25,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from monet_opt.memory import measure_peak
+from monet_opt.memory import LiveBytes, measure_peak, resident_bytes
 
+LIVE_BYTES = "live-bytes counter"
 PROFILER = "profiler allocation events"
 CUDA_ALLOCATOR = "cuda max_memory_allocated"
 GRAD_SEED = 1234
@@ -94,14 +94,47 @@ def grad_rel_diff(grads: list[torch.Tensor | None], ref: list[torch.Tensor | Non
     return worst / scale if scale else worst
 
 
-def peak_bytes(runner: Runner, x: Any, device: torch.device) -> tuple[int, str]:
+def peak_bytes(runner: Runner, x: Any, device: torch.device, compiled: bool) -> tuple[int, str]:
     """The measured peak of one step and the instrument that measured it."""
     runner.clear_grads()
     try:
-        return measure_peak(lambda: runner.step(x), runner.resident, device), \
-            CUDA_ALLOCATOR if device.type == "cuda" else PROFILER
+        if device.type == "cuda":
+            return _cuda_peak(runner, x, device), CUDA_ALLOCATOR
+        if compiled:
+            return profiler_peak(runner, x), PROFILER
+        with LiveBytes(runner.resident) as counter:
+            runner.step(x)
+        return counter.peak, LIVE_BYTES
     finally:
         runner.clear_grads()
+
+
+def _cuda_peak(runner: Runner, x: Any, device: torch.device) -> int:
+    return measure_peak(lambda: runner.step(x), runner.resident, device)
+
+
+def profiler_peak(runner: Runner, x: Any) -> int:
+    """CPU peak from torch.profiler's allocation events: the tensors alive at entry plus the
+    largest running sum of allocations (frees are negative sizes) during one step."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.clear_grads()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        runner.step(x)
+    events = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        stack.extend(e.children)
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            events.append((e.start_time_ns, e.extra_fields.alloc_size))
+    running = top = 0
+    for _, size in sorted(events):
+        running += size
+        top = max(top, running)
+    runner.clear_grads()
+    return resident_bytes(runner.resident) + top
 
 
 def interleaved_times(runners: Sequence[Runner], x: Any, rounds: int, device: torch.device,

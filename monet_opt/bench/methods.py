@@ -53,8 +53,8 @@ def _failure(exc: BaseException) -> str:
 def measured_point(ctx: Context, runner: Runner, base: Point) -> Point:
     """`base` with the runner's gradient difference and peaks filled in."""
     grads, _ = measure.first_step(runner, ctx.x, ctx.device)
-    peak, instrument = measure.peak_bytes(runner, ctx.x, ctx.device)
-    prof = peak if instrument == measure.PROFILER else None
+    peak, instrument = measure.peak_bytes(runner, ctx.x, ctx.device, compiled=False)
+    prof = measure.profiler_peak(runner, ctx.x) if ctx.device.type == "cpu" else None
     return replace(base, peak_bytes=peak, peak_instrument=instrument, profiler_peak_bytes=prof,
                    grad_rel_diff=measure.grad_rel_diff(grads, ctx.ref_grads))
 
@@ -206,7 +206,7 @@ def compiled(ctx: Context, backend: str, budget: float, rounds: int) -> Point:
             wrapped = peers.compiled(ctx.model, backend)
             runner = measure.runner_for(base.method, wrapped.module, ctx.model, ctx.x)
             grads, first_s = measure.first_step(runner, ctx.x, ctx.device)
-            peak, instrument = measure.peak_bytes(runner, ctx.x, ctx.device)
+            peak, instrument = measure.peak_bytes(runner, ctx.x, ctx.device, compiled=True)
             times = measure.interleaved_times([ctx.eager, runner], ctx.x, rounds, ctx.device,
                                               warmup=2)
             note, really = peers.compile_note()

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from monet_opt.bench import measure
 from monet_opt.bench.results import ModelRun, Point
 
 MD_NAME = "bench.md"
@@ -16,15 +15,15 @@ commit, device and torch version it was measured with. Regenerate rather than ed
 - **Step**: gradients unset, forward, `out.sum()`, backward. Train mode, random init (seed 0),
   dropout on where the model has it.
 - **Peak**: everything the step holds (parameters, buffers, input, activations, gradients). CPU:
-  torch.profiler's allocation events for every method, scratch memory inside kernels included
-  (the figure our plans are made for since 2026-12-02, NOTE [Allocation events]); runs before
-  that measured eager-mode code (eager, torch.utils.checkpoint, our executor) by the
-  live-bytes counter, which sees only what ops return, and gave the events beside it. CUDA:
+  the live-bytes counter for eager-mode code (eager, torch.utils.checkpoint, our executor; the
+  figure our predictions are checked against); torch.profiler's allocation events for
+  torch.compile'd code (a dispatch mode would make it run eager). The profiler figure, which
+  also sees scratch memory inside kernels, is given for every method as a cross-check. CUDA:
   `max_memory_allocated` (cudnn.benchmark on).
 - **Compared by** one figure for every method (NOTE [One instrument for every method] in
   monet_opt/bench/results.py): on CPU the profiler's allocation events, which the summaries
-  and plots use; for the runs measured by the counter, the tables give both, and mark our
-  points over their limit or prediction by the counter, and "(over limit)" by the events.
+  and plots use; the tables give both, and mark our points over their limit or prediction by
+  the counter, and "(over limit)" by the events.
 - **Floor** = parameters + buffers + input + gradients; **activations** = peak - floor.
 - **Time**: median of interleaved steps after warm-up (eager, ours and checkpointing in one
   block, in a seeded order shuffled each round; each torch.compile budget in its own block
@@ -139,9 +138,7 @@ def held(planned: list[Point], u: tuple[str, int]) -> list[str]:
             f"{len(over)} measured over their prediction" +
             (f" (by up to {size(max(p.peak_bytes - p.predicted_peak_bytes for p in over), u)})"
              if over else ""))
-    # runs measured by the counter before 2026-12-02 (NOTE [Allocation events])
-    events = [p for p in planned if p.profiler_peak_bytes is not None
-              and p.peak_instrument != measure.PROFILER]
+    events = [p for p in planned if p.profiler_peak_bytes is not None]
     above = [p.profiler_peak_bytes - p.limit_bytes for p in events
              if p.profiler_peak_bytes > p.limit_bytes]
     if events:

@@ -71,8 +71,8 @@ class Point:
 
 
 # NOTE [One instrument for every method]
-#   On CPU our executor, eager and torch.utils.checkpoint were measured by the live-bytes
-#   counter (the figure our plans were made for and checked against), torch.compile'd code by
+#   On CPU our executor, eager and torch.utils.checkpoint are measured by the live-bytes
+#   counter (the figure our plans are made for and checked against), torch.compile'd code by
 #   torch.profiler's allocation events (a dispatch mode would make it run eager). The events
 #   also see memory allocated inside kernels (oneDNN's scratch in convolutions, ATen's
 #   temporaries), which the counter does not, so the two figures side by side favoured the
@@ -80,10 +80,8 @@ class Point:
 #   the 139 counted, and U-Net's plans reached half of eager's activations at no limit
 #   (2026-12-02, on the bench.json then committed). The summaries and the frontier plots
 #   compare every method by the one figure all have: on CPU the allocation events (taken for
-#   every method), on CUDA max_memory_allocated; the counter's figure stays in those runs'
-#   tables, beside each plan's prediction and limit. Since then plans on CPU count kernels'
-#   scratch and every method is measured by the events alone (NOTE [Allocation events] in
-#   monet_opt/alloc_events.py).
+#   every method), on CUDA max_memory_allocated; the counter's figure stays in the tables,
+#   beside each plan's prediction and limit.
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def bench_model(spec: models.BenchModel, s: Settings,
     print(f"\n== {spec.name}: {config} on {device_name(s.device)}", flush=True)
     eager = measure.runner_for("eager", model, model, x)
     ref, _ = measure.first_step(eager, x, s.device)
-    peak, instrument = measure.peak_bytes(eager, x, s.device)
+    peak, instrument = measure.peak_bytes(eager, x, s.device, compiled=False)
     ctx = Context(spec.name, model, x, s.device, eager, peak, ref, _floor(model, x)[-1],
                   s.profile_dir)
     eager_point = methods.measured_point(ctx, eager, results.Point(
