@@ -1,6 +1,7 @@
-"""Measure the peak memory of a training step: on CPU the allocator's allocation events (NOTE
-[Allocation events] in monet_opt/alloc_events.py), on CUDA the caching allocator's
-max_memory_allocated; and the live-tensor-bytes counter, which sees what ops return."""
+"""Measure the peak memory of a training step: on CPU the live-tensor-bytes counter, which sees
+what ops return, or the allocator's allocation events, which see kernels' scratch too (NOTE
+[Allocation events] in monet_opt/alloc_events.py); on CUDA the caching allocator's
+max_memory_allocated."""
 from __future__ import annotations
 
 import dataclasses
@@ -104,10 +105,10 @@ def measure_peak(step: Callable[[], Any], resident: Iterable[torch.Tensor] = (),
     """Run `step()` once and return its peak memory in bytes, everything counted: the tensors in
     `resident` (pass `resident_tensors(model, inputs)`) plus everything the step allocates.
 
-    CPU: `resident` plus the most the allocator held above what it held before the step, by
+    CPU: the LiveBytes counter, which sees what ops return; with MONET_OPT_CPU_SCRATCH=1,
+    `resident` plus the most the allocator held above what it held before the step, by
     torch.profiler's allocation events: kernels' scratch included (NOTE [Allocation events] in
-    monet_opt/alloc_events.py); inside a profiler the user runs, the LiveBytes counter, which
-    sees only what ops return. CUDA: the caching allocator's peak during the step above what
+    monet_opt/alloc_events.py), but the counter's inside a profiler the user runs. CUDA: the caching allocator's peak during the step above what
     was allocated before it, plus `resident` (the device may hold other tensors of the process,
     which are not the step's).
     """
@@ -334,11 +335,11 @@ def counted(fn: Callable[[], Any], cuda: bool, inputs: Any = ()) -> tuple[Any, i
       timed ones (the first call of a convolution under cudnn.benchmark tries every
       algorithm, with their workspaces). Measured on an H100 (ResNet-50, batch 64, 224x224,
       torch 2.11): without it, steps peaked over their plans by up to 120 MiB, inside
-      convolution backwards. On CPU: the allocation events' peak during the call, less its
-      outputs (NOTE [Allocation events] in monet_opt/alloc_events.py); it was the live-bytes
-      counter's, which sees what ops return and not their scratch, so ops' workspace was 0 and
-      plans passed their limits by the process's allocations (by up to 48 MiB on a CNN).
-      Inside a profiler the user runs it is the counter's still. The counter starts with the
+      convolution backwards. On CPU: the live-bytes counter's, which sees what ops return and
+      not their scratch, so ops' workspace is 0 (variants' counts the tensors they make on the
+      way) and plans pass their limits by the process's allocations (by up to 48 MiB on a
+      CNN); with MONET_OPT_CPU_SCRATCH=1, the allocation events' peak during the call, less its
+      outputs (NOTE [Allocation events] in monet_opt/alloc_events.py). The counter starts with the
       inputs: it counts a storage the first time an op returns it, so a view of an input
       taken inside (a 1-bit mask's `packed.unsqueeze(1)` as it is unpacked) counted the input
       as made there: a small CNN's plan with a ReLU's 1-bit mask predicted 1,024 B (the mask)

@@ -25,7 +25,6 @@ The time limit: NOTE [The profiling time limit] in monet_opt/profile_budget.py.
 from __future__ import annotations
 
 import contextlib
-import functools
 import statistics
 import warnings
 from dataclasses import dataclass
