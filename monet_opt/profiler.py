@@ -37,7 +37,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as dense_l
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from monet_opt import alloc_events, cudnn_bn, output_bytes, recompute
+from monet_opt import alloc_events, conv_split, cudnn_bn, output_bytes, recompute
 from monet_opt.lower import Lowered, is_effect_token
 from monet_opt.misread_layouts import Layouts
 from monet_opt.memory import counted, cuda_devices
@@ -63,9 +63,10 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # lossy encodings' ops priced faster than their op, NOTE [Lossy encodings priced no faster],
 # and BatchNorm backwards written into dy, NOTE [BatchNorm's gradient in place]; 16: outputs
 # sharing a storage counted once per op in workspaces, no replayed random op's held state,
-# NOTEs [Allocation events], [The replay's state held]) is not served to this one. Raise it
-# when what the profiler measures changes meaning.
-PROFILER_REVISION = 16
+# NOTEs [Allocation events], [The replay's state held]; 17: outputs the trace has as None
+# left out of CPU workspaces, NOTE [A weight gradient made unasked]) is not served to this
+# one. Raise it when what the profiler measures changes meaning.
+PROFILER_REVISION = 17
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -300,8 +301,8 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
         seen[sig] = samples
         if cuda or alloc_events.enabled():  # after the timed calls: cuDNN's benchmark
             # search is over (NOTE [Workspace]); on CPU NOTE [Allocation events]
-            workspace[sig] = counted(recompute.as_run(node, target, args, kwargs), cuda,
-                                     (args, kwargs))[1]
+            run = conv_split.as_traced(node, recompute.as_run(node, target, args, kwargs))
+            workspace[sig] = counted(run, cuda, (args, kwargs))[1]
     if node.name in wanted:
         measured[node.name] = sig
         rerun = recompute.rerun_args(node, args)
