@@ -52,7 +52,7 @@ SWITCH = "MONET_OPT_CPU_SCRATCH"
 def enabled() -> bool:
     """Whether CPU memory is read from allocation events: the environment sets SWITCH to 1
     (NOTE [Allocation events])."""
-    return os.environ.get(SWITCH, "0") not in ("", "0")
+    return os.environ.get(SWITCH, "1") not in ("", "0")
 
 
 def available() -> bool:
@@ -66,9 +66,11 @@ class Allocations:
     events]). `held`: tensors alive at the start whose frees in the window count (the step's
     inputs, parameters...). One may open inside another (a step measured that plans, and the
     profiler taking an op's workspace): the outer's profiler stops while the inner runs, and
-    takes in the inner's events as its own."""
+    takes in the inner's events as its own. `trace`: keep (time ns, `net`) after each event
+    in `samples` (the benchmark's timeline)."""
 
-    def __init__(self, held: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, held: Iterable[torch.Tensor] = (), trace: bool = False) -> None:
+        self.samples: list[tuple[int, int]] | None = [] if trace else None
         self._live: dict[int, int] = {}  # pointer: bytes, of what a free counts
         for t in held:
             if t.device.type == "cpu" and not t.is_meta and not t._is_zerotensor() \
@@ -112,13 +114,15 @@ class Allocations:
     def _take(self, events: list[tuple[int, int, int, int]]) -> None:
         """Counts `events` in: a free only where its pointer was allocated in the window or
         is held."""
-        for _, _, ptr, size in events:
+        for time_ns, _, ptr, size in events:
             if size > 0:
                 self._live[ptr] = size
                 self.net += size
                 self.peak = max(self.peak, self.net)
             elif ptr in self._live:
                 self.net -= self._live.pop(ptr)
+            if self.samples is not None:
+                self.samples.append((time_ns, self.net))
 
 
 _open: list[Allocations] = []  # those open, innermost last

@@ -28,6 +28,7 @@ NOTE [Conv backward split]
 from __future__ import annotations
 
 import operator
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -79,6 +80,10 @@ def _narrowed(graph: fx.Graph, node: fx.Node, mask: list[bool], val) -> fx.Node:
 #   same and returns it, where the trace's kernel returns None: the step allocated the
 #   weight's bytes beyond its plan (147,456 B over the limit for a 64x64x3x3 convolution;
 #   variants hunt, 2026-12-02). It goes as the call returns, so it is the op's workspace.
+#   Taken from the allocation events (NOTE [Workspace] in monet_opt/memory.py), the op's
+#   workspace counted it as an output and left it out: the profiler drops the outputs the
+#   trace has as None inside the call it measures (`as_traced`), which then count as scratch,
+#   as in the step (a frozen 16x16x3x3 weight's step measured its 9,216 B over its plan).
 def unasked_weight_bytes(node: fx.Node) -> int:
     """The bytes of the weight gradient `node` makes without being asked (NOTE above)."""
     if node.target is not aten.convolution_backward.default:
@@ -88,3 +93,18 @@ def unasked_weight_bytes(node: fx.Node) -> int:
             or not mask[2]:
         return 0
     return weight.numel() * weight.element_size()
+
+
+def as_traced(node: fx.Node, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """`fn` (`node`'s op) returning None where the trace's value is None: what it makes there
+    is its workspace (NOTE [A weight gradient made unasked])."""
+    val = node.meta.get("val")
+    if not isinstance(val, (tuple, list)) or all(v is not None for v in val):
+        return fn
+
+    def run():
+        out = fn()
+        if not isinstance(out, (tuple, list)) or len(out) != len(val):
+            return out
+        return tuple(None if v is None else o for o, v in zip(out, val))
+    return run

@@ -179,8 +179,14 @@ def with_costs(lowered: Lowered, costs) -> Lowered:
         anew = 0 if variants.writes_into((site.family,)) else p.ops[var.op].inplace_bytes
         if site.encode_op is not None and not variants.family(site.family).exact:
             extra_s = max(0.0, extra_s)  # NOTE [Lossy encodings priced no faster]
+        # NOTE [A variant's workspace is its own]: the variant runs instead of its op, so its
+        # measured workspace stands for the op's (counted already), not beside it. Added to
+        # it, a BatchNorm backward's 64 KiB CPU scratch, which the variant's run has too
+        # (NOTE [Allocation events]), was counted twice: a plan predicted 64 KiB over its
+        # step (tests/test_grad_in_place.py). Never below the op's (the extra is not negative).
+        extra_ws = max(0, run_ws - p.ops[var.op].workspace_bytes)
         out.append(dataclasses.replace(var, extra_time_s=extra_s,
-                                       extra_workspace_bytes=max(0, run_ws) + anew))
+                                       extra_workspace_bytes=extra_ws + anew))
     problem = dataclasses.replace(p, ops=tuple(ops), variants=tuple(out))
     return dataclasses.replace(lowered, problem=problem)
 

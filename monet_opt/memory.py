@@ -198,13 +198,27 @@ def held_beyond(originals: Sequence[torch.Tensor], clones: Sequence[torch.Tensor
 #   plan's prediction (the limit), and its store-all plan was 9,824 B over what it measured.
 #   `refuse_sparse_made` stops such a step with a CaptureError saying to build the tensor
 #   outside and pass it in; views of a sparse input (the transpose sparse.mm's backward reads)
-#   are its input's memory and pass.
+#   pass, but a COO transpose clones its indices and values: read from the allocation events,
+#   a GCN's step at its least plan held one such copy (19,740 B) over it, in each layer's
+#   backward. The op reading such a copy counts its bytes as its workspace (`sparse_copies`):
+#   the view is made right before its one reader, and dies with it.
 def sparse_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """What the sparse tensors among `tensors` hold (NOTE [Sparse inputs]); their parts read
     outside a fake mode the caller may be in (inside one, a real sparse tensor's indices come
     out as the fake's: none)."""
     with unset_fake_temporarily():
         return resident_bytes([t for t in tensors if t.layout != torch.strided])
+
+
+def sparse_copies(read: Iterable[object], inputs: Iterable[torch.Tensor]) -> int:
+    """The bytes of the sparse tensors in `read` held in storages none of `inputs` holds: the
+    copies a view of a sparse input made (NOTE [Sparse inputs])."""
+    sparse = [t for t in read if isinstance(t, torch.Tensor) and t.layout != torch.strided]
+    if not sparse:
+        return 0
+    held = {p.untyped_storage().data_ptr() for t in inputs for p in dense_parts(t)}
+    return resident_bytes(p for t in sparse for p in dense_parts(t)
+                          if p.untyped_storage().data_ptr() not in held)
 
 
 def refuse_sparse_made(joint: fx.GraphModule, is_view: Callable[[fx.Node], bool]) -> None:

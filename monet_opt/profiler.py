@@ -36,10 +36,10 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as dense_l
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from monet_opt import alloc_events, cudnn_bn, output_bytes, recompute
+from monet_opt import alloc_events, conv_split, cudnn_bn, output_bytes, recompute
 from monet_opt.lower import Lowered, is_effect_token
 from monet_opt.misread_layouts import Layouts
-from monet_opt.memory import counted, cuda_devices
+from monet_opt.memory import counted, cuda_devices, sparse_copies
 from monet_opt.profile_budget import Budget, estimates
 from monet_opt.profile_memory import BoundedEnv
 from monet_opt.variant_probe import VariantProbe, timed_call as _call
@@ -62,9 +62,11 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # lossy encodings' ops priced faster than their op, NOTE [Lossy encodings priced no faster],
 # and BatchNorm backwards written into dy, NOTE [BatchNorm's gradient in place]; 16: outputs
 # sharing a storage counted once per op in workspaces, no replayed random op's held state,
-# NOTEs [Allocation events], [The replay's state held]) is not served to this one. Raise it
+# NOTEs [Allocation events], [The replay's state held]; 17: outputs the trace has as None
+# left out of CPU workspaces, NOTE [A weight gradient made unasked], and a sparse input's
+# transposed copy in its reader's, NOTE [Sparse inputs]) is not served to this one. Raise it
 # when what the profiler measures changes meaning.
-PROFILER_REVISION = 16
+PROFILER_REVISION = 17
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -299,8 +301,11 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
         seen[sig] = samples
         if cuda or alloc_events.enabled():  # after the timed calls: cuDNN's benchmark
             # search is over (NOTE [Workspace]); on CPU NOTE [Allocation events]
-            workspace[sig] = counted(recompute.as_run(node, target, args, kwargs), cuda,
-                                     (args, kwargs))[1]
+            run = conv_split.as_traced(node, recompute.as_run(node, target, args, kwargs))
+            inputs = (env[n.name] for n in node.graph.nodes
+                      if n.op == "placeholder" and n.name in env)
+            workspace[sig] = counted(run, cuda, (args, kwargs))[1] + sparse_copies(
+                pytree.tree_leaves((args, kwargs)), inputs)  # NOTE [Sparse inputs]
     if node.name in wanted:
         measured[node.name] = sig
         rerun = recompute.rerun_args(node, args)

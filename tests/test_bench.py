@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import solvers
-from monet_opt import zoo
+from monet_opt import alloc_events, zoo
 from monet_opt.bench import allocator, measure, models, peers, report, results, run
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -76,7 +76,11 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
         {peer.name for peer in models.SPECS["tiny_cnn"].checkpoint}
     (compiled,) = by_family["compile"]
     assert compiled.status == "ok", compiled.note
-    assert compiled.peak_instrument == measure.PROFILER and compiled.setting == "budget 0.5"
+    # every method by monet_opt.measure_peak where allocation events are on (NOTE [Allocation
+    # events]); else compiled code by the profiler's events
+    assert compiled.peak_instrument == (measure.EVENTS if alloc_events.enabled()
+                                        else measure.PROFILER)
+    assert compiled.setting == "budget 0.5"
     assert compiled.solve_time_s > 0 and compiled.step_time_s > 0
     assert r.timeline is not None and r.timeline.predicted and r.timeline.measured
     # The timeline's measured peak is the point's.
@@ -273,7 +277,15 @@ def _checkpoints(module: nn.Module) -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(PEER_CASES))
-def test_checkpoint_peers_give_eager_gradients(name):
+def test_checkpoint_peers_give_eager_gradients(name, monkeypatch):
+    """No peer raises the peak beyond the generator states torch.utils.checkpoint keeps for
+    its recomputations (5,056 B each on CPU), which the allocation events see (NOTE
+    [Allocation events]; the live-bytes counter did not): on a tiny model checkpointing saves
+    less than that."""
+    states: list[int] = []
+    get_state = torch.get_rng_state
+    monkeypatch.setattr(torch, "get_rng_state",
+                        lambda: states.append(0) or get_state())
     model, x = PEER_CASES[name]()
     eager = measure.runner_for("eager", model, model, x)
     ref, _ = measure.first_step(eager, x, torch.device("cpu"))
@@ -288,8 +300,10 @@ def test_checkpoint_peers_give_eager_gradients(name):
                                     params=wrapped.params)
         grads, _ = measure.first_step(runner, x, torch.device("cpu"))
         assert measure.grad_rel_diff(grads, ref) <= 1e-6, f"{name} {peer.name}"
-        peak, _ = measure.peak_bytes(runner, x, torch.device("cpu"), compiled=False)
-        assert peak <= eager_peak, f"{name} {peer.name}: checkpointing raised the peak"
+        states.clear()
+        peak, instrument = measure.peak_bytes(runner, x, torch.device("cpu"), compiled=False)
+        kept = len(states) * get_state().numel() if instrument == measure.EVENTS else 0
+        assert peak <= eager_peak + kept, f"{name} {peer.name}: checkpointing raised the peak"
         if name == "tiny_cnn" and peer.name == "checkpoint_sequential":
             assert peak < eager_peak, "checkpoint_sequential saved nothing"
 

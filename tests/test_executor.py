@@ -108,7 +108,9 @@ def test_baseline_plans_train_exactly(solver):
     base, x, loss_fn = models.small_cnn()
     reference = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
     plan = reference.plan
-    limit = plan.fixed_bytes + plan.gradient_bytes + int(0.7 * plan.store_all_activation_bytes)
+    # 80 % of the activations: Chen's least reached 71 % once convolutions' scratch was
+    # counted (NOTE [Allocation events]); still below store-all, so both recompute
+    limit = plan.fixed_bytes + plan.gradient_bytes + int(0.8 * plan.store_all_activation_bytes)
     optimized = monet_opt.optimize(copy.deepcopy(base), x, limit, solver=solver,
                                    profile_repeats=1, time_limit_s=4)
     assert optimized.plan.solver == solver and optimized.plan.recomputed_ops > 0

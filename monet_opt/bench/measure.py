@@ -4,12 +4,17 @@ A *step* is forward, `out.sum()`, backward, starting with every gradient unset. 
 the most memory the step holds on the device, everything counted: parameters, buffers, the
 input, activations, workspace and the gradients it creates.
 
-- CPU, eager-mode code (eager, torch.utils.checkpoint, our executor): the live-bytes counter
-  (`monet_opt.LiveBytes`, exact to the byte, the instrument our predictions are held against).
-- CPU, torch.compile'd code: the profiler's allocation events. An active TorchDispatchMode (the
-  counter) silently makes compiled code run eager (research/anchors-cpu.md), so it cannot be used
-  there. Their running sum plus the tensors alive at entry is the peak. Taken for every method as
-  a cross-check (it also sees scratch memory allocated inside kernels).
+- CPU, every method, with allocation events on (MONET_OPT_CPU_SCRATCH, the default): the
+  allocator's events as `monet_opt.measure_peak` reads them, kernels' scratch included (NOTE
+  [Allocation events] in monet_opt/alloc_events.py): the instrument our plans are now made for
+  and held against. Measured by the live-bytes counter instead, our executor's peaks were 5 %
+  off plans that count scratch (tiny_cnn, its peak at a BatchNorm backward with 64 KiB of it).
+- CPU with them off: eager-mode code (eager, torch.utils.checkpoint, our executor) by the
+  live-bytes counter (`monet_opt.LiveBytes`, exact to the byte), torch.compile'd code by the
+  profiler's allocation events. An active TorchDispatchMode (the counter) silently makes
+  compiled code run eager (research/anchors-cpu.md), so it cannot be used there. Their running
+  sum plus the tensors alive at entry is the peak. Taken for every method as a cross-check
+  (`profiler_peak`, the figure methods are compared by).
 - CUDA: `max_memory_allocated` above what was allocated before the step, plus the method's own
   parameters, buffers and input (so other models alive on the device do not count).
 """
@@ -25,10 +30,12 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
+from monet_opt import alloc_events
 from monet_opt.memory import LiveBytes, measure_peak, resident_bytes
 
 LIVE_BYTES = "live-bytes counter"
 PROFILER = "profiler allocation events"
+EVENTS = "allocation events (monet_opt.measure_peak)"
 CUDA_ALLOCATOR = "cuda max_memory_allocated"
 GRAD_SEED = 1234
 
@@ -100,6 +107,8 @@ def peak_bytes(runner: Runner, x: Any, device: torch.device, compiled: bool) -> 
     try:
         if device.type == "cuda":
             return _cuda_peak(runner, x, device), CUDA_ALLOCATOR
+        if alloc_events.enabled() and alloc_events.available():  # what our plans count
+            return measure_peak(lambda: runner.step(x), runner.resident, device), EVENTS
         if compiled:
             return profiler_peak(runner, x), PROFILER
         with LiveBytes(runner.resident) as counter:

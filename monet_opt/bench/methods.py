@@ -207,6 +207,8 @@ def compiled(ctx: Context, backend: str, budget: float, rounds: int) -> Point:
             runner = measure.runner_for(base.method, wrapped.module, ctx.model, ctx.x)
             grads, first_s = measure.first_step(runner, ctx.x, ctx.device)
             peak, instrument = measure.peak_bytes(runner, ctx.x, ctx.device, compiled=True)
+            prof = measure.profiler_peak(runner, ctx.x) \
+                if instrument == measure.EVENTS else None  # the figure methods are compared by
             times = measure.interleaved_times([ctx.eager, runner], ctx.x, rounds, ctx.device,
                                               warmup=2)
             note, really = peers.compile_note()
@@ -216,7 +218,7 @@ def compiled(ctx: Context, backend: str, budget: float, rounds: int) -> Point:
     point = replace(base, status="ok" if really else "failed",
                     note=note if really else f"did not compile (ran eager): {note}",
                     peak_bytes=peak, peak_instrument=instrument,
-                    profiler_peak_bytes=peak if instrument == measure.PROFILER else None,
+                    profiler_peak_bytes=peak if instrument == measure.PROFILER else prof,
                     step_time_s=step, eager_step_time_s=eager, overhead=step / eager - 1,
                     solve_time_s=first_s, grad_rel_diff=measure.grad_rel_diff(grads,
                                                                               ctx.ref_grads))

@@ -114,8 +114,10 @@ def frontier(ax, run: ModelRun, legend: bool = True) -> None:
 def timeline(ax, run: ModelRun) -> None:
     tl = run.timeline
     mib = 2 ** 20
+    by = next((p.peak_instrument for p in run.points
+               if p.method == tl.method and p.peak_instrument), "live-bytes counter")
     ax.plot([t for t, _ in tl.measured], [b / mib for _, b in tl.measured], linewidth=0.8,
-            drawstyle="steps-post", label="measured (live-bytes counter, each op)")
+            drawstyle="steps-post", label=f"measured ({by})")
     ax.plot([t for t, _ in tl.predicted], [b / mib for _, b in tl.predicted], linewidth=0.8,
             drawstyle="steps-post", label="predicted (the plan's simulation)")
     ax.axhline(tl.limit_bytes / mib, color="red", linestyle="--", linewidth=0.8, label="limit")

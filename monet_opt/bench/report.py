@@ -15,15 +15,17 @@ commit, device and torch version it was measured with. Regenerate rather than ed
 - **Step**: gradients unset, forward, `out.sum()`, backward. Train mode, random init (seed 0),
   dropout on where the model has it.
 - **Peak**: everything the step holds (parameters, buffers, input, activations, gradients). CPU:
-  the live-bytes counter for eager-mode code (eager, torch.utils.checkpoint, our executor; the
-  figure our predictions are checked against); torch.profiler's allocation events for
+  each point names its instrument: the allocator's events as `monet_opt.measure_peak` reads
+  them, kernels' scratch included, for every method (the figure our plans count and are
+  checked against) where allocation events are on (MONET_OPT_CPU_SCRATCH, the default); else
+  the live-bytes counter for eager-mode code and torch.profiler's allocation events for
   torch.compile'd code (a dispatch mode would make it run eager). The profiler figure, which
   also sees scratch memory inside kernels, is given for every method as a cross-check. CUDA:
   `max_memory_allocated` (cudnn.benchmark on).
 - **Compared by** one figure for every method (NOTE [One instrument for every method] in
   monet_opt/bench/results.py): on CPU the profiler's allocation events, which the summaries
   and plots use; the tables give both, and mark our points over their limit or prediction by
-  the counter, and "(over limit)" by the events.
+  the point's instrument, and "(over limit)" by the profiler's events.
 - **Floor** = parameters + buffers + input + gradients; **activations** = peak - floor.
 - **Time**: median of interleaved steps after warm-up (eager, ours and checkpointing in one
   block, in a seeded order shuffled each round; each torch.compile budget in its own block

@@ -81,7 +81,9 @@ class Point:
 #   (2026-12-02, on the bench.json then committed). The summaries and the frontier plots
 #   compare every method by the one figure all have: on CPU the allocation events (taken for
 #   every method), on CUDA max_memory_allocated; the counter's figure stays in the tables,
-#   beside each plan's prediction and limit.
+#   beside each plan's prediction and limit. With allocation events on (the default, NOTE
+#   [Allocation events] in monet_opt/alloc_events.py) every CPU method's own figure is
+#   monet_opt.measure_peak's, from those events too (monet_opt/bench/measure.py).
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class Meta:
 @dataclass(frozen=True)
 class Timeline:
     """Predicted and measured memory over one step of one schedule. Times are fractions of the
-    step (predicted: cumulative profiled op times; measured: wall clock under the counter)."""
+    step (predicted: cumulative profiled op times; measured: wall clock under the instrument)."""
 
     method: str
     setting: str

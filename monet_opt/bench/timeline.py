@@ -1,6 +1,8 @@
-"""Predicted against measured memory over one step of one schedule (CPU: the live-bytes counter
-sampled after every ATen op; CUDA: the caching allocator's peak over every ATen op, the device
-synchronized around each)."""
+"""Predicted against measured memory over one step of one schedule (CPU: the running sum of the
+allocator's events, as monet_opt.measure_peak counts them, after every event where allocation
+events are on (NOTE [Allocation events] in monet_opt/alloc_events.py), else the live-bytes
+counter sampled after every ATen op; CUDA: the caching allocator's peak over every ATen op, the
+device synchronized around each)."""
 from __future__ import annotations
 
 import time
@@ -9,6 +11,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from monet_opt import alloc_events
 from monet_opt.bench.measure import Runner
 from monet_opt.bench.results import Timeline
 from monet_opt.memory import LiveBytes, resident_bytes
@@ -66,15 +69,24 @@ def record(runner: Runner, x: Any, plan: Plan, method: str, setting: str,
     if plan.timeline is None or not plan.timeline.live_bytes:
         return None
     runner.clear_grads()
-    with _recorder(runner, device) as rec:
-        start = time.perf_counter()
+    if device.type == "cpu" and alloc_events.enabled() and alloc_events.available():
+        clock = time.time_ns  # the events' clock
+        rec = alloc_events.Allocations(runner.resident, trace=True)
+    else:
+        clock, rec = time.perf_counter, _recorder(runner, device)
+    with rec:
+        start = clock()
         loss = runner.forward(x).sum()
-        backward_at = time.perf_counter()
+        backward_at = clock()
         loss.backward()
-        end = time.perf_counter()
+        end = clock()
     runner.clear_grads()
     span = max(end - start, 1e-12)
-    measured = [((t - start) / span, b) for t, b in rec.samples]
+    samples = rec.samples
+    if isinstance(rec, alloc_events.Allocations):  # as measure_peak counts: resident first
+        base = resident_bytes(runner.resident)
+        samples = [(t, base + b) for t, b in samples]
+    measured = [((t - start) / span, b) for t, b in samples]
     pt = plan.timeline
     total = sum(pt.op_time_s) or 1.0
     predicted, clock = [], 0.0
