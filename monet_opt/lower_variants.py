@@ -162,6 +162,16 @@ def _encoded_bytes(fam: variants.Family, node: fx.Node, seen: dict[tuple, int]) 
 #   now costs at least its own time: it is chosen for memory only. Exact encodings keep what
 #   they measured (a ReLU's bool mask read in place of its float output is less to read: it
 #   may well be faster), as do other implementations of an op.
+# NOTE [A variant's workspace beyond its op's]
+#   A chosen variant's op runs with its own workspace plus the variant's extra (Problem
+#   .with_variants). The probe counts the variant's whole run, so the op's own workspace is taken
+#   off. Once CPU kernels' scratch was counted (NOTE [Allocation events]) it was counted twice:
+#   small_cnn's conv.input_bf16 at a 3x3 convolution's backward 137952 B, its decoded float32
+#   input (32 KiB) plus the 105184 B of scratch the op has anyway; a BatchNorm backward's
+#   64 KiB, which its variant's run has too, made a plan predict 64 KiB over its step
+#   (tests/test_grad_in_place.py). Where the variant's run needs less than its op, the extra is
+#   0 (a variant's extra is never negative): such a plan predicts over its step (a replayed
+#   dropout mask's run, 1,310,732 B, against its op's 2 MiB of scratch).
 def with_costs(lowered: Lowered, costs) -> Lowered:
     """Fill measured costs in: costs[v] = (encode time, encode workspace, run time minus the
     op's own time, run workspace)."""
@@ -179,12 +189,8 @@ def with_costs(lowered: Lowered, costs) -> Lowered:
         anew = 0 if variants.writes_into((site.family,)) else p.ops[var.op].inplace_bytes
         if site.encode_op is not None and not variants.family(site.family).exact:
             extra_s = max(0.0, extra_s)  # NOTE [Lossy encodings priced no faster]
-        # NOTE [A variant's workspace is its own]: the variant runs instead of its op, so its
-        # measured workspace stands for the op's (counted already), not beside it. Added to
-        # it, a BatchNorm backward's 64 KiB CPU scratch, which the variant's run has too
-        # (NOTE [Allocation events]), was counted twice: a plan predicted 64 KiB over its
-        # step (tests/test_grad_in_place.py). Never below the op's (the extra is not negative).
-        extra_ws = max(0, run_ws - p.ops[var.op].workspace_bytes)
+        # NOTE [A variant's workspace beyond its op's]
+        extra_ws = max(0, run_ws - ops[var.op].workspace_bytes)
         out.append(dataclasses.replace(var, extra_time_s=extra_s,
                                        extra_workspace_bytes=extra_ws + anew))
     problem = dataclasses.replace(p, ops=tuple(ops), variants=tuple(out))

@@ -17,7 +17,10 @@ NOTE [Layouts a stand-in cannot show]
   reads as contiguous: the result came out contiguous where the graph expects channels-last,
   and the profiler refused the variant. Such families (`lays_out`) take the result's strides
   as their params, and the op writes into a result allocated with them (its out= overload),
-  bitwise what it returns otherwise (tests/test_variants_layout.py).
+  bitwise what it returns otherwise (tests/test_variants_layout.py). Only where the strides are
+  not contiguous: the stand-in's result is contiguous by itself, and an out= overload may write
+  through a temporary (_adaptive_avg_pool2d_backward's on CPU: the result's bytes again, seen
+  as the variant's workspace once kernels' scratch is counted, NOTE [Allocation events]).
 
 NOTE [Combining variants]
   The solver lets variants of one op that replace different arguments combine (solvers.Variant
@@ -307,6 +310,8 @@ def run(names: tuple[str, ...], params: tuple[tuple, ...], *args, **kwargs):
     # before, it was held beside the decoding's temporaries, 8 MiB over the profiled workspaces
     # of the two max-pool variants on GoogLeNet's 32x256x16x16 pool
     shape, dtype, device, strides = layout
+    if tuple(strides) == torch.empty(shape, device="meta").stride():
+        return fams[0].op(*args_, **kwargs)  # what the op lays out anyway (NOTE [Layouts a ...])
     result = torch.empty_strided(shape, strides, dtype=dtype, device=device)
     name, overload = _out_overload(fams[0].op)
     return overload(*args_, **kwargs, **{name: result})

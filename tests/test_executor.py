@@ -140,18 +140,20 @@ def test_rematerialized_plans_train_exactly():
     _check_memory(optimized, x, loss_fn, limit, "remat")
 
 
-def _check_memory(optimized, x, loss_fn, limit, label):
+def _check_memory(optimized, x, loss_fn, limit, label, state_bytes: int = 0):
     """The step measures within `limit` and at its prediction: on CPU to the byte, or 8 B under
     where it peaks in the forward (the loss scalar and its seed gradient, which the plan counts
     for the whole step: NOTE [The loss scalar] in monet_opt/held_outputs.py); on CUDA within
     5 %. (Allowed 5 % on CPU too, a plan priced a byte per element short passed here:
-    NOTE [Workspace written into] in monet_opt/variant_probe.py.)"""
+    NOTE [Workspace written into] in monet_opt/variant_probe.py.) `state_bytes` more where the
+    peak is at a random op in the forward: its workspace holds a generator state only its
+    recomputation does (NOTE [The replay's state held] in monet_opt/recompute.py)."""
     resident = monet_opt.resident_tensors(optimized.model, x)
     measured = monet_opt.measure_peak(lambda: loss_fn(call(optimized, x)).backward(), resident)
     predicted = optimized.plan.predicted_peak_bytes
     assert measured <= limit, f"{label}: measured {measured} B over the limit {limit} B"
     close = abs(predicted - measured) <= 0.05 * measured if any(t.is_cuda for t in resident) \
-        else 0 <= predicted - measured <= 8
+        else 0 <= predicted - measured <= 8 + state_bytes
     assert close, f"{label}: predicted {predicted} B vs measured {measured} B"
 
 

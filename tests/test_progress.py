@@ -6,7 +6,7 @@ import contextlib
 import logging
 
 import monet_opt
-from tests import models
+from tests import limits, models
 
 
 @contextlib.contextmanager
@@ -28,8 +28,9 @@ def told(level: int):
 
 def test_each_phase_is_logged_and_what_the_directory_served(tmp_path):
     model, x, _ = models.small_cnn()
+    share = limits.share_between(model, x)  # NOTE [Limits between the least peak and store-all]
     with told(logging.INFO) as said:
-        first = monet_opt.optimize(model, x, "50% of activations", profile_repeats=1,
+        first = monet_opt.optimize(model, x, share, profile_repeats=1,
                                    time_limit_s=3, profile_dir=tmp_path)
     assert [m.split(": ")[1].split(" ")[0] for m in said] == \
         ["tracing", "profiling", "profiled", "solving", "plan"], said
@@ -39,7 +40,7 @@ def test_each_phase_is_logged_and_what_the_directory_served(tmp_path):
     assert f"of {limit}" in said[4] and first.plan.solver in said[4]
     assert "profile directory" not in said[4]
     with told(logging.INFO) as said:
-        monet_opt.optimize(model, x, "50% of activations", profile_repeats=1, time_limit_s=3,
+        monet_opt.optimize(model, x, share, profile_repeats=1, time_limit_s=3,
                            profile_dir=tmp_path)
     assert len(said) == 2 and said[1].endswith("profile and schedule from the profile directory")
 

@@ -262,7 +262,7 @@ def test_shape_only_families_lower_the_least_peak(kind, monkeypatch):
     lowers_the_least_peak(base, x, loss_fn, family, without=False)
 
 
-def lowers_the_least_peak(base, x, loss_fn, family: str, without):
+def lowers_the_least_peak(base, x, loss_fn, family: str, without, state_bytes: int = 0):
     """Offered every exact family, `base`'s least reachable peak is lower than offered
     `without` (optimize's `variants=`); the plan at that peak uses `family`, trains bitwise like
     store-all and stays within its limit (measured). Returns store-all's run_steps record."""
@@ -277,7 +277,7 @@ def lowers_the_least_peak(base, x, loss_fn, family: str, without):
     store_all = run_steps(with_, with_.model, x, loss_fn)
     assert_same(run_steps(tight, tight.model, x, loss_fn), store_all, exact=True,
                 what=f"{family} vs store-all")
-    _check_memory(tight, x, loss_fn, limit, family)
+    _check_memory(tight, x, loss_fn, limit, family, state_bytes)
     return store_all
 
 

@@ -160,7 +160,10 @@ def test_a_faster_backend_is_chosen_and_trains_within_the_bound(monkeypatch):
     problem = monet_opt.lower_problem(copy.deepcopy(base), x, profile_repeats=1,
                                       allow_lossy=True, variants={CONV})
     assert [v.name.split(":")[0] for v in problem.variants] == [CONV, CONV]
-    limit = _no_recompute_peak(problem, frozenset())
+    # the peak keeping everything with both in use: on CPU the other backend's backward has
+    # more scratch (NOTE [Allocation events]), so store-all's own peak does not fit it
+    limit = max(_no_recompute_peak(problem, frozenset()),
+                _no_recompute_peak(problem, frozenset(range(len(problem.variants)))))
     opt = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
                              allow_lossy=True, variants={CONV}, time_limit_s=10)
     assert len(opt.plan.variants) == 2, opt.plan.explain()

@@ -81,13 +81,15 @@ def test_a_scripted_submodule_trains_like_eager():
     optimized module raised a TypeError. Both walks find what torch finds, and three steps of a
     plan that recomputes (BatchNorm, dropout, GELU inside the scripted part) are eager's."""
     import monet_opt
+    from tests import limits
     from tests.test_executor import assert_same, run_steps
 
     model, eager = _scripted(), _scripted()  # deepcopy makes a scripted module's weights non-leaf
     _as_torch_finds(walk(model), model)
     _as_torch_finds(Walk()(model), model)
     x = torch.randn(4, 3, 8, 8)
-    opt = monet_opt.optimize(model, x, "70% of activations", profile_repeats=1, profile_dir=None,
+    limit = limits.between(model, x)  # NOTE [Limits between the least peak and store-all]
+    opt = monet_opt.optimize(model, x, limit, profile_repeats=1, profile_dir=None,
                              time_limit_s=5)
     assert opt.plan.recomputed_ops > 0
     loss = lambda out: out.sum()  # noqa: E731
