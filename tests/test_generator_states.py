@@ -43,7 +43,10 @@ def measured(optimized, x, loss_fn) -> int:
 def test_recomputed_dropouts_measure_the_prediction_at_the_least_peak(factory):
     """Recomputing its dropouts is the least peak's way (no variants offered); each kept its
     5056-byte state, which the plan counted (before: measured 5,056 B over the limit on the
-    CNN, 15,168 B on GPT-2). Training stays bitwise the store-all plan's."""
+    CNN, 15,168 B on GPT-2). Training stays bitwise the store-all plan's. The CNN's least
+    peak, its convolutions' scratch counted (NOTE [Allocation events]), is late in the
+    backward where its dropout's output is freed: it need not recompute it, and checks the
+    states' slots counted at that peak."""
     torch.manual_seed(0)
     base, x, loss_fn = factory()
     store_all = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
@@ -54,8 +57,9 @@ def test_recomputed_dropouts_measure_the_prediction_at_the_least_peak(factory):
     limit = store_all.plan.min_feasible_bytes
     tight = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
                                variants=False, time_limit_s=10)
-    assert any(row.recomputed for row in tight.plan.rows
-               if row.label.startswith("native_dropout")), tight.plan.explain()
+    assert factory is models.small_cnn or any(
+        row.recomputed for row in tight.plan.rows
+        if row.label.startswith("native_dropout")), tight.plan.explain()
     assert_same(run_steps(tight, tight.model, x, loss_fn),
                 run_steps(store_all, store_all.model, x, loss_fn), exact=True,
                 what="least peak vs store-all")
@@ -65,10 +69,13 @@ def test_recomputed_dropouts_measure_the_prediction_at_the_least_peak(factory):
 def test_a_replayed_mask_measures_the_prediction():
     """The replay keeps a generator state the counter did not see: such plans measured 5,052 B
     under their prediction (tests/test_resident_grads.py under load)."""
+    # the dropouts' other variant left out: their scratch counted, the least peak is in the
+    # forward, where a bit mask serves as well as the replay (NOTE [Allocation events])
     torch.manual_seed(0)
     base, x = DropoutChain(), torch.randn(256, 64)
     loss_fn = lambda out: out.sum()  # noqa: E731
-    only = {REPLAY} | {f.name for f in variants.FAMILIES if f.exact and f.name != REPLAY}
+    only = {REPLAY} | {f.name for f in variants.FAMILIES
+                       if f.exact and f.name not in (REPLAY, "dropout.bit_mask")}
     store_all = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
                                    variants=only)
     tight = monet_opt.optimize(copy.deepcopy(base), x, store_all.plan.min_feasible_bytes,

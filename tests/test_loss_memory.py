@@ -206,14 +206,17 @@ def test_a_loss_in_a_larger_storage_is_served_from_the_profile_directory(loss, m
 def test_inputs_sharing_otherwise_than_the_sample_get_their_own_plan():
     """A plan made for labels=input_ids counts the ids once; a step given a copy as labels holds
     one more int64 tensor, so it is planned apart (ReplanWarning saying why), and each plan
-    measures its prediction to the byte, the two a copy's bytes apart."""
+    measures its prediction to the byte, the two a copy's bytes apart. The copy's plan is
+    measured on the step after the one that plans it: the allocation events of a step that
+    plans hold the planning's own memory (NOTE [Allocation events])."""
     torch.manual_seed(0)
     base, x, _ = models.gpt2_tiny(dropout=0.0)
     ids = x["input_ids"]
     same, copied = {**x, "labels": ids}, {**x, "labels": ids.clone()}
     opt = monet_opt.optimize(base, same, HUGE, profile_repeats=1, profile_dir=None)
     measured, warned = {}, {}
-    for name, inputs in (("same", same), ("copied", copied), ("same again", same)):
+    for name, inputs in (("same", same), ("copied", copied), ("copied again", copied),
+                         ("same again", same)):
         base.zero_grad(set_to_none=True)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
@@ -222,12 +225,12 @@ def test_inputs_sharing_otherwise_than_the_sample_get_their_own_plan():
                 monet_opt.resident_tensors(base, inputs))
         warned[name] = [str(w.message) for w in seen
                         if issubclass(w.category, monet_opt.ReplanWarning)]
-    assert not warned["same"] and not warned["same again"]
+    assert not warned["same"] and not warned["same again"] and not warned["copied again"]
     assert len(warned["copied"]) == 1 and "share storages otherwise" in warned["copied"][0]
     plans = list(opt.plans.values())
     assert len(plans) == 2 and "inputs 0 and 1 share a storage" in list(opt.plans)[0]
     assert measured["same"] == measured["same again"] == plans[0].predicted_peak_bytes
-    assert measured["copied"] == plans[1].predicted_peak_bytes
+    assert measured["copied again"] == plans[1].predicted_peak_bytes
     assert plans[1].fixed_bytes - plans[0].fixed_bytes == ids.untyped_storage().nbytes()
 
 
@@ -236,7 +239,9 @@ def test_outputs_held_through_the_backward_are_planned_from_the_next_step():
     outputs.loss.backward(), holds the logits through the backward: the first step measures
     them over its plan, silently before; now it warns (OutputsHeldWarning), and the next steps
     run a plan that holds them, within the limit, at its prediction, with eager's gradients.
-    A loop that lets go of its outputs then runs that plan too, under its prediction."""
+    A loop that lets go of its outputs then runs that plan too, under its prediction. The
+    second step plans, and its allocation events hold the planning's memory (NOTE [Allocation
+    events]): the plan that holds the outputs is measured on the third."""
     torch.manual_seed(0)
     base, x, _ = models.gpt2_tiny(dropout=0.0)
     x = {**x, "labels": x["input_ids"]}
@@ -253,20 +258,21 @@ def test_outputs_held_through_the_backward_are_planned_from_the_next_step():
         outputs.loss.backward()
 
     seen = []
-    for k, step in enumerate((held, held, lambda: least(**x).loss.backward())):
+    for k, step in enumerate((held, held, held, lambda: least(**x).loss.backward())):
         least.model.zero_grad(set_to_none=True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             measured = monet_opt.measure_peak(step, resident)
         seen.append([w.category for w in caught])
         plan = list(least.plans.values())[min(k, 1)]
+        assert plan.predicted_peak_bytes <= limit
         if k == 0:
             assert measured == plan.predicted_peak_bytes + logits_bytes
-        else:
-            assert measured <= plan.predicted_peak_bytes <= limit, (k, measured)
+        elif k > 1:
+            assert measured <= plan.predicted_peak_bytes, (k, measured)
             # the loss, an output held too, is also one of NOTE [The loss scalar]'s two
-            assert k == 2 or plan.predicted_peak_bytes - measured == 4
-    assert seen == [[monet_opt.OutputsHeldWarning], [monet_opt.ReplanWarning], []]
+            assert k == 3 or plan.predicted_peak_bytes - measured == 4
+    assert seen == [[monet_opt.OutputsHeldWarning], [monet_opt.ReplanWarning], [], []]
     assert "outputs held through the backward" in list(least.plans)[1]
     eager(**x).loss.backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(least.model.parameters(),

@@ -92,17 +92,24 @@ def test_accumulation_stays_within_the_limit_and_trains_exactly(factory, set_to_
 def test_gradients_are_added_in_place_as_they_are_made():
     """NOTE [Accumulating in place]: with gradients in place, the store-all plan's step holds
     less than one more set of gradients than a step without them (it used to hold exactly
-    one more set: all the new ones at the end, beside the old), and measures its prediction."""
+    one more set: all the new ones at the end, beside the old), and measures its prediction.
+    The first step with gradients resident plans, and the allocation events would count the
+    planning's memory (NOTE [Allocation events]): one such step is run before the measured."""
     torch.manual_seed(0)
     model, x, loss_fn = models.small_cnn()
     opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", monet_opt.ReplanWarning)
+        for _ in range(2):  # the second plans for the gradients the first left resident
+            loss_fn(call(opt, x)).backward()
         measured = peak_with_gradients_in_place(opt, x, loss_fn)
     plan = next(p for label, p in opt.plans.items() if "resident" in label)
-    assert measured == plan.predicted_peak_bytes
+    # as in the test above: the loss scalars and the -0.0 scalar count from the step's start
+    assert measured <= plan.predicted_peak_bytes <= measured + 16
+    # kernels' scratch counted, the store-all step peaks early in the backward, where few
+    # gradients are made yet: less than one set more, no longer less than half a set
     grads = opt.plan.gradient_bytes
-    assert measured < opt.plan.predicted_peak_bytes + grads - grads // 2
+    assert measured < opt.plan.predicted_peak_bytes + grads
 
 
 def test_autograd_grad_and_tensor_hooks_see_the_new_gradient():
