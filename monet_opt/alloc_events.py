@@ -52,7 +52,7 @@ SWITCH = "MONET_OPT_CPU_SCRATCH"
 def enabled() -> bool:
     """Whether CPU memory is read from allocation events: the environment sets SWITCH to 1
     (NOTE [Allocation events])."""
-    return os.environ.get(SWITCH, "1") not in ("", "0")
+    return os.environ.get(SWITCH, "0") not in ("", "0")
 
 
 def available() -> bool:
