@@ -108,9 +108,9 @@ def measure_peak(step: Callable[[], Any], resident: Iterable[torch.Tensor] = (),
     CPU: the LiveBytes counter, which sees what ops return; with MONET_OPT_CPU_SCRATCH=1,
     `resident` plus the most the allocator held above what it held before the step, by
     torch.profiler's allocation events: kernels' scratch included (NOTE [Allocation events] in
-    monet_opt/alloc_events.py), but the counter's inside a profiler the user runs. CUDA: the caching allocator's peak during the step above what
-    was allocated before it, plus `resident` (the device may hold other tensors of the process,
-    which are not the step's).
+    monet_opt/alloc_events.py), but the counter's inside a profiler the user runs. CUDA: the
+    caching allocator's peak during the step above what was allocated before it, plus
+    `resident` (the device may hold other tensors of the process, which are not the step's).
     """
     if not callable(step) or isinstance(step, torch.nn.Module):
         raise TypeError(f"monet_opt.measure_peak: step must be a function of no arguments that "
