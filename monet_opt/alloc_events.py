@@ -42,8 +42,9 @@ import sys
 from typing import Iterable, Iterator
 
 import torch
-from torch._C._profiler import _EventType
-from torch.profiler import ProfilerActivity, profile
+from torch._C._profiler import ProfilerActivity, _EventType, _ExperimentalConfig
+from torch.autograd import (ProfilerConfig, ProfilerState, _disable_profiler, _enable_profiler,
+                            _prepare_profiler)
 
 
 SWITCH = "MONET_OPT_CPU_SCRATCH"
@@ -78,7 +79,6 @@ class Allocations:
                 storage = t.untyped_storage()
                 if storage.nbytes():
                     self._live[storage.data_ptr()] = storage.nbytes()
-        self._prof: profile | None = None
         self.peak = 0
         self.net = 0
 
@@ -98,16 +98,25 @@ class Allocations:
             _open[-1]._start()
 
     def _start(self) -> None:
-        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        """NOTE [No profiler objects left to the collector]: torch.profiler.profile's Python
+        objects form reference cycles (115 of them per window) that hold the profiler's C++
+        results until the garbage collector frees them; with a window per op signature, test
+        runs with the events on crashed inside the collector (three segmentation faults in
+        about six runs, never with them off). The window drives the profiler through
+        torch.autograd's functions instead: its results die when their last reference goes,
+        which is at the end of `_stop`."""
+        config = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False,
+                                _ExperimentalConfig())
         with _quiet_stderr():
-            self._prof.__enter__()
+            _prepare_profiler(config, {ProfilerActivity.CPU})
+            _enable_profiler(config, {ProfilerActivity.CPU})
 
     def _stop(self) -> list[tuple[int, int, int, int]]:
         """Stops the profiler and takes in its events; returns them."""
         with _quiet_stderr():
-            self._prof.__exit__(None, None, None)
-        events = _events(self._prof)
-        self._prof = None
+            results = _disable_profiler()
+        events = _events(results)
+        del results
         self._take(events)
         return events
 
@@ -128,10 +137,11 @@ class Allocations:
 _open: list[Allocations] = []  # those open, innermost last
 
 
-def _events(prof: profile) -> list[tuple[int, int, int, int]]:
-    """(time ns, order seen, pointer, bytes: negative for a free) of each CPU allocation event."""
+def _events(results) -> list[tuple[int, int, int, int]]:
+    """(time ns, order seen, pointer, bytes: negative for a free) of each CPU allocation event
+    in the profiler's `results`."""
     out = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    stack = list(results.experimental_event_tree())
     while stack:
         e = stack.pop()
         if e.tag == _EventType.Allocation:
