@@ -29,10 +29,9 @@ NOTE [Allocation events]
   directory (monet_opt/cache_keys.py).
   For now this is asked for: MONET_OPT_CPU_SCRATCH=1 in the environment (`enabled()`); without
   it, CPU plans count and measure_peak measures what the live-bytes counter sees, as before.
-  Made the default, the least peaks of small CNNs rise by their convolutions' scratch (a test
-  CNN's from 34 % to 57 % of its activations), and 48 tests written against the counter's
-  figures need their limits and exact equalities revisited (docs/training.md, "Kernel scratch
-  on CPU").
+  With it, the least peaks of small CNNs rise by their convolutions' scratch (a test CNN's from
+  34 % to 57 % of its activations); why it is not yet the default: docs/training.md, "Kernel
+  scratch on CPU".
 """
 from __future__ import annotations
 
@@ -102,9 +101,10 @@ class Allocations:
         objects form reference cycles (115 of them per window) that hold the profiler's C++
         results until the garbage collector frees them; with a window per op signature, test
         runs with the events on crashed inside the collector (three segmentation faults in
-        about six runs, never with them off). The window drives the profiler through
-        torch.autograd's functions instead: its results die when their last reference goes,
-        which is at the end of `_stop`."""
+        about six runs, never with them off; that these cycles were the cause is a guess, not
+        shown). The window drives the profiler through torch.autograd's functions instead: its
+        results die when their last reference goes, at the end of `_stop`, and a window costs
+        about 1 ms where it cost 20."""
         config = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False,
                                 _ExperimentalConfig())
         with _quiet_stderr():

@@ -4,7 +4,7 @@ A *step* is forward, `out.sum()`, backward, starting with every gradient unset. 
 the most memory the step holds on the device, everything counted: parameters, buffers, the
 input, activations, workspace and the gradients it creates.
 
-- CPU, every method, with allocation events on (MONET_OPT_CPU_SCRATCH, the default): the
+- CPU, every method, with allocation events on (MONET_OPT_CPU_SCRATCH=1): the
   allocator's events as `monet_opt.measure_peak` reads them, kernels' scratch included (NOTE
   [Allocation events] in monet_opt/alloc_events.py): the instrument our plans are now made for
   and held against. Measured by the live-bytes counter instead, our executor's peaks were 5 %
