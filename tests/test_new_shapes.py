@@ -260,8 +260,9 @@ def test_an_input_that_requires_grad_plans_a_step(frozen):
     resident = monet_opt.resident_tensors(base, given)
     measured = monet_opt.measure_peak(lambda: opt(given).square().sum().backward(), resident)
     assert measured <= limit and plan.predicted_peak_bytes <= limit
-    if not frozen:
-        assert measured == plan.predicted_peak_bytes
+    if not frozen:  # 8 B under where the plan peaks in the forward: the loss scalar and its
+        # seed gradient, counted for the whole step (NOTE [The loss scalar])
+        assert 0 <= plan.predicted_peak_bytes - measured <= 8
 
 
 def _gan_losses(generator, discriminator, g_params, d_params, steps=2):
