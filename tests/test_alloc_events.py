@@ -67,8 +67,9 @@ def test_a_window_inside_another_counts_in_both():
         del b, x
     assert (inner.peak, inner.net) == (1 << 20, (1 << 20) - (1 << 18))
     assert outer.peak == (1 << 18) + (1 << 20)
-    # x was allocated before any window: the allocator does not report its free
-    assert outer.net == 1 << 16
+    # x was allocated outside the window: the allocator reports its free only where it
+    # recorded x's size (a profiler recording memory when x was made; in a fresh process not)
+    assert outer.net in (1 << 16, (1 << 16) - (1 << 14))
     del c
 
 
