@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
-                       grouped_attention, grouped_math, host_random, late_grads, output_bytes,
+                       grouped_attention, grouped_math, host_random, late_grads,
                        ones_masks, outside_grads, progress, recompute, rewrite, saved_clones,
                        stats_in_place, updated_buffers)
 from monet_opt.accumulate import GradientSlots, in_place_problem
@@ -32,6 +32,7 @@ from monet_opt.memory import (cuda_devices, held_beyond, shared_bytes, sparse_by
                               with_cuda_slack)
 from monet_opt.lower_variants import attach_variants, matching, with_costs
 from monet_opt.module import OptimizedModule, Step, for_model
+from monet_opt.op_costs import measured_ops
 from monet_opt.plan import Plan, least_held, limit_bytes, make_plan
 from monet_opt.profile_memory import pass_limit
 from monet_opt.profiler import PROFILER_REVISION, profile
@@ -373,12 +374,7 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
     op's is withdrawn (warning) unless its family is lossy, lossy ones are allowed and it is
     within the family's bound; so is one the time limit left unmeasured (the profiler warns)."""
     measured = profile(joint, lowered, primals, repeats, time_limit_s, memory_limit)
-    problem = output_bytes.raised(lowered.problem, measured.op_output_bytes)
-    ops = tuple(dataclasses.replace(op, time_s=t, recompute_time_s=r,
-                                    workspace_bytes=max(op.workspace_bytes, w))
-                for op, t, r, w in zip(problem.ops, measured.op_time_s, measured.op_rerun_s,
-                                       measured.op_workspace_bytes))
-    lowered = dataclasses.replace(lowered, problem=dataclasses.replace(problem, ops=ops))
+    lowered = dataclasses.replace(lowered, problem=measured_ops(lowered.problem, measured))
     problem = with_costs(lowered, measured.variant_costs).problem if lowered.variant_sites \
         else lowered.problem
     useless = useless_variants(problem)  # NOTE [Variants that cannot pay]

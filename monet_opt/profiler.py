@@ -25,6 +25,7 @@ The time limit: NOTE [The profiling time limit] in monet_opt/profile_budget.py.
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import warnings
 from dataclasses import dataclass
@@ -64,9 +65,10 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # sharing a storage counted once per op in workspaces, no replayed random op's held state,
 # NOTEs [Allocation events], [The replay's state held]; 17: outputs the trace has as None
 # left out of CPU workspaces, NOTE [A weight gradient made unasked], and a sparse input's
-# transposed copy in its reader's, NOTE [Sparse inputs]) is not served to this one. Raise it
-# when what the profiler measures changes meaning.
-PROFILER_REVISION = 17
+# transposed copy in its reader's, NOTE [Sparse inputs]; 18: a random op's forward run priced
+# with its recomputation's held state, NOTE [A first run's workspace]) is not served to this
+# one. Raise it when what the profiler measures changes meaning.
+PROFILER_REVISION = 18
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -94,6 +96,8 @@ class ProfileResult:
     timed_signatures: int = 0
     op_rerun_s: tuple[float | None, ...] = ()  # recomputation's time where it differs
     op_workspace_bytes: tuple[int, ...] = ()  # per op (NOTE [Workspace] in monet_opt/memory.py)
+    # per op, its forward run's where less (NOTE [A first run's workspace] in solvers/problem.py)
+    op_first_workspace_bytes: tuple[int | None, ...] = ()
     # per op, what its tensor outputs' storages hold (NOTE [Outputs larger than their shapes])
     op_output_bytes: tuple[tuple[int, ...] | None, ...] = ()
     made_again: int = 0  # values dropped and made again to keep within the memory limit
@@ -141,7 +145,9 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         variant_measured=tuple(t is not None for t in probe.times),
         estimated_ops=len(missing), reduced_ops=budget.reduced, timed_signatures=signatures,
         op_rerun_s=tuple(reruns.get(name) for name in lowered.op_nodes),
-        op_workspace_bytes=tuple(workspace.get(name, 0) for name in lowered.op_nodes),
+        op_workspace_bytes=tuple(workspace.get(name, (0,))[0] for name in lowered.op_nodes),
+        op_first_workspace_bytes=tuple(workspace.get(name, (0, None))[1]
+                                       for name in lowered.op_nodes),
         op_output_bytes=tuple(held.get(name) for name in lowered.op_nodes),
         made_again=made_again)
 
@@ -170,15 +176,16 @@ def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
 
 def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
          probe: VariantProbe, budget: Budget, memory_limit: int | None
-         ) -> tuple[dict[str, float], dict[str, float], int, dict[str, int], int]:
+         ) -> tuple[dict[str, float], dict[str, float], int, dict[str, tuple], int]:
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
     the same of their recomputations where those run otherwise, how many distinct signatures
-    were timed, {op node: workspace bytes} and how many values were made again to keep
+    were timed, {op node: (workspace bytes, first run's or None)} and how many values were made again to keep
     within `memory_limit`."""
     measured: dict[str, tuple] = {}  # op node -> its signature
     reruns: dict[str, tuple] = {}
     seen: dict[tuple, list[float]] = {}  # signature -> its samples (NOTE [Noisy samples])
-    workspace: dict[tuple, int] = {}  # signature -> its workspace bytes (NOTE [Workspace])
+    # signature -> its workspace bytes (NOTE [Workspace]) and its first run's where it differs
+    workspace: dict[tuple, tuple[int, int | None]] = {}
     cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
     # beside an op's value: a timed call's outputs, and a variant's (NOTE [Profiling within
     # the limit])
@@ -274,7 +281,7 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
 def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tuple],
                   seen: dict[tuple, list[float]], wanted: set[str], probe: VariantProbe,
                   budget: Budget, cuda: bool, reruns: dict[str, tuple],
-                  workspace: dict[tuple, int]) -> None:
+                  workspace: dict[tuple, tuple[int, int | None]]) -> None:
     """Run `node` for its value; if the problem schedules it, time it (or, for a signature
     timed already, add this run to its samples) and take its workspace, and time its
     recomputation where that runs otherwise; then its variants. It runs the kernel the
@@ -301,11 +308,7 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
         seen[sig] = samples
         if cuda or alloc_events.enabled():  # after the timed calls: cuDNN's benchmark
             # search is over (NOTE [Workspace]); on CPU NOTE [Allocation events]
-            run = conv_split.as_traced(node, recompute.as_run(node, target, args, kwargs))
-            inputs = (env[n.name] for n in node.graph.nodes
-                      if n.op == "placeholder" and n.name in env)
-            workspace[sig] = counted(run, cuda, (args, kwargs))[1] + sparse_copies(
-                pytree.tree_leaves((args, kwargs)), inputs)  # NOTE [Sparse inputs]
+            workspace[sig] = _workspaces(node, target, args, kwargs, env, cuda)
     if node.name in wanted:
         measured[node.name] = sig
         rerun = recompute.rerun_args(node, args)
@@ -319,6 +322,20 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
             reruns[node.name] = key
         budget.op_done(repeats)
     probe.measure(node, target, args, kwargs, env[node.name], sig, cuda, budget, env)
+
+
+def _workspaces(node: fx.Node, target, args, kwargs, env: dict, cuda: bool
+                ) -> tuple[int, int | None]:
+    """`node`'s workspace as the executor recomputes it, and as its forward runs it where
+    that differs (NOTE [A first run's workspace] in solvers/problem.py), else None; each with
+    what a sparse input's transposed copy adds (NOTE [Sparse inputs])."""
+    inputs = (env[n.name] for n in node.graph.nodes if n.op == "placeholder" and n.name in env)
+    copies = sparse_copies(pytree.tree_leaves((args, kwargs)), inputs)
+    taken = lambda run: counted(conv_split.as_traced(node, run), cuda,  # noqa: E731
+                                (args, kwargs))[1] + copies
+    first = taken(functools.partial(target, *args, **kwargs)) \
+        if recompute.holds_state(node, kwargs) else None
+    return taken(recompute.as_run(node, target, args, kwargs)), first
 
 
 # NOTE [Noisy samples]

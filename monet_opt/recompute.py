@@ -41,9 +41,10 @@ NOTE [The replay's state held]
   counter did not see it; the allocator's events do (NOTE [Allocation events] in
   monet_opt/alloc_events.py): a random schedule on a small RNN measured 5,056 B over its
   prediction. So the profiler takes a random CPU op's workspace as the executor recomputes
-  it (`as_run`), the held state included. The op's workspace is the same for its forward run,
-  where the state copied into its slot is freed before the op runs: a plan whose peak is at a
-  random op in the forward predicts up to one state more than the step holds.
+  it (`as_run`), the held state included, and its forward run's apart (NOTE [A first run's
+  workspace] in solvers/problem.py), where the state copied into its slot is freed before the
+  op runs: priced at the recomputation's, a plan whose peak was at a random op in the forward
+  predicted one state more than the step held (an RNN's dropout: 5,056 B).
 
 NOTE [A replay's state]
   A replaying variant (NOTE [Generator-state replay] in monet_opt/variants.py) keeps the state
@@ -212,10 +213,19 @@ def as_run(node: fx.Node, target, args: tuple, kwargs: dict) -> Callable[[], Any
     monet_opt/memory.py): a random op on the CPU (not given a generator) with the generator
     set to a state and put back after, holding the state it puts back (NOTE [The replay's
     state held])."""
-    if not is_random(node) or "generator" in kwargs or device_of(node) != "cpu":
+    if not holds_state(node, kwargs):
         return functools.partial(target, *args, **kwargs)
     return functools.partial(with_generator_state, rng_state("cpu"), "cpu", target, *args,
                              **kwargs)
+
+
+def holds_state(node: fx.Node, kwargs: dict) -> bool:
+    """Whether the executor's recomputation of `node` holds a generator state while the op
+    runs (NOTE [The replay's state held]): a random forward op on the CPU not given a
+    generator (a backward's random op runs once, as drawn: NOTE [Random ops of the backward]
+    in monet_opt/rewrite.py)."""
+    return is_random(node) and "generator" not in kwargs and device_of(node) == "cpu" and \
+        node.meta.get("partitioner_tag") != "is_backward"
 
 
 def rng_state_nbytes(device: str) -> int:

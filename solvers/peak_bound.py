@@ -64,12 +64,12 @@ def least_peak_bound(problem: Problem) -> PeakBound:
 def _while_running(problem: Problem, i: int, sizes: list[int], replaceable: set[int]) -> int:
     """What op i holds while it runs beyond the fixed memory and earlier gradients: its
     inputs (less those a variant may replace, `replaceable`, or the op may write into), its
-    outputs and its workspace less what it accumulates in place."""
+    outputs and its workspace less what it accumulates in place (its first run's: NOTE [A
+    first run's workspace] in solvers/problem.py)."""
     op = problem.ops[i]
     open_ = replaceable | set(op.overwrites)
     inputs = sum(sizes[t] for t in set(op.inputs) - open_)
-    return inputs + sum(sizes[t] for t in set(op.outputs)) + op.workspace_bytes \
-        - op.inplace_bytes
+    return inputs + sum(sizes[t] for t in set(op.outputs)) + op.first_extra_bytes
 
 
 def _gradient_makers(problem: Problem) -> dict[int, list[int]]:

@@ -38,7 +38,9 @@ class Op:
     recompute_time_s: what a forward op costs when the backward runs it again, where that
     differs from its first run (None: time_s); see `rerun_s`. overwrites: forward tensors the
     op reads that it writes its output into where that input dies at it (NOTE [Writing into a
-    dying input] in solvers/simulate.py)."""
+    dying input] in solvers/simulate.py). first_workspace_bytes: its forward run's workspace
+    where that is less than its recomputations' (None: workspace_bytes; NOTE [A first run's
+    workspace])."""
 
     name: str
     is_backward: bool
@@ -50,6 +52,7 @@ class Op:
     inplace_bytes: int = 0
     recompute_time_s: float | None = None
     overwrites: tuple[int, ...] = ()
+    first_workspace_bytes: int | None = None
 
     @property
     def rerun_s(self) -> float:
@@ -63,6 +66,18 @@ class Op:
         """What the op holds while it runs beyond its inputs and outputs: its workspace, less
         the storage of an input it writes its output into (NOTE [In-place accumulation])."""
         return self.workspace_bytes - self.inplace_bytes
+
+    @property
+    def first_extra_bytes(self) -> int:
+        """NOTE [A first run's workspace]
+          A random op the executor recomputes on the CPU holds the generator state it puts
+          back while it runs (NOTE [The replay's state held] in monet_opt/recompute.py); its
+          forward run does not. `workspace_bytes` is the recomputation's, and what every solver
+          prices each run at: an upper bound for the first. The simulator, which says what a
+          schedule peaks at, prices the forward run at `first_workspace_bytes`."""
+        if self.first_workspace_bytes is None:
+            return self.extra_bytes
+        return self.first_workspace_bytes - self.inplace_bytes
 
 
 @dataclass(frozen=True)
@@ -385,7 +400,8 @@ def _apply_variants(p: Problem, chosen: frozenset[int]) -> Problem:
                                   workspace_bytes=op.workspace_bytes + var.extra_workspace_bytes)
             continue
         for i in var.encode_ops:
-            ops[i] = replace(ops[i], time_s=0.0, workspace_bytes=0, inputs=())
+            ops[i] = replace(ops[i], time_s=0.0, workspace_bytes=0, first_workspace_bytes=None,
+                             inputs=())
             for t in ops[i].outputs:
                 tensors[t] = replace(tensors[t], bytes=0)
     return Problem(ops=tuple(ops), tensors=tuple(tensors), fixed_bytes=p.fixed_bytes,

@@ -89,7 +89,7 @@ def alive_at(problem: Problem, schedule: Schedule, step: int) -> tuple[tuple[int
     `steps`): (tensor, step that made this copy of it) per copy, fixed memory and the op's
     workspace aside. An input the step writes its output into is held as that output (NOTE
     [Writing into a dying input]). With them the step's `live_bytes` is fixed memory plus
-    these copies' bytes plus the op's `extra_bytes`."""
+    these copies' bytes plus the op's `extra_bytes` (`first_extra_bytes` in the forward)."""
     unrun = _unrun_encodes(problem, schedule)
     problem = problem.with_variants(schedule.variants)
     _check_backward_order(problem, schedule)
@@ -241,7 +241,8 @@ def _memory_timeline(problem: Problem, steps, born, last, sizes, reused: dict[in
     peak, peak_step = live, 0
     timeline = []
     for k, i in enumerate(steps):
-        extra = 0 if k < n_fwd and i in unrun else problem.ops[i].extra_bytes
+        op = problem.ops[i]  # NOTE [A first run's workspace] in solvers/problem.py
+        extra = (0 if i in unrun else op.first_extra_bytes) if k < n_fwd else op.extra_bytes
         during = live + alloc[k] - reused.get(k, 0) + extra
         timeline.append(during)
         if during > peak:

@@ -23,7 +23,9 @@ def _assert_sums(problem: Problem, schedule: Schedule) -> None:
     plain = problem.with_variants(schedule.variants)
     for k, i in enumerate(sim.steps):
         held = sum(plain.tensors[t].bytes for t, _ in alive_at(problem, schedule, k))
-        assert problem.fixed_bytes + held + plain.ops[i].extra_bytes == sim.live_bytes[k], k
+        op = plain.ops[i]
+        extra = op.first_extra_bytes if k < len(problem.forward_ops) else op.extra_bytes
+        assert problem.fixed_bytes + held + extra == sim.live_bytes[k], k
 
 
 @settings(max_examples=40, deadline=None)
