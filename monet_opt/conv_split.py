@@ -17,7 +17,10 @@ NOTE [Conv backward split]
   backward is faster than its two halves (ResNet-50 b16 128x128, profiled: 537 ms combined,
   589-598 ms split, +10 %), and bought little there: with every variant and nothing
   recomputed, the input steps' shape-only inputs lowered that model's peak by 1.4 of 559 MiB.
-  What the split costs where it is made is measured: the profiler times each step.
+  What the split costs where it is made is measured: the profiler times each step. Nor does
+  the shape-only input save memory on CPU: oneDNN's input step copies the one-element stand-in
+  to a dense input first, scratch the allocator's events see (NOTE [Allocation events] in
+  monet_opt/alloc_events.py): 32 KiB for a 4x8x16x16 input, what dropping it saved.
 
   Measured on an H100 (torch 2.11, docs/benchmarks/gpu/README.md): on ResNet-50 b184 224x224
   the halves took 35.4 ms where the combined calls took 31.5 ms (+12 %, cuDNN's default

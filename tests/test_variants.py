@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import monet_opt
-from monet_opt import (api, conv_split, grad_in_place, memory, variants, variants_bits,
-                       variants_pool)
+from monet_opt import (alloc_events, api, conv_split, grad_in_place, memory, variants,
+                       variants_bits, variants_pool)
 from solvers import schedule_from_kept, simulate
 from solvers.variants import lightest
 from tests import models
@@ -254,8 +254,12 @@ def test_shape_only_families_lower_the_least_peak(kind, monkeypatch):
     pooling, adaptive average pooling: dropping the input their backward reads for its shape
     lowers the least reachable peak (no recomputation can: the op needs the input while it
     runs), the least-peak plan uses the family, and it trains bitwise like store-all, within
-    the limit. The split is made here on CPU too, where it is off by default."""
+    the limit. The split is made here on CPU too, where it is off by default; where CPU
+    scratch is counted, the convolutions' input step is seen to save nothing there."""
     family = "conv.shape_only" if kind.endswith("conv") else f"{kind}.shape_only"
+    if kind.endswith("conv") and alloc_events.enabled():
+        pytest.skip("on CPU the input step copies its stand-in to a dense input, scratch the "
+                    "allocator's events count: no saving (NOTE [Conv backward split])")
     monkeypatch.setattr(conv_split, "SPLIT_DEVICES", frozenset({"cpu", "cuda"}))
     torch.manual_seed(0)
     base, x, loss_fn = models.shape_only_net(kind)
@@ -286,7 +290,7 @@ def test_variants_lower_the_least_peak_and_train_exactly():
     lower than with recomputation alone, and the plan there uses them, trains bitwise like
     store-all, and stays within its limit (measured)."""
     torch.manual_seed(0)
-    base, x, loss_fn = models.small_cnn()
+    base, x, loss_fn = models.small_cnn(kernel=1)  # no convolution's scratch sets the least
     without = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1,
                                  variants=False)
     with_ = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
@@ -306,17 +310,20 @@ def test_one_bit_masks_measure_their_prediction(monkeypatch):
     """NOTE [Workspace]: unpacking a 1-bit mask views it; the workspace counter took that view
     for a new 1,024-byte tensor, and the plan predicted the mask twice at the peak. (Backward
     ops writing into their dying inputs are turned off: with them this model's least peak is
-    no longer at a masked ReLU's backward.)"""
+    no longer at a masked ReLU's backward; where CPU scratch is counted, a BatchNorm
+    backward's 32 KiB sets it, and the test says only that the plan with masks measures its
+    prediction.)"""
     monkeypatch.setattr(grad_in_place, "may_write", lambda node: ())
     torch.manual_seed(0)
-    base, x, loss_fn = models.small_cnn()
+    base, x, loss_fn = models.small_cnn(kernel=1)  # no convolution's scratch sets the least
     offered = ("relu.bit_mask", "dropout.bit_mask", "maxpool.shape_only")
     full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, variants=offered,
                               profile_dir=None)
     tight = monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
                                profile_repeats=1, variants=offered, profile_dir=None)
     assert "relu.bit_mask:" in " ".join(tight.plan.variants)
-    assert "threshold_backward" in tight.plan.peak_op
+    if not alloc_events.enabled():  # counted, a BatchNorm backward's scratch sets the peak
+        assert "threshold_backward" in tight.plan.peak_op
     resident = monet_opt.resident_tensors(tight.model, x)
     measured = monet_opt.measure_peak(lambda: loss_fn(tight(x)).backward(), resident)
     assert measured == tight.plan.predicted_peak_bytes

@@ -5,7 +5,9 @@ input) or mm/bmm (either operand) reads is kept as bfloat16 and upcast in the ba
 Measured here on CPU (3 seeds, every variant's time set to zero so the plan keeps everything in
 its lightest form): the first step's parameter gradients differ from eager's by at most 1.8e-3
 (small CNN) and 3.3e-4 (MLP), max-abs relative per parameter; the loss over 3 SGD steps by at
-most 8.9e-4 relative. The tests assert 1e-2 and 5e-3: about 5x margin. Later steps' gradients
+most 8.9e-4 relative. The tests assert 1e-2 and 5e-3: about 5x margin. The test's small CNN
+has 1x1 convolutions (a 3x3's backward scratch sets its least peak where CPU scratch is
+counted): 1.7e-3 and 5.7e-4 on the same 3 seeds. Later steps' gradients
 are not compared element for element: the parameters have moved apart, and biases feeding a
 BatchNorm have gradients at rounding level, whose relative error means nothing.
 """
@@ -33,7 +35,8 @@ def _families(names) -> set[str]:
     return {name.split(":")[0] for name in names}
 
 
-@pytest.mark.parametrize("factory, family", [(models.small_cnn, "conv.input_bf16"),
+@pytest.mark.parametrize("factory, family", [(lambda: models.small_cnn(kernel=1),
+                                              "conv.input_bf16"),
                                              (models.mlp, "mm.arg1_bf16")],
                          ids=["small_cnn", "mlp"])
 def test_lossy_plan_trains_within_the_stated_bound(factory, family, free_variants):  # noqa: F811
