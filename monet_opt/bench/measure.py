@@ -12,9 +12,10 @@ input, activations, workspace and the gradients it creates.
 - CPU with them off: eager-mode code (eager, torch.utils.checkpoint, our executor) by the
   live-bytes counter (`monet_opt.LiveBytes`, exact to the byte), torch.compile'd code by the
   profiler's allocation events. An active TorchDispatchMode (the counter) silently makes
-  compiled code run eager (research/anchors-cpu.md), so it cannot be used there. Their running
-  sum plus the tensors alive at entry is the peak. Taken for every method as a cross-check
-  (`profiler_peak`, the figure methods are compared by).
+  compiled code run eager (research/anchors-cpu.md), so it cannot be used there. The most
+  they held above the tensors alive at entry, plus those, is the peak (read by the same
+  window as measure_peak's). Taken for every method as a cross-check (`profiler_peak`, the
+  figure methods are compared by).
 - CUDA: `max_memory_allocated` above what was allocated before the step, plus the method's own
   parameters, buffers and input (so other models alive on the device do not count).
 """
@@ -123,27 +124,14 @@ def _cuda_peak(runner: Runner, x: Any, device: torch.device) -> int:
 
 
 def profiler_peak(runner: Runner, x: Any) -> int:
-    """CPU peak from torch.profiler's allocation events: the tensors alive at entry plus the
-    largest running sum of allocations (frees are negative sizes) during one step."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
+    """CPU peak from the allocator's events, whatever the switch: the tensors alive at entry
+    plus the most one step held above them (an `alloc_events.Allocations` window: NOTE
+    [Allocation events] in monet_opt/alloc_events.py)."""
     runner.clear_grads()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with alloc_events.Allocations(runner.resident) as events:
         runner.step(x)
-    events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        stack.extend(e.children)
-        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
-            events.append((e.start_time_ns, e.extra_fields.alloc_size))
-    running = top = 0
-    for _, size in sorted(events):
-        running += size
-        top = max(top, running)
     runner.clear_grads()
-    return resident_bytes(runner.resident) + top
+    return resident_bytes(runner.resident) + events.peak
 
 
 def interleaved_times(runners: Sequence[Runner], x: Any, rounds: int, device: torch.device,
