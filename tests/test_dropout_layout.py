@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import monet_opt
+from monet_opt import alloc_events
 
 HUGE = 1 << 40
 
@@ -56,7 +57,11 @@ def test_norm_first_encoder_trains_as_eager(half):
     opt.model.zero_grad(set_to_none=True)
     peak = monet_opt.measure_peak(lambda: opt(x, pad).backward(),
                                   monet_opt.resident_tensors(opt.model, (x, pad)))
-    assert abs(peak - opt.plan.predicted_peak_bytes) <= 8, (peak, opt.plan.predicted_peak_bytes)
+    # 8 B either way; 12 B over where CPU scratch is counted and the plan peaks at a dropout
+    # backward written into its dying dy: its functional form, profiled, has 12 B of scratch
+    # that `mul(grad, mask, out=dy).mul_(scale)` does not (NOTE [Dropout's gradient in place])
+    over = 12 if alloc_events.enabled() and "dropout_backward" in opt.plan.peak_op else 8
+    assert -8 <= opt.plan.predicted_peak_bytes - peak <= over, (peak, opt.plan.predicted_peak_bytes)
 
 
 class _InPlaceDropout(nn.Module):
