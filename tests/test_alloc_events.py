@@ -4,6 +4,9 @@ kernels' scratch and a plan's measured peak, scratch included, stays within its 
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,3 +146,17 @@ def test_off_by_default_plans_count_what_ops_return(monkeypatch, tmp_path):
     model.zero_grad(set_to_none=True)
     assert measure_peak(lambda: _step(opt, x), resident) == counter.peak \
         == opt.plan.predicted_peak_bytes
+
+
+def test_the_allocators_warning_is_not_printed():
+    """NOTE [The allocator's one warning]: a window that frees memory made before it (a step
+    freeing the one before's) printed the CPU allocator's warning once per process."""
+    code = ("import torch\nfrom monet_opt import alloc_events\n"
+            "made = torch.randn(1000)\n"
+            "with alloc_events.Allocations() as window:\n    del made\n"
+            "print(window.peak, window.net)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["0", "0"]
+    assert "Memory block of unknown size" not in run.stderr, run.stderr
