@@ -27,11 +27,11 @@ NOTE [Allocation events]
   it; where the user's profiler is running, no events are taken (`available()`): the callers
   fall back to the counter, with a warning, and such a profile is keyed apart in the profile
   directory (monet_opt/cache_keys.py).
-  For now this is asked for: MONET_OPT_CPU_SCRATCH=1 in the environment (`enabled()`); without
-  it, CPU plans count and measure_peak measures what the live-bytes counter sees, as before.
-  With it, the least peaks of small CNNs rise by their convolutions' scratch (a test CNN's from
-  34 % to 57 % of its activations); why it is not yet the default: docs/training.md, "Kernel
-  scratch on CPU".
+  On by default since 2026-12-02 (`enabled()`); MONET_OPT_CPU_SCRATCH=0 in the environment
+  turns it off: CPU plans then count, and measure_peak measures, what the live-bytes counter
+  sees, as before. With it, the least peaks of small CNNs rise by their convolutions' scratch
+  (a test CNN's from 34 % to 57 % of its activations): what their steps took anyway
+  (docs/training.md, "Kernel scratch on CPU").
 """
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ SWITCH = "MONET_OPT_CPU_SCRATCH"
 
 
 def enabled() -> bool:
-    """Whether CPU memory is read from allocation events: the environment sets SWITCH to 1
-    (NOTE [Allocation events])."""
-    return os.environ.get(SWITCH, "0") not in ("", "0")
+    """Whether CPU memory is read from allocation events: unless the environment sets SWITCH
+    to 0 (NOTE [Allocation events])."""
+    return os.environ.get(SWITCH, "1").strip() != "0"
 
 
 def available() -> bool:

@@ -24,7 +24,9 @@ class LiveBytes(TorchDispatchMode):
     """Counts the bytes of live tensor storages, deduplicated by storage, freed when the storage
     dies. Seed it with the tensors alive at the start (parameters, buffers, inputs). The same
     figure to the byte on every run (DESIGN pitfall 5). It sees what ops return, not scratch
-    memory allocated and freed inside a kernel."""
+    memory allocated and freed inside a kernel: CPU memory is read from the allocator's events
+    (NOTE [Allocation events] in monet_opt/alloc_events.py), this where those cannot be taken
+    or MONET_OPT_CPU_SCRATCH=0."""
 
     # Higher-order ops (with_effects, around torch.linalg's error checks in a traced step) come
     # here whole: their outputs are counted as any op's (it refused them: NotImplementedError).
@@ -105,10 +107,10 @@ def measure_peak(step: Callable[[], Any], resident: Iterable[torch.Tensor] = (),
     """Run `step()` once and return its peak memory in bytes, everything counted: the tensors in
     `resident` (pass `resident_tensors(model, inputs)`) plus everything the step allocates.
 
-    CPU: the LiveBytes counter, which sees what ops return; with MONET_OPT_CPU_SCRATCH=1,
-    `resident` plus the most the allocator held above what it held before the step, by
+    CPU: `resident` plus the most the allocator held above what it held before the step, by
     torch.profiler's allocation events: kernels' scratch included (NOTE [Allocation events] in
-    monet_opt/alloc_events.py), but the counter's inside a profiler the user runs. CUDA: the
+    monet_opt/alloc_events.py); the LiveBytes counter's, which sees what ops return, inside a
+    profiler the user runs or with MONET_OPT_CPU_SCRATCH=0. CUDA: the
     caching allocator's peak during the step above what was allocated before it, plus
     `resident` (the device may hold other tensors of the process, which are not the step's).
     """
@@ -351,9 +353,9 @@ def counted(fn: Callable[[], Any], cuda: bool, inputs: Any = ()) -> tuple[Any, i
       torch 2.11): without it, steps peaked over their plans by up to 120 MiB, inside
       convolution backwards. On CPU: the live-bytes counter's, which sees what ops return and
       not their scratch, so ops' workspace is 0 (variants' counts the tensors they make on the
-      way) and plans pass their limits by the process's allocations (by up to 48 MiB on a
-      CNN); with MONET_OPT_CPU_SCRATCH=1, the allocation events' peak during the call, less its
-      outputs (NOTE [Allocation events] in monet_opt/alloc_events.py). The counter starts with the
+      way) and plans passed their limits by the process's allocations (by up to 48 MiB on a
+      CNN); so by default the allocation events' peak during the call, less its outputs (NOTE
+      [Allocation events] in monet_opt/alloc_events.py). The counter starts with the
       inputs: it counts a storage the first time an op returns it, so a view of an input
       taken inside (a 1-bit mask's `packed.unsqueeze(1)` as it is unpacked) counted the input
       as made there: a small CNN's plan with a ReLU's 1-bit mask predicted 1,024 B (the mask)

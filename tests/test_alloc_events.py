@@ -1,4 +1,4 @@
-"""NOTE [Allocation events] (monet_opt/alloc_events.py): with MONET_OPT_CPU_SCRATCH=1, on CPU
+"""NOTE [Allocation events] (monet_opt/alloc_events.py): by default, on CPU
 an op's workspace and a step's peak are read from the allocator's events, so plans count
 kernels' scratch and a plan's measured peak, scratch included, stays within its limit."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ from monet_opt.memory import LiveBytes, counted, measure_peak, resident_tensors
 
 @pytest.fixture(autouse=True)
 def _events_on(monkeypatch):
-    monkeypatch.setenv(alloc_events.SWITCH, "1")
+    monkeypatch.delenv(alloc_events.SWITCH, raising=False)  # the default: on
 
 
 def _conv_net() -> nn.Module:
@@ -134,8 +134,10 @@ def test_a_step_that_plans_inside_a_measurement_counts_scratch(tmp_path):
     assert alone.plan.predicted_peak_bytes == plan.predicted_peak_bytes
 
 
-def test_off_by_default_plans_count_what_ops_return(monkeypatch, tmp_path):
-    monkeypatch.delenv(alloc_events.SWITCH)
+def test_switched_off_plans_count_what_ops_return(monkeypatch, tmp_path):
+    """MONET_OPT_CPU_SCRATCH=0: plans and measure_peak by the live-bytes counter, as before
+    2026-12-02."""
+    monkeypatch.setenv(alloc_events.SWITCH, "0")
     model, x = _conv_net(), torch.randn(4, 3, 16, 16)
     opt = monet_opt.optimize(model, x, 1 << 30, profile_dir=tmp_path)
     resident = resident_tensors(model, x)

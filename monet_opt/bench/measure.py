@@ -4,12 +4,12 @@ A *step* is forward, `out.sum()`, backward, starting with every gradient unset. 
 the most memory the step holds on the device, everything counted: parameters, buffers, the
 input, activations, workspace and the gradients it creates.
 
-- CPU, every method, with allocation events on (MONET_OPT_CPU_SCRATCH=1): the
+- CPU, every method, with allocation events on (the default): the
   allocator's events as `monet_opt.measure_peak` reads them, kernels' scratch included (NOTE
   [Allocation events] in monet_opt/alloc_events.py): the instrument our plans are now made for
   and held against. Measured by the live-bytes counter instead, our executor's peaks were 5 %
   off plans that count scratch (tiny_cnn, its peak at a BatchNorm backward with 64 KiB of it).
-- CPU with them off: eager-mode code (eager, torch.utils.checkpoint, our executor) by the
+- CPU with them off (MONET_OPT_CPU_SCRATCH=0): eager-mode code (eager, torch.utils.checkpoint, our executor) by the
   live-bytes counter (`monet_opt.LiveBytes`, exact to the byte), torch.compile'd code by the
   profiler's allocation events. An active TorchDispatchMode (the counter) silently makes
   compiled code run eager (research/anchors-cpu.md), so it cannot be used there. The most

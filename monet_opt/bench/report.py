@@ -17,7 +17,7 @@ commit, device and torch version it was measured with. Regenerate rather than ed
 - **Peak**: everything the step holds (parameters, buffers, input, activations, gradients). CPU:
   each point names its instrument: the allocator's events as `monet_opt.measure_peak` reads
   them, kernels' scratch included, for every method (the figure our plans count and are
-  checked against) where allocation events are on (MONET_OPT_CPU_SCRATCH=1); else
+  checked against) where allocation events are on (the default); with MONET_OPT_CPU_SCRATCH=0
   the live-bytes counter for eager-mode code and torch.profiler's allocation events for
   torch.compile'd code (a dispatch mode would make it run eager). The profiler figure, which
   also sees scratch memory inside kernels, is given for every method as a cross-check. CUDA:

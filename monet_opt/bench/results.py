@@ -81,8 +81,8 @@ class Point:
 #   (2026-12-02, on the bench.json then committed). The summaries and the frontier plots
 #   compare every method by the one figure all have: on CPU the allocation events (taken for
 #   every method), on CUDA max_memory_allocated; the counter's figure stays in the tables,
-#   beside each plan's prediction and limit. With allocation events on
-#   (MONET_OPT_CPU_SCRATCH=1, NOTE [Allocation events] in monet_opt/alloc_events.py) every CPU
+#   beside each plan's prediction and limit. With allocation events on (the default since
+#   2026-12-02; NOTE [Allocation events] in monet_opt/alloc_events.py) every CPU
 #   method's own figure is monet_opt.measure_peak's, from those events too
 #   (monet_opt/bench/measure.py).
 
