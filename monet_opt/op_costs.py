@@ -1,6 +1,6 @@
 """A lowered problem with what the profiler measured of each op: its time, its
 recomputation's, its workspace (its first run's apart: NOTE [A first run's workspace] in
-solvers/problem.py) and its outputs' bytes (NOTE [Outputs larger than their shapes])."""
+solvers/simulate.py) and its outputs' bytes (NOTE [Outputs larger than their shapes])."""
 from __future__ import annotations
 
 import dataclasses

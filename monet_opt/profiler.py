@@ -96,7 +96,7 @@ class ProfileResult:
     timed_signatures: int = 0
     op_rerun_s: tuple[float | None, ...] = ()  # recomputation's time where it differs
     op_workspace_bytes: tuple[int, ...] = ()  # per op (NOTE [Workspace] in monet_opt/memory.py)
-    # per op, its forward run's where less (NOTE [A first run's workspace] in solvers/problem.py)
+    # per op, its forward run's where less (NOTE [A first run's workspace] in solvers/simulate.py)
     op_first_workspace_bytes: tuple[int | None, ...] = ()
     # per op, what its tensor outputs' storages hold (NOTE [Outputs larger than their shapes])
     op_output_bytes: tuple[tuple[int, ...] | None, ...] = ()
@@ -179,8 +179,8 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
          ) -> tuple[dict[str, float], dict[str, float], int, dict[str, tuple], int]:
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
     the same of their recomputations where those run otherwise, how many distinct signatures
-    were timed, {op node: (workspace bytes, first run's or None)} and how many values were made again to keep
-    within `memory_limit`."""
+    were timed, {op node: (workspace bytes, first run's or None)} and how many values were made
+    again to keep within `memory_limit`."""
     measured: dict[str, tuple] = {}  # op node -> its signature
     reruns: dict[str, tuple] = {}
     seen: dict[tuple, list[float]] = {}  # signature -> its samples (NOTE [Noisy samples])
@@ -327,7 +327,7 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
 def _workspaces(node: fx.Node, target, args, kwargs, env: dict, cuda: bool
                 ) -> tuple[int, int | None]:
     """`node`'s workspace as the executor recomputes it, and as its forward runs it where
-    that differs (NOTE [A first run's workspace] in solvers/problem.py), else None; each with
+    that differs (NOTE [A first run's workspace] in solvers/simulate.py), else None; each with
     what a sparse input's transposed copy adds (NOTE [Sparse inputs])."""
     inputs = (env[n.name] for n in node.graph.nodes if n.op == "placeholder" and n.name in env)
     copies = sparse_copies(pytree.tree_leaves((args, kwargs)), inputs)

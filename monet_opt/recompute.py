@@ -42,7 +42,7 @@ NOTE [The replay's state held]
   monet_opt/alloc_events.py): a random schedule on a small RNN measured 5,056 B over its
   prediction. So the profiler takes a random CPU op's workspace as the executor recomputes
   it (`as_run`), the held state included, and its forward run's apart (NOTE [A first run's
-  workspace] in solvers/problem.py), where the state copied into its slot is freed before the
+  workspace] in solvers/simulate.py), where the state copied into its slot is freed before the
   op runs: priced at the recomputation's, a plan whose peak was at a random op in the forward
   predicted one state more than the step held (an RNN's dropout: 5,056 B).
 

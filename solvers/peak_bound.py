@@ -65,7 +65,7 @@ def _while_running(problem: Problem, i: int, sizes: list[int], replaceable: set[
     """What op i holds while it runs beyond the fixed memory and earlier gradients: its
     inputs (less those a variant may replace, `replaceable`, or the op may write into), its
     outputs and its workspace less what it accumulates in place (its first run's: NOTE [A
-    first run's workspace] in solvers/problem.py)."""
+    first run's workspace] in solvers/simulate.py)."""
     op = problem.ops[i]
     open_ = replaceable | set(op.overwrites)
     inputs = sum(sizes[t] for t in set(op.inputs) - open_)

@@ -13,6 +13,7 @@ from functools import cached_property
 
 from solvers.errors import InvalidProblemError, InvalidScheduleError
 from solvers.sane_numbers import check_numbers
+from solvers.variant_checks import check_variants
 
 NO_PRODUCER = -1  # a tensor that exists from the start of the backward (an output gradient)
 PLAIN_PROBLEMS_CACHED = 16  # with_variants results held per problem (NOTE [Plain problems cached])
@@ -39,8 +40,7 @@ class Op:
     differs from its first run (None: time_s); see `rerun_s`. overwrites: forward tensors the
     op reads that it writes its output into where that input dies at it (NOTE [Writing into a
     dying input] in solvers/simulate.py). first_workspace_bytes: its forward run's workspace
-    where that is less than its recomputations' (None: workspace_bytes; NOTE [A first run's
-    workspace])."""
+    where less than its recomputations' (NOTE [A first run's workspace] in simulate.py)."""
 
     name: str
     is_backward: bool
@@ -69,12 +69,7 @@ class Op:
 
     @property
     def first_extra_bytes(self) -> int:
-        """NOTE [A first run's workspace]
-          A random op the executor recomputes on the CPU holds the generator state it puts
-          back while it runs (NOTE [The replay's state held] in monet_opt/recompute.py); its
-          forward run does not. `workspace_bytes` is the recomputation's, and what every solver
-          prices each run at: an upper bound for the first. The simulator, which says what a
-          schedule peaks at, prices the forward run at `first_workspace_bytes`."""
+        """`extra_bytes` of its forward run (NOTE [A first run's workspace] in simulate.py)."""
         if self.first_workspace_bytes is None:
             return self.extra_bytes
         return self.first_workspace_bytes - self.inplace_bytes
@@ -317,7 +312,7 @@ def _validate(p: Problem) -> None:
     inplace = [i for i, op in enumerate(p.ops) if op.inplace_bytes]
     if inplace:
         _validate_inplace(p, inplace, fail)
-    _validate_variants(p, fail)
+    check_variants(p, fail)
 
 
 def last_readers(ops) -> dict[int, int]:
@@ -349,34 +344,6 @@ def _validate_inplace(p: Problem, inplace: list[int], fail) -> None:
                  "backward op reading a tensor of that size that no later op reads, made by a "
                  "backward op and not returned, or its outputs are smaller (NOTE [In-place "
                  "accumulation])")
-
-
-def _validate_variants(p: Problem, fail) -> None:
-    fwd = set(p.forward_tensors)
-    owner: dict[int, int] = {}
-    for v, var in enumerate(p.variants):
-        what = f"variant {var.name!r} (#{v})"
-        if not 0 <= var.op < len(p.ops) or not p.ops[var.op].is_backward:
-            fail(f"{what} names op {var.op}, which is not a backward op")
-        if var.replaces not in p.ops[var.op].inputs:
-            fail(f"{what} replaces tensor {var.replaces}, which its op does not read")
-        for i in var.encode_ops:
-            if not 0 <= i < len(p.ops) or p.ops[i].is_backward:
-                fail(f"{what}: encode op {i} is not a forward op")
-            if i in owner:
-                fail(f"{what}: encode op {p.ops[i].name!r} already belongs to variant {owner[i]}")
-            owner[i] = v
-        for t in var.reads:
-            if t not in fwd:
-                fail(f"{what} reads {t}, which is not a forward tensor")
-    encoded = {t for i in owner for t in p.ops[i].outputs}
-    for i, op in enumerate(p.ops):
-        bad = [t for t in op.inputs if t in encoded and owner.get(i) != owner.get(
-            p.tensors[t].producer)]
-        if bad:
-            fail(f"op {op.name!r} reads {p.tensors[bad[0]].name!r}, which only a variant makes")
-    if encoded & (set(p.forward_outputs) | set(p.backward_outputs)):
-        fail("a variant's encoded tensor is also a step output")
 
 
 def _apply_variants(p: Problem, chosen: frozenset[int]) -> Problem:

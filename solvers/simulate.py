@@ -228,6 +228,15 @@ def _enter_backward(problem, schedule, current, last, n_fwd):
             del current[t]
 
 
+# NOTE [A first run's workspace]
+#   A random op the executor recomputes on the CPU holds the generator state it puts back while
+#   it runs (NOTE [The replay's state held] in monet_opt/recompute.py); its forward run does
+#   not. An op's `workspace_bytes` is its recomputation's, and what every solver prices each of
+#   its runs at: an upper bound for the first. The simulator, which says what a schedule peaks
+#   at, prices the forward run at `first_workspace_bytes` where that is set (at most
+#   workspace_bytes), so a plan whose peak is at such an op's forward run predicts what the
+#   step holds (a small RNN's dropout: 5,056 B over before). The least-peak bound
+#   (solvers/peak_bound.py) takes the first run's too: every op runs at least once.
 def _memory_timeline(problem: Problem, steps, born, last, sizes, reused: dict[int, int],
                      unrun: frozenset[int] = frozenset()):
     n = len(steps)
@@ -241,7 +250,7 @@ def _memory_timeline(problem: Problem, steps, born, last, sizes, reused: dict[in
     peak, peak_step = live, 0
     timeline = []
     for k, i in enumerate(steps):
-        op = problem.ops[i]  # NOTE [A first run's workspace] in solvers/problem.py
+        op = problem.ops[i]  # NOTE [A first run's workspace]
         extra = (0 if i in unrun else op.first_extra_bytes) if k < n_fwd else op.extra_bytes
         during = live + alloc[k] - reused.get(k, 0) + extra
         timeline.append(during)

@@ -1,4 +1,4 @@
-"""NOTE [A first run's workspace] (solvers/problem.py): an op's forward run may hold less than
+"""NOTE [A first run's workspace] (solvers/simulate.py): an op's forward run may hold less than
 its recomputations (a random CPU op's replay holds the generator state it puts back). The
 simulator prices each run at its own; every solver prices both at the recomputation's, an
 upper bound, so its schedules stay within their budget by the simulator."""

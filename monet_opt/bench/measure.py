@@ -9,10 +9,11 @@ input, activations, workspace and the gradients it creates.
   [Allocation events] in monet_opt/alloc_events.py): the instrument our plans are now made for
   and held against. Measured by the live-bytes counter instead, our executor's peaks were 5 %
   off plans that count scratch (tiny_cnn, its peak at a BatchNorm backward with 64 KiB of it).
-- CPU with them off (MONET_OPT_CPU_SCRATCH=0): eager-mode code (eager, torch.utils.checkpoint, our executor) by the
-  live-bytes counter (`monet_opt.LiveBytes`, exact to the byte), torch.compile'd code by the
-  profiler's allocation events. An active TorchDispatchMode (the counter) silently makes
-  compiled code run eager (research/anchors-cpu.md), so it cannot be used there. The most
+- CPU with them off (MONET_OPT_CPU_SCRATCH=0): eager-mode code (eager,
+  torch.utils.checkpoint, our executor) by the live-bytes counter (`monet_opt.LiveBytes`,
+  exact to the byte), torch.compile'd code by the profiler's allocation events. An active
+  TorchDispatchMode (the counter) silently makes compiled code run eager
+  (research/anchors-cpu.md), so it cannot be used there. The most
   they held above the tensors alive at entry, plus those, is the peak (read by the same
   window as measure_peak's). Taken for every method as a cross-check (`profiler_peak`, the
   figure methods are compared by).
