@@ -22,7 +22,7 @@ demo: install
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto
 
-# The suite on one process (19 min on 2 slow cores), for a failure to read in order.
+# The suite on one process (about 26 min on 2 slow cores), for a failure to read in order.
 test-serial: install
 	$(PY) -m pytest -q
 
