@@ -170,14 +170,27 @@ def _encoded_bytes(fam: variants.Family, node: fx.Node, seen: dict[tuple, int]) 
 #   input (32 KiB) plus the 105184 B of scratch the op has anyway; a BatchNorm backward's
 #   64 KiB, which its variant's run has too, made a plan predict 64 KiB over its step
 #   (tests/test_grad_in_place.py). Where the variant's run needs less than its op, the extra is
-#   0 (a variant's extra is never negative): such a plan predicts over its step (a replayed
-#   dropout mask's run, 1,310,732 B, against its op's 2 MiB of scratch).
+#   negative (NOTE [A variant's workspace below its op's] in solvers/variant_checks.py): on the
+#   CPU, conv.other_backend (oneDNN off) ran resnet18_small's (64x64) 512-channel convolution
+#   backwards in 147,456 B of scratch where the op took 9,437,184 B (a weight gradient's worth),
+#   and mobilenet_v2_small's in 62,976-789,888 B against 98,304-983,040 B. Floored at 0, as it
+#   was, such a variant (no faster) was not even offered (NOTE [Variants that cannot pay]), and
+#   chosen anyway its plan predicted the op's scratch: a 256-channel 3x3 convolution on 8x8
+#   images predicted 7,561,256 B where its step measured 6,380,584 B. Now its least peak is
+#   6,380,584 B, measured so (tests/test_variant_workspace_step.py). (A replayed dropout mask's
+#   run, 1,310,732 B on DropoutChain, needs more than its op's 1,048,588 B: its extra is
+#   positive.) An op whose variants replace more than one of its inputs runs them together,
+#   never measured so: what one saves, another may save too, so there a negative extra stays
+#   0 (summed, the savings could predict under the step).
 def with_costs(lowered: Lowered, costs) -> Lowered:
     """Fill measured costs in: costs[v] = (encode time, encode workspace, run time minus the
     op's own time, run workspace)."""
     p = lowered.problem
     ops = list(p.ops)
     out = []
+    groups: dict[int, set[int]] = {}
+    for var in p.variants:
+        groups.setdefault(var.op, set()).add(var.replaces)
     for v, (var, site) in enumerate(zip(p.variants, lowered.variant_sites)):
         enc_s, enc_ws, extra_s, run_ws = costs[v]
         if site.encode_op is not None:
@@ -189,8 +202,11 @@ def with_costs(lowered: Lowered, costs) -> Lowered:
         anew = 0 if variants.writes_into((site.family,)) else p.ops[var.op].inplace_bytes
         if site.encode_op is not None and not variants.family(site.family).exact:
             extra_s = max(0.0, extra_s)  # NOTE [Lossy encodings priced no faster]
-        # NOTE [A variant's workspace beyond its op's]
-        extra_ws = max(0, run_ws - ops[var.op].workspace_bytes)
+        # NOTE [A variant's workspace beyond its op's]: of either sign, but not below 0 where
+        # the op's variants replace several of its inputs
+        extra_ws = run_ws - ops[var.op].workspace_bytes
+        if len(groups[var.op]) > 1:
+            extra_ws = max(0, extra_ws)
         out.append(dataclasses.replace(var, extra_time_s=extra_s,
                                        extra_workspace_bytes=extra_ws + anew))
     problem = dataclasses.replace(p, ops=tuple(ops), variants=tuple(out))

@@ -66,9 +66,11 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # NOTEs [Allocation events], [The replay's state held]; 17: outputs the trace has as None
 # left out of CPU workspaces, NOTE [A weight gradient made unasked], and a sparse input's
 # transposed copy in its reader's, NOTE [Sparse inputs]; 18: a random op's forward run priced
-# with its recomputation's held state, NOTE [A first run's workspace]) is not served to this
-# one. Raise it when what the profiler measures changes meaning.
-PROFILER_REVISION = 18
+# with its recomputation's held state, NOTE [A first run's workspace]; 19: a variant's extra
+# workspace negative where its run needs less than its op, NOTE [A variant's workspace beyond
+# its op's]) is not served to this one. Raise it when what the profiler measures changes
+# meaning.
+PROFILER_REVISION = 19
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):

@@ -9,6 +9,10 @@ NOTE [Other implementations]
   benchmark setting flipped and deterministic algorithms. Measured on CPU, 2 threads (16 images,
   backward for input and weight): a 1x1 convolution from 256 to 64 channels at 32x32 took 77.6 ms
   with oneDNN and 37.4 ms without; 3x3 ones took twice as long without (25.5 vs 51.1 ms).
+  Without oneDNN the backward also needs less scratch where the weight is large (a 512-channel
+  3x3 one 147,456 B against oneDNN's 9,437,184 B): the variant's extra workspace is negative,
+  and it is offered for that even where slower (NOTE [A variant's workspace beyond its op's]
+  in monet_opt/lower_variants.py).
 
   Attention: where the joint graph has the fused CPU kernel (`_scaled_dot_product_flash_
   attention_for_cpu`, no dropout), its backward can instead run the plain matrix products from

@@ -10,7 +10,9 @@ NOTE [The boundary bound]
     - a backward op reads each forward tensor t it needs: live_t or rerun_{producer(t)}, unless
       a variant v of that (op, t) is chosen (y_v), which needs its own reads the same way;
     - a rerun op reads its forward inputs: live_u or rerun_{producer(u)};
-    - fixed + tangents + the op's outputs and workspace + sum of live bytes <= budget;
+    - fixed + tangents + the op's outputs and workspace + sum of live bytes <= budget, its
+      workspace with what each chosen variant v of it adds or takes off (y_v times its extra,
+      of either sign: NOTE [A variant's workspace below its op's] in variant_checks.py);
   and its time is at least base time + sum of rerun op times + the chosen variants' time. So the
   least value of that 0/1 program, or any lower bound of it (HiGHS's dual bound when it stops
   at the time limit), is a lower bound on every schedule's time within the budget; and if the
@@ -163,21 +165,33 @@ def build_program(p: Problem, budget_bytes: int, cuts: list[int]) -> BoundProgra
             mip.row(prog.have(len(cuts) - 1, t, False), lo=1.0)
     prog.close()
     for j, q in enumerate(cuts):
-        room = budget_bytes - _resident_at(p, q)
-        mip.row([(x, float(p.tensors[t].bytes)) for t, x in prog.live[j].items()],
-                hi=float(room))
-        if room < 0:
+        cut_row(prog, j, q, budget_bytes)
+        b = bwd[q]  # at the least workspace its variants leave it
+        if budget_bytes < _resident_at(p, q) - p.ops[b].workspace_bytes + p.least_workspaces[b]:
             mip.trivially_infeasible = True
     if not cuts and budget_bytes < p.fixed_bytes:
         mip.trivially_infeasible = True
     return prog
 
 
+def cut_row(prog: BoundProgram, j: int, q: int, budget_bytes: int, taken: int = 0) -> None:
+    """The memory row of cut j, at backward position q, with `taken` bytes less room: its live
+    copies, and what the op's chosen variants add to its workspace or take off (either sign:
+    NOTE [A variant's workspace below its op's] in solvers/variant_checks.py), within the
+    budget less what is resident whatever the schedule, the op at its own workspace."""
+    p, b = prog.p, prog.p.backward_ops[q]
+    terms = [(x, float(p.tensors[t].bytes)) for t, x in prog.live[j].items()]
+    terms += [(prog.chosen[v], float(var.extra_workspace_bytes))
+              for v, var in enumerate(p.variants) if var.op == b and var.extra_workspace_bytes]
+    prog.mip.row(terms, hi=float(budget_bytes - _resident_at(p, q) - taken))
+
+
 def _resident_at(p: Problem, q: int) -> int:
     """Bytes resident while backward position q runs, whatever the schedule: fixed memory, the
     backward tensors (tangents included) made before it that are read at or after it or are
     gradients of the step, and its own outputs and workspace (not its output where it may
-    take over a dying input's storage: NOTE [Writing into a dying input])."""
+    take over a dying input's storage: NOTE [Writing into a dying input]); its workspace its
+    own, what its chosen variants change left to `cut_row`."""
     bwd = p.backward_ops
     b = bwd[q]
     replaceable = {var.group for var in p.variants}

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 
-from solvers.bound import _resident_at, build_program, cut_positions
+from solvers.bound import build_program, cut_positions, cut_row
 from solvers.bound_start import _ForwardRows
 from solvers.mip import solve_mip
 from solvers.ondemand import schedule_from_cuts
@@ -116,8 +116,7 @@ class _Rounds:
             return None, None, None
         for j, q in enumerate(self.cuts):
             if q in self.taken:  # the row at q again, with less room
-                prog.mip.row([(x, float(p.tensors[t].bytes)) for t, x in prog.live[j].items()],
-                             hi=float(self.budget - _resident_at(p, q) - self.taken[q]))
+                cut_row(prog, j, q, self.budget, self.taken[q])
         rows = _ForwardRows(prog, self.budget)
         for k, taken in self.forward.items():
             rows.budget = self.budget - taken

@@ -232,7 +232,9 @@ class Program:
         """While each backward op of the stage runs: its own memory, the stage's forward inputs
         not yet read for the last time (at most `have` copies of each), and everything held on
         to later stages. Between two ops that read forward tensors the forward part is the
-        same: one row for the worst (ops with variant workspace get their own rows)."""
+        same: one row for the worst (ops with variant workspace get their own rows, E[v] times
+        the extra, of either sign: NOTE [A variant's workspace below its op's] in
+        solvers/variant_checks.py)."""
         st, p = self.st, self.st.problem
         S_next = self.S[a + 1]
         size = self._size

@@ -11,13 +11,15 @@ NOTE [A least peak from sizes]
   an input it accumulates into (NOTE [In-place accumulation]) is counted, and the op's
   `inplace_bytes` taken off, as the simulator does. The gradients made before a backward op
   are those of the backward ops it depends on, whichever order a schedule runs them in; a
-  variant's encode ops are not counted (unchosen, they make nothing), nor is what a variant
-  adds (its workspace only adds). So the largest of these sums, and the fixed memory with
-  every gradient of the step (held at its end), is at most the peak of every schedule, the
-  least included. It is what `largest_batch` asks of a batch before profiling it (NOTE [The
-  largest batch] in monet_opt/batch_size.py): a step that cannot fit is refused in the time
-  of a trace. It sees no recomputation's cost and no schedule: where the least peak is set by
-  what must be kept across the backward rather than by one op, it is low.
+  variant's encode ops are not counted (unchosen, they make nothing), and an op's workspace
+  is the least it runs with over its variants (a variant's run may need less scratch than its
+  op: NOTE [A variant's workspace below its op's] in solvers/variant_checks.py). So the
+  largest of these sums, and the fixed memory with every gradient of the step (held at its
+  end), is at most the peak of every schedule, the least included. It is what
+  `largest_batch` asks of a batch before profiling it (NOTE [The largest batch] in
+  monet_opt/batch_size.py): a step that cannot fit is refused in the time of a trace. It
+  sees no recomputation's cost and no schedule: where the least peak is set by what must be
+  kept across the backward rather than by one op, it is low.
 """
 from __future__ import annotations
 
@@ -65,11 +67,12 @@ def _while_running(problem: Problem, i: int, sizes: list[int], replaceable: set[
     """What op i holds while it runs beyond the fixed memory and earlier gradients: its
     inputs (less those a variant may replace, `replaceable`, or the op may write into), its
     outputs and its workspace less what it accumulates in place (its first run's: NOTE [A
-    first run's workspace] in solvers/simulate.py)."""
+    first run's workspace] in solvers/simulate.py; the least over its variants)."""
     op = problem.ops[i]
     open_ = replaceable | set(op.overwrites)
     inputs = sum(sizes[t] for t in set(op.inputs) - open_)
-    return inputs + sum(sizes[t] for t in set(op.outputs)) + op.first_extra_bytes
+    extra = min(op.first_extra_bytes, problem.least_workspaces[i] - op.inplace_bytes)
+    return inputs + sum(sizes[t] for t in set(op.outputs)) + extra
 
 
 def _gradient_makers(problem: Problem) -> dict[int, list[int]]:

@@ -13,7 +13,7 @@ from functools import cached_property
 
 from solvers.errors import InvalidProblemError, InvalidScheduleError
 from solvers.sane_numbers import check_numbers
-from solvers.variant_checks import check_variants
+from solvers.variant_checks import check_variants, least_workspaces
 
 NO_PRODUCER = -1  # a tensor that exists from the start of the backward (an output gradient)
 PLAIN_PROBLEMS_CACHED = 16  # with_variants results held per problem (NOTE [Plain problems cached])
@@ -82,7 +82,8 @@ class Variant:
 
     Chosen, `op` reads the tensors `reads` in place of `replaces` (made by `encode_ops`, forward
     ops that run only when the variant is chosen, or tensors the forward makes anyway), and its
-    time and workspace change by `extra_time_s` (either sign) and `extra_workspace_bytes`.
+    time and workspace change by `extra_time_s` and `extra_workspace_bytes` (either sign: NOTE
+    [A variant's workspace below its op's] in solvers/variant_checks.py).
     Variants of the same (op, replaces) exclude each other; the others combine."""
 
     name: str
@@ -176,6 +177,12 @@ class Problem:
     def encode_ops(self) -> dict[int, int]:
         """Op id -> the variant whose encode op it is."""
         return {i: v for v, var in enumerate(self.variants) for i in var.encode_ops}
+
+    @cached_property
+    def least_workspaces(self) -> tuple[int, ...]:
+        """Per op, the least workspace it runs with over its variants (NOTE [A variant's
+        workspace below its op's] in solvers/variant_checks.py)."""
+        return least_workspaces(self)
 
     @cached_property
     def base_time_s(self) -> float:
@@ -362,9 +369,13 @@ def _apply_variants(p: Problem, chosen: frozenset[int]) -> Problem:
         if v in chosen:
             op = ops[var.op]
             inputs = [t for x in op.inputs for t in ((x,) if x != var.replaces else var.reads)]
+            workspace = op.workspace_bytes + var.extra_workspace_bytes  # either sign
+            first = op.first_workspace_bytes
             ops[var.op] = replace(op, inputs=tuple(dict.fromkeys(inputs)),
                                   time_s=max(0.0, op.time_s + var.extra_time_s),
-                                  workspace_bytes=op.workspace_bytes + var.extra_workspace_bytes)
+                                  workspace_bytes=workspace,
+                                  first_workspace_bytes=None if first is None
+                                  else min(first, workspace))
             continue
         for i in var.encode_ops:
             ops[i] = replace(ops[i], time_s=0.0, workspace_bytes=0, first_workspace_bytes=None,

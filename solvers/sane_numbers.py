@@ -5,11 +5,14 @@
   directory's entry was never refused). Past these bounds a number is no measurement (a million
   seconds for one op, an exbibyte), so the problem is refused and the profile made again. Sizes
   are whole numbers and times real ones: 1.5 B made the DP time out on one op, "3" B raised a
-  bare TypeError."""
+  bare TypeError. A variant's extra workspace may be negative, down to what leaves its op a
+  workspace of 0 (NOTE [A variant's workspace below its op's] in solvers/variant_checks.py)."""
 from __future__ import annotations
 
 import numbers
 from typing import Any, Callable
+
+from solvers.variant_checks import least_workspaces
 
 MAX_SECONDS, MAX_BYTES = 1e6, 1 << 60
 
@@ -32,11 +35,16 @@ def check_numbers(p: Any, fail: Callable[[str], None]) -> None:
             fail(f"tensor {ten.name!r} has bytes not a whole number, negative or absurd "
                  f"({ten.bytes!r})")
     for var in p.variants:
-        if not (_bytes_ok(var.extra_workspace_bytes) and _real(var.extra_time_s)
+        extra = var.extra_workspace_bytes
+        if not (_whole(extra) and abs(extra) < MAX_BYTES and _real(var.extra_time_s)
                 and abs(var.extra_time_s) < MAX_SECONDS):
-            fail(f"variant {var.name!r} has a negative or absurd extra workspace "
-                 f"({var.extra_workspace_bytes!r} B) or an absurd extra time "
-                 f"({var.extra_time_s!r} s)")
+            fail(f"variant {var.name!r} has an extra workspace that is not a whole number or "
+                 f"absurd ({extra!r} B) or an absurd extra time ({var.extra_time_s!r} s)")
+    for op, least in zip(p.ops, least_workspaces(p)):
+        if least < 0:  # NOTE [A variant's workspace below its op's]
+            fail(f"op {op.name!r} has {op.workspace_bytes!r} B of workspace and its variants "
+                 f"may take off {op.workspace_bytes - least!r} B (each group's most): a "
+                 "variant may not leave its op a negative workspace")
 
 
 def _seconds_ok(value: float) -> bool:
@@ -44,8 +52,11 @@ def _seconds_ok(value: float) -> bool:
 
 
 def _bytes_ok(value: int) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and \
-        0 <= value < MAX_BYTES
+    return _whole(value) and 0 <= value < MAX_BYTES
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _real(value: Any) -> bool:

@@ -1,4 +1,5 @@
-"""The checks a Problem's variants must pass (solvers/problem.py's validation)."""
+"""The checks a Problem's variants must pass (solvers/problem.py's validation), and the least
+workspace an op runs with over its variants."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -34,3 +35,30 @@ def check_variants(p: Any, fail: Callable[[str], None]) -> None:
             fail(f"op {op.name!r} reads {p.tensors[bad[0]].name!r}, which only a variant makes")
     if encoded & (set(p.forward_outputs) | set(p.backward_outputs)):
         fail("a variant's encoded tensor is also a step output")
+
+
+# NOTE [A variant's workspace below its op's]
+#   A variant's `extra_workspace_bytes` may be negative: its run needs less scratch than its op
+#   (on the CPU, a convolution's backward with oneDNN off, conv.other_backend, measured 147,456 B
+#   where the op's took 9,437,184 B, a weight gradient's worth: resnet18_small, 64x64). Variants
+#   of different tensors of one op combine, their extras summed (Problem.with_variants), so the
+#   most each group of an op's variants takes off, summed, must leave it a workspace of at least
+#   0 (solvers/sane_numbers.py refuses a problem where it does not). The simulator counts the
+#   op at its own workspace plus what its chosen variants add or take off; the joint MILP's
+#   memory rows carry that as E[v] times the extra, of either sign (solvers/milp.py), and the
+#   boundary bound's cut rows as chosen(v) times it (solvers/bound.py); the variant-blind
+#   solvers see the plain problem of the variants they are given. What holds whatever the
+#   variants (the least peak from sizes, solvers/peak_bound.py) takes the least workspace the
+#   op runs with, `least_workspaces`.
+def least_workspaces(p: Any) -> tuple[int, ...]:
+    """Per op of Problem `p`, the least workspace it runs with over every choice of its
+    variants: its own, less the most each group of its variants takes off (NOTE [A variant's
+    workspace below its op's]). A variant naming no op of `p` is passed over."""
+    off: dict[tuple[int, int], int] = {}
+    for var in p.variants:
+        if 0 <= var.op < len(p.ops):
+            off[var.group] = min(off.get(var.group, 0), var.extra_workspace_bytes)
+    least = [op.workspace_bytes for op in p.ops]
+    for (i, _), taken in off.items():
+        least[i] += taken
+    return tuple(least)

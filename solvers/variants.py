@@ -42,14 +42,16 @@ def useless(problem: Problem) -> frozenset[int]:
     and the forward does not return (MONeT's output-activated BatchNorm where nothing else
     keeps the output: a ReLU after it keeps its own output). Keeping those instead of t holds
     at least as many bytes from the moment t could go, and the op runs no faster; offered, they
-    only widen the search (53 of them on ResNet-50)."""
+    only widen the search (53 of them on ResNet-50). One whose run needs less workspace than
+    its op may pay in memory (NOTE [A variant's workspace below its op's] in
+    solvers/variant_checks.py: another convolution backend) and is not among them."""
     read_elsewhere: dict[int, int] = {}
     for i in problem.backward_ops:
         for t in set(problem.ops[i].inputs):
             read_elsewhere[t] = read_elsewhere.get(t, 0) + 1
     out = set()
     for v, var in enumerate(problem.variants):
-        if problem.variant_time_s(v) < 0 or var.encode_ops:
+        if problem.variant_time_s(v) < 0 or var.encode_ops or var.extra_workspace_bytes < 0:
             continue
         if var.reads == (var.replaces,):
             out.add(v)
