@@ -80,9 +80,14 @@ def test_no_schedule_peaks_below_it(seed):
         plain = p.with_variants(frozenset(chosen.values()))
         schedule = replace(schedule_from_kept(plain, kept), variants=frozenset(chosen.values()))
         assert simulate(p, schedule).peak_bytes >= bound
+    reported = []
     for solver in SOLVERS:  # each solver's least peak, asked for below everything
         r = solve(p, p.fixed_bytes, solver, time_limit_s=2)
-        assert r.min_feasible_bytes >= bound, (solver, r.min_feasible_bytes, bound)
+        # under load a time-limited solver may end with no least peak to report (None: a
+        # fresh-clone CI run beside a benchmark); one it reports is above the bound
+        assert r.min_feasible_bytes is None or r.min_feasible_bytes >= bound, (solver, bound)
+        reported.append(r.min_feasible_bytes is not None)
+    assert all(reported[SOLVERS.index(s)] for s in ("evict", "remat", "chen"))  # no time limit
 
 
 def test_the_profiled_problems_least_peaks_are_above_it():
