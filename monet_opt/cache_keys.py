@@ -23,7 +23,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 import solvers
-from monet_opt import alloc_events
+from monet_opt import alloc_events, phase
 from monet_opt.input_spec import viewed_bytes
 
 
@@ -85,7 +85,7 @@ def graph_fingerprint(joint: fx.GraphModule) -> str:
     for node in joint.graph.nodes:
         args = fx.node.map_arg((node.args, node.kwargs), lambda a: f"%{a.name}")
         text = (f"{node.op} {node.name} {_target_name(node.target)} {_stable_repr(args)} "
-                f"{_val_text(node.meta.get('val'))} {node.meta.get('partitioner_tag', '')}\n")
+                f"{_val_text(node.meta.get('val'))} {node.meta.get(phase.TAG, '')}\n")
         h.update(text.encode())
     return h.hexdigest()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from monet_opt import phase
 from monet_opt.lower import is_effect_token
 
 aten = torch.ops.aten
@@ -42,7 +43,7 @@ def match_gradient_layouts(gm: fx.GraphModule, num_fwd_outputs: int) -> int:
         with gm.graph.inserting_after(grad):
             copy = gm.graph.call_function(aten.clone.default, (grad,), {"memory_format": fmt})
         copy.meta.update(grad.meta)
-        copy.meta["partitioner_tag"] = "is_backward"
+        phase.mark_backward(copy)
         with value.fake_mode:
             copy.meta["val"] = value.clone(memory_format=fmt)
         outs[k] = copy

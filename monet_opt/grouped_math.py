@@ -34,6 +34,7 @@ import torch.fx as fx
 
 from monet_opt.attention_masks import constant, kind
 from monet_opt.grouped_attention import RESHAPES, only_user, refresh, repeated
+from monet_opt.phase import in_backward
 
 aten = torch.ops.aten
 # What the math path does to a key or value between its casts and its batched products.
@@ -51,7 +52,7 @@ def cast_before_repeat(gm: fx.GraphModule) -> int:
         return 0
     backward: dict[int, list[fx.Node]] = {}
     for node in gm.graph.nodes:
-        if node.meta.get("partitioner_tag") == "is_backward" and "seq_nr" in node.meta:
+        if in_backward(node) and "seq_nr" in node.meta:
             backward.setdefault(node.meta["seq_nr"], []).append(node)
     count = 0
     for node in list(gm.graph.nodes):
@@ -116,7 +117,7 @@ def _read_by_attention(node: fx.Node, softmaxes: set[fx.Node]) -> bool:
     products, stack = [], [node]
     while stack:
         for user in stack.pop().users:
-            if user.meta.get("partitioner_tag") == "is_backward":
+            if in_backward(user):
                 continue  # what the backward reads is the same after the rewrite
             if user.target is aten.bmm.default:
                 products.append(user)

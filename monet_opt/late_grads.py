@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from monet_opt import recompute
+from monet_opt import phase, recompute
 from monet_opt.lower import can_add_into, is_view_node, storage_bytes
 
 # A result moves only where its bytes are at least GAIN times those it keeps alive longer: the
@@ -127,8 +127,7 @@ class _Lives:
 def _adds_into(add: fx.Node, arg: fx.Node) -> bool:
     """Whether the executor runs `add` in place into `arg`, its only reader (NOTE [In-place
     accumulation] in solvers/problem.py, as lowering finds it)."""
-    return add.meta.get("partitioner_tag") == "is_backward" == arg.meta.get("partitioner_tag") \
-        and can_add_into(add, arg)
+    return phase.in_backward(add) and phase.in_backward(arg) and can_add_into(add, arg)
 
 
 def _is_storage(node: fx.Node) -> bool:
@@ -142,7 +141,7 @@ def _movable(node: fx.Node) -> bool:
     """A backward op's own result (not one of a multi-result op's), drawn from no generator."""
     return _is_storage(node) and node.op == "call_function" \
         and node.target is not operator.getitem \
-        and node.meta.get("partitioner_tag") == "is_backward" and not recompute.is_random(node)
+        and phase.in_backward(node) and not recompute.is_random(node)
 
 
 def _views_of(node: fx.Node) -> list[fx.Node]:

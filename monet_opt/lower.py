@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from monet_opt import bn_split, conv_split, grad_in_place, recompute, updated_buffers
+from monet_opt import bn_split, conv_split, grad_in_place, phase, recompute, updated_buffers
 from monet_opt.errors import UnsupportedGraphError
 from monet_opt.memory import allocated_bytes, dense_parts, refuse_sparse_made
 from monet_opt.stats_in_place import MARK
@@ -238,7 +238,7 @@ class _Builder:
             for t in outs:
                 self.tensor_nodes[t] = None
         self.storage[node.name] = outs
-        is_backward = node.meta.get("partitioner_tag") == "is_backward"
+        is_backward = phase.in_backward(node)
         self.ops.append(Op(name=node.name, is_backward=is_backward, time_s=0.0,
                            inputs=self._reads(node), outputs=outs,
                            is_random=recompute.is_random(node),

@@ -97,8 +97,7 @@ def held_at(problem: Problem, schedule: Schedule, labels: tuple[str, ...] = (),
         sizes.append((tensor.name, tensor.bytes, _KINDS[kind] + where))
     op = plain.ops[sim.steps[sim.peak_step]]
     phase = "forward" if sim.peak_step < n_fwd else "backward"
-    workspace = op.workspace_bytes if phase == "backward" or op.first_workspace_bytes is None \
-        else op.first_workspace_bytes  # NOTE [A first run's workspace] in solvers/simulate.py
+    workspace = op.run_workspace_bytes(first=phase == "forward")
     largest = tuple(sorted(sizes, key=lambda s: -s[1])[:LARGEST])
     return HeldAtPeak(op=f"{op.name}, {phase}", fixed_bytes=problem.fixed_bytes,
                       **{k: Part(*v) for k, v in parts.items()},

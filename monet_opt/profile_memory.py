@@ -53,7 +53,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from monet_opt import cudnn_bn
+from monet_opt import cudnn_bn, phase
 from monet_opt.lower import is_view_node
 from monet_opt.memory import allocated_bytes
 import solvers
@@ -256,7 +256,7 @@ def _boundaries(gm: fx.GraphModule, remakeable: set[str], order: dict[fx.Node, i
                 a.name in constant for a in node.all_input_nodes):
             constant.add(node.name)
     forward = [n for n in gm.graph.nodes if n.name in remakeable  # as lowering tells them
-               and n.meta.get("partitioner_tag") != "is_backward"]
+               and not phase.in_backward(n)]
     last: dict[str, int] = {}
     for node in forward:
         for a in node.all_input_nodes:

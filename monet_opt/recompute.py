@@ -71,7 +71,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from monet_opt import bn_split, cudnn_bn, memory
+from monet_opt import bn_split, cudnn_bn, memory, phase
 from monet_opt.errors import internal_assert
 
 _BN_BACKWARD_STATS_ARGS = (3, 4)
@@ -225,7 +225,7 @@ def holds_state(node: fx.Node, kwargs: dict) -> bool:
     generator (a backward's random op runs once, as drawn: NOTE [Random ops of the backward]
     in monet_opt/rewrite.py)."""
     return is_random(node) and "generator" not in kwargs and device_of(node) == "cpu" and \
-        node.meta.get("partitioner_tag") != "is_backward"
+        not phase.in_backward(node)
 
 
 def rng_state_nbytes(device: str) -> int:

@@ -23,9 +23,9 @@ from monet_opt import (absent_grads, cudnn_bn, direct_calls, grad_in_place, reco
 from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
 from monet_opt.lower import OVERWRITING, Lowered
+from monet_opt.phase import BACKWARD, FORWARD, TAG, in_backward, mark_backward
 from solvers import Schedule, simulate
 
-FORWARD, BACKWARD = "is_forward", "is_backward"
 _ADD_INPLACE = torch.ops.aten.add_.Tensor
 _OVERWRITES = "monet_overwrites"  # node meta: (phase, the argument it writes into)
 
@@ -122,7 +122,7 @@ def _drop_backward_ops(fw: fx.GraphModule) -> None:
       forward does not read is not the forward's to run; the forward's own random ops are kept
       (eager draws them even where nothing reads what they drew)."""
     fw.graph.eliminate_dead_code(is_impure_node=lambda node: node.is_impure() and
-                                 node.meta.get("partitioner_tag") != BACKWARD)
+                                 not in_backward(node))
 
 
 def _write_in_place(gm: fx.GraphModule, phase: str) -> None:
@@ -248,7 +248,7 @@ class _Emitter:
         new = self.g.call_function(target or old.target, fx.node.map_arg(args, self._read),
                                    fx.node.map_arg(kwargs, self._read))
         new.meta = copy.copy(old.meta)
-        new.meta["partitioner_tag"] = self.tag
+        new.meta[TAG] = self.tag
         return new
 
     def emit_clone(self, old: fx.Node) -> fx.Node:
@@ -267,7 +267,7 @@ class _Emitter:
         val = arg.meta["val"]
         with val.fake_mode:
             new.meta["val"] = variants.family(site.family).encode(val, *site.params)
-        new.meta["partitioner_tag"] = self.tag
+        new.meta[TAG] = self.tag
         self.current[name] = new
 
     def make_states(self, random_ops: list[fx.Node]) -> None:
@@ -278,8 +278,7 @@ class _Emitter:
     def release_states(self) -> None:
         if self.slots:
             held = [self.slot_state.get(name, slot) for name, slot in self.slots.items()]
-            self.g.call_function(recompute.release_states, tuple(held)).meta[
-                "partitioner_tag"] = BACKWARD
+            mark_backward(self.g.call_function(recompute.release_states, tuple(held)))
 
     def _state_node(self, target, args, op: fx.Node) -> fx.Node:
         """A forward node making a generator state of random op `op`'s device (host memory;
@@ -289,7 +288,7 @@ class _Emitter:
         node = self.g.call_function(target, (nbytes,) if args is None else args)
         with recompute.first_tensor(op).fake_mode:
             node.meta["val"] = torch.empty(nbytes, dtype=torch.uint8)
-        node.meta["partitioner_tag"] = FORWARD
+        node.meta[TAG] = FORWARD
         return node
 
     def emit(self, old: fx.Node, rerun: bool = False,

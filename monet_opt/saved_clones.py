@@ -29,6 +29,7 @@ import torch
 import torch.fx as fx
 
 from monet_opt.lower import is_view_node, same_layout
+from monet_opt.phase import in_backward
 
 aten = torch.ops.aten
 
@@ -40,7 +41,7 @@ def drop_saved_clones(gm: fx.GraphModule) -> int:
         if node.target is aten.clone.default and _foldable(node):
             source = node.args[0]
             for user in list(node.users):
-                if _is_backward(user):
+                if in_backward(user):
                     user.replace_input_with(node, source)
                     count += 1
             if not node.users:
@@ -54,10 +55,6 @@ def drop_saved_clones(gm: fx.GraphModule) -> int:
     if count:
         gm.recompile()
     return count
-
-
-def _is_backward(node: fx.Node) -> bool:
-    return node.meta.get("partitioner_tag") == "is_backward"
 
 
 def _foldable(clone: fx.Node) -> bool:
@@ -84,4 +81,4 @@ def _hardtanh_key(x, bounds: tuple, kwargs: dict) -> tuple:
 def _forward_hardtanh(gm: fx.GraphModule) -> dict[tuple, fx.Node]:
     return {_hardtanh_key(n.args[0], n.args[1:], n.kwargs): n
             for n in gm.graph.find_nodes(op="call_function", target=aten.hardtanh.default)
-            if not _is_backward(n)}
+            if not in_backward(n)}

@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch.fx as fx
 
-from monet_opt import recompute
+from monet_opt import phase, recompute
 from solvers import Problem, Schedule, SolveResult, simulate
 
 # NOTE [Copies nothing reads]
@@ -139,8 +139,7 @@ def updated_inputs(joint: fx.GraphModule) -> set[fx.Node]:
 def _rerunnable(joint: fx.GraphModule) -> set[fx.Node]:
     """The forward call nodes a schedule could recompute: ancestors, through forward nodes,
     of the forward values backward nodes read."""
-    forward = lambda n: n.op == "call_function" and \
-        n.meta.get("partitioner_tag") != "is_backward"  # noqa: E731
+    forward = lambda n: n.op == "call_function" and not phase.in_backward(n)  # noqa: E731
     stack = [a for n in joint.graph.nodes if n.op == "call_function" and not forward(n)
              for a in recompute.tensor_args(n) if forward(a)]
     seen: set[fx.Node] = set()

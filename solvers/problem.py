@@ -67,12 +67,17 @@ class Op:
         the storage of an input it writes its output into (NOTE [In-place accumulation])."""
         return self.workspace_bytes - self.inplace_bytes
 
+    def run_workspace_bytes(self, first: bool) -> int:
+        """Its workspace in its forward run (`first`) or in any other: a recomputation, the
+        backward (NOTE [A first run's workspace] in simulate.py)."""
+        if first and self.first_workspace_bytes is not None:
+            return self.first_workspace_bytes
+        return self.workspace_bytes
+
     @property
     def first_extra_bytes(self) -> int:
-        """`extra_bytes` of its forward run (NOTE [A first run's workspace] in simulate.py)."""
-        if self.first_workspace_bytes is None:
-            return self.extra_bytes
-        return self.first_workspace_bytes - self.inplace_bytes
+        """`extra_bytes` of its forward run."""
+        return self.run_workspace_bytes(first=True) - self.inplace_bytes
 
 
 @dataclass(frozen=True)
