@@ -31,7 +31,8 @@ from monet_opt.merged_inputs import refuse_merged
 from monet_opt.memory import (cuda_devices, held_beyond, shared_bytes, sparse_bytes, storage_groups,
                               with_cuda_slack)
 from monet_opt.lower_variants import attach_variants, matching, with_costs
-from monet_opt.module import OptimizedModule, Step, for_model
+from monet_opt.model_signature import for_model
+from monet_opt.module import OptimizedModule, Step
 from monet_opt.op_costs import measured_ops
 from monet_opt.plan import Plan, least_held, limit_bytes, make_plan
 from monet_opt.profile_memory import pass_limit
