@@ -76,6 +76,32 @@ def test_a_window_inside_another_counts_in_both():
     del c
 
 
+def test_a_window_puts_no_callback_on_ops(monkeypatch):
+    """NOTE [No op events in a window]: a scope begun in one of a window's profiler sessions
+    and ended in the next wrote into the first's freed events; a window records allocations
+    only, so no scope takes a pointer into it, and its figures are those of the events."""
+    sessions = []
+    stop = alloc_events._disable_profiler
+
+    def kept():
+        results = stop()
+        sessions.append({e.tag for e in results.experimental_event_tree()})
+        return results
+    monkeypatch.setattr(alloc_events, "_disable_profiler", kept)
+    x, w = torch.randn(256, 64), torch.randn(64, 64, requires_grad=True)
+    with alloc_events.Allocations() as outer:
+        with torch.autograd.profiler.record_function("spans the inner window"):
+            y = (x @ w).relu()
+            with alloc_events.Allocations() as inner:
+                z = torch.randn(128, 128)
+            y.sum().backward()
+    assert len(sessions) == 3  # the outer's first session, the inner's, the outer's second
+    assert set().union(*sessions) == {torch._C._profiler._EventType.Allocation}
+    assert (inner.peak, inner.net) == (1 << 16, 1 << 16)
+    assert outer.peak >= (1 << 16) + 2 * y.untyped_storage().nbytes()
+    del z
+
+
 def test_plans_count_scratch_and_hold_their_limits(tmp_path):
     model, x = _conv_net(), torch.randn(8, 3, 16, 16)
     resident = resident_tensors(model, x)
