@@ -172,12 +172,17 @@ def _budgets(text: str) -> tuple[float, ...]:
     return budgets
 
 
-def git_commit() -> str:
-    root = Path(__file__).resolve().parents[2]
+def git_commit(root: Path | None = None) -> str:
+    """The commit the code ran at, "with uncommitted changes" where a tracked file other than
+    markdown or one under docs/ differs from it: those hold what runs write (the bench's own
+    output, rewritten after each model) and what people write about them, not what runs run,
+    so a run of several models is not marked by its first model's figures."""
+    root = root or Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, text=True,
                               capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":(exclude)docs", ":(exclude,glob)**/*.md"],
                                cwd=root, text=True, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
