@@ -11,6 +11,21 @@ NOTE [Pruning recomputation]
   No drop makes the step slower. On ResNet-50 (b16, 128²) at its least peak the memory-centric
   schedule (+391 % predicted) came out at +92 % and +213 % in two runs of `auto` (2.5 s of
   pruning each), and at +122 % from three whole sweeps (4.5 s) on their own.
+
+NOTE [Pruned before windows]
+  Fine windows hold everything outside the window at the schedule's values (NOTE [Fine
+  windows] in solvers/fine.py), so a schedule that recomputes what it need not (the
+  memory-centric program's, near the least peak) has that memory spent in every window and
+  barely moves; "auto" pruned only after windows. The MILP solver alone prunes first (NOTE
+  [Time left near the floor] in solvers/joint.py), and so does "auto" now, in up to its pruning
+  share, taken from fine windows' time (solvers/registry.py). `make bench` at 9c6de41, U-Net at
+  its least peak, 100.0 MiB: the MILP's schedule pruned then refined, +49.9 % predicted,
+  auto's refined then pruned, +120.1 % (the same least-peak schedule; measured +32.2 /
+  +66.7 %). That case did not recur on a new profile of U-Net, where the cut program's schedule
+  wins at the least peak (+23.1 % either way). DenseNet-121 (b16 128², a new CPU profile, 30 s),
+  one solve each, before -> after: at auto's least peak (159.6 MiB) +34.1 / +32.4 % -> +30.9 /
+  +30.9 % (the memory-centric schedule, 50 -> 145 recomputations dropped), 10 % above it +9.3 /
+  +9.4 % -> +8.8 / +8.9 %.
 """
 from __future__ import annotations
 

@@ -178,10 +178,11 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     AUTO_CLOSE_ENOUGH of it (NOTE [Close enough]); otherwise store-all, Chen's heuristics,
     eviction, rematerializing (NOTE [Rematerializing under the budget]), the lower-set DP
     (capped at AUTO_DP_TIME_LIMIT_S) and the joint MILP, and the fastest feasible schedule,
-    polished (NOTE [Polishing]), refined by fine windows (NOTE [Fine windows],
-    AUTO_FINE_SHARE of the limit) and pruned of recomputation it can do without
-    (NOTE [Pruning recomputation]) in the time left. Its `min_feasible_bytes` is the least of
-    theirs and of every schedule it found within the budget (the heuristics, the DP's
+    polished (NOTE [Polishing]), pruned of recomputation it can do without (NOTE [Pruning
+    recomputation]), refined by fine windows (NOTE [Fine windows], AUTO_FINE_SHARE of the
+    limit; NOTE [Pruned before windows] in solvers/prune.py) and pruned again in the time
+    left. Its `min_feasible_bytes` is the least of theirs and of every schedule it found
+    within the budget (the heuristics, the DP's
     memory-centric pass and the MILP's least-peak program always run, so it is known even
     when store-all fits; there the program is brief: NOTE [The least peak where store-all
     fits]). An infeasible
@@ -357,8 +358,10 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
         once = [r for r in feasible if _once(r)]  # annealing starts from these alone too
         if once:
             feasible.append(_annealed(problem, budget_bytes, once, deadline - fine_s - prune_s))
-        feasible.append(_refined(problem, budget_bytes, _to_refine(problem, feasible),
-                                 deadline - prune_s))
+        # NOTE [Pruned before windows] in solvers/prune.py
+        target = _pruned(problem, budget_bytes, _to_refine(problem, feasible),
+                         time.perf_counter() + prune_s)
+        feasible.append(_refined(problem, budget_bytes, target, deadline - prune_s))
         feasible.append(_pruned(problem, budget_bytes, min(
             feasible, key=lambda r: (r.objective_s, r.peak_bytes)), deadline))
     if not feasible:  # NOTEs [The least peak in the time left], [Probes under the least peak]

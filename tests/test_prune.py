@@ -97,3 +97,35 @@ def test_without_unread_says_what_it_dropped():
     assert note(Schedule(frozenset({0, 1}), (1, 2))) == (
         "1 unread recomputations and 1 kept tensors nothing reads dropped "
         "(NOTE [Unread recomputation])")
+
+
+def test_auto_prunes_before_fine_windows(monkeypatch):
+    """NOTE [Pruned before windows]: the schedule "auto" hands to fine windows recomputes
+    nothing it can do without; windows held a needless recomputation's memory fixed in every
+    window."""
+    import dataclasses as dc
+
+    from solvers import fine, registry
+    p = chain(6)
+    budget = 100 + 10 + 3 * 10
+    r = solve(p, budget, "milp")
+    steps = list(r.schedule.backward)
+    k = next(k for k, i in enumerate(steps) if not p.ops[i].is_backward)
+    doubled = Schedule(r.schedule.kept, tuple(steps[:k + 1] + steps[k:]), r.schedule.variants)
+    sim = simulate(p, doubled)
+    assert sim.peak_bytes <= budget
+    slow = dc.replace(r, schedule=doubled, objective_s=sim.time_s, peak_bytes=sim.peak_bytes)
+    # the search goes on to windows (a chain's heuristics come close enough: NOTE [Close
+    # enough], NOTE [Proven close enough])
+    monkeypatch.setattr(registry, "_close_enough", lambda _p, _results: False)
+    monkeypatch.setattr(registry, "lazy_cuts", lambda *_a: None)
+    monkeypatch.setattr(registry, "_to_refine", lambda _p, _feasible: slow)
+    handed = []
+    refine = fine.refine
+    monkeypatch.setattr(fine, "refine", lambda p_, b, s, *a, **kw: (handed.append(s),
+                                                                   refine(p_, b, s, *a, **kw))[1])
+    result = solve(p, budget, "auto", time_limit_s=5)
+    assert handed, "auto refined a schedule by fine windows"
+    assert len(handed[0].backward) < len(doubled.backward)
+    assert prune(p, handed[0], budget, deadline=float("inf")) == handed[0]
+    assert result.feasible and result.peak_bytes <= budget
