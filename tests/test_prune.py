@@ -12,15 +12,23 @@ from solvers.prune import drop_unread, prune
 from tests.problems import autodiff_problem, chain
 
 
+# a budget at which chain(6) must recompute
+CHAIN_BUDGET = 100 + 10 + 3 * 10
+
+
+def _doubled(p: Problem, r) -> Schedule:
+    """r's schedule with its first recomputation run twice in a row."""
+    steps = list(r.schedule.backward)
+    k = next(k for k, i in enumerate(steps) if not p.ops[i].is_backward)
+    return Schedule(r.schedule.kept, tuple(steps[:k + 1] + steps[k:]), r.schedule.variants)
+
+
 def test_prune_drops_recomputation_nobody_needs():
     """NOTE [Pruning recomputation]: a recomputation run twice in a row is run once after
     pruning; what is left still runs within the budget."""
-    p = chain(6)
-    budget = 100 + 10 + 3 * 10
+    p, budget = chain(6), CHAIN_BUDGET
     r = solve(p, budget, "milp")
-    steps = list(r.schedule.backward)
-    k = next(k for k, i in enumerate(steps) if not p.ops[i].is_backward)
-    doubled = Schedule(r.schedule.kept, tuple(steps[:k + 1] + steps[k:]), r.schedule.variants)
+    doubled = _doubled(p, r)
     assert simulate(p, doubled).time_s > r.objective_s
     pruned = prune(p, doubled, budget, deadline=float("inf"))
     sim = simulate(p, pruned)
@@ -106,12 +114,9 @@ def test_auto_prunes_before_fine_windows(monkeypatch):
     import dataclasses as dc
 
     from solvers import fine, registry
-    p = chain(6)
-    budget = 100 + 10 + 3 * 10
+    p, budget = chain(6), CHAIN_BUDGET
     r = solve(p, budget, "milp")
-    steps = list(r.schedule.backward)
-    k = next(k for k, i in enumerate(steps) if not p.ops[i].is_backward)
-    doubled = Schedule(r.schedule.kept, tuple(steps[:k + 1] + steps[k:]), r.schedule.variants)
+    doubled = _doubled(p, r)
     sim = simulate(p, doubled)
     assert sim.peak_bytes <= budget
     slow = dc.replace(r, schedule=doubled, objective_s=sim.time_s, peak_bytes=sim.peak_bytes)
