@@ -2,12 +2,13 @@
 without. No torch."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
 import pytest
 
-from solvers import NO_PRODUCER, Op, Problem, Schedule, Tensor, simulate, solve
+from solvers import NO_PRODUCER, Op, Problem, Schedule, Tensor, fine, registry, simulate, solve
 from solvers.prune import drop_unread, prune
 from tests.problems import autodiff_problem, chain
 
@@ -111,15 +112,13 @@ def test_auto_prunes_before_fine_windows(monkeypatch):
     """NOTE [Pruned before windows]: the schedule "auto" hands to fine windows recomputes
     nothing it can do without; windows held a needless recomputation's memory fixed in every
     window."""
-    import dataclasses as dc
-
-    from solvers import fine, registry
     p, budget = chain(6), CHAIN_BUDGET
     r = solve(p, budget, "milp")
     doubled = _doubled(p, r)
     sim = simulate(p, doubled)
     assert sim.peak_bytes <= budget
-    slow = dc.replace(r, schedule=doubled, objective_s=sim.time_s, peak_bytes=sim.peak_bytes)
+    slow = dataclasses.replace(r, schedule=doubled, objective_s=sim.time_s,
+                               peak_bytes=sim.peak_bytes)
     # the search goes on to windows (a chain's heuristics come close enough: NOTE [Close
     # enough], NOTE [Proven close enough])
     monkeypatch.setattr(registry, "_close_enough", lambda _p, _results: False)
