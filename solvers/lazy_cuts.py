@@ -25,6 +25,24 @@ NOTE [Cuts where the schedule goes over]
   +13.33 -> +12.96 %, DenseNet-121 (H200) at a quarter +13.90 -> +13.45 %), the gaps auto
   reports 0.1-19.9 -> 0.0-4.2 %.
 
+NOTE [Rounds near the floor]
+  Near the least peak the rounds found no schedule that fits in their 0.45 of the limit, and
+  what they took came out of the least-peak program's and the MILP's time: on U-Net (b4 128²,
+  docs/benchmarks/problems_unet.json.gz) at its least peak, auto in 30 s spent 13.5 s in the
+  rounds and 7.9 s in the least-peak program, the MILP had 8.4 s, found nothing of its own,
+  and the memory-centric schedule (pruned) was auto's answer, +29.8 % predicted, where the
+  MILP solver alone made +20.1 %; on CPU ResNet-50 (b16 128²) at its least peak and 5 and 20 %
+  above it the rounds took 13.6 s each and fit nothing. So where nothing cheap fits (NOTE
+  [Nothing cheap fits] in solvers/registry.py) within AUTO_FLOOR_CUTS_NEAR (5 %) of the least
+  peak the heuristics found, the rounds get AUTO_FLOOR_CUTS_SHARE (0.1) of the limit. Further
+  above, they keep 0.45: at a third of CPU ResNet-50's activations (22 % above that least
+  peak, where nothing cheap fits either) they fit in their 13.5 s in one run (+7.31 %; with
+  0.1 auto made +8.06 %, which is also what 0.45 made in earlier runs, auto_shares.md). `python -m monet_opt.bench_solvers --time-limit 30 --near-floor 1 --above
+  0,0.02,0.05` at the least peak and 2 / 5 % above it, 0.45 -> 0.1 (docs/benchmarks/
+  floor_cuts.md): U-Net +29.8/+15.3/+12.0 -> +20.1/+15.9/+12.0 %; GoogLeNet (b32 128²,
+  problems_cpu) +29.8/+30.0/+26.6 -> +29.9/+29.4/+26.6 %; the bench's ResNet-50
+  (problems_bench_resnet50) +35.9/+31.2/+17.8 % both.
+
 NOTE [Proven close enough]
   Where the schedule found is within AUTO_CLOSE_ENOUGH of the no-recompute step above the
   bound proven on the way (solvers/registry.py), no search can gain more than that, and auto

@@ -68,8 +68,11 @@ AUTO_FITTING_LEAST_SHARE = 1 / 30
 # The most of "auto"'s limit (a cap: 0.1-0.6 s on the kept problems) the bound's kept set may
 # take to solve, and again to fit (NOTE [The bound's kept set] in solvers/bound_start.py).
 AUTO_BOUND_KEPT_SHARE = 1 / 15
-# The most of "auto"'s limit the cut rounds take (NOTE in solvers/lazy_cuts.py; auto_shares.md)
+# The most of "auto"'s limit the cut rounds take (NOTE in solvers/lazy_cuts.py; auto_shares.md);
+# where nothing cheap fits within AUTO_FLOOR_CUTS_NEAR of the heuristics' least peak, less
+# (NOTE [Rounds near the floor] there).
 AUTO_CUTS_SHARE = 0.45
+AUTO_FLOOR_CUTS_SHARE, AUTO_FLOOR_CUTS_NEAR = 0.1, 0.05
 
 
 def _pruned(problem: Problem, budget_bytes: int, best: SolveResult,
@@ -319,7 +322,11 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     # a start for polishing, annealing and windows, not a heuristic that settles anything
     starts = [] if settled else kept_starts(problem, budget_bytes,
                                             limit * AUTO_BOUND_KEPT_SHARE)
-    cuts = None if settled else lazy_cuts(problem, budget_bytes, limit * AUTO_CUTS_SHARE)
+    bare = not lower_sets.feasible and not any(r.feasible and _once(r) for r in cheap)
+    near = bare and budget_bytes <= (1 + AUTO_FLOOR_CUTS_NEAR) * min(
+        (r.min_feasible_bytes for r in cheap if r.min_feasible_bytes), default=0)
+    cuts = None if settled else lazy_cuts(problem, budget_bytes, limit * (
+        AUTO_FLOOR_CUTS_SHARE if near else AUTO_CUTS_SHARE))
     if cuts is not None:  # NOTE [Proven close enough] in solvers/lazy_cuts.py
         starts.append(cuts)
         settled = cuts.feasible and cuts.objective_s - cuts.bound_s <= \
@@ -330,8 +337,7 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
             least.least_peak(problem, milp)  # here, unless cached
         spent = max(time.perf_counter() - before, milp_s / 4)
         share = milp_s - fine_s
-        if not lower_sets.feasible and not any(r.feasible and _once(r) for r in cheap):
-            # NOTE [Nothing cheap fits]
+        if bare:  # NOTE [Nothing cheap fits]
             share = milp_s + anneal_s + fine_s * (1 - AUTO_FLOOR_FINE_KEPT)
         # NOTE [Heuristics in their time]: the phases after the MILP keep their time (all
         # but the DP's and the MILP's share), less what the heuristics took past their grace

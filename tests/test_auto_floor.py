@@ -53,6 +53,7 @@ def _no_rounds(monkeypatch):
     (NOTE [Proven close enough]), so that auto stops before the MILP; on larger graphs they
     need more than their share, so here they get none."""
     monkeypatch.setattr(registry, "AUTO_CUTS_SHARE", 0.0)
+    monkeypatch.setattr(registry, "AUTO_FLOOR_CUTS_SHARE", 0.0)
 
 
 @pytest.mark.parametrize("coarsened", [False, True])
@@ -76,6 +77,35 @@ def test_near_the_least_peak_the_milp_gets_most_of_autos_time(monkeypatch, coars
     above, limits_above = _milp_limits(monkeypatch, p, cheap_fits)
     assert above.feasible and len(limits_above) == 1
     assert limits_above[0] < limits[0] / 2
+
+
+def test_near_the_least_peak_the_cut_rounds_get_the_floors_share(monkeypatch):
+    """NOTE [Rounds near the floor] (solvers/lazy_cuts.py): where nothing cheap fits within
+    AUTO_FLOOR_CUTS_NEAR of the heuristics' least peak, the cut rounds get AUTO_FLOOR_CUTS_SHARE
+    of auto's limit; beyond that margin, or where a heuristic fits, AUTO_CUTS_SHARE."""
+    _no_remat(monkeypatch)
+    p = autodiff_problem(8, random.Random(3))
+    least = solve(p, 10 ** 12, "auto", time_limit_s=2).min_feasible_bytes
+    everything = registry._cheap(p, 10 ** 12)
+    cheap_fits = min(r.min_feasible_bytes for r in everything[1:])
+    assert least < cheap_fits
+    given = []
+    rounds = registry.lazy_cuts
+
+    def recorded(problem, budget, limit_s):
+        given.append(limit_s)
+        return rounds(problem, budget, limit_s)
+
+    monkeypatch.setattr(registry, "lazy_cuts", recorded)
+    limit = 4.0
+    for budget in (least, cheap_fits):
+        assert solve(p, budget, "auto", time_limit_s=limit).feasible
+    monkeypatch.setattr(registry, "AUTO_FLOOR_CUTS_NEAR", -1.0)  # no budget is near
+    assert solve(p, least, "auto", time_limit_s=limit).feasible
+    assert registry.AUTO_FLOOR_CUTS_SHARE < registry.AUTO_CUTS_SHARE
+    assert given == pytest.approx([limit * registry.AUTO_FLOOR_CUTS_SHARE,
+                                   limit * registry.AUTO_CUTS_SHARE,
+                                   limit * registry.AUTO_CUTS_SHARE])
 
 
 def test_the_whole_program_is_not_run_again_from_a_schedule_it_did_not_find(monkeypatch):

@@ -51,6 +51,7 @@ def test_auto_searches_on_when_the_heuristic_is_dearer(monkeypatch):
     assert 0.9 > p.no_recompute_time_s * registry.AUTO_CLOSE_ENOUGH
     # without the cut program's rounds, which prove it the least (the test below)
     monkeypatch.setattr(registry, "AUTO_CUTS_SHARE", 0.0)
+    monkeypatch.setattr(registry, "AUTO_FLOOR_CUTS_SHARE", 0.0)
     called = _solvers_called(monkeypatch)
     r = solve(p, budget, "auto", time_limit_s=4)
     assert r.feasible and r.peak_bytes <= budget
