@@ -39,9 +39,10 @@ NOTE [Rounds near the floor]
   peak, where nothing cheap fits either) they fit in their 13.5 s in one run (+7.31 %; with
   0.1 auto made +8.06 %, which is also what 0.45 made in earlier runs, auto_shares.md).
   `python -m monet_opt.bench_solvers --time-limit 30 --near-floor 1 --above 0,0.02,0.05` at
-  the least peak and 2 / 5 % above it, 0.45 -> 0.1 (docs/benchmarks/floor_cuts.md): U-Net +29.8/+15.3/+12.0 -> +20.1/+15.9/+12.0 %; GoogLeNet (b32 128²,
-  problems_cpu) +29.8/+30.0/+26.6 -> +29.9/+29.4/+26.6 %; the bench's ResNet-50
-  (problems_bench_resnet50) +35.9/+31.2/+17.8 % both.
+  the least peak and 2 / 5 % above it, 0.45 -> 0.1 (docs/benchmarks/floor_cuts.md): U-Net
+  +29.8/+15.3/+12.0 -> +20.1/+15.9/+12.0 %; GoogLeNet (b32 128², problems_cpu)
+  +29.8/+30.0/+26.6 -> +29.9/+29.4/+26.6 %; the bench's ResNet-50 (problems_bench_resnet50)
+  +35.9/+31.2/+17.8 % both.
 
 NOTE [Proven close enough]
   Where the schedule found is within AUTO_CLOSE_ENOUGH of the no-recompute step above the
