@@ -79,6 +79,54 @@ def test_near_the_least_peak_the_milp_gets_most_of_autos_time(monkeypatch, coars
     assert limits_above[0] < limits[0] / 2
 
 
+class _Clock:
+    """time.perf_counter, `skipped` seconds ahead: work that takes long, without the wait."""
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.skipped
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_near_the_least_peak_the_milp_leaves_polishing_its_time(monkeypatch):
+    """NOTE [Nothing cheap fits]: the MILP gets annealing's and fine windows' shares, no more:
+    it is to end polishing's share before auto's deadline, so that auto keeps to its limit
+    (it used to get half of fine windows' share again: at U-Net's least peak auto took 65.7 s
+    of 60). A least-peak program of 15 s is played by a clock that skips ahead."""
+    _no_remat(monkeypatch)
+    _no_rounds(monkeypatch)
+    p = autodiff_problem(8, random.Random(3))
+    least = solve(p, 10 ** 12, "auto", time_limit_s=2).min_feasible_bytes
+    clock = _Clock()
+    monkeypatch.setattr(registry, "time", clock)
+    program = registry.least.least_peak
+
+    def slow(problem, options):
+        clock.skipped += 15.0
+        return program(problem, options)
+
+    monkeypatch.setattr(registry.least, "least_peak", slow)
+    calls = []
+
+    def milp(problem, budget, options):
+        calls.append((clock.perf_counter(), options.time_limit_s))
+        raise _Stop
+
+    monkeypatch.setitem(registry._REGISTRY, "milp", (milp, MilpOptions))
+    limit = 60.0
+    begun = clock.perf_counter()
+    with pytest.raises(_Stop):
+        solve(p, least, "auto", time_limit_s=limit)
+    (at, given), = calls
+    assert at - begun >= 15.0 and given >= limit / 2
+    polish_s = min(registry.AUTO_POLISH_TIME_LIMIT_S, limit / 6)
+    assert at + given <= begun + limit - polish_s + 1.0  # the heuristics take well under 1 s
+
+
 def test_near_the_least_peak_the_cut_rounds_get_the_floors_share(monkeypatch):
     """NOTE [Rounds near the floor] (solvers/lazy_cuts.py): where nothing cheap fits within
     AUTO_FLOOR_CUTS_NEAR of the heuristics' least peak, the cut rounds get AUTO_FLOOR_CUTS_SHARE
