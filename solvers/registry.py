@@ -269,7 +269,7 @@ def _cheap(problem: Problem, budget_bytes: int, deadline: float = math.inf,
 #   So where nothing cheap fits, the MILP also gets annealing's and fine windows' shares;
 #   polishing's stays for the phases after it. (Until 2026-12-04 the code gave it half of fine
 #   windows' share again, past auto's deadline: U-Net b4 128² at its least peak, auto in 60 /
-#   45 s took 65.7 / 48.0 s; now 55.6 / 40.4 s, the same plans, and in 30 s the same plans
+#   45 s took 65.7 / 48.0 s; now 55.4 / 40.4 s, the same plans, and in 30 s the same plans
 #   on the four problems of docs/benchmarks/floor_milp_share.md; windows keeping half their
 #   share instead gave U-Net +29.8 % where this gives +20.1 %.) `make bench-near-floor`,
 #   auto in 30 s at the least peak and 2/5/10/20 % above it, predicted overhead (two solves
