@@ -1,30 +1,5 @@
-"""Checkmate's MILP (Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor
-Rematerialization", MLSys 2020) as a baseline: rematerialization only, no operator variants.
-
-Checkmate's program has one stage per node t of the joint graph, in topological order. Stage t
-runs node t (R[t][t] = 1) after the earlier nodes it recomputes (R[t][i], i < t), in topological
-order; S[t][i] says node i's value is held entering stage t. Rows: a value is held only if it was
-held or made in the stage before; a node runs only if its inputs are held or made in the same
-stage; memory within a stage is a running sum U that adds each value made and subtracts a value
-after its last use in the stage (FREE[t][(i, k)], one binary per stage and edge, linearized with
-Checkmate's hazard count); U <= budget. Minimize the time of everything computed.
-
-Our Schedule model is narrower, and the program is restricted to it: the forward runs every
-forward op once, in order; the kept forward tensors survive into the backward; the backward
-phase runs the backward ops in problem order, interleaved with recomputed forward ops. So:
-  * forward stages recompute nothing (R[t][i] = 0 for i < t). S in the forward is then forced
-    by the kept set S[0] up to dominated choices (holding a tensor past its last forward read
-    only to drop it before the backward), so each forward stage reduces to one memory row over
-    the kept set, written as a running sum;
-  * backward stages q (one per backward op b_q, in problem order) recompute forward ops only,
-    never a backward op; backward tensors are made once and freed after their last read, so
-    their bytes are constants per stage;
-  * values are tensors (an op may make several): S is per tensor, R per op.
-Beyond Checkmate: every memory row holds the fixed memory and the running op's workspace
-(Checkmate's has neither). Variables exist only where they can matter: R[q][i] for ancestors
-of forward tensors read at stage q or later, S[q][x] for tensors read at stage q or later.
-Every memory row is an upper bound on what simulate() counts for the schedule read off a
-solution (exact for its least-memory representation), and simulate() checks it anyway.
+"""Checkmate's MILP (Jain et al., MLSys 2020) as a baseline: solving its program
+(solvers/checkmate_program.py) within a time limit.
 
 The program is O(stages x forward ops). Above `max_exact_vars` integer variables it solves the
 LP relaxation instead and rounds it as Checkmate's approximation does (at 90 % of the budget,
@@ -42,15 +17,13 @@ import math
 import time
 from dataclasses import dataclass
 
-from solvers.milp import _backward_constants
-from solvers.mip import Mip, MipResult, solve_mip, solve_relaxation
+from solvers.checkmate_program import CheckmateProgram, OutOfTime
+from solvers.highs import CHILD_GRACE_S
+from solvers.mip import MipResult, solve_mip, solve_relaxation
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
 from solvers.schedule import Schedule, SolveResult, Status, gap_of
 from solvers.simulate import fastest_within, simulate
-from solvers.stages import ancestors
-
-ROUNDING_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Checkmate's sweep
 
 
 @dataclass(frozen=True)
@@ -64,212 +37,6 @@ class CheckmateOptions:
     time_limit_s: float = 60.0
     rel_gap: float = 1e-3
     max_exact_vars: int = 30000
-
-
-class CheckmateProgram:
-    """Checkmate's program for `problem` at `budget_bytes`, restricted to our Schedule model
-    (module docstring); with budget None, the least-peak program (the budget is a variable
-    and the objective)."""
-
-    def __init__(self, problem: Problem, budget_bytes: int | None) -> None:
-        p = self.problem = problem
-        self.mip = mip = Mip()
-        self.budget = budget_bytes
-        self.min_memory = budget_bytes is None
-        if self.min_memory:
-            self.budget_var = mip.var(0.0, math.inf, cost=1.0, integer=False)
-        else:
-            mip.offset = p.no_recompute_time_s
-        fwd = set(p.forward_tensors)
-        self.bwd = p.backward_ops
-        # reads[q]: forward tensors backward op q reads; reads[Q]: those the backward returns
-        self.reads = [frozenset(x for x in p.ops[b].inputs if x in fwd) for b in self.bwd]
-        self.reads.append(frozenset(x for x in p.backward_outputs if x in fwd))
-        cand, held = _structure(p, self.reads)
-        time_cost = 0.0 if self.min_memory else 1.0
-        # S[q][x]: a copy of forward tensor x is held entering stage q (S[0]: the kept set)
-        self.S = [{x: mip.var() for x in h} for h in held]
-        # R[q][i]: forward op i is recomputed in stage q, before backward op q
-        self.R = [{i: mip.var(cost=time_cost * p.ops[i].rerun_s) for i in c} for c in cand]
-        self.num_free = 0
-        self._mem_row([], float(p.fixed_bytes))
-        self._forward_rows()
-        constants = _backward_constants(p)
-        for q in range(len(self.bwd)):
-            self._correctness_rows(q)
-            self._memory_rows(q, *constants[q])
-        for x in self.reads[-1]:
-            mip.row([(self.S[-1][x], 1.0)], lo=1.0)
-
-    @property
-    def num_integer_vars(self) -> int:
-        return sum(map(len, self.S)) + sum(map(len, self.R)) + self.num_free
-
-    def _mem_row(self, terms: list[tuple[int, float]], const: float) -> None:
-        """sum(terms) + const <= budget."""
-        if self.min_memory:
-            self.mip.row(terms + [(self.budget_var, -1.0)], hi=-const)
-        else:
-            self.mip.row(terms, hi=self.budget - const)
-
-    def _have(self, q: int, x: int) -> list[tuple[int, float]]:
-        """Terms that are >= 1 exactly when x is readable in stage q: held or recomputed."""
-        terms = [(self.S[q][x], 1.0)] if x in self.S[q] else []
-        prod = self.problem.tensors[x].producer
-        if prod in self.R[q]:
-            terms.append((self.R[q][prod], 1.0))
-        return terms
-
-    def _forward_rows(self) -> None:
-        """Forward step k holds fixed memory, what was made earlier and is read at or after k
-        (or returned by the forward), its outputs and workspace, and the kept tensors already
-        past their last forward read: P[k], a running sum over S[0]."""
-        p, mip, kept = self.problem, self.mip, self.S[0]
-        pos = {i: k for k, i in enumerate(p.forward_ops)}
-        last = {x: pos[p.tensors[x].producer] for x in p.forward_tensors}
-        for i in p.forward_ops:
-            for x in p.ops[i].inputs:
-                last[x] = max(last[x], pos[i])
-        for x in p.forward_outputs:
-            last[x] = len(p.forward_ops) - 1
-        dies_after: dict[int, list[int]] = {}
-        for x, k in last.items():
-            dies_after.setdefault(k, []).append(x)
-        alive, prev = 0, None
-        for k, i in enumerate(p.forward_ops):
-            out = sum(p.tensors[x].bytes for x in p.ops[i].outputs)
-            P = mip.var(0.0, math.inf, integer=False)
-            newly = [(kept[x], -float(p.tensors[x].bytes)) for x in dies_after.get(k - 1, [])
-                     if x in kept]
-            mip.row([(P, 1.0)] + ([(prev, -1.0)] if prev is not None else []) + newly,
-                    lo=0.0, hi=0.0)
-            self._mem_row([(P, 1.0)], float(p.fixed_bytes + alive + out
-                                            + p.ops[i].extra_bytes))
-            prev = P
-            alive += out - sum(p.tensors[x].bytes for x in dies_after.get(k, []))
-
-    def _correctness_rows(self, q: int) -> None:
-        """Checkmate's S[t+1,i] <= S[t,i] + R[t,i] and R[t,v] <= R[t,u] + S[t,u]; the backward
-        op's forward inputs exist."""
-        p, mip = self.problem, self.mip
-        for x, v in self.S[q + 1].items():
-            mip.row([(v, 1.0)] + [(j, -c) for j, c in self._have(q, x)], hi=0.0)
-        for i, r in self.R[q].items():
-            for x in p.ops[i].inputs:
-                mip.row([(r, 1.0)] + [(j, -c) for j, c in self._have(q, x)], hi=0.0)
-        for x in self.reads[q]:
-            mip.row(self._have(q, x), lo=1.0)
-
-    def _memory_rows(self, q: int, enter_bytes: float, during_bytes: float) -> None:
-        """Checkmate's U recurrence over the stage's candidates, then the backward op.
-        enter_bytes: fixed memory and backward tensors alive while the stage recomputes;
-        during_bytes: the same while backward op q runs, with its outputs and workspace."""
-        p, mip, R, S = self.problem, self.mip, self.R[q], self.S[q]
-        frees = self._free_vars(q)
-        U = None
-        freed_before: list[tuple[int, float]] = []
-        for k, r in R.items():
-            out = float(sum(p.tensors[y].bytes for y in p.ops[k].outputs))
-            u = mip.var(0.0, math.inf, integer=False)
-            if U is None:  # U[q,k0] = sum of what is held + k0's outputs
-                base = [(v, -float(p.tensors[x].bytes)) for x, v in S.items()]
-            else:          # U[q,k] = U[q,prev] + k's outputs - what died after prev
-                base = [(U, -1.0)] + freed_before
-            mip.row([(u, 1.0), (r, -out)] + base, lo=0.0, hi=0.0)
-            self._mem_row([(u, 1.0), (r, float(p.ops[k].extra_bytes))], enter_bytes)
-            U = u
-            freed_before = [(f, float(p.tensors[x].bytes)) for x, f in frees.get(k, [])]
-        if U is None:
-            self._mem_row([(v, float(p.tensors[x].bytes)) for x, v in S.items()], during_bytes)
-        else:
-            self._mem_row([(U, 1.0)] + [(f, -c) for f, c in freed_before], during_bytes)
-
-    def _free_vars(self, q: int) -> dict[int, list[tuple[int, int]]]:
-        """FREE[q][(x, k)]: x is freed right after candidate k reads it, or makes it where no
-        candidate reads it (k ran, no later reader in the stage ran, x is not held into stage
-        q+1), with Checkmate's hazard count
-        h = (1 - R[k]) + S[q+1,x] + sum of R[j] over later readers j:
-        1 - FREE <= h and kappa (1 - FREE) >= h. A tensor backward op q reads stays to its end.
-        Returns, per candidate k, the (tensor, FREE variable) pairs freed after it."""
-        p, mip, R = self.problem, self.mip, self.R[q]
-        frees: dict[int, list[tuple[int, int]]] = {}
-        seen = {x for k in R for x in p.ops[k].inputs}
-        made = {y for k in R for y in p.ops[k].outputs}
-        for x in sorted((seen | made) - self.reads[q]):
-            # an output no candidate reads goes right after it is made, as the simulator has
-            # it (counted to the stage's end, Checkmate was 4 % slower than the MILP at one
-            # budget: solvers fuzzing, 2026-12-02)
-            readers = [k for k in p.consumers[x] if k in R] or [p.tensors[x].producer]
-            for n, k in enumerate(readers):
-                hazard = [(R[k], -1.0)] + [(R[j], 1.0) for j in readers[n + 1:]]
-                if x in self.S[q + 1]:
-                    hazard.append((self.S[q + 1][x], 1.0))
-                kappa = float(len(hazard))
-                f = mip.var()
-                self.num_free += 1
-                mip.row([(f, 1.0)] + hazard, lo=0.0)                  # FREE >= 1 - h
-                mip.row([(f, kappa)] + hazard, hi=kappa - 1.0)        # kappa (1-FREE) >= h
-                frees.setdefault(k, []).append((x, f))
-        return frees
-
-    def schedule(self, values: list[float]) -> Schedule:
-        kept = frozenset(x for x, v in self.S[0].items() if values[v] > 0.5)
-        order: list[int] = []
-        for q, b in enumerate(self.bwd):
-            order.extend(i for i, v in self.R[q].items() if values[v] > 0.5)
-            order.append(b)
-        return Schedule(kept=kept, backward=tuple(order))
-
-    def roundings(self, values: list[float]) -> list[Schedule]:
-        """Checkmate's two-phase deterministic rounding, for each threshold tau: round the
-        relaxation's S (S >= tau), then take the least recomputation that realizes it
-        (Checkmate's solve_r_opt); and, from the rounded kept set S[0] alone, the
-        recompute-on-demand schedule."""
-        out: list[Schedule] = []
-        for tau in ROUNDING_THRESHOLDS:
-            held = [{x for x, v in S.items() if values[v] >= tau - 1e-9} for S in self.S]
-            for sched in (self._realize(held), schedule_from_kept(self.problem, held[0])):
-                if sched not in out:
-                    out.append(sched)
-        return out
-
-    def _realize(self, held: list[set[int]]) -> Schedule:
-        """Stage by stage, recompute what backward op q reads or stage q+1 holds and stage q
-        does not hold, with its missing ancestors (solve_r_opt)."""
-        p = self.problem
-        held[-1] |= self.reads[-1]
-        order: list[int] = []
-        for q, b in enumerate(self.bwd):
-            have, run = held[q], set()
-            stack = [x for x in self.reads[q] | held[q + 1] if x not in have]
-            while stack:
-                i = p.tensors[stack.pop()].producer
-                if i not in run:
-                    run.add(i)
-                    stack.extend(x for x in p.ops[i].inputs if x not in have)
-            order.extend(sorted(run))
-            order.append(b)
-        return Schedule(kept=frozenset(held[0]), backward=tuple(order))
-
-
-def _structure(p: Problem, reads: list[frozenset[int]]):
-    """Per stage q: the forward ops that may run (ancestors of what stage q or a later one
-    reads) and the forward tensors that may be held entering it (read at q or later)."""
-    anc = ancestors(p)
-    ops: set[int] = set()
-    later: set[int] = set()
-    cand: list[tuple[int, ...]] = []
-    held: list[tuple[int, ...]] = []
-    for q in reversed(range(len(reads))):
-        for x in reads[q]:
-            ops |= anc[p.tensors[x].producer]
-        later |= reads[q]
-        if q < len(reads) - 1:
-            cand.append(tuple(sorted(ops)))
-            held.append(tuple(sorted(later | {x for i in ops for x in p.ops[i].inputs})))
-        else:  # the end of the step runs nothing
-            held.append(tuple(sorted(later)))
-    return cand[::-1], held[::-1]
 
 
 @dataclass(frozen=True)
@@ -286,7 +53,9 @@ class LeastPeak:
 def checkmate_milp(problem: Problem, budget_bytes: int, options: CheckmateOptions) -> SolveResult:
     """Least step time within the budget in Checkmate's space: the MILP (no warm start, as in
     Checkmate), or on large graphs the LP relaxation and its rounding. The least-peak schedule
-    is also a candidate, so a budget at min_feasible_bytes is always met."""
+    is also a candidate, so a budget at min_feasible_bytes is always met. Building the program
+    counts against the time limit: where it is not built in time (DenseNet-121's has 2.6M
+    integer variables, about 30 s of Python here), the least-peak schedule is the answer."""
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     least = least_peak(problem, options)  # cached; a quarter of the limit
@@ -294,17 +63,22 @@ def checkmate_milp(problem: Problem, budget_bytes: int, options: CheckmateOption
     # peak. Built at 2**63 - 1 its rows' bounds (~9e18) broke HiGHS: a slower schedule than
     # store-all's came back "optimal" (solvers fuzzing, 2026-12-02).
     roof = simulate(problem, schedule_from_kept(problem, problem.saved_for_backward)).peak_bytes
-    program = CheckmateProgram(problem, min(budget_bytes, roof))
-    if least.floor_bytes is not None and budget_bytes < least.floor_bytes:
-        res, scheds, how = MipResult("infeasible", None, None, None), [], "milp"
-    else:
-        res, scheds, how = _run(program, options, max(1.0, deadline - time.perf_counter()))
+    res, scheds, how, notes = MipResult("infeasible", None, None, None), [], "milp", []
+    if least.floor_bytes is None or budget_bytes >= least.floor_bytes:
+        try:
+            program = CheckmateProgram(problem, min(budget_bytes, roof), deadline)
+            res, scheds, how = _run(program, options, deadline - program.freeing_s)
+            if how != "milp":
+                notes.append(
+                    f"{program.num_integer_vars} integer variables (over "
+                    f"{options.max_exact_vars}): Checkmate's LP relaxation (at 90 % and 100 % "
+                    f"of the budget) rounded: kept set S[0] >= tau, recomputing on demand")
+            del program  # freed within the time counted
+        except OutOfTime as e:
+            res = MipResult("timeout", None, None, None)
+            notes.append(str(e))
     candidates = [(s, how) for s in scheds] + [(least.schedule, "least-peak program")]
     best = fastest_within(problem, budget_bytes, candidates, "Checkmate")
-    notes = [] if how == "milp" else [
-        f"{program.num_integer_vars} integer variables (over {options.max_exact_vars}): "
-        f"Checkmate's LP relaxation (at 90 % and 100 % of the budget) rounded: kept set "
-        f"S[0] >= tau, recomputing on demand"]
     elapsed = time.perf_counter() - start
     if best is None:
         status = Status.TIMEOUT if res.status == "timeout" else Status.INFEASIBLE
@@ -327,41 +101,57 @@ def checkmate_milp(problem: Problem, budget_bytes: int, options: CheckmateOption
                        note="; ".join(notes))
 
 
-def _run(program: CheckmateProgram, options: CheckmateOptions, time_limit_s: float,
+def _run(program: CheckmateProgram, options: CheckmateOptions, deadline: float,
          rel_gap: float | None = None) -> tuple[MipResult, list[Schedule], str]:
-    """The MILP where it is small enough, else Checkmate's approximation: round the LP
-    relaxation at 90 % of the budget (Checkmate's slack for rounding), then solve it at the
-    budget itself for a bound, and round that too. Returns the backend's result at the budget
-    (status "timeout" and no bound for an LP stopped early: it proves nothing), the schedules,
-    and which way ("milp" or "LP rounding")."""
-    deadline = time.perf_counter() + time_limit_s
+    """The MILP where it is small enough (given at least a second), else Checkmate's
+    approximation until `deadline`: round the LP relaxation at 90 % of the budget (Checkmate's
+    slack for rounding), then solve it at the budget itself for a bound, and round that too.
+    Returns the backend's result at the budget (status "timeout" and no bound for an LP stopped
+    early: it proves nothing), the schedules, and which way ("milp" or "LP rounding")."""
     if program.num_integer_vars <= options.max_exact_vars:
         gap = options.rel_gap if rel_gap is None else rel_gap
-        res = solve_mip(program.mip, options.backend, time_limit_s, None, gap)
+        res = solve_mip(program.mip, options.backend,
+                        max(1.0, deadline - time.perf_counter()), None, gap)
         return res, ([program.schedule(res.values)] if res.values is not None else []), "milp"
     scheds: list[Schedule] = []
-    if program.budget is not None:
+    budget = program.budget
+    if budget is not None:
         fixed = program.problem.fixed_bytes  # Checkmate's budget counts activations only
-        slack = CheckmateProgram(program.problem, fixed + int(0.9 * (program.budget - fixed)))
-        lp = solve_relaxation(slack.mip, max(1.0, (deadline - time.perf_counter()) / 2))
-        scheds += slack.roundings(lp.values) if lp.values is not None else []
-    lp = solve_relaxation(program.mip, max(1.0, deadline - time.perf_counter()))
-    scheds += program.roundings(lp.values) if lp.values is not None else []
+        program.rebudget(fixed + int(0.9 * (budget - fixed)))
+        lp = _relaxation(program, (deadline + time.perf_counter()) / 2)
+        scheds += program.roundings(lp.values, deadline) if lp.values is not None else []
+        program.rebudget(budget)
+    lp = _relaxation(program, deadline)
+    scheds += program.roundings(lp.values, deadline) if lp.values is not None else []
     res = lp if lp.status in ("optimal", "infeasible") else \
         dataclasses.replace(lp, status="timeout", bound=None)
     return res, scheds, "LP rounding"
+
+
+def _relaxation(program: CheckmateProgram, deadline: float) -> MipResult:
+    """The LP relaxation by `deadline`: above max_exact_vars it is solved in a child process,
+    which HiGHS's side lets run a grace past its limit (NOTE [HiGHS in a child process])."""
+    left = deadline - time.perf_counter() - CHILD_GRACE_S
+    if left <= 0:
+        return MipResult("timeout", None, None, None)
+    return solve_relaxation(program.mip, left)
 
 
 @functools.lru_cache(maxsize=8)
 def least_peak(problem: Problem, options: CheckmateOptions) -> LeastPeak:
     """The least simulated peak among Checkmate's schedules: the least-peak program (the budget
     its objective, solved to a zero gap; MILP or LP rounding as above) given a quarter of the
-    time limit, and checkpoint-all (keep everything the backward reads). Cached per problem,
-    so the budget it reports is met again by the same call."""
+    time limit (at least a second), building included, and checkpoint-all (keep everything the
+    backward reads). Cached per problem, so the budget it reports is met again by the same
+    call."""
+    deadline = time.perf_counter() + max(1.0, options.time_limit_s / 4)
     store_all = schedule_from_kept(problem, problem.saved_for_backward)
     best = (simulate(problem, store_all).peak_bytes, store_all)
-    program = CheckmateProgram(problem, None)
-    res, scheds, how = _run(program, options, max(1.0, options.time_limit_s / 4), rel_gap=0.0)
+    try:
+        program = CheckmateProgram(problem, None, deadline)
+    except OutOfTime:
+        return LeastPeak(peak_bytes=best[0], schedule=best[1], floor_bytes=None)
+    res, scheds, how = _run(program, options, deadline - program.freeing_s, rel_gap=0.0)
     for sched in scheds:
         best = min(best, (simulate(problem, sched).peak_bytes, sched), key=lambda b: b[0])
     floor = None
