@@ -8,28 +8,15 @@ as in `bench_solvers --near-floor`.
 """
 from __future__ import annotations
 
-import argparse
-import os
-
 import solvers
-from monet_opt import bench_solvers as bs
+from saved_problems import arguments, load
 
-PROBLEMS = {
-    "unet": ("problems_unet.json.gz", "unet", {"base": 32, "batch": 4, "height": 128,
-                                               "width": 128}),
-    "resnet50": ("problems_cpu.json.gz", "resnet50", {"batch": 16, "size": 128}),
-    "googlenet": ("problems_cpu.json.gz", "googlenet", {"batch": 32, "size": 128}),
-    "bench_resnet50": ("problems_bench_resnet50.json.gz", "resnet50",
-                       {"batch": 16, "size": 128}),
-}
+KEYS = ("unet", "resnet50", "googlenet", "bench_resnet50")
 ABOVE = (0.0, 0.02, 0.05)
 
 
 def row(key: str, limit: float) -> str:
-    file, name, size = PROBLEMS[key]
-    bs.LOWERINGS.use("cpu", os.path.join(os.path.dirname(__file__), file))
-    with open(os.devnull, "w") as quiet:
-        problem, floor, _act, store_all = bs.lowered(name, quiet, size)
+    problem, floor, _act, store_all = load(key)
     first = solvers.solve(problem, floor, "auto", time_limit_s=limit)
     least = first.min_feasible_bytes
     known = [first.floor_schedule] if first.floor_schedule is not None else []
@@ -43,16 +30,10 @@ def row(key: str, limit: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--limit", type=float, default=30.0, help="auto's time limit, s")
-    ap.add_argument("models", nargs="*", help=f"of {', '.join(PROBLEMS)} (default: all)")
-    args = ap.parse_args()
-    unknown = sorted(set(args.models) - set(PROBLEMS))
-    if unknown:
-        ap.error(f"no problem named {', '.join(unknown)}; choose from {', '.join(PROBLEMS)}")
+    args = arguments(__doc__.splitlines()[0], "auto", KEYS)
     print(f"auto in {args.limit:g} s | least peak | " +
           " | ".join(f"least +{e:.0%}" for e in ABOVE) + " |\n|---|---|" + "---|" * len(ABOVE))
-    for key in args.models or PROBLEMS:
+    for key in args.models:
         print(row(key, args.limit), flush=True)
 
 
