@@ -12,7 +12,7 @@ import time
 import solvers
 from saved_problems import arguments, load
 
-KEYS = ("densenet121", "bench_resnet50", "googlenet", "unet")
+KEYS = ("densenet121", "gpt2", "bench_resnet50", "googlenet", "unet")
 
 
 def cell(problem, budget: int, limit: float) -> str:

@@ -15,6 +15,7 @@ PROBLEMS = {
     "bench_resnet50": ("problems_bench_resnet50.json.gz", "resnet50",
                        {"batch": 16, "size": 128}),
     "densenet121": ("problems_densenet121.json.gz", "densenet121", {"batch": 16, "size": 128}),
+    "gpt2": ("problems_gpt2.json.gz", "gpt2", {"batch": 1, "seq": 256}),
 }
 
 
