@@ -307,7 +307,7 @@ def _tracing(as_compiling: bool = False):
     torch.compiler._is_compiling_flag = as_compiling or _outside["compiling"]
     try:
         with _use_lazy_graph_module(True), eager_kernels(), _no_donated_buffers(), \
-                plain_checkpoints(), \
+                plain_checkpoints(), capture_hints.meta_failures_unlogged(), \
                 functorch_config.patch(backward_pass_autocast="off"):  # NOTE [Autocast is traced]
             yield
     finally:

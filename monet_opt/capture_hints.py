@@ -1,16 +1,36 @@
 """What a CaptureError says: where tracing failed, and what to do about it."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import traceback
 
 
 def where(exc: BaseException) -> str:
     """The exception's first line plus the last frame of user code that raised it."""
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "/torch/" not in f.filename and "/monet_opt/" not in f.filename]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)  # not FX's generated code
+              if "/torch/" not in f.filename and "/monet_opt/" not in f.filename
+              and not f.filename.startswith("<")]
     at = f" (at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
     return f"{type(exc).__name__}: {message}{at}"
+
+
+def _not_a_meta_failure(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+@contextlib.contextmanager
+def meta_failures_unlogged():
+    """While tracing: torch's fake tensors log each op that fails on them, with its traceback
+    (an input of a shape the model rejects: 54 lines on stderr, once per route tried), and then
+    raise; the CaptureError says what failed, so the log is dropped."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    log.addFilter(_not_a_meta_failure)
+    try:
+        yield
+    finally:
+        log.removeFilter(_not_a_meta_failure)
 
 
 VALIDATING = (

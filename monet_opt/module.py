@@ -21,7 +21,9 @@ from monet_opt.forwarded import ToModel
 from monet_opt.capture import autocast_state
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.input_spec import InputSpec, LeafSpec, constants_of
-from monet_opt.errors import InfeasibleBudgetError, PlanMismatchError, user_stacklevel
+from monet_opt.cache_keys import describe_inputs
+from monet_opt.errors import (CaptureError, InfeasibleBudgetError, PlanMismatchError,
+                              user_stacklevel)
 from monet_opt.hooks import changed as changed_hooks, hooks_of, warn_if_hooks
 from monet_opt.held_outputs import HeldOutputs
 from monet_opt.in_flight import InFlight
@@ -297,6 +299,15 @@ class OptimizedModule(ToModel):
                     self._plan_step(self.model, args, kwargs, resident, resident_bytes,
                                     outputs_held),
                     changed=changed)
+        except CaptureError as err:  # it says optimize(): it was this call
+            failed, hints = str(err).partition("\nWhat to try:")[::2]
+            err.args = (failed.replace("monet_opt.optimize could not", "monet_opt could not", 1)
+                        + f"\nThis was a call of the optimized module, planning a step for "
+                        f"{situation(why, resident_bytes)} ({describe_inputs(args, kwargs)}); "
+                        f"the first plan was for {first}. Where the model fails on these inputs "
+                        "when run eagerly (opt.model(...)), they are what to change."
+                        + (f"\nElse: {hints.strip()}" if hints else ""),)
+            raise
         except InfeasibleBudgetError as err:
             err.add_note(f"monet_opt: while planning a step for {situation(why, resident_bytes)}"
                          f"{f' ({changed})' if changed else ''}; the first plan was for {first}. "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 
 import pytest
@@ -190,6 +191,27 @@ def test_an_input_the_model_cannot_take_says_to_check_eager():
     the profiler's real run: the op's message, and the question to ask."""
     with pytest.raises(RuntimeError, match=r"(?s)same dtype.*run eagerly on sample_input"):
         monet_opt.optimize(nn.Linear(8, 2), torch.randint(0, 3, (4, 8)), HUGE, profile_dir=None)
+
+
+def test_a_call_with_a_shape_the_model_rejects_says_it_was_the_call(capfd):
+    """An optimized module called with larger images than its Linear takes: the error says it
+    was this call, with both shapes (it said optimize() could not trace, located the failure
+    in FX's generated code, "<string>:1", and torch logged 54 lines of tracebacks on stderr);
+    a batch of the planned shape still trains."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 8 * 8, 2))
+    x = torch.randn(2, 3, 8, 8)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    capfd.readouterr()
+    with pytest.raises(monet_opt.CaptureError) as err:
+        opt(torch.randn(2, 3, 10, 10))
+    assert str(err.value).startswith("monet_opt could not trace Sequential")
+    assert re.search(r"a call of the optimized module, planning a step for inputs of new shapes "
+                     r"\(float32\[2x3x10x10\]\); the first plan was for float32\[2x3x8x8\]",
+                     str(err.value))
+    assert "<string>" not in str(err.value)
+    assert "failed while attempting to run meta" not in capfd.readouterr().err
+    opt(x).sum().backward()
+    assert model[2].weight.grad is not None
 
 
 class Pick(nn.Module):
