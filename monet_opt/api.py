@@ -58,7 +58,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
         model: the module to train. It is not copied: the result shares its parameters and
             buffers. An optimized module stands for its model (planned anew under this limit).
             Its state (parameters, BatchNorm statistics, the random stream) is left as it was.
-        sample_input: a tensor, a tuple of them (positional arguments) or a dict (keyword
+        sample_input: a tensor, a tuple of them (positional arguments; a list is read the
+            same way, so a forward taking one list gets `([a, b],)`) or a dict (keyword
             arguments), shaped exactly like the batches you will train on.
         memory_limit: the peak of everything the training step holds on the device
             (parameters, gradients, activations, inputs): int bytes or a string like "512MiB",
