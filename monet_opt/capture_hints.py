@@ -6,12 +6,16 @@ import logging
 import traceback
 
 
+# FX's generated code (a notebook's "<ipython-input-...>" cells are the user's)
+_GENERATED = ("<string>", "<eval_with_key>")
+
+
 def where(exc: BaseException) -> str:
     """The exception's first line plus the last frame of user code that raised it."""
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)  # not FX's generated code
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if "/torch/" not in f.filename and "/monet_opt/" not in f.filename
-              and not f.filename.startswith("<")]
+              and not f.filename.startswith(_GENERATED)]
     at = f" (at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
     return f"{type(exc).__name__}: {message}{at}"
 

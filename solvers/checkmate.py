@@ -55,7 +55,7 @@ def checkmate_milp(problem: Problem, budget_bytes: int, options: CheckmateOption
     Checkmate), or on large graphs the LP relaxation and its rounding. The least-peak schedule
     is also a candidate, so a budget at min_feasible_bytes is always met. Building the program
     counts against the time limit: where it is not built in time (DenseNet-121's has 2.6M
-    integer variables, about 30 s of Python here), the least-peak schedule is the answer."""
+    integer variables, about 16 s of Python here), the least-peak schedule is the answer."""
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     least = least_peak(problem, options)  # cached; a quarter of the limit

@@ -28,7 +28,7 @@ Every memory row is an upper bound on what simulate() counts for the schedule re
 solution (exact for its least-memory representation), and simulate() checks it anyway.
 
 The program is O(stages x forward ops): DenseNet-121 (1,820 ops) has 2.6M integer variables,
-about 30 s of Python to build here, so building stops at a deadline (OutOfTime).
+about 16 s of Python to build here, so building stops at a deadline (OutOfTime).
 """
 from __future__ import annotations
 
