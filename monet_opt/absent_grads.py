@@ -25,15 +25,16 @@ _KEY = "monet_opt.absent"  # in the backward node's metadata: the outputs handed
 _NODE = "CompiledFunctionBackward"
 
 
-def prehook(returned: Sequence[torch.Tensor]) -> None:
-    """Hook the step's backward node, found from its `returned` tensors (or views of them), to
-    note the outputs it is handed no gradient for."""
-    node = _step_node(returned)
+def prehook(node) -> None:
+    """Hook the step's backward node (step_node's; None: nothing) to note the outputs it is
+    handed no gradient for."""
     if node is not None:
         node.register_prehook(_noting(node.metadata))
 
 
-def _step_node(returned: Sequence[torch.Tensor]):
+def step_node(returned: Sequence[torch.Tensor]):
+    """The step's backward node, found from its `returned` tensors (or views of them); None
+    where no returned tensor has one."""
     for t in returned:
         fn = t.grad_fn
         if fn is None:
@@ -53,15 +54,7 @@ def _noting(metadata: dict):
 def gate(bw: fx.GraphModule, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
     """Make each gradient `bw` returns None where every tangent it depends on stands for an
     output its node was handed no gradient for. Without AOTAutograd's descriptors, nothing."""
-    descs = joint.graph.output_node().meta.get("desc")
-    if not descs:
-        return
-    outputs = list(descs[:num_fwd_outputs])
-    position: dict[fx.Node, int] = {}
-    for node in bw.graph.find_nodes(op="placeholder"):
-        desc = getattr(node.meta.get("desc"), "output", None)
-        if node.name.startswith("tangents") and desc in outputs:
-            position[node] = outputs.index(desc)
+    position = tangent_positions(bw, joint, num_fwd_outputs)
     if not position:
         return
     depends: dict[fx.Node, frozenset[int]] = {}
@@ -79,6 +72,22 @@ def gate(bw: fx.GraphModule, joint: fx.GraphModule, num_fwd_outputs: int) -> Non
                     depends[grad])), k))
                 grads[k].meta = dict(grad.meta)
     output.args = (tuple(grads),)
+
+
+def tangent_positions(bw: fx.GraphModule, joint: fx.GraphModule,
+                      num_fwd_outputs: int) -> dict[fx.Node, int]:
+    """Each tangent placeholder of `bw` -> the position among the step's forward outputs of
+    the output it is the gradient of, as AOTAutograd's descriptors say (none without them)."""
+    descs = joint.graph.output_node().meta.get("desc")
+    if not descs:
+        return {}
+    outputs = list(descs[:num_fwd_outputs])
+    position: dict[fx.Node, int] = {}
+    for node in bw.graph.find_nodes(op="placeholder"):
+        desc = getattr(node.meta.get("desc"), "output", None)
+        if node.name.startswith("tangents") and desc in outputs:
+            position[node] = outputs.index(desc)
+    return position
 
 
 def unless_absent(grad: torch.Tensor, outputs: tuple[int, ...],

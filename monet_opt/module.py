@@ -15,7 +15,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from monet_opt import absent_grads, ones_masks, output_grad, saved_hooks
+from monet_opt import absent_grads, handed_grads, ones_masks, output_grad, saved_hooks
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.forwarded import ToModel
 from monet_opt.capture import autocast_state
@@ -202,7 +202,9 @@ class OptimizedModule(ToModel):
         self._held.watch(node, returned, inputs, step.plan,
                          lambda: [*self.model.parameters(), *self.model.buffers()])
         output_grad.watch(returned, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
-        absent_grads.prehook(returned)  # NOTE [Outputs the loss does not read]
+        backward = absent_grads.step_node(returned)
+        absent_grads.prehook(backward)  # NOTE [Outputs the loss does not read]
+        handed_grads.prehook(backward)  # NOTE [Output gradients as handed]
         return outputs
 
     def _step_for(self, args: tuple, kwargs: dict, leaves: list, treedef: pytree.TreeSpec,

@@ -18,8 +18,8 @@ import torch.fx as fx
 from functorch.compile import default_partition
 from torch.fx._lazy_graph_module import _make_graph_module
 
-from monet_opt import (absent_grads, cudnn_bn, direct_calls, grad_in_place, recompute,
-                       stats_in_place, updated_buffers, variants)
+from monet_opt import (absent_grads, cudnn_bn, direct_calls, grad_in_place, handed_grads,
+                       recompute, stats_in_place, updated_buffers, variants)
 from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
 from monet_opt.lower import OVERWRITING, Lowered
@@ -52,6 +52,8 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
         if phase == FORWARD:
             stats_in_place.apply(gm)  # NOTE [Statistics updated in place]
         cudnn_bn.use_cudnn(gm)  # NOTE [cuDNN's BatchNorm]
+        if phase == BACKWARD:  # NOTE [Output gradients as handed]
+            handed_grads.apply(gm, joint, num_fwd_outputs)
         direct_calls.drop_detaches(gm)  # NOTE [Direct calls]
         gm.graph.set_codegen(direct_calls.DirectCodeGen())
         gm.recompile()
@@ -383,9 +385,8 @@ class _Emitter:
 
 
 def _stand_in(site, e: _Emitter):
-    """What a chosen variant's op reads in the replaced argument's place: its encoded form,
-    the forward node the family reads instead, or (keeping nothing) the argument's
-    (shape, dtype, device)."""
+    """What a chosen variant's op reads in the replaced argument's place: its encoded form, the
+    forward node the family reads instead, or (keeping nothing) its (shape, dtype, device)."""
     if site.encode_op is not None:
         return e.current[e.lowered.op_nodes[site.encode_op]]
     if site.reads is not None:

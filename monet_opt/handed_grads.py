@@ -1,0 +1,103 @@
+"""NOTE [Output gradients as handed]
+  A loss such as `out.sum() * 1.3`, `out.sum() / n` or `out.sum(0).sum()` hands the step's
+  backward an expanded gradient: one value (or one row) broadcast over the output, its storage
+  that value alone. AOTAutograd traced the backward for a contiguous gradient and copies the one
+  it is handed into that layout before the backward runs; eager's ops read the expanded one.
+  Most ops compute the same bits either way, but a reduction over a broadcast tensor adds in
+  another order than over its contiguous copy: a Linear's bias gradient (`sum` over the batch)
+  came out 3.8e-6 from eager's under `out.sum() * 1.3` (37 x 10 outputs), a BatchNorm's weight
+  gradient 1.4e-4 (a conv then BatchNorm2d; native_batch_norm_backward sums over the batch and
+  the pixels), even 2.7e-6 under plain `out.sum()`. torch.compile(backend="aot_eager") differs
+  alike (measured 2026-12-04).
+  So the step's backward node notes the expanded gradients it is handed (`prehook`: its
+  pre-hook sees them before AOTAutograd copies them), and in the backward graph each reduction
+  that reads a tangent (READ_AS_HANDED: `sum`, ATen's BatchNorm backward) reads the gradient as
+  handed (`as_handed`), the contiguous copy living on to its planned last read (the handed
+  gradient is the caller's, alive through the backward, its storage one value or one row).
+  Only those: every other op measured computes the same bits from either (mm, convolution's,
+  LayerNorm's and GroupNorm's backwards, softmax's, elementwise ones), and some make a
+  contiguous copy of a broadcast input inside (mm, convolution's backward: 1,480 B over the
+  plan on a Linear head, both copies alive), which the plan does not count. CPU's BatchNorm
+  backward makes an input-sized temporary for a contiguous gradient and none for a broadcast
+  one, so a step whose peak is there measures that much under its prediction (2,636 B on a
+  Linear then BatchNorm1d, `out.sum() * 1.3`), as eager does. Where no node is running (the profiler), the
+  gradient came whole (cross-entropy's; a transposed output's, NOTE [Gradients in the
+  parameter's layout]) or cuDNN's BatchNorm reads it (eager's copies it), nothing changes.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.fx as fx
+
+from monet_opt.absent_grads import tangent_positions
+
+aten = torch.ops.aten
+READ_AS_HANDED = frozenset({aten.sum.default, aten.sum.dim_IntList,
+                            aten.native_batch_norm_backward.default})
+_KEY = "monet_opt.handed"  # in the backward node's metadata: output position -> its gradient
+
+
+def prehook(node) -> None:
+    """Hook the step's backward node (absent_grads.step_node's; None: nothing) to note the
+    expanded gradients it is handed, by output position."""
+    if node is not None:
+        node.register_prehook(_noting(node.metadata))
+
+
+def _noting(metadata: dict):
+    def note(grad_outputs: Sequence[torch.Tensor | None]) -> None:
+        metadata[_KEY] = {k: g for k, g in enumerate(grad_outputs) if _expanded(g)}
+    return note
+
+
+def _expanded(g: torch.Tensor | None) -> bool:
+    """Whether `g` broadcasts a smaller storage over its shape (a stride 0 on a dimension
+    longer than one)."""
+    return isinstance(g, torch.Tensor) and g.layout == torch.strided and any(
+        stride == 0 and size > 1 for size, stride in zip(g.shape, g.stride()))
+
+
+def apply(bw: fx.GraphModule, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
+    """Have the reductions of `bw` that read a tangent read the gradient as handed (NOTE [Output
+    gradients as handed]); the tangent itself is read, to keep it as long as planned, after the
+    last op that read it. The backward takes what its node noted first thing, so that nothing
+    noted outlives it (a loss the caller keeps keeps the node)."""
+    order = {n: k for k, n in enumerate(bw.graph.nodes)}
+    with bw.graph.inserting_after(list(bw.graph.find_nodes(op="placeholder"))[-1]):
+        noted = bw.graph.call_function(take_noted, ())
+    for tangent, k in tangent_positions(bw, joint, num_fwd_outputs).items():
+        readers = [r for r in tangent.users if r.target in READ_AS_HANDED]
+        if not readers:
+            continue
+        last = max(tangent.users, key=order.__getitem__)
+        with bw.graph.inserting_after(noted):
+            handed = bw.graph.call_function(as_handed, (noted, tangent, k))
+        handed.meta = dict(tangent.meta)
+        for reader in readers:
+            reader.replace_input_with(tangent, handed)
+        if last in readers:
+            with bw.graph.inserting_after(last):
+                bw.graph.call_function(_read, (tangent,))
+    bw.recompile()
+
+
+def take_noted() -> dict[int, torch.Tensor]:
+    """What the running backward node noted (`prehook`), no longer kept on it."""
+    node = torch._C._current_autograd_node()
+    return {} if node is None else node.metadata.pop(_KEY, {})
+
+
+def as_handed(noted: dict[int, torch.Tensor], tangent: torch.Tensor, k: int) -> torch.Tensor:
+    """The gradient noted for output k where it holds `tangent`'s values in another layout
+    (expanded); else `tangent`."""
+    handed = noted.get(k)
+    if handed is None or handed.shape != tangent.shape or handed.dtype != tangent.dtype or \
+            handed.device != tangent.device:
+        return tangent
+    return handed
+
+
+def _read(tangent: torch.Tensor) -> None:
+    """Nothing: reading `tangent` here keeps it to its planned last read."""
