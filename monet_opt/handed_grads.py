@@ -20,9 +20,10 @@
   plan on a Linear head, both copies alive), which the plan does not count. CPU's BatchNorm
   backward makes an input-sized temporary for a contiguous gradient and none for a broadcast
   one, so a step whose peak is there measures that much under its prediction (2,636 B on a
-  Linear then BatchNorm1d, `out.sum() * 1.3`), as eager does. Where no node is running (the profiler), the
-  gradient came whole (cross-entropy's; a transposed output's, NOTE [Gradients in the
-  parameter's layout]) or cuDNN's BatchNorm reads it (eager's copies it), nothing changes.
+  Linear then BatchNorm1d, `out.sum() * 1.3`), as eager does. Where no node is running (the
+  profiler), the gradient came whole (cross-entropy's; a transposed output's, NOTE [Gradients
+  in the parameter's layout]) or cuDNN's BatchNorm reads it (eager's copies it), nothing
+  changes.
 """
 from __future__ import annotations
 
