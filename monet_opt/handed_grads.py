@@ -14,6 +14,9 @@
   that reads a tangent (READ_AS_HANDED: `sum`, ATen's BatchNorm backward) reads the gradient as
   handed (`as_handed`), the contiguous copy living on to its planned last read (the handed
   gradient is the caller's, alive through the backward, its storage one value or one row).
+  A reduction over a view of the tangent (a Linear on tokens sums its bias gradient over the
+  gradient viewed as rows) reads the same view of the handed one (`view_as_handed`), where it
+  can be so viewed (eager's reshape copies it where not, as the trace's copy).
   Only those: every other op measured computes the same bits from either (mm, convolution's,
   LayerNorm's and GroupNorm's backwards, softmax's, elementwise ones), and some make a
   contiguous copy of a broadcast input inside (mm, convolution's backward: 1,480 B over the
@@ -27,12 +30,14 @@
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
 import torch.fx as fx
 
 from monet_opt.absent_grads import tangent_positions
+from monet_opt.lower import is_view_node
 
 aten = torch.ops.aten
 READ_AS_HANDED = frozenset({aten.sum.default, aten.sum.dim_IntList,
@@ -61,27 +66,51 @@ def _expanded(g: torch.Tensor | None) -> bool:
 
 
 def apply(bw: fx.GraphModule, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
-    """Have the reductions of `bw` that read a tangent read the gradient as handed (NOTE [Output
-    gradients as handed]); the tangent itself is read, to keep it as long as planned, after the
-    last op that read it. The backward takes what its node noted first thing, so that nothing
-    noted outlives it (a loss the caller keeps keeps the node)."""
+    """Have the reductions of `bw` that read a tangent, or a view of it, read the gradient as
+    handed (NOTE [Output gradients as handed]). The backward takes what its node noted first
+    thing, so that nothing noted outlives it (a loss the caller keeps keeps the node)."""
     order = {n: k for k, n in enumerate(bw.graph.nodes)}
     with bw.graph.inserting_after(list(bw.graph.find_nodes(op="placeholder"))[-1]):
         noted = bw.graph.call_function(take_noted, ())
     for tangent, k in tangent_positions(bw, joint, num_fwd_outputs).items():
-        readers = [r for r in tangent.users if r.target in READ_AS_HANDED]
-        if not readers:
-            continue
-        last = max(tangent.users, key=order.__getitem__)
-        with bw.graph.inserting_after(noted):
-            handed = bw.graph.call_function(as_handed, (noted, tangent, k))
-        handed.meta = dict(tangent.meta)
-        for reader in readers:
-            reader.replace_input_with(tangent, handed)
-        if last in readers:
-            with bw.graph.inserting_after(last):
-                bw.graph.call_function(_read, (tangent,))
+        if _reduced(tangent):
+            with bw.graph.inserting_after(noted):
+                handed = bw.graph.call_function(as_handed, (noted, tangent, k))
+            handed.meta = dict(tangent.meta)
+            _redirect(bw, tangent, handed, order)
     bw.recompile()
+
+
+def _reduced(node: fx.Node) -> bool:
+    """Whether a reduction of READ_AS_HANDED reads `node`, or a view of it (of a view...)."""
+    return any(user.target in READ_AS_HANDED or _viewed(user, node) and _reduced(user)
+               for user in node.users)
+
+
+def _viewed(user: fx.Node, node: fx.Node) -> bool:
+    return is_view_node(user) and user.args[:1] == (node,)
+
+
+def _redirect(bw: fx.GraphModule, value: fx.Node, handed: fx.Node, order: dict) -> None:
+    """The reductions reading `value` read `handed`, the views of it reduced later view
+    `handed` alike, and `value` is read after its last reader, to keep it as long as planned
+    (a view keeps its base's storage)."""
+    users = [user for user in value.users if user in order]  # not `handed` itself
+    moved = set()
+    for user in users:
+        if user.target in READ_AS_HANDED:
+            user.replace_input_with(value, handed)
+            moved.add(user)
+        elif _viewed(user, value) and _reduced(user):
+            with bw.graph.inserting_after(user):
+                view = bw.graph.call_function(view_as_handed(user.target),
+                                              (user, value, handed, *user.args[1:]), user.kwargs)
+            view.meta = dict(user.meta)
+            _redirect(bw, user, view, order)
+    last = max(users, key=order.__getitem__)
+    if last in moved:
+        with bw.graph.inserting_after(last):
+            bw.graph.call_function(_read, (value,))
 
 
 def take_noted() -> dict[int, torch.Tensor]:
@@ -100,5 +129,22 @@ def as_handed(noted: dict[int, torch.Tensor], tangent: torch.Tensor, k: int) -> 
     return handed
 
 
-def _read(tangent: torch.Tensor) -> None:
-    """Nothing: reading `tangent` here keeps it to its planned last read."""
+@functools.cache
+def view_as_handed(op):
+    """What views the gradient as handed as `op` viewed the tangent: `op(handed, *args)`, or
+    the tangent's view (`viewed`) where it was not handed otherwise or `op` cannot view it so
+    (a view that merges a broadcast dimension with one that is not)."""
+    def view(viewed: torch.Tensor, tangent: torch.Tensor, handed: torch.Tensor, *args,
+             **kwargs) -> torch.Tensor:
+        if handed is tangent:
+            return viewed
+        try:
+            return op(handed, *args, **kwargs)
+        except RuntimeError:
+            return viewed
+    view.__name__ = view.__qualname__ = f"{str(op).replace('.', '_')}_as_handed"
+    return view
+
+
+def _read(value: torch.Tensor) -> None:
+    """Nothing: reading `value` here keeps it to its planned last read."""

@@ -26,12 +26,14 @@ def _conv_bn() -> nn.Module:
 
 
 @pytest.mark.parametrize("loss", sorted(LOSSES))
-@pytest.mark.parametrize("make, shape", [(_head, (37, 32)), (_conv_bn, (5, 3, 13, 13))],
-                         ids=["linear_head", "conv_batchnorm"])
+@pytest.mark.parametrize("make, shape", [(_head, (37, 32)), (_head, (4, 9, 32)),
+                                         (_conv_bn, (5, 3, 13, 13))],
+                         ids=["linear_head", "linear_on_tokens", "conv_batchnorm"])
 def test_an_expanded_output_gradient_trains_bitwise_like_eager(make, shape, loss):
     """Before, a Linear's bias gradient came out 3.8e-6 from eager's under the scaled loss and
-    a BatchNorm's weight gradient 1.4e-4 (2.7e-6 under plain `out.sum()`); each plan measures
-    at its prediction (assert_plans_train_like_eager)."""
+    a BatchNorm's weight gradient 1.4e-4 (2.7e-6 under plain `out.sum()`); on tokens, the bias
+    gradient sums a view of the output gradient, viewed as handed; each plan measures at its
+    prediction (assert_plans_train_like_eager)."""
     torch.manual_seed(0)
     assert_plans_train_like_eager(make(), torch.randn(*shape), LOSSES[loss],
                                   f"{make.__name__} under the {loss} loss")
