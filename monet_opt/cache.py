@@ -35,8 +35,9 @@ NOTE [Cache files are untrusted]
   schedule's facts are ones a solve reports and that it passes the simulator on the cached
   problem, within its limit, with the peak and time it claims (the last three in
   cache_checks.py). A file failing any check is reported by a
-  `ProfileCacheWarning` naming the file and the failure, then rebuilt and overwritten: never
-  used, never a crash.
+  `ProfileCacheWarning` naming the file and the failure, then rebuilt and overwritten (a
+  schedule or least-peak file is deleted first: it is written again only by a solve, which a
+  schedule served from another file does not run): never used, never a crash.
   Writes go to a temporary file in the same folder, then `os.replace`: readers see the old file
   or the new one, never a part. Two processes writing one entry both succeed; the last rename
   wins, and both wrote a valid file.
@@ -170,11 +171,11 @@ class ProfileCache:
         tag = f"-{profile.content_sha256[:12]}" if profile.derived else ""
         floor_path = profile.folder / f"least-peak-{_safe(solver)}{tag}.json"
         floor = None
-        with _reported(floor_path):
+        with _reported(floor_path, "to be written again by the next solve", remove=True):
             if floor_path.exists():
                 floor = _read_floor(floor_path, profile)
         known = ([floor[1]] if floor else []) + list(known)
-        with _reported(path):
+        with _reported(path, "solved again", remove=True):
             if path.exists():
                 return with_known(profile.problem, limit_bytes,
                                   _read_schedule(path, profile, key).result, known)
@@ -258,11 +259,18 @@ def _safe(name: str) -> str:
 
 
 @contextlib.contextmanager
-def _reported(path: Path, then: str = "rebuilt"):
-    """Turn an unusable file into a warning that names it and says why."""
+def _reported(path: Path, then: str = "rebuilt", remove: bool = False):
+    """Turn an unusable file into a warning that names it and says why. remove: the file is
+    deleted, unless another process replaced it meanwhile (a solve served from another file
+    rebuilds nothing: a damaged least-peak file was reported as rebuilt at every call)."""
+    seen = _stat(path)
     try:
         yield
     except Unusable as why:
+        if remove and seen is not None and _stat(path) == seen:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                then = f"removed, {then}"
         warnings.warn(f"monet_opt profile directory: {path}: {why}; {then}.",
                       ProfileCacheWarning, stacklevel=4)
 

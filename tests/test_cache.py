@@ -303,6 +303,27 @@ def test_unusable_schedule_is_reported_and_resolved(damage, direct):
     assert direct.take() == (0, 0)
 
 
+def test_a_damaged_least_peak_file_is_removed_and_written_again(direct):
+    """A schedule served from its own file runs no solve, so a damaged least-peak file was
+    reported as "rebuilt" at every call and stayed damaged: it is removed, reported once, and
+    the next solve writes it again."""
+    least = solvers.solve(direct.problem, HUGE).min_feasible_bytes
+    direct.solve(HUGE)
+    direct.solve(least)
+    floor, = Path("profiles").glob("*/least-peak-*.json")
+    _truncate(floor)
+    with pytest.warns(ProfileCacheWarning, match=re.escape(str(floor)) + ".*truncated.*removed"):
+        direct.solve(HUGE)
+    assert not floor.exists()
+    direct.take()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        direct.solve(least)
+        assert direct.take() == (0, 0)  # served from its file, nothing reported again
+        direct.solve(least + 1)
+    assert direct.take() == (0, 1) and cache._read_floor(floor, direct.profile())[0] == least
+
+
 def test_schedule_over_its_limit_is_refused(direct):
     least = solvers.solve(direct.problem, HUGE).min_feasible_bytes
     direct.solve(HUGE)
