@@ -278,7 +278,8 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         "graph.\n  " + "\n  ".join(errors) + "\nWhat to try: avoid data-dependent Python on "
         "tensor values at that line (.item(), if on a tensor, .tolist()), pass use_cache=False to "
         "HF models, or check that the model runs eagerly on sample_input."
-        + capture_hints.hf_cache(errors) + capture_hints.shapes(errors)
+        + capture_hints.hf_cache(errors) + capture_hints.unknown_output(errors)
+        + capture_hints.shapes(errors)
         + capture_hints.sparse_gradient(errors)
         + (capture_hints.VALIDATING if checked else "")
         + (capture_hints.CAUSAL_CHECK if causal else "")

@@ -95,6 +95,23 @@ def hf_cache(errors: list[str]) -> str:
             "sample input and in every call.")
 
 
+def unknown_output(errors: list[str]) -> str:
+    """What to do where the forward returns an object of a class torch cannot look into for
+    tensors (a plain dataclass; an HF cache is hf_cache's)."""
+    found = {e.split("Found <class '")[1].split("'")[0] for e in errors
+             if "Found <class '" in e and "in output, which is not a known type" in e
+             and "Found <class 'transformers." not in e}
+    if not found:
+        return ""
+    names = ", ".join(sorted(found))
+    short = sorted(name.rsplit(".", 1)[-1] for name in found)[0]
+    return (f"\nThere, the forward returns a {names}, a class torch cannot look into for the "
+            "tensors it holds, so a traced step cannot return it: register it before "
+            f"optimize(), torch.export.register_dataclass({short}) for a dataclass (or "
+            "torch.utils._pytree.register_pytree_node for another class), or return a tuple, a "
+            "dict or a NamedTuple.")
+
+
 def shapes(errors: list[str]) -> str:
     """What to do where an op's output shape depends on tensor values (a boolean mask's
     index, nonzero; CTC's loss), which a traced step, whose shapes
