@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
-                       grouped_attention, grouped_math, host_random, late_grads,
+                       grouped_attention, grouped_math, gru_gates, host_random, late_grads,
                        ones_masks, outside_grads, progress, recompute, rewrite, saved_clones,
                        stats_in_place, updated_buffers)
 from monet_opt.accumulate import GradientSlots, in_place_problem
@@ -277,6 +277,7 @@ class _Planner:
         if bn_split.NAME in self.families:
             bn_split.split_batch_norm(joint)  # NOTE [BatchNorm recomputed from its statistics]
         late_grads.make_results_late(joint)  # NOTE [Results made late]
+        gru_gates.by_rows(joint)  # NOTE [A GRU's gates by rows]
         stats_in_place.mark(joint)  # NOTE [Statistics updated in place]
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,

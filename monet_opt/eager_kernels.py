@@ -8,6 +8,7 @@ import contextlib
 import warnings
 
 import torch
+import torch.fx.traceback as fx_traceback
 from torch._C import DispatchKey
 
 # NOTE [Eager's own kernels]
@@ -27,9 +28,11 @@ from torch._C import DispatchKey
 #   runs (upsample_bilinear2d and its backward; GRU as eager's cells and dropouts), and the
 #   step is bitwise eager's (tests/test_eager_kernels.py). One difference is left there: eager's
 #   GRU cell runs its gate activations in place on strided slices of one gate tensor, the traced
-#   graph on fresh contiguous ones, and ATen's CPU loops run rows shorter than two vector widths
-#   as scalar code. So a GRU 16 wide on an AVX-512 machine rounds its sigmoids otherwise than
-#   eager (outputs 3e-8 apart, the masks the same); 32 wide it is bitwise.
+#   graph on fresh contiguous ones, and ATen's CPU loops run the end of each row shorter than
+#   two vector widths as scalar code: a GRU whose width is not a multiple of that (32 floats on
+#   AVX-512) rounded its sigmoids otherwise than eager. The ops a GRU's cell records are so
+#   tagged (GATES, in node.meta["custom"]), and its sigmoids run by rows as eager's do (NOTE
+#   [A GRU's gates by rows] in monet_opt/gru_gates.py).
 #   LSTM cannot go that way on CPU: eager's kernel there is oneDNN's, whose forward returns its
 #   workspace only with grad mode on, which a compiled forward never has. Its decomposition
 #   also picks oneDNN when the LSTM's input needs no gradient, and then the traced backward
@@ -43,6 +46,8 @@ _EAGER = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
           "upsample_bicubic2d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa",
           "gru", "rnn_tanh", "rnn_relu")
 _WITHOUT_ONEDNN = ("lstm",)
+_CELLS = ("gru", "gru_cell")  # their C++ composites record the ops tagged GATES
+GATES = "monet_opt.gru_cell"
 _KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
 
 LSTM_WARNING = (
@@ -87,12 +92,27 @@ def eager_kernels():
                 if replacement is not None:
                     op.py_kernels[key] = replacement(kernel)
             op._dispatch_cache.clear()
+    tagging = list(_overloads(_CELLS))
+    for op in tagging:
+        op.py_kernels[DispatchKey.CompositeImplicitAutograd] = _tagged(op)
+        op._dispatch_cache.clear()
     try:
         yield
     finally:
+        for op in tagging:
+            del op.py_kernels[DispatchKey.CompositeImplicitAutograd]
+            op._dispatch_cache.clear()
         for op, key, kernel in swapped:
             op.py_kernels[key] = kernel
             op._dispatch_cache.clear()
+
+
+def _tagged(op):
+    """`op`'s C++ composite, the nodes it records tagged GATES."""
+    def run(*args, **kwargs):
+        with fx_traceback.annotate({GATES: True}):
+            return op._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+    return run
 
 
 def warn_if_lstm(model: torch.nn.Module) -> None:
