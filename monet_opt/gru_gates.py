@@ -67,7 +67,8 @@ def by_rows(joint: fx.GraphModule) -> int:
             node.target, node.args = torch.ops.monet_opt.sigmoid_by_rows.default, \
                 (node.args[0], step)
             count += 1
-    joint.recompile()
+    if count:
+        joint.recompile()
     return count
 
 

@@ -68,7 +68,8 @@ def _expanded(g: torch.Tensor | None) -> bool:
 def apply(bw: fx.GraphModule, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
     """Have the reductions of `bw` that read a tangent, or a view of it, read the gradient as
     handed (NOTE [Output gradients as handed]). The backward takes what its node noted first
-    thing, so that nothing noted outlives it (a loss the caller keeps keeps the node)."""
+    thing, so that nothing noted outlives it (a loss the caller keeps keeps the node). Call
+    recompile() after."""
     order = {n: k for k, n in enumerate(bw.graph.nodes)}
     with bw.graph.inserting_after(list(bw.graph.find_nodes(op="placeholder"))[-1]):
         noted = bw.graph.call_function(take_noted, ())
@@ -78,7 +79,6 @@ def apply(bw: fx.GraphModule, joint: fx.GraphModule, num_fwd_outputs: int) -> No
                 handed = bw.graph.call_function(as_handed, (noted, tangent, k))
             handed.meta = dict(tangent.meta)
             _redirect(bw, tangent, handed, order)
-    bw.recompile()
 
 
 def _reduced(node: fx.Node) -> bool:
