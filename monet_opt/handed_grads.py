@@ -9,11 +9,21 @@
   gradient 1.4e-4 (a conv then BatchNorm2d; native_batch_norm_backward sums over the batch and
   the pixels), even 2.7e-6 under plain `out.sum()`. torch.compile(backend="aot_eager") differs
   alike (measured 2026-12-04).
-  So the step's backward node notes the expanded gradients it is handed (`prehook`: its
-  pre-hook sees them before AOTAutograd copies them), and in the backward graph each reduction
-  that reads a tangent (READ_AS_HANDED: `sum`, ATen's BatchNorm backward) reads the gradient as
-  handed (`as_handed`), the contiguous copy living on to its planned last read (the handed
-  gradient is the caller's, alive through the backward, its storage one value or one row).
+  A permuted output alike (NHWC boxes `conv(x).permute(0, 2, 3, 1)`, a (N, L, C) sequence, a
+  transposed head): its gradient reaches the last layer permuted, and AOTAutograd copies it
+  contiguous. Under a weighted sum a Linear's bias gradient came out 9.5e-7 from eager's, a
+  BatchNorm1d's 9.3e-6, a BatchNorm2d's 2.4e-5 (and every gradient before it); under
+  cross-entropy 8e-9 to 4e-8 (measured 2026-12-04).
+  So the step's backward node notes the gradients it is handed (`prehook`: its pre-hook sees
+  them before AOTAutograd copies them), and in the backward graph each reduction that reads a
+  tangent (READ_AS_HANDED: `sum`, ATen's BatchNorm backward) reads the gradient as handed
+  (`as_handed`) where its strides are not the tangent's, the copy living on to its planned last
+  read. An expanded gradient's storage is one value or one row. A permuted one is full-size,
+  outside the plan as every full-size output gradient is (OutputGradientWarning, NOTE [The
+  output's gradient] in monet_opt/lower.py): read so, it lives beside the copy to its last
+  reduction (before, it died when copied), and a step peaking there measures over its
+  prediction by at most its size, as the warning says, and by a BatchNorm's per-channel
+  temporary for a strided gradient (64 B on a 16-channel BatchNorm1d under cross-entropy).
   A reduction over a view of the tangent (a Linear on tokens sums its bias gradient over the
   gradient viewed as rows) reads the same view of the handed one (`view_as_handed`), where it
   can be so viewed (eager's reshape copies it where not, as the trace's copy).
@@ -24,9 +34,8 @@
   backward makes an input-sized temporary for a contiguous gradient and none for a broadcast
   one, so a step whose peak is there measures that much under its prediction (2,636 B on a
   Linear then BatchNorm1d, `out.sum() * 1.3`), as eager does. Where no node is running (the
-  profiler), the gradient came whole (cross-entropy's; a transposed output's, NOTE [Gradients
-  in the parameter's layout]) or cuDNN's BatchNorm reads it (eager's copies it), nothing
-  changes.
+  profiler), the gradient came in the tangent's layout (cross-entropy's of an output as it was
+  made) or cuDNN's BatchNorm reads it (eager's copies it), nothing changes.
 """
 from __future__ import annotations
 
@@ -47,22 +56,16 @@ _KEY = "monet_opt.handed"  # in the backward node's metadata: output position ->
 
 def prehook(node) -> None:
     """Hook the step's backward node (absent_grads.step_node's; None: nothing) to note the
-    expanded gradients it is handed, by output position."""
+    gradients it is handed, by output position."""
     if node is not None:
         node.register_prehook(_noting(node.metadata))
 
 
 def _noting(metadata: dict):
     def note(grad_outputs: Sequence[torch.Tensor | None]) -> None:
-        metadata[_KEY] = {k: g for k, g in enumerate(grad_outputs) if _expanded(g)}
+        metadata[_KEY] = {k: g for k, g in enumerate(grad_outputs)
+                          if isinstance(g, torch.Tensor) and g.layout == torch.strided}
     return note
-
-
-def _expanded(g: torch.Tensor | None) -> bool:
-    """Whether `g` broadcasts a smaller storage over its shape (a stride 0 on a dimension
-    longer than one)."""
-    return isinstance(g, torch.Tensor) and g.layout == torch.strided and any(
-        stride == 0 and size > 1 for size, stride in zip(g.shape, g.stride()))
 
 
 def apply(bw: fx.GraphModule, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
@@ -121,10 +124,10 @@ def take_noted() -> dict[int, torch.Tensor]:
 
 def as_handed(noted: dict[int, torch.Tensor], tangent: torch.Tensor, k: int) -> torch.Tensor:
     """The gradient noted for output k where it holds `tangent`'s values in another layout
-    (expanded); else `tangent`."""
+    (expanded, permuted); else `tangent`."""
     handed = noted.get(k)
     if handed is None or handed.shape != tangent.shape or handed.dtype != tangent.dtype or \
-            handed.device != tangent.device:
+            handed.device != tangent.device or handed.stride() == tangent.stride():
         return tangent
     return handed
 
