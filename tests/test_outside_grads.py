@@ -80,3 +80,33 @@ def test_a_returned_parameter_gathers_no_hooks():
         y, w, log_var = opt(x)
         (y.sum() + w.sum() + log_var.sum()).backward()
     assert not model.log_var._backward_hooks
+
+
+
+class _ReturnsItsWeightDetached(nn.Module):
+    """Returns its weight detached beside its output (for logging): no gradient comes back.
+    Or, `detached=False`, its output alone."""
+
+    def __init__(self, detached: bool = True) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(128, 64), nn.Linear(64, 8)
+        self.detached = detached
+
+    def forward(self, x):
+        y = self.b(torch.tanh(self.a(x)))
+        return (y, self.a.weight.t().detach()) if self.detached else (y,)
+
+
+def test_a_detached_weight_returned_is_not_counted():
+    """It was counted as a gradient made outside the step: the plan 32 KiB high, and limits the
+    step fits refused."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 128)
+    model = _ReturnsItsWeightDetached()
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None)
+    alone = monet_opt.optimize(_ReturnsItsWeightDetached(detached=False), x, 1 << 40,
+                               profile_dir=None)
+    assert opt.plan.predicted_peak_bytes == alone.plan.predicted_peak_bytes
+    measured = monet_opt.measure_peak(lambda: opt(x)[0].sum().backward(),
+                                      monet_opt.resident_tensors(model, x))
+    assert measured == opt.plan.predicted_peak_bytes
