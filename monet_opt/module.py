@@ -310,7 +310,8 @@ class OptimizedModule(ToModel):
                         "when run eagerly (opt.model(...)), they are what to change."
                         + (f"\nElse: {hints.strip()}" if hints else ""),)
             raise
-        except InfeasibleBudgetError as err:
+        except InfeasibleBudgetError as err:  # it says optimize(): it was this call
+            err.args = (str(err).replace("monet_opt.optimize: ", "monet_opt: ", 1),)
             err.add_note(f"monet_opt: while planning a step for {situation(why, resident_bytes)}"
                          f"{f' ({changed})' if changed else ''}; the first plan was for {first}. "
                          + WHAT_TO_DO[why])
