@@ -32,8 +32,7 @@ from monet_opt.memory import (cuda_devices, held_beyond, shared_bytes, sparse_by
                               with_cuda_slack)
 from monet_opt.lower_variants import attach_variants, matching, with_costs
 from monet_opt.model_signature import for_model
-from monet_opt.module import OptimizedModule
-from monet_opt.step import Step, plan_as_it_is
+from monet_opt.module import OptimizedModule, Step
 from monet_opt.op_costs import measured_ops
 from monet_opt.plan import Plan, least_held, limit_bytes, make_plan
 from monet_opt.profile_memory import pass_limit
@@ -147,7 +146,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
     warn_if_hooks(model)  # NOTE [Module hooks]
     watched = Watched.of(model)  # NOTE [Attributes read as constants]
     before = watched.values(list(model.modules()))
-    first = plan_as_it_is(plan_step, model, *ones_masks.split(model, sample_input))  # NOTEs there
+    first = plan_step(model, *ones_masks.split(model, sample_input))  # NOTE in ones_masks.py
     limit = first.plan.memory_limit_bytes  # other shapes: the same bytes (NOTE [Limits as shares])
     replan = True  # NOTE [Plans for other shapes]
     warn_if_forward_changed(model, watched, before)

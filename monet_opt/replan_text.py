@@ -9,9 +9,9 @@ MANY_SHAPES = 4  # more plans than this, and the warning suggests padding to a f
 
 
 def situation(why: str, resident_bytes: int) -> str:
-    return {"resident": f"a step that begins with {format_bytes(resident_bytes)} of gradients "
-                        "resident (accumulation, or zero_grad(set_to_none=False)), which the "
-                        "limit must hold too",
+    return {"resident": f"{format_bytes(resident_bytes)} of gradients resident at its start "
+                        "(accumulation, or zero_grad(set_to_none=False)), which the limit must "
+                        "hold too",
             "params": "parameters or buffers changed since optimize() (added, removed, tied, "
                       "requires_grad, shape, dtype, device or layout)",
             "outputs_held": "a caller that holds the step's outputs through its backward",
@@ -36,7 +36,9 @@ WHAT_TO_DO = {
               "step traced for them (NOTE [Parameters changed]).",
     "resident": "Gradients in place at a step's start (accumulating over micro-batches, or "
                 "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
-                "limit is left for activations.",
+                "limit is left for activations. A limit given as a share (\"100% of peak\") "
+                "became bytes for the step optimize() planned, which began without them: give "
+                "it in bytes with room for them.",
     "outputs_held": "The caller held the outputs through the backward (out = opt(x); "
                     "loss = loss_fn(out, y); loss.backward()), so from now on the plan holds "
                     "them to the step's end (NOTE [Outputs held through the backward]); to "

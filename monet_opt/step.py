@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from monet_opt.accumulate import GradientSlots
-from monet_opt.errors import InfeasibleBudgetError
 from monet_opt.input_spec import InputSpec
 from monet_opt.memory import resident_bytes
 from monet_opt.plan import Plan
@@ -117,29 +116,3 @@ def describe_autocast(state: tuple) -> str:
                      f"on for {device} ({dtype})" if device != "sdpa" else
                      "attention kernels " + "/".join(k for k, on in zip(kernels, dtype) if on)
                      for device, dtype in state) or "off"
-
-
-def plan_as_it_is(plan_step: Callable, model: nn.Module, args: tuple, kwargs: dict):
-    """NOTE [Gradients in place at optimize()]
-      A model may hold gradients when optimize() is called (an eager step before it, then
-      zero_grad(set_to_none=False)), and its first optimized step then adds into them. The
-      first plan was made for a step without them, so a limit given as a share ("100% of
-      peak") became bytes too few for the step that ran: optimize() returned, and the first
-      training step raised InfeasibleBudgetError (a small MLP: limit 74,248 B, least 75,020 B
-      with its gradients in place). So the first step is planned for the gradients in place
-      now, as every later step is (NOTE [Gradients resident at the start] in
-      monet_opt/accumulate.py), and a share is of that step; a later step without them is
-      planned apart under the same bytes (ReplanWarning), which it needs fewer of. Where no
-      plan holds them, the error says so. Returns plan_step(model, args, kwargs, resident,
-      resident_bytes)."""
-    resident = resident_positions(list(dict(model.named_parameters()).values()))
-    held = resident_gradient_bytes(model) if resident else 0
-    try:
-        return plan_step(model, args, kwargs, resident, held)
-    except InfeasibleBudgetError as err:
-        if held:
-            err.add_note(f"monet_opt: the model holds {format_bytes(held)} of gradients now, "
-                         "and its first step would add into them, so the plan holds them. If "
-                         "your loop starts each step without them, call "
-                         "model.zero_grad(set_to_none=True) before optimize().")
-        raise
