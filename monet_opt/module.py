@@ -85,7 +85,10 @@ from monet_opt.walk import Walk
 #   the model itself, as before; in train mode with other flags (a BatchNorm frozen after
 #   optimize(), a model optimized in eval mode then trained after .train()) it plans a step for
 #   them (ReplanWarning), as for any module changed (NOTE [Attributes read as constants] in
-#   monet_opt/attributes.py); it used to refuse (PlanMismatchError).
+#   monet_opt/attributes.py); it used to refuse (PlanMismatchError). The wrapper's mode is
+#   the model's own flag: it was a copy, so opt.eval() for validation, then model.train() (or
+#   HF's from_pretrained, then model.train()) left the wrapper in eval mode and every later
+#   step ran the model itself, silently over its limit (35,789 B over on a small CNN's plan).
 #
 # NOTE [Compiled around]
 #   The step is already compiled (AOTAutograd's graphs, running eager's kernels under the plan),
@@ -134,7 +137,6 @@ class OptimizedModule(ToModel):
         refused."""
         super().__init__()
         self.model = model
-        self.training = model.training  # the wrapper's mode is the model's, not nn.Module's True
         self.plan = first.plan
         self._first = first
         self._first_params = param_key(dict(model.named_parameters()),
@@ -154,6 +156,16 @@ class OptimizedModule(ToModel):
         self._autocast = autocast
         self._fresh()  # steps in flight, outputs held (NOTE [Outputs held through the backward])
         self.ready()
+
+    @property
+    def training(self) -> bool:
+        """The model's own flag (NOTE [Optimized in eval mode])."""
+        return self._modules["model"].training if "model" in self._modules else True
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        if "model" in self.__dict__.get("_modules", {}):  # nn.Module.__init__ sets it first
+            self._modules["model"].training = mode
 
     @property
     def plans(self) -> Mapping[str, Plan]:

@@ -226,38 +226,6 @@ def test_eval_and_no_grad_run_the_model_itself():
         assert not torch.equal(before, model.stem[1].running_mean)  # a train-mode forward
 
 
-def test_a_plan_made_in_eval_mode_runs_in_eval_mode():
-    """NOTE [Optimized in eval mode]: a model optimized and trained in eval mode (BatchNorm on
-    its running statistics, dropout off) runs its plan: the least plan's measured peak is its
-    prediction, under eager's, and the gradients are eager's bitwise. Switched to train mode,
-    it refuses, saying why."""
-    torch.manual_seed(0)
-    model, x, loss_fn = models.small_cnn()
-    model.eval()
-    eager = copy.deepcopy(model)
-    full = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_repeats=1, profile_dir=None)
-    least = monet_opt.optimize(model, x, full.plan.min_feasible_bytes, profile_repeats=1,
-                               profile_dir=None, time_limit_s=5)
-    assert least.plan.recomputed_ops > 0
-    assert not least.training  # the wrapper's mode is the model's
-    least.eval()
-    measured = monet_opt.measure_peak(lambda: loss_fn(least(x)).backward(),
-                                      monet_opt.resident_tensors(model, x))
-    eager_peak = monet_opt.measure_peak(lambda: loss_fn(eager(x)).backward(),
-                                        monet_opt.resident_tensors(eager, x))
-    assert measured == least.plan.predicted_peak_bytes < eager_peak
-    for m in (model, eager):
-        m.zero_grad(set_to_none=True)
-    loss_fn(least(x)).backward()
-    loss_fn(eager(x)).backward()
-    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-        assert torch.equal(p.grad, q.grad), name
-    least.train()  # a step for train mode is planned (it used to refuse): here it cannot fit
-    with pytest.raises(monet_opt.InfeasibleBudgetError) as raised:
-        least(x)
-    assert "(the model eval -> train" in "".join(raised.value.__notes__)
-
-
 class PositionalOnly(nn.Module):
     def __init__(self) -> None:
         super().__init__()
