@@ -29,6 +29,7 @@ from monet_opt import (attribute_tensors, capture_hints, data_assigned, forward_
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
+from monet_opt.parametrize_cache import own_cache
 from monet_opt.reentrant import plain_checkpoints
 
 
@@ -308,7 +309,7 @@ def _tracing(as_compiling: bool = False):
     torch.compiler._is_compiling_flag = as_compiling or _outside["compiling"]
     try:
         with _use_lazy_graph_module(True), eager_kernels(), _no_donated_buffers(), \
-                plain_checkpoints(), capture_hints.meta_failures_unlogged(), \
+                plain_checkpoints(), capture_hints.meta_failures_unlogged(), own_cache(), \
                 functorch_config.patch(backward_pass_autocast="off"):  # NOTE [Autocast is traced]
             yield
     finally:

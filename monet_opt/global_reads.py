@@ -37,8 +37,10 @@ from typing import Iterator
 
 from torch import nn
 from torch.nn.modules import module as nn_module
+from torch.nn.utils import parametrize
 
 from monet_opt.hooks import GLOBAL_KINDS, KINDS
+from monet_opt.parametrize_cache import parametrized
 
 _PLAIN = (bool, int, float, str, type(None))
 MISSING = object()
@@ -115,6 +117,9 @@ def global_reads(model: nn.Module) -> tuple[tuple[Read, ...], dict[type, set[str
             if called not in seen and (not torch_own or called_owner is not None):
                 seen.add(called)
                 queue.append((called, called_owner, torch_own))
+    if parametrized(model):  # NOTE [Parametrizations cached around a trace]
+        found["cached"] = Read(vars(parametrize), "_cache_enabled", (),
+                               "parametrize.cached() blocks open")
     return tuple(found.values()), on_self
 
 

@@ -2,6 +2,7 @@
 monet_opt/module.py)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import pickle
@@ -239,3 +240,34 @@ def test_attributes_set_on_the_module_are_the_models():
     assert torch.equal(out, eager(x))
     del opt.extra
     assert not hasattr(model, "extra")
+
+
+def test_planned_inside_parametrize_cached():
+    """NOTE [Parametrizations cached around a trace]: optimize() and a new batch shape planned
+    inside parametrize.cached() (both raised CaptureError, 'Unexpected fake buffer'); a
+    weight_norm'd layer read twice trains with eager's gradients, in the block and out."""
+    from torch.nn.utils import parametrize
+    from torch.nn.utils.parametrizations import weight_norm
+
+    class Twice(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = weight_norm(torch.nn.Linear(8, 8))
+
+        def forward(self, x):
+            return self.lin(torch.tanh(self.lin(x)))
+
+    torch.manual_seed(0)
+    model, x = Twice(), torch.randn(4, 8)
+    eager = copy.deepcopy(model)
+    with parametrize.cached():
+        opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1,
+                                 new_shapes="plan")
+    for batch, cached in ((x, True), (x[:3].clone(), True), (x, False)):
+        with parametrize.cached() if cached else contextlib.nullcontext(), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore", ReplanWarning)
+            opt(batch).sum().backward()
+            eager(batch).sum().backward()
+        for p, q in zip(model.parameters(), eager.parameters()):
+            assert torch.equal(p.grad, q.grad)
