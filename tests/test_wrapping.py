@@ -271,3 +271,4 @@ def test_planned_inside_parametrize_cached():
             eager(batch).sum().backward()
         for p, q in zip(model.parameters(), eager.parameters()):
             assert torch.equal(p.grad, q.grad)
+    assert len(opt.plans) == 3  # the block open or not is part of a step's key
