@@ -9,10 +9,10 @@ output gradients (the `tangents_*` placeholders) exist from the start of the bac
 NOTE [The output's gradient]
   The step is planned for a loss whose backward hands it output gradients that cost nothing
   (`out.sum()`: an expanded scalar, made contiguous inside the backward and freed after its
-  last read; reductions read it as handed, NOTE [Output gradients as handed]). A loss whose backward makes a full-size gradient (cross-entropy, a square, the
-  `.float()` of half-precision logits; CUDA autocast runs `sum` in float32, which is such a
-  cast) adds its own memory at the turn from forward to backward (what it saved, its
-  temporaries): traced op by op (2026-11-30), cross-entropy's step peaked at the loss's own
+  last read; reductions read it as handed, NOTE [Output gradients as handed]). A loss whose
+  backward makes a full-size gradient (cross-entropy, a square, the `.float()` of
+  half-precision logits; CUDA autocast runs `sum` in float32, which is such a cast) adds its
+  own memory at the turn from forward to backward (what it saved, its temporaries): traced op by op (2026-11-30), cross-entropy's step peaked at the loss's own
   `_log_softmax_backward_data`, its saved log-probabilities, nll_loss's gradient and the
   result (128,000 B each) on top of the forward's end; the gradient it then hands us died at
   its last read in our backward, as planned (a weak reference to its storage; not, as this
