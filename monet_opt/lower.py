@@ -8,18 +8,18 @@ output gradients (the `tangents_*` placeholders) exist from the start of the bac
 
 NOTE [The output's gradient]
   The step is planned for a loss whose backward hands it output gradients that cost nothing
-  (`out.sum()`: an expanded scalar, made contiguous inside the backward and freed after its
-  last read; reductions read it as handed, NOTE [Output gradients as handed]). A loss whose
-  backward makes a full-size gradient (cross-entropy, a square, the `.float()` of
-  half-precision logits; CUDA autocast runs `sum` in float32, which is such a cast) adds its
-  own memory at the turn from forward to backward (what it saved, its temporaries): traced op by op (2026-11-30), cross-entropy's step peaked at the loss's own
-  `_log_softmax_backward_data`, its saved log-probabilities, nll_loss's gradient and the
-  result (128,000 B each) on top of the forward's end; the gradient it then hands us died at
-  its last read in our backward, as planned (a weak reference to its storage; not, as this
-  NOTE said before, held by autograd to the backward's end). Measured on tests/models.py's
-  GPT-2 (logits 128,000 B float32): cross-entropy
-  +128,000 B over the store-all plan's prediction (eager's peak grows alike), +0 at the least
-  plan; `logits.square().sum()` +201,728 B at the least plan; under CPU autocast
+  (`out.sum()`: an expanded scalar, made contiguous inside the backward and freed after its last
+  read; reductions read it as handed, NOTE [Output gradients as handed]). A loss whose backward
+  makes a full-size gradient (cross-entropy, a square, the `.float()` of half-precision logits;
+  CUDA autocast runs `sum` in float32, which is such a cast) adds its own memory at the turn
+  from forward to backward (what it saved, its temporaries): traced op by op (2026-11-30),
+  cross-entropy's step peaked at the loss's own `_log_softmax_backward_data`, its saved
+  log-probabilities, nll_loss's gradient and the result (128,000 B each) on top of the forward's
+  end; the gradient it then hands us died at its last read in our backward, as planned (a weak
+  reference to its storage; not, as this NOTE said before, held by autograd to the backward's
+  end). Measured on tests/models.py's GPT-2 (logits 128,000 B float32): cross-entropy +128,000 B
+  over the store-all plan's prediction (eager's peak grows alike), +0 at the least plan;
+  `logits.square().sum()` +201,728 B at the least plan; under CPU autocast
   `logits.float().sum()` +62,464 B (tests/test_loss_memory.py; on an H200 under CUDA autocast,
   `sum` alone: +55,541 B). Such a gradient is warned about when it arrives
   (OutputGradientWarning, monet_opt/output_grad.py: a hook on each output looks at the
