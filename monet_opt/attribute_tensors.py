@@ -64,13 +64,26 @@ def attribute_values(model: torch.nn.Module, names: tuple[str, ...]) -> list[tor
     return values
 
 
+# NOTE [A module under two names]
+#   A module registered twice (`self.seq = nn.Sequential(self.lin, ...)` beside `self.lin`) is
+#   reached under two names, and torch.func.functional_call, putting the model's tensors back
+#   name by name, put back under the second what it had swapped in under the first: after
+#   optimize() the model held the trace's FunctionalTensors as its parameters and every step
+#   raised "Attempting to use FunctionalTensor on its own" (torch 2.14). Each module's
+#   parameters and buffers are put back as they were before the call.
 def call_with(module: torch.nn.Module, state: dict, args: tuple, kwargs: dict,
               attributes: list[str]) -> Any:
     """functional_call of `module` with `state`; an attribute of `attributes` the forward
     assigns anew is left on its module (functional_call would put the old one back), for Kept
     to take as a kept tensor (NOTE [Tensors held as attributes])."""
     given = {name: state[name] for name in attributes if name in state}
-    outputs = torch.func.functional_call(module, state, args, kwargs)
+    held = {id(m): (m, dict(m._parameters), dict(m._buffers)) for m in module.modules()}
+    try:
+        outputs = torch.func.functional_call(module, state, args, kwargs)
+    finally:  # NOTE [A module under two names]
+        for owner, parameters, buffers in held.values():
+            owner._parameters.update(parameters)
+            owner._buffers.update(buffers)
     for name, old in given.items():
         if state[name] is not old:
             owner, _, attribute = name.rpartition(".")
