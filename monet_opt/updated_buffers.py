@@ -138,7 +138,11 @@ def updated_inputs(joint: fx.GraphModule) -> set[fx.Node]:
 
 def _rerunnable(joint: fx.GraphModule) -> set[fx.Node]:
     """The forward call nodes a schedule could recompute: ancestors, through forward nodes,
-    of the forward values backward nodes read."""
+    of the forward values backward nodes read, by the reads the solver sees (an op's forward
+    arguments): an InstanceNorm's BatchNorm, recomputed, reads none of the running statistics
+    it is given, but the solver, seeing it read their `repeat`s, recomputed those from the
+    buffers the forward had updated, and a tracked InstanceNorm's least plan failed autograd's
+    version check at its first backward (2026-12-04)."""
     forward = lambda n: n.op == "call_function" and not phase.in_backward(n)  # noqa: E731
     stack = [a for n in joint.graph.nodes if n.op == "call_function" and not forward(n)
              for a in recompute.tensor_args(n) if forward(a)]
@@ -147,5 +151,5 @@ def _rerunnable(joint: fx.GraphModule) -> set[fx.Node]:
         node = stack.pop()
         if node not in seen:
             seen.add(node)
-            stack.extend(a for a in rerun_reads(node) if forward(a))
+            stack.extend(a for a in recompute.tensor_args(node) if forward(a))
     return seen
