@@ -67,9 +67,12 @@ def where(model: nn.Module, hooks: Hooks) -> str:
 # observers prepare_qat() hooks onto a quantization-aware model (they update buffers), and
 # the objects torch.nn.utils.spectral_norm, weight_norm and prune hook on (they set the
 # module's weight from its parameters, a tensor the step keeps on the module, and update
-# buffers: NOTE [Attributes set before read] in monet_opt/attribute_tensors.py).
+# buffers: NOTE [Attributes set before read] in monet_opt/attribute_tensors.py); and the
+# one HF's gradient_checkpointing_enable() hooks onto the input embeddings (it sets their
+# output to require a gradient: gradients bitwise eager's, GPT-2, BERT and Llama).
 _TENSOR_ONLY = {("torch.ao.quantization.quantize", "_observer_forward_hook"),
-                ("torch.ao.quantization.quantize", "_observer_forward_pre_hook")}
+                ("torch.ao.quantization.quantize", "_observer_forward_pre_hook"),
+                ("transformers.modeling_utils", "make_inputs_require_grads")}
 _TENSOR_ONLY_OBJECTS = ("torch.nn.utils.spectral_norm", "torch.nn.utils.weight_norm",
                         "torch.nn.utils.prune")
 
