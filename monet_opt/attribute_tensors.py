@@ -77,13 +77,14 @@ def call_with(module: torch.nn.Module, state: dict, args: tuple, kwargs: dict,
     assigns anew is left on its module (functional_call would put the old one back), for Kept
     to take as a kept tensor (NOTE [Tensors held as attributes])."""
     given = {name: state[name] for name in attributes if name in state}
-    held = {id(m): (m, dict(m._parameters), dict(m._buffers)) for m in module.modules()}
+    held = {id(m): (m, dict(m._parameters), dict(m._buffers)) for m in module.modules()
+            if not isinstance(m, torch.jit.ScriptModule)}  # its tables are torch's C++ ones
     try:
         outputs = torch.func.functional_call(module, state, args, kwargs)
     finally:  # NOTE [A module under two names]
         for owner, parameters, buffers in held.values():
-            owner._parameters.update(parameters)
-            owner._buffers.update(buffers)
+            for table, was in ((owner._parameters, parameters), (owner._buffers, buffers)):
+                table.update((k, v) for k, v in was.items() if table.get(k) is not v)
     for name, old in given.items():
         if state[name] is not old:
             owner, _, attribute = name.rpartition(".")
