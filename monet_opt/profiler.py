@@ -45,32 +45,10 @@ from monet_opt.profile_budget import Budget, estimates
 from monet_opt.profile_memory import BoundedEnv
 from monet_opt.variant_probe import VariantProbe, timed_call as _call
 
-# What a profile holds, in the profile directory's keys: a profile an older profiler made
-# (revision 1: no recomputation times; 2: variants measured without the op's keyword
-# arguments, their results' strides unchecked, variants that cannot pay still offered; 3: no
-# op workspace on CUDA, CUDA tensors' exact bytes rather than the allocator's blocks; 4: 1-bit
-# ReLU masks and pooling's shape-only variants refused after channels-last layers; 5: outputs
-# counted by their shapes: NOTE [Outputs larger than their shapes]; 6: variants' times against
-# their op's median over the pass: NOTE [Variants timed beside their op]; 7: recomputations
-# timed warm: NOTE [Recomputation reads a cold input]; 8: CPU variants' workspace counting
-# views of their inputs as made: NOTE [Workspace]; 9: BatchNorm backwards making their dx anew,
-# NOTE [BatchNorm's gradient in place]; 10: ReLU mask variants counted as making dx anew,
-# NOTE [A ReLU's mask and its gradient in place]; 11: backward ops taking over no recomputed
-# input, NOTE [Writing into a dying input]; 12: the loss's seed gradient counted twice, NOTE
-# [The loss scalar]; 13: dropout backwards making their dx anew, NOTE [Dropout's gradient in
-# place]; 14: mask variants written into dy priced as made anew, NOTE [Workspace written
-# into], and replayed dropouts' states tensors of their own, NOTE [A replay's state]; 15:
-# lossy encodings' ops priced faster than their op, NOTE [Lossy encodings priced no faster],
-# and BatchNorm backwards written into dy, NOTE [BatchNorm's gradient in place]; 16: outputs
-# sharing a storage counted once per op in workspaces, no replayed random op's held state,
-# NOTEs [Allocation events], [The replay's state held]; 17: outputs the trace has as None
-# left out of CPU workspaces, NOTE [A weight gradient made unasked], and a sparse input's
-# transposed copy in its reader's, NOTE [Sparse inputs]; 18: a random op's forward run priced
-# with its recomputation's held state, NOTE [A first run's workspace]; 19: a variant's extra
-# workspace negative where its run needs less than its op, NOTE [A variant's workspace beyond
-# its op's]) is not served to this one. Raise it when what the profiler measures changes
-# meaning.
-PROFILER_REVISION = 19
+# What a profile holds, in the profile directory's keys: a profile an older profiler made is
+# not served to this one (each revision and what it changed: profiles/README.md). Raise it
+# when what the profiler measures changes meaning.
+PROFILER_REVISION = 20
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -192,19 +170,29 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
     # beside an op's value: a timed call's outputs, and a variant's (NOTE [Profiling within
     # the limit])
     copies = lambda node: 3 if node.name in probe.at else 2  # noqa: E731
+    sized: dict[str, tuple] = {}  # op node -> its signature, past the time limit
+
+    def visit(node, args, kwargs, env) -> None:
+        if not budget.over():
+            return _measure_node(node, args, kwargs, env, measured, seen, wanted, probe,
+                                 budget, cuda, reruns, workspace)
+        target = cudnn_bn.kernel(node)  # NOTE [The profiling time limit]: memory still
+        env[node.name] = target(*args, **kwargs)
+        sig = signature(target, args, kwargs)
+        if node.name in wanted and (cuda or alloc_events.enabled()) and sig not in workspace:
+            workspace[sig] = _workspaces(node, target, args, kwargs, env, cuda)
+        sized[node.name] = sig
     try:
-        made_again = _walk(gm, inputs, lambda node, args, kwargs, env: _measure_node(
-            node, args, kwargs, env, measured, seen, wanted, probe, budget, cuda, reruns,
-            workspace),
-            budget.over, probe.keep_until(), memory_limit, copies)
+        made_again = _walk(gm, inputs, visit, keep_until=probe.keep_until(),
+                           memory_limit=memory_limit, copies=copies)
     finally:
         _flush.clear()  # held for the pass only (NOTE [Recomputation reads a cold input])
     median = {sig: statistics.median(samples) for sig, samples in seen.items()}
     return ({name: median[sig] for name, sig in measured.items()},
             {name: median[key] for name, key in reruns.items()},
             sum(k[-1] != _RERUN for k in seen),
-            {name: workspace[sig] for name, sig in measured.items() if sig in workspace},
-            made_again)
+            {name: workspace[sig] for name, sig in {**sized, **measured}.items()
+             if sig in workspace}, made_again)
 
 
 def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor], memory_limit: int | None = None
@@ -228,14 +216,14 @@ def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor], memory_limit: int |
 
 
 
-def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: False,
+def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit,
           keep_until: dict[str, str] | None = None, memory_limit: int | None = None,
           copies=lambda node: 1) -> int:
     """Run `gm` node by node: visit(node, args, kwargs, env) computes each call's value into
     env; values are freed after their last use (or, for a name in keep_until, after the node
     named there if that comes later), and with a memory limit, dropped and made again to keep
-    within it (NOTE [Profiling within the limit]). Stops before a call once stop() is true.
-    Returns how many values were made again."""
+    within it (NOTE [Profiling within the limit]). Returns how many values were made
+    again."""
     last_use: dict[str, fx.Node] = {}
     for node in gm.graph.nodes:
         fx.node.map_arg((node.args, node.kwargs), lambda a: last_use.__setitem__(a.name, node))
@@ -256,8 +244,6 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit, stop=lambda: Fa
         elif node.op == "get_attr":
             env[node.name] = getattr(gm, node.target)
         elif node.op == "call_function":
-            if stop():
-                break
             if memory_limit is not None:
                 env.at(node)
             try:

@@ -176,3 +176,28 @@ class _Summed(torch.nn.Module):
 class _Tiny(torch.nn.Module):
     def forward(self, x):
         return (x * 2) + 1
+
+
+def test_ops_past_the_time_limit_have_their_workspace():
+    """NOTE [The profiling time limit]: the ops the profiler did not reach in time got no
+    workspace, so a CNN's plan (its convolutions' scratch counted on CPU) predicted too little
+    and measured over its limit. Past the limit their workspaces are measured still: the same
+    as a full profile's (the store-all peak, which no time changes), and the plan measures
+    within its limit."""
+    torch.manual_seed(0)
+    convs = [layer for _ in range(6) for layer in (torch.nn.Conv2d(16, 16, 3, padding=1),
+                                                   torch.nn.ReLU())]
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), *convs,
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                torch.nn.Linear(16, 10))
+    x = torch.randn(8, 3, 32, 32)
+    full = monet_opt.optimize(copy.deepcopy(model), x, 1 << 40, profile_dir=None,
+                              profile_repeats=1, variants=False).plan
+    limit = (full.min_feasible_bytes + full.store_all_peak_bytes) // 2
+    with pytest.warns(profiler.ProfileTimeLimitWarning):
+        cut = monet_opt.optimize(model, x, limit, profile_dir=None, profile_repeats=1,
+                                 variants=False, profile_time_limit_s=1e-9)
+    assert cut.plan.store_all_peak_bytes == full.store_all_peak_bytes
+    measured = monet_opt.measure_peak(lambda: cut(x).sum().backward(),
+                                      monet_opt.resident_tensors(model, x))
+    assert measured <= cut.plan.memory_limit_bytes
