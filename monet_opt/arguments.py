@@ -21,9 +21,9 @@ def check_arguments(solver: Any, time_limit_s: Any, profile_time_limit_s: Any,
     if solver not in solvers.available_solvers():
         raise ValueError(f"monet_opt.optimize: unknown solver {solver!r}; choose one of "
                          f"{solvers.available_solvers()}")
-    if not _number(time_limit_s) or not time_limit_s > 0:
-        raise ValueError(f"monet_opt.optimize: time_limit_s must be a positive number of "
-                         f"seconds, got {time_limit_s!r}")
+    if not _number(time_limit_s) or not 0 < time_limit_s < math.inf:  # inf: HiGHS's poll
+        raise ValueError(f"monet_opt.optimize: time_limit_s must be a positive, finite number "
+                         f"of seconds (the solvers' search), got {time_limit_s!r}")
     if profile_time_limit_s is not None and (not _number(profile_time_limit_s)
                                              or not profile_time_limit_s > 0):
         raise ValueError("monet_opt.optimize: profile_time_limit_s must be a positive number "

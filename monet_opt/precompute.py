@@ -9,6 +9,7 @@ served raises `UsageError` (the CLI prints it on one line and exits with status 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 import warnings
@@ -184,8 +185,9 @@ def run_precompute(args: argparse.Namespace) -> int:
     """Profile once, solve every limit into the profile directory, one line per limit."""
     if args.profile_time_limit_s is not None and not args.profile_time_limit_s > 0:
         raise UsageError("--profile-time-limit-s must be positive (or left out: no limit)")
-    if not args.time_limit_s > 0 or args.profile_repeats < 1:
-        raise UsageError("--time-limit-s must be positive and --profile-repeats at least 1")
+    if not 0 < args.time_limit_s < math.inf or args.profile_repeats < 1:
+        raise UsageError("--time-limit-s must be positive and finite and --profile-repeats at "
+                         "least 1")
     requested = requested_limits(args)
     root = Path(args.profile_dir).expanduser()
     if root.exists() and not root.is_dir():  # it warned three times and cached nothing

@@ -16,7 +16,8 @@ HUGE = 1 << 40
 @pytest.mark.parametrize("argument, bad, error", [
     ("variants", "relu.bool_mask", TypeError), ("variants", None, TypeError),
     ("time_limit_s", "30", ValueError), ("time_limit_s", None, ValueError),
-    ("time_limit_s", math.nan, ValueError), ("profile_time_limit_s", "60", ValueError),
+    ("time_limit_s", math.nan, ValueError), ("time_limit_s", math.inf, ValueError),
+    ("profile_time_limit_s", "60", ValueError),
     ("profile_repeats", 0, ValueError), ("profile_repeats", 1.5, ValueError),
     # "False" turned the lossy variants on: gradients 0.0153 from eager's
     ("allow_lossy", "False", TypeError), ("allow_lossy", None, TypeError),
