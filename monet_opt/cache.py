@@ -58,8 +58,8 @@ from typing import Callable, Sequence
 
 import solvers
 from monet_opt.cache_checks import Unusable, check_key, check_result, check_structure, simulated
-from monet_opt.cache_files import (SCHEMA_VERSION, ProfileCacheWarning, _load, _schedule_profile,
-                                   _stat, _write)
+from monet_opt.cache_files import (SCHEMA_VERSION, ProfileCacheWarning, _listed, _load,
+                                   _schedule_profile, _stat, _write)
 from monet_opt.cache_keys import ProfileKey, ScheduleKey, library_version
 from monet_opt.lower import Lowered
 from solvers import Problem, Schedule, SolveResult, Status
@@ -130,10 +130,10 @@ class ProfileCache:
         _write(path, {"kind": PROFILE_KIND, "schema_version": SCHEMA_VERSION,
                       "key": key.to_dict(), "name": name, "op_labels": list(profile.op_labels),
                       "problem": json.loads(profile.problem.to_json())})
-        for stale in folder.glob("problem-*.json"):  # made from an older measurement
+        for stale in _listed(folder, "problem-*.json"):  # made from an older measurement
             with contextlib.suppress(OSError):
                 stale.unlink()
-        for stale in [*folder.glob("schedule-*.json"), *folder.glob("least-peak-*.json")]:
+        for stale in [*_listed(folder, "schedule-*.json"), *_listed(folder, "least-peak-*.json")]:
             # made on an older measurement
             if _schedule_profile(stale) != profile.content_sha256:
                 with contextlib.suppress(OSError):
@@ -172,11 +172,11 @@ class ProfileCache:
         floor_path = profile.folder / f"least-peak-{_safe(solver)}{tag}.json"
         floor = None
         with _reported(floor_path, "to be written again by the next solve", remove=True):
-            if floor_path.exists():
+            if _stat(floor_path) is not None:  # an unsearchable folder: None
                 floor = _read_floor(floor_path, profile)
         known = ([floor[1]] if floor else []) + list(known)
         with _reported(path, "solved again", remove=True):
-            if path.exists():
+            if _stat(path) is not None:
                 return with_known(profile.problem, limit_bytes,
                                   _read_schedule(path, profile, key).result, known)
         solve = solve or solvers.solve
@@ -213,9 +213,13 @@ class ProfileCache:
         return [s.result.schedule for s in held if s.result.schedule is not None]
 
     def profiles(self) -> list[Profile]:
-        """Every valid profile in the directory (unusable ones are warned about)."""
+        """Every valid profile in the directory (unusable ones are warned about, and a
+        directory that cannot be read)."""
         found = []
-        for path in sorted(self.root.glob("*/profile.json")):
+        if self.root.is_dir() and not os.access(self.root, os.R_OK | os.X_OK):
+            warnings.warn(ProfileCacheWarning(f"monet_opt profile directory: cannot read "
+                                              f"{self.root} (permission denied)"), stacklevel=2)
+        for path in _listed(self.root, "*/profile.json"):
             with _reported(path, "skipped"):
                 found.append(_read_profile(path, path.parent, None))
         return found
@@ -224,7 +228,7 @@ class ProfileCache:
         """The problems made from `profile`'s that were solved (NOTE [Problems as planned]), as
         derived profiles (unusable files are warned about)."""
         found = []
-        for path in sorted(profile.folder.glob("problem-*.json")):
+        for path in _listed(profile.folder, "problem-*.json"):
             with _reported(path, "skipped"):
                 data = _load(path, PROBLEM_KIND)
                 try:
@@ -242,7 +246,7 @@ class ProfileCache:
         measurement of it are passed over)."""
         found = []
         current = profile.content_sha256
-        for path in sorted(profile.folder.glob("schedule-*.json")):
+        for path in _listed(profile.folder, "schedule-*.json"):
             if _schedule_profile(path) not in (current, None):
                 continue
             with _reported(path, "skipped"):

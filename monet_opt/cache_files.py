@@ -73,6 +73,15 @@ def _schedule_profile(path: Path) -> str | None:
         return None
 
 
+def _listed(folder: Path, pattern: str) -> list[Path]:
+    """folder.glob(pattern), sorted; none where the folder cannot be searched (its mode, its
+    owner: optimize() went on to a PermissionError after profiling)."""
+    try:
+        return sorted(folder.glob(pattern))
+    except OSError:
+        return []
+
+
 def _stat(path: Path) -> tuple[int, int, int] | None:
     try:
         st = path.stat()

@@ -25,7 +25,7 @@ def load_factory(spec: str) -> Callable[[], Any]:
         sys.path.insert(0, os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, TypeError) as exc:  # TypeError: a relative name ('./models.py')
         raise UsageError(f"bad factory {spec!r}: cannot import {module_name!r} ({exc}); check "
                          "the module name and that its package is installed") from exc
     for part in attr.split("."):
@@ -81,4 +81,6 @@ def device_of(name: str) -> torch.device:
         raise UsageError(f"bad --device {name!r}: {str(exc).splitlines()[0]}") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name!r}, but torch sees no CUDA device here")
+    if device.type not in ("cpu", "cuda"):  # meta, mps, ...: torch's errors deep inside
+        raise UsageError(f"--device {name!r}: monet_opt profiles and plans on cpu or cuda")
     return device

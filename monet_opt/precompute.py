@@ -9,7 +9,7 @@ served raises `UsageError` (the CLI prints it on one line and exits with status 
 from __future__ import annotations
 
 import argparse
-import math
+import os
 import sys
 import time
 import warnings
@@ -24,7 +24,7 @@ import solvers
 from solvers.peak_bound import least_peak_bound
 from monet_opt import api
 from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
-from monet_opt.cli_inputs import device_of, load_factory, parse_shape
+from monet_opt.cli_inputs import device_of, load_factory, parse_shape, positive_seconds
 from monet_opt.errors import UsageError, internal_assert
 from monet_opt.plan import Plan, make_plan
 from monet_opt.units import Share, format_bytes, parse_limit, parse_memory_limit
@@ -72,11 +72,11 @@ def add_precompute_arguments(p: argparse.ArgumentParser) -> None:
                             "(the default)")
     p.add_argument("--solver", default="auto", choices=solvers.available_solvers(),
                    help="as optimize(solver=...) (default: auto)")
-    p.add_argument("--time-limit-s", type=float, default=30.0,
+    p.add_argument("--time-limit-s", type=positive_seconds, default=30.0,
                    help="the solver's time limit per memory limit (default: 30, as optimize's)")
     p.add_argument("--profile-repeats", type=int, default=3,
                    help="timed runs per operator (default: 3, as optimize's)")
-    p.add_argument("--profile-time-limit-s", type=float, default=None,
+    p.add_argument("--profile-time-limit-s", type=positive_seconds, default=None,
                    help="wall time profiling may take; ops beyond it are estimated "
                         "(default: no limit)")
     add_profile_dir(p)
@@ -185,14 +185,17 @@ def run_precompute(args: argparse.Namespace) -> int:
     """Profile once, solve every limit into the profile directory, one line per limit."""
     if args.profile_time_limit_s is not None and not args.profile_time_limit_s > 0:
         raise UsageError("--profile-time-limit-s must be positive (or left out: no limit)")
-    if not 0 < args.time_limit_s < math.inf or args.profile_repeats < 1:
-        raise UsageError("--time-limit-s must be positive and finite and --profile-repeats at "
-                         "least 1")
+    if not args.time_limit_s > 0 or args.profile_repeats < 1:
+        raise UsageError("--time-limit-s must be positive and --profile-repeats at least 1")
     requested = requested_limits(args)
     root = Path(args.profile_dir).expanduser()
     if root.exists() and not root.is_dir():  # it warned three times and cached nothing
         raise UsageError(f"--profile-dir {args.profile_dir} is a file, not a directory: "
                          "precompute caches its profile and schedules in a directory")
+    writable = next(p for p in (root, *root.parents) if p.exists())  # made where it is not
+    if not os.access(writable, os.W_OK | os.X_OK):  # it printed its table, cached nothing
+        raise UsageError(f"--profile-dir {args.profile_dir}: {writable} cannot be written "
+                         "(permission denied); precompute caches its profile and schedules there")
     model, sample = build(args)
     _note(f"profiling {args.factory} ({type(model).__name__}) on {args.device} into "
           f"{args.profile_dir}/ ...")

@@ -66,3 +66,24 @@ def test_a_step_with_a_variant_withdrawn_is_served_from_the_directory(monkeypatc
         warnings.simplefilter("error")
         again = monet_opt.optimize(model, x, 1 << 40, profile_repeats=1)
     assert profiled == [1] and again.plan == first.plan
+
+
+def test_a_folder_that_cannot_be_searched(tmp_path, monkeypatch):
+    """A profile folder the user may not search (mode 600 as another user): optimize() went on
+    from profiling to a PermissionError where it looked for stale files. Now it plans, the
+    files it cannot write warned of, as for a folder it cannot write."""
+    import pathlib
+
+    glob = pathlib.Path.glob
+
+    def refused(self, pattern):
+        if self.is_relative_to(tmp_path):
+            raise PermissionError(13, "Permission denied", str(self))
+        return glob(self, pattern)
+
+    monkeypatch.setattr(pathlib.Path, "glob", refused)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = monet_opt.optimize(model, torch.randn(4, 8), 1 << 40, profile_dir=tmp_path,
+                             profile_repeats=1)
+    opt(torch.randn(4, 8)).sum().backward()
+    assert model[0].weight.grad is not None

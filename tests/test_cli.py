@@ -196,12 +196,23 @@ def test_explain_prints_a_cached_plan(zoo):
     (("precompute", FACTORY, "--input-shape", "2x8", "--device", "bogus"), "bad --device"),
     (("largest-batch", FACTORY, "--input-shape", "2x8", "--limit", "1MiB", "--device",
       "bogus"), "bad --device"),
+    (("precompute", "./tests/models.py:mlp", "--input-shape", "2x8"), "cannot import"),
+    (("precompute", FACTORY, "--input-shape", "2x8", "--device", "meta"), "cpu or cuda"),
 ])
 def test_errors_exit_2_with_one_line(zoo, argv, message):
     root, _ = zoo
     code, out, err = run_cli(*argv, "--profile-dir", str(root))
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_infinite_solver_time_is_refused(tmp_path):
+    """--time-limit-s inf passed, profiled, then crashed in HiGHS's poll."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as raised:
+        cli.main(["precompute", FACTORY, "--input-shape", "2x8", "--time-limit-s", "inf",
+                  "--profile-dir", str(tmp_path)])
+    assert raised.value.code == 2 and "above 0, got 'inf'" in err.getvalue()
 
 
 def test_a_model_error_is_said_without_a_traceback(tmp_path):
