@@ -329,6 +329,10 @@ def _check_batched(make_input: Callable[[int], Any]) -> None:
                          f"size returning a sample input, got a {type(make_input).__name__}")
     shapes = [[tuple(t.shape) for t in pytree.tree_leaves(make_input(b))
                if isinstance(t, torch.Tensor)] for b in (1, 2)]
+    if not shapes[0]:
+        raise ValueError("monet_opt.largest_batch: make_input(1) returned no tensor (got a "
+                         f"{type(make_input(1)).__name__}): make_input(b) must return a batch of "
+                         "b samples, e.g. lambda b: torch.randn(b, 3, 224, 224)")
     if shapes[0] == shapes[1]:
         raise ValueError("monet_opt.largest_batch: make_input(1) and make_input(2) gave inputs "
                          f"of the same shapes ({shapes[0]}): make_input(b) must return a batch "

@@ -57,7 +57,7 @@ class InfeasibleBudgetError(MonetError):
         super().__init__(
             f"monet_opt.optimize: memory_limit {size} is below the least peak solver "
             f"{solver!r} can reach, {least}." + _held_text(held) +
-            _bound_text(self, bound, least, time_limit_s))
+            _bound_text(self, bound, least, time_limit_s, solver))
 
     @property
     def proven(self) -> bool:
@@ -68,7 +68,7 @@ class InfeasibleBudgetError(MonetError):
 
 
 def _bound_text(err: InfeasibleBudgetError, bound: Any, least: str,
-                time_limit_s: float | None) -> str:
+                time_limit_s: float | None, solver: str = "") -> str:
     """NOTE [Proven or not found]
       The least peak a solver reports is the least it reached in its time, not always the
       least there is. The step's sizes bound every schedule's peak from below (NOTE [A least
@@ -87,9 +87,15 @@ def _bound_text(err: InfeasibleBudgetError, bound: Any, least: str,
     if err.proven:
         return (f" No schedule can fit the limit: the step's sizes alone need {sizes}. Use a "
                 f"smaller batch, or raise memory_limit to at least {least}.")
+    if solver in _FIXED:  # it makes one schedule, whatever the time
+        return (f" No schedule peaks below {sizes}, so a plan between may exist, which "
+                f"solver='auto' may find ({solver!r} makes one schedule); otherwise raise " + act)
     longer = f"longer than time_limit_s={time_limit_s:g}" if time_limit_s else "longer"
     return (f" No schedule peaks below {sizes}, so a plan between may exist, and a solve "
             f"{longer} may find it; otherwise raise " + act)
+
+
+_FIXED = ("store_all", "chen_sqrt")  # solvers that search nothing
 
 
 def _held_text(held: Any) -> str:

@@ -75,6 +75,8 @@ def test_largest_batch_takes_max_batch_alone_and_refuses_fractions():
     for bad in ({"start": 2.5}, {"max_batch": 16.0}):
         with pytest.raises(TypeError, match="must be ints"):
             monet_opt.largest_batch(model, make, "1GiB", profile_dir=None, **bad)
+    with pytest.raises(ValueError, match="returned no tensor"):  # said "the same shapes"
+        monet_opt.largest_batch(model, lambda b: b, "1GiB", profile_dir=None)
 
 
 def test_measuring_says_what_it_takes():
@@ -105,3 +107,20 @@ def test_inputs_of_unplannable_layouts_say_what_to_pass(make, message):
     with pytest.raises(TypeError, match=message):
         monet_opt.optimize(torch.nn.Linear(2, 2), (torch.ones(2, 2), make()), HUGE,
                            profile_dir=None)
+
+
+def test_a_solver_that_searches_nothing_is_not_told_to_search_longer():
+    """solver='store_all' under its peak was told "a solve longer than time_limit_s may find
+    it", which no time changes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    x = torch.randn(64, 64)
+    full = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1).plan
+    assert full.min_feasible_bytes < full.store_all_peak_bytes
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as raised:
+        monet_opt.optimize(model, x, full.min_feasible_bytes, profile_dir=None,
+                           profile_repeats=1, solver="store_all")
+    assert "solver='auto' may find" in str(raised.value)
+    assert "longer" not in str(raised.value)
