@@ -160,12 +160,13 @@ class OptimizedModule(ToModel):
     @property
     def training(self) -> bool:
         """The model's own flag (NOTE [Optimized in eval mode])."""
-        return self._modules["model"].training if "model" in self._modules else True
+        modules = self.__dict__.get("_modules", {})  # nn.Module.__init__ sets it after ours
+        return modules["model"].training if "model" in modules else True
 
     @training.setter
     def training(self, mode: bool) -> None:
         if "model" in self.__dict__.get("_modules", {}):  # nn.Module.__init__ sets it first
-            self._modules["model"].training = mode
+            self.__dict__["_modules"]["model"].training = mode
 
     @property
     def plans(self) -> Mapping[str, Plan]:
