@@ -327,11 +327,12 @@ def _check_batched(make_input: Callable[[int], Any]) -> None:
     if not callable(make_input):
         raise ValueError("monet_opt.largest_batch: make_input must be a function of the batch "
                          f"size returning a sample input, got a {type(make_input).__name__}")
-    shapes = [[tuple(t.shape) for t in pytree.tree_leaves(make_input(b))
-               if isinstance(t, torch.Tensor)] for b in (1, 2)]
+    made = [make_input(b) for b in (1, 2)]
+    shapes = [[tuple(t.shape) for t in pytree.tree_leaves(m) if isinstance(t, torch.Tensor)]
+              for m in made]
     if not shapes[0]:
         raise ValueError("monet_opt.largest_batch: make_input(1) returned no tensor (got a "
-                         f"{type(make_input(1)).__name__}): make_input(b) must return a batch of "
+                         f"{type(made[0]).__name__}): make_input(b) must return a batch of "
                          "b samples, e.g. lambda b: torch.randn(b, 3, 224, 224)")
     if shapes[0] == shapes[1]:
         raise ValueError("monet_opt.largest_batch: make_input(1) and make_input(2) gave inputs "
