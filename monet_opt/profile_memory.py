@@ -23,9 +23,10 @@ NOTE [Profiling within the limit]
   what an op with effects (with_effects) made, or what the output gradients flow into
   (making a gradient again would rerun the backward). A value whose only reader left is
   the graph's output (a parameter's gradient) is dropped as soon as it is made: the pass
-  returns nothing. What the op will make counts its outputs once in the untimed pass, and in
-  the timed pass twice (its value and a timed call's), three times where variants run beside
-  it. Every op still runs in its place, on inputs of the same shapes, timed as before (an input
+  returns nothing. What the op will make counts its outputs once, twice where its
+  recomputation is timed beside its value (a split BatchNorm's), three times where variants
+  run beside it, and its scratch (NOTE [An op's scratch in the bounded pass]). Every op still
+  runs in its place, on inputs of the same shapes, timed as before (an input
   made again just before is read warm, as the executor's recomputation reads it); what is
   made again runs untimed. A random op made again (dropout) draws anew: the pass runs under
   fork_rng, and a variant is compared with its op on the same inputs. Where nothing can be
@@ -42,6 +43,22 @@ NOTE [Profiling within the limit]
   144.3: making a value again took the room of the op to come; now 144.2); ResNet-50 b16,
   128² (eager's 5.5-5.8 s) at half, a third and a fifth of its activations 7.4-9.7 s,
   449-572 -> 5.8-6.5 s, 90-277.
+
+NOTE [An op's scratch in the bounded pass]
+  The room made before an op counted its outputs, not what it takes while it runs: oneDNN's
+  convolution on the CPU reorders its input into scratch as large (2.1 MB beside a 2 MB
+  output), its backward takes 4.2 MB, and cuDNN's algorithms take workspace. And the timed
+  pass held each new signature's value from its first run while its timed calls made their
+  outputs beside it. So optimize() of a small CNN without BatchNorm at 60 % of its eager
+  step peaked 207,719 B over the limit (13,078,568 B against 12,870,849), where its plan
+  measured 11,012,056. Now the room counts each op's scratch (`Scratch`): the untimed pass
+  takes it at the first run of each op on inputs of its traced shapes, strides and dtypes
+  (one allocation-events window each, about 0.5 ms, NOTE [Allocation events]), guessing it
+  there at the bytes of the op's inputs and outputs, and the timed pass knows it for every
+  op. And the timed pass makes a new signature's value last, by the run that takes its
+  workspace, so one copy of its outputs is held at a time. The same optimize() now peaks at
+  11,634,617 B (tests/test_profile_memory.py). A kernel whose first scratch passes the
+  guess (an im2col convolution's columns) still passes the limit once.
 """
 from __future__ import annotations
 
@@ -55,7 +72,7 @@ from torch.utils import _pytree as pytree
 
 from monet_opt import cudnn_bn, phase
 from monet_opt.lower import is_view_node
-from monet_opt.memory import allocated_bytes
+from monet_opt.memory import allocated_bytes, counted
 import solvers
 from solvers.peak_bound import least_peak_bound
 
@@ -70,16 +87,46 @@ def pass_limit(limit: int | None, problem: solvers.Problem) -> int | None:
     return None if limit is None else max(limit, least_peak_bound(problem).bytes)
 
 
+class Scratch:
+    """What each op takes while it runs beyond its outputs (its workspace: oneDNN's reorders,
+    cuDNN's scratch), by the op and its inputs' traced shapes, strides and dtypes: measured at
+    the first run of each in the bounded pass, and until then guessed at its inputs' and
+    outputs' bytes (NOTE [An op's scratch in the bounded pass])."""
+
+    def __init__(self) -> None:
+        self.known: dict[tuple, int] = {}
+
+    def of(self, node: fx.Node) -> int:
+        """The room `node` takes while it runs beside its outputs."""
+        known = self.known.get(_key(node))
+        if known is not None:
+            return known
+        if is_view_node(node) or node.target is operator.getitem:
+            return 0
+        return _coming_bytes(node) + sum(_coming_bytes(a) for a in node.all_input_nodes)
+
+    def run(self, node: fx.Node, call: Callable[[], Any], inputs: Any, cuda: bool) -> Any:
+        """call(), `node`'s op on `inputs`, its scratch measured where not known yet."""
+        key = _key(node)
+        if key in self.known:
+            return call()
+        out, self.known[key] = counted(call, cuda, inputs)
+        return out
+
+
 class BoundedEnv(dict):
     """The pass's values by node name, held within `limit` bytes (NOTE [Profiling within the
     limit]); `at(node)` before each call makes room for it."""
 
     def __init__(self, gm: fx.GraphModule, limit: int, keep_until: dict[str, str],
-                 copies: Callable[[fx.Node], int] = lambda node: 1) -> None:
+                 copies: Callable[[fx.Node], int] = lambda node: 1,
+                 scratch: Scratch | None = None) -> None:
         """copies(node): how many times its outputs' bytes the pass may hold beside what it
-        held before it (its timed calls and its variants' results beside its value)."""
+        held before it (its timed calls and its variants' results beside its value).
+        scratch: what each op takes while it runs, as the passes learn it."""
         super().__init__()
         self.limit, self.copies = limit, copies
+        self.scratch = scratch if scratch is not None else Scratch()
         self.nodes = {n.name: n for n in gm.graph.nodes}
         order = {n: k for k, n in enumerate(gm.graph.nodes)}
         self.uses: dict[str, list[int]] = {}
@@ -118,7 +165,7 @@ class BoundedEnv(dict):
         """Make room for `node`'s outputs, keeping what it reads."""
         self.now = self.order[node]
         self._keep = _reads(node)
-        self._coming = _coming_bytes(node) * self.copies(node)
+        self._coming = _coming_bytes(node) * self.copies(node) + self.scratch.of(node)
         self._room(self._coming, self._keep)
 
     def made(self, node: fx.Node) -> None:
@@ -140,7 +187,8 @@ class BoundedEnv(dict):
         for n in reversed(made):
             keeps.append(keeps[-1] | _reads(n))
         for n, keep in zip(made, reversed(keeps)):
-            self._room(_coming_bytes(n) + self._coming, keep)  # room kept for the op to come
+            # room kept for the op to come
+            self._room(_coming_bytes(n) + self.scratch.of(n) + self._coming, keep)
             args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: dict.__getitem__(
                 self, a.name))
             self[n.name] = cudnn_bn.kernel(n)(*args, **kwargs)
@@ -274,6 +322,17 @@ def _boundaries(gm: fx.GraphModule, remakeable: set[str], order: dict[fx.Node, i
             if len(crossing) == 1:
                 found[node.name] = order[node]
     return found
+
+
+def _key(node: fx.Node) -> tuple:
+    """`node`'s op with its arguments, each node as its traced value's shapes, strides and
+    dtypes."""
+    def describe(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            return (str(a.dtype), tuple(a.shape), tuple(a.stride()))
+        return a if a is None or isinstance(a, (bool, int, float, str)) else repr(a)
+    traced = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
+    return (str(node.target), repr(pytree.tree_map(describe, traced)))
 
 
 def _reads(node: fx.Node) -> set[str]:

@@ -42,7 +42,7 @@ from monet_opt.lower import Lowered, is_effect_token
 from monet_opt.misread_layouts import Layouts
 from monet_opt.memory import counted, cuda_devices, sparse_copies
 from monet_opt.profile_budget import Budget, estimates
-from monet_opt.profile_memory import BoundedEnv
+from monet_opt.profile_memory import BoundedEnv, Scratch
 from monet_opt.variant_probe import VariantProbe, timed_call as _call
 
 # What a profile holds, in the profile directory's keys: a profile an older profiler made is
@@ -104,9 +104,10 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         inputs = [torch.empty(0) if is_effect_token(n) else
                   _random_like(n.meta["val"], primals) if n.name.startswith("tangents") else
                   next(given) for n in joint.graph.find_nodes(op="placeholder")]
-        held = _warm_up(joint, inputs, memory_limit)  # NOTE [Warm allocator]
+        scratch = Scratch()  # NOTE [An op's scratch in the bounded pass]
+        held = _warm_up(joint, inputs, memory_limit, scratch)  # NOTE [Warm allocator]
         measured, reruns, signatures, workspace, made_again = _run(
-            joint, inputs, set(wanted), probe, budget, memory_limit)
+            joint, inputs, set(wanted), probe, budget, memory_limit, scratch)
     missing = [name for name in wanted if name not in measured]
     op_time = {**measured, **estimates([nodes[n] for n in missing],
                                         [nodes[n] for n in measured], measured)}
@@ -155,7 +156,7 @@ def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
 
 
 def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
-         probe: VariantProbe, budget: Budget, memory_limit: int | None
+         probe: VariantProbe, budget: Budget, memory_limit: int | None, scratch: Scratch
          ) -> tuple[dict[str, float], dict[str, float], int, dict[str, tuple], int]:
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
     the same of their recomputations where those run otherwise, how many distinct signatures
@@ -167,9 +168,10 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
     # signature -> its workspace bytes (NOTE [Workspace]) and its first run's where it differs
     workspace: dict[tuple, tuple[int, int | None]] = {}
     cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
-    # beside an op's value: a timed call's outputs, and a variant's (NOTE [Profiling within
-    # the limit])
-    copies = lambda node: 3 if node.name in probe.at else 2  # noqa: E731
+    # beside an op's value: a timed recomputation's outputs, or a variant's and the op's
+    # (NOTE [Profiling within the limit])
+    copies = lambda node: 3 if node.name in probe.at else \
+        2 if recompute.reruns_otherwise(node) else 1  # noqa: E731
     sized: dict[str, tuple] = {}  # op node -> its signature, past the time limit
 
     def visit(node, args, kwargs, env) -> None:
@@ -177,14 +179,15 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
             return _measure_node(node, args, kwargs, env, measured, seen, wanted, probe,
                                  budget, cuda, reruns, workspace)
         target = cudnn_bn.kernel(node)  # NOTE [The profiling time limit]: memory still
-        env[node.name] = target(*args, **kwargs)
         sig = signature(target, args, kwargs)
         if node.name in wanted and (cuda or alloc_events.enabled()) and sig not in workspace:
-            workspace[sig] = _workspaces(node, target, args, kwargs, env, cuda)
+            env[node.name], workspace[sig] = _workspaces(node, target, args, kwargs, env, cuda)
+        else:
+            env[node.name] = target(*args, **kwargs)
         sized[node.name] = sig
     try:
         made_again = _walk(gm, inputs, visit, keep_until=probe.keep_until(),
-                           memory_limit=memory_limit, copies=copies)
+                           memory_limit=memory_limit, copies=copies, scratch=scratch)
     finally:
         _flush.clear()  # held for the pass only (NOTE [Recomputation reads a cold input])
     median = {sig: statistics.median(samples) for sig, samples in seen.items()}
@@ -195,8 +198,8 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
              if sig in workspace}, made_again)
 
 
-def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor], memory_limit: int | None = None
-             ) -> dict[str, tuple[int, ...]]:
+def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor], memory_limit: int | None = None,
+             scratch: Scratch | None = None) -> dict[str, tuple[int, ...]]:
     """NOTE [Warm allocator]
       The first pass over a graph in a process meets a cold allocator: on CPU, glibc maps
       fresh pages for large blocks until its thresholds adapt, and a page fault costs more than
@@ -208,17 +211,22 @@ def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor], memory_limit: int |
       larger than their shapes] in monet_opt/output_bytes.py)."""
     held: dict[str, tuple[int, ...]] = {}
 
+    cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+
     def run(node, args, kwargs, env):
-        out = env[node.name] = cudnn_bn.kernel(node)(*args, **kwargs)
+        call = functools.partial(cudnn_bn.kernel(node), *args, **kwargs)
+        # NOTE [An op's scratch in the bounded pass] in monet_opt/profile_memory.py
+        out = env[node.name] = call() if memory_limit is None else \
+            env.scratch.run(node, call, (args, kwargs), cuda)
         held[node.name] = output_bytes.held(out, (args, kwargs), node)
-    _walk(gm, inputs, run, memory_limit=memory_limit)
+    _walk(gm, inputs, run, memory_limit=memory_limit, scratch=scratch)
     return held
 
 
 
 def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit,
           keep_until: dict[str, str] | None = None, memory_limit: int | None = None,
-          copies=lambda node: 1) -> int:
+          copies=lambda node: 1, scratch: Scratch | None = None) -> int:
     """Run `gm` node by node: visit(node, args, kwargs, env) computes each call's value into
     env; values are freed after their last use (or, for a name in keep_until, after the node
     named there if that comes later), and with a memory limit, dropped and made again to keep
@@ -236,7 +244,7 @@ def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit,
     for name, node in last_use.items():
         free_after.setdefault(node, []).append(name)
     env = {} if memory_limit is None else BoundedEnv(gm, memory_limit, keep_until or {},
-                                                     copies)
+                                                     copies, scratch)
     it, layouts = iter(inputs), Layouts()  # NOTE [Layouts the tracer misreads]
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -286,17 +294,21 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
     else:
         repeats = budget.repeats_now()
         if repeats > 0:
-            env[node.name] = target(*args, **kwargs)  # the value (and the warm-up)
+            target(*args, **kwargs)  # the warm-up
             samples = _samples(target, args, kwargs, cuda, repeats)
         else:
-            env[node.name], first_s = _call(target, args, kwargs, cuda)
-            samples = [first_s]
+            samples = [_call(target, args, kwargs, cuda)[1]]
         for s in samples:
             budget.timed(s)
         seen[sig] = samples
-        if cuda or alloc_events.enabled():  # after the timed calls: cuDNN's benchmark
-            # search is over (NOTE [Workspace]); on CPU NOTE [Allocation events]
-            workspace[sig] = _workspaces(node, target, args, kwargs, env, cuda)
+        # its value made last, after every timed call, so that one is held at a time (NOTE
+        # [Profiling within the limit]): by the run that takes its workspace, after the timed
+        # calls as cuDNN's benchmark search is over (NOTE [Workspace]; on CPU NOTE [Allocation
+        # events])
+        if cuda or alloc_events.enabled():
+            env[node.name], workspace[sig] = _workspaces(node, target, args, kwargs, env, cuda)
+        else:
+            env[node.name] = target(*args, **kwargs)
     if node.name in wanted:
         measured[node.name] = sig
         rerun = recompute.rerun_args(node, args)
@@ -313,17 +325,19 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
 
 
 def _workspaces(node: fx.Node, target, args, kwargs, env: dict, cuda: bool
-                ) -> tuple[int, int | None]:
-    """`node`'s workspace as the executor recomputes it, and as its forward runs it where
-    that differs (NOTE [A first run's workspace] in solvers/simulate.py), else None; each with
-    what a sparse input's transposed copy adds (NOTE [Sparse inputs])."""
+                ) -> tuple[Any, tuple[int, int | None]]:
+    """`node`'s value, from the run that takes its workspace as the executor recomputes it;
+    and that workspace with its forward run's where that differs (NOTE [A first run's
+    workspace] in solvers/simulate.py), else None; each with what a sparse input's transposed
+    copy adds (NOTE [Sparse inputs])."""
     inputs = (env[n.name] for n in node.graph.nodes if n.op == "placeholder" and n.name in env)
     copies = sparse_copies(pytree.tree_leaves((args, kwargs)), inputs)
     taken = lambda run: counted(conv_split.as_traced(node, run), cuda,  # noqa: E731
-                                (args, kwargs))[1] + copies
-    first = taken(functools.partial(target, *args, **kwargs)) \
+                                (args, kwargs))
+    first = taken(functools.partial(target, *args, **kwargs))[1] + copies \
         if recompute.holds_state(node, kwargs) else None
-    return taken(recompute.as_run(node, target, args, kwargs)), first
+    value, workspace = taken(recompute.as_run(node, target, args, kwargs))
+    return value, (workspace + copies, first)
 
 
 # NOTE [Noisy samples]

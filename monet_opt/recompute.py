@@ -98,10 +98,15 @@ def dropped_args(node: fx.Node) -> tuple[int, ...]:
 def rerun_args(node: fx.Node, args: tuple) -> tuple | None:
     """A forward op's (evaluated) args as its recomputation runs it, where that differs from
     its forward run (a split BatchNorm's normalization); else None."""
-    if node.target is not bn_split.apply_stats:
+    if not reruns_otherwise(node):
         return None
     drop = dropped_args(node)
     return tuple(None if k in drop else a for k, a in enumerate(args))
+
+
+def reruns_otherwise(node: fx.Node) -> bool:
+    """Whether a forward op's recomputation runs it on other args (`rerun_args`)."""
+    return node.target is bn_split.apply_stats
 
 
 def effective_args(node: fx.Node) -> tuple[tuple, dict]:

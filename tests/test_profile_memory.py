@@ -201,3 +201,25 @@ def test_ops_past_the_time_limit_have_their_workspace():
     measured = monet_opt.measure_peak(lambda: cut(x).sum().backward(),
                                       monet_opt.resident_tensors(model, x))
     assert measured <= cut.plan.memory_limit_bytes
+
+
+def test_optimize_as_a_whole_holds_a_byte_limit_with_kernels_scratch():
+    """NOTE [An op's scratch in the bounded pass]: oneDNN's convolutions take scratch the size
+    of their input beside their output, and a timed call's outputs were held beside the op's
+    value: optimize() of this CNN peaked 176,935 B over the limit its plan kept within."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU()]
+    for _ in range(6):
+        layers += [torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                                torch.nn.Linear(16 * 16 * 16, 10))
+    x = torch.randn(32, 3, 32, 32)
+    resident = monet_opt.resident_tensors(model, x)
+    eager = monet_opt.measure_peak(lambda: model(x).sum().backward(), resident)
+    model.zero_grad(set_to_none=True)
+    limit = int(eager * 0.6)
+    made = []
+    peak = monet_opt.measure_peak(lambda: made.append(monet_opt.optimize(
+        model, x, limit, profile_dir=None, time_limit_s=5)), resident)
+    assert made[0].plan.predicted_peak_bytes <= limit
+    assert peak <= limit
