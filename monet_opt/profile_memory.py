@@ -53,7 +53,8 @@ NOTE [An op's scratch in the bounded pass]
   step peaked 207,719 B over the limit (13,078,568 B against 12,870,849), where its plan
   measured 11,012,056. Now the room counts each op's scratch (`Scratch`): the untimed pass
   takes it at the first run of each op on inputs of its traced shapes, strides and dtypes
-  (one allocation-events window each, about 0.5 ms, NOTE [Allocation events]), guessing it
+  (one allocation-events window each, about 0.5 ms, NOTE [Allocation events]; on a GPU at a
+  second run, after cuDNN's benchmark search, not tried on a GPU yet), guessing it
   there at the bytes of the op's inputs and outputs, and the timed pass knows it for every
   op. And the timed pass makes a new signature's value last, by the run that takes its
   workspace, so one copy of its outputs is held at a time. The same optimize() now peaks at
@@ -106,10 +107,14 @@ class Scratch:
         return _coming_bytes(node) + sum(_coming_bytes(a) for a in node.all_input_nodes)
 
     def run(self, node: fx.Node, call: Callable[[], Any], inputs: Any, cuda: bool) -> Any:
-        """call(), `node`'s op on `inputs`, its scratch measured where not known yet."""
+        """call(), `node`'s op on `inputs`, its scratch measured where not known yet (on a GPU
+        at a second call: cuDNN's benchmark search, at the first, tries every algorithm's
+        workspace; NOTE [Workspace] in monet_opt/memory.py)."""
         key = _key(node)
         if key in self.known:
             return call()
+        if cuda:
+            call()
         out, self.known[key] = counted(call, cuda, inputs)
         return out
 
