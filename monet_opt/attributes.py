@@ -168,6 +168,15 @@ _LEAVES = (torch.dtype, torch.device, torch.memory_format)
 
 
 _OWN_FORWARD = operator.methodcaller("get", "forward")  # of a module's __dict__: set on it
+# NOTE [A module's own registries]
+#   A forward that walks its own children (`for layer in self.children()`, and
+#   nn.TransformerEncoderLayer's `for m in self.modules()`) reads `self._modules`, which was
+#   watched as modules kept in a dict: by their identities and their parameters'. So
+#   copy.deepcopy(opt) and load_state_dict(assign=True) planned the step again (6 s where a
+#   step took 3 ms, and one more plan at every such load, with a warning of raw ids), though
+#   the step takes the model's parameters and buffers by name and watches each module's type,
+#   train/eval flag and values wherever they sit. The registries are not watched as values.
+_REGISTRIES = frozenset({"_modules", "_parameters", "_buffers"})
 _PLAIN = {bool, int, float, str, type(None)}
 
 
@@ -176,8 +185,9 @@ def _read_names(module: nn.Module, on_self: dict[type, set[str]]) -> set[str]:
     [Attributes the forward's code reads])."""
     names = set()
     for name in on_self.get(type(module), ()):
-        if name in ("training", "config", "forward"):  # watched already (a config: its
-            # public values; a forward set on the instance: for every module)
+        if name in ("training", "config", "forward") or name in _REGISTRIES:  # watched
+            # already (a config: its public values; a forward set on the instance: for every
+            # module; NOTE [A module's own registries])
             continue
         value = _read_value(module, name)
         if value is _MISSING or (name not in vars(module) and isinstance(

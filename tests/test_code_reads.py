@@ -113,3 +113,28 @@ def test_what_the_loop_changes_each_step_plans_nothing():
             model.zero_grad(set_to_none=True)
             model.cfg.step, model.opts["seen"] = step + 1, step
             model.use.append(True)
+
+
+def test_a_forward_walking_its_children_is_not_planned_again_for_a_copy_or_an_assigned_load():
+    """NOTE [A module's own registries]: TransformerEncoderLayer's forward walks
+    `self.modules()`; its `_modules` was watched by identity, so a deepcopy and each
+    load_state_dict(assign=True) planned the step again (one more plan at every load)."""
+    torch.manual_seed(0)
+    model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    eager = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReplanWarning)
+        twin = copy.deepcopy(opt)
+        assert torch.equal(twin(x), eager(x))
+        for _ in range(2):
+            opt.load_state_dict(copy.deepcopy(eager.state_dict()), assign=True)
+            opt(x).sum().backward()
+    assert len(opt.plans) == 1 and len(twin.plans) == 1
+    eager(x).sum().backward()
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    model.activation = F.gelu  # a value the forward reads is still watched
+    with pytest.warns(ReplanWarning, match="activation"):
+        opt(x)
