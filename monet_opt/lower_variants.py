@@ -214,7 +214,12 @@ def with_costs(lowered: Lowered, costs) -> Lowered:
 
 
 def matching(lowered: Lowered, problem: Problem) -> Lowered:
-    """`lowered` carrying `problem`, its variant sites cut to the variants `problem` offers."""
+    """`lowered` carrying `problem`, its variant sites cut to the variants `problem` offers and
+    its in-place pairs to the ops `problem` writes in place (NOTE [Writing into a tensor laid
+    out otherwise than traced] in monet_opt/misread_layouts.py)."""
     names = {v.name for v in problem.variants}
     sites = tuple(s for s in lowered.variant_sites if f"{s.family}:{s.backward_node}" in names)
-    return dataclasses.replace(lowered, problem=problem, variant_sites=sites)
+    index = {name: i for i, name in enumerate(lowered.op_nodes)}
+    inplace = tuple((name, k) for name, k in lowered.inplace
+                    if problem.ops[index[name]].inplace_bytes)
+    return dataclasses.replace(lowered, problem=problem, variant_sites=sites, inplace=inplace)

@@ -15,9 +15,24 @@ NOTE [Layouts the tracer misreads]
   carried the layout on) and what to do: make that op's inputs contiguous
   (a `.contiguous()` of its output is traced as nothing, the tracer taking it for contiguous
   already); tests/test_grad_layout.py.
+
+NOTE [Writing into a tensor laid out otherwise than traced]
+  An op the lowering lets write its result into an argument (NOTEs [In-place accumulation] in
+  solvers/problem.py, [Elementwise backward ops in place] in monet_opt/grad_in_place.py,
+  [Writing into a dying input] in solvers/simulate.py) does so only where that argument is
+  laid out as the result; the lowering reads both layouts from the trace. Below a misread op
+  the real ones differ: after a channels-last GroupNorm and a ReLU, the trace has ReLU's
+  backward contiguous like its incoming gradient, the kernel makes it channels-last (from
+  ReLU's output), and its out= form, written into the contiguous gradient, was contiguous. The
+  next ops then summed in another order: a layer scale's gradient 9.3e-10 off eager's, the
+  weights drifting 2e-8 in five steps. The profiler runs every op for real and notes each whose
+  output is laid out otherwise than traced (`Layouts.relaid`); an op that reads or makes one of
+  those writes into none of its arguments (`as_laid_out`), and its result is made anew as
+  eager's is (tests/test_grad_layout.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import torch
@@ -32,11 +47,15 @@ class Layouts:
 
     def __init__(self) -> None:
         self.misread: set[str] = set()
+        self.relaid: set[str] = set()  # each laid out otherwise than traced, misread or not
 
     def check(self, node: fx.Node, env) -> None:
-        """Record `node` (its value just computed into env) if it misread."""
-        if _differs(env.get(node.name), node.meta.get("val")) and not any(
-                _differs(env.get(a.name), a.meta.get("val")) for a in node.all_input_nodes):
+        """Record `node` (its value just computed into env) if it is laid out otherwise than
+        traced, and if it misread."""
+        if not _differs(env.get(node.name), node.meta.get("val")):
+            return
+        self.relaid.add(node.name)
+        if not any(_differs(env.get(a.name), a.meta.get("val")) for a in node.all_input_nodes):
             self.misread.add(node.name)
 
     def refuse(self, node: fx.Node, env, exc: Exception) -> None:
@@ -80,3 +99,17 @@ def _differs(real, traced) -> bool:
     return isinstance(real, torch.Tensor) and isinstance(traced, torch.Tensor) and \
         real.shape == traced.shape and any(
             n > 1 and a != b for n, a, b in zip(real.shape, real.stride(), traced.stride()))
+
+
+def as_laid_out(lowered, relaid: frozenset[str]):
+    """`lowered` (a Lowered) whose ops that read or make a tensor in `relaid` (node names) write
+    into none of their arguments (NOTE [Writing into a tensor laid out otherwise than
+    traced]); the executor's in-place pairs follow the problem (`lower_variants.matching`)."""
+    if not relaid:
+        return lowered
+    off = {t for t, name in enumerate(lowered.tensor_nodes) if name in relaid}
+    ops = tuple(dataclasses.replace(op, inplace_bytes=0, overwrites=()) if (
+        op.inplace_bytes or op.overwrites) and (off.intersection(op.inputs + op.outputs) or
+                                                lowered.op_nodes[i] in relaid) else op
+                for i, op in enumerate(lowered.problem.ops))
+    return dataclasses.replace(lowered, problem=dataclasses.replace(lowered.problem, ops=ops))

@@ -6,13 +6,16 @@ from __future__ import annotations
 import dataclasses
 
 from monet_opt import output_bytes
-from solvers import Problem
+from monet_opt.lower import Lowered
+from monet_opt.misread_layouts import as_laid_out
 
 
-def measured_ops(problem: Problem, measured) -> Problem:
-    """`problem` with `measured`'s (a ProfileResult's) per-op costs. A workspace the lowering
-    set (bn_split's) is a floor: an op's measured one is raised to it, its first run's too."""
-    problem = output_bytes.raised(problem, measured.op_output_bytes)
+def measured_ops(lowered: Lowered, measured) -> Lowered:
+    """`lowered` with `measured`'s (a ProfileResult's) per-op costs. A workspace the lowering
+    set (bn_split's) is a floor: an op's measured one is raised to it, its first run's too. An
+    op reading or making a tensor laid out otherwise than traced writes into none of its
+    arguments (NOTE [Writing into a tensor laid out otherwise than traced])."""
+    problem = output_bytes.raised(lowered.problem, measured.op_output_bytes)
     firsts = measured.op_first_workspace_bytes or (None,) * len(problem.ops)
     ops = []
     for op, t, r, w, f in zip(problem.ops, measured.op_time_s, measured.op_rerun_s,
@@ -21,4 +24,5 @@ def measured_ops(problem: Problem, measured) -> Problem:
         first = None if f is None else min(workspace, max(op.workspace_bytes, f))
         ops.append(dataclasses.replace(op, time_s=t, recompute_time_s=r,
                                        workspace_bytes=workspace, first_workspace_bytes=first))
-    return dataclasses.replace(problem, ops=tuple(ops))
+    problem = dataclasses.replace(problem, ops=tuple(ops))
+    return as_laid_out(dataclasses.replace(lowered, problem=problem), measured.relaid)

@@ -42,13 +42,14 @@ from monet_opt.lower import Lowered, is_effect_token
 from monet_opt.misread_layouts import Layouts
 from monet_opt.memory import counted, cuda_devices, sparse_copies
 from monet_opt.profile_budget import Budget, estimates
-from monet_opt.profile_memory import BoundedEnv, Scratch
+from monet_opt.profile_memory import Scratch
+from monet_opt.profile_walk import walk as _walk
 from monet_opt.variant_probe import VariantProbe, timed_call as _call
 
 # What a profile holds, in the profile directory's keys: a profile an older profiler made is
 # not served to this one (each revision and what it changed: profiles/README.md). Raise it
 # when what the profiler measures changes meaning.
-PROFILER_REVISION = 20
+PROFILER_REVISION = 21
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -81,6 +82,9 @@ class ProfileResult:
     # per op, what its tensor outputs' storages hold (NOTE [Outputs larger than their shapes])
     op_output_bytes: tuple[tuple[int, ...] | None, ...] = ()
     made_again: int = 0  # values dropped and made again to keep within the memory limit
+    # nodes whose real output is laid out otherwise than traced (NOTE [Writing into a tensor
+    # laid out otherwise than traced] in monet_opt/misread_layouts.py)
+    relaid: frozenset[str] = frozenset()
 
 
 def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
@@ -106,7 +110,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
                   next(given) for n in joint.graph.find_nodes(op="placeholder")]
         scratch = Scratch()  # NOTE [An op's scratch in the bounded pass]
         held = _warm_up(joint, inputs, memory_limit, scratch)  # NOTE [Warm allocator]
-        measured, reruns, signatures, workspace, made_again = _run(
+        measured, reruns, signatures, workspace, made_again, relaid = _run(
             joint, inputs, set(wanted), probe, budget, memory_limit, scratch)
     missing = [name for name in wanted if name not in measured]
     op_time = {**measured, **estimates([nodes[n] for n in missing],
@@ -130,7 +134,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         op_first_workspace_bytes=tuple(workspace.get(name, (0, None))[1]
                                        for name in lowered.op_nodes),
         op_output_bytes=tuple(held.get(name) for name in lowered.op_nodes),
-        made_again=made_again)
+        made_again=made_again, relaid=frozenset(relaid))
 
 
 
@@ -157,11 +161,11 @@ def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
 
 def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
          probe: VariantProbe, budget: Budget, memory_limit: int | None, scratch: Scratch
-         ) -> tuple[dict[str, float], dict[str, float], int, dict[str, tuple], int]:
+         ) -> tuple[dict[str, float], dict[str, float], int, dict[str, tuple], int, set[str]]:
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
     the same of their recomputations where those run otherwise, how many distinct signatures
-    were timed, {op node: (workspace bytes, first run's or None)} and how many values were made
-    again to keep within `memory_limit`."""
+    were timed, {op node: (workspace bytes, first run's or None)}, how many values were made
+    again to keep within `memory_limit` and the nodes whose real layout is not the trace's."""
     measured: dict[str, tuple] = {}  # op node -> its signature
     reruns: dict[str, tuple] = {}
     seen: dict[tuple, list[float]] = {}  # signature -> its samples (NOTE [Noisy samples])
@@ -185,9 +189,11 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
         else:
             env[node.name] = target(*args, **kwargs)
         sized[node.name] = sig
+    layouts = Layouts()  # NOTE [Writing into a tensor laid out otherwise than traced]
     try:
         made_again = _walk(gm, inputs, visit, keep_until=probe.keep_until(),
-                           memory_limit=memory_limit, copies=copies, scratch=scratch)
+                           memory_limit=memory_limit, copies=copies, scratch=scratch,
+                           layouts=layouts)
     finally:
         _flush.clear()  # held for the pass only (NOTE [Recomputation reads a cold input])
     median = {sig: statistics.median(samples) for sig, samples in seen.items()}
@@ -195,7 +201,7 @@ def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
             {name: median[key] for name, key in reruns.items()},
             sum(k[-1] != _RERUN for k in seen),
             {name: workspace[sig] for name, sig in {**sized, **measured}.items()
-             if sig in workspace}, made_again)
+             if sig in workspace}, made_again, layouts.relaid)
 
 
 def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor], memory_limit: int | None = None,
@@ -222,56 +228,6 @@ def _warm_up(gm: fx.GraphModule, inputs: list[torch.Tensor], memory_limit: int |
     _walk(gm, inputs, run, memory_limit=memory_limit, scratch=scratch)
     return held
 
-
-
-def _walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit,
-          keep_until: dict[str, str] | None = None, memory_limit: int | None = None,
-          copies=lambda node: 1, scratch: Scratch | None = None) -> int:
-    """Run `gm` node by node: visit(node, args, kwargs, env) computes each call's value into
-    env; values are freed after their last use (or, for a name in keep_until, after the node
-    named there if that comes later), and with a memory limit, dropped and made again to keep
-    within it (NOTE [Profiling within the limit]). Returns how many values were made
-    again."""
-    last_use: dict[str, fx.Node] = {}
-    for node in gm.graph.nodes:
-        fx.node.map_arg((node.args, node.kwargs), lambda a: last_use.__setitem__(a.name, node))
-    order = {node: k for k, node in enumerate(gm.graph.nodes)}
-    by_name = {node.name: node for node in gm.graph.nodes}
-    for name, until in (keep_until or {}).items():
-        if name in last_use and order[by_name[until]] > order[last_use[name]]:
-            last_use[name] = by_name[until]
-    free_after: dict[fx.Node, list[str]] = {}
-    for name, node in last_use.items():
-        free_after.setdefault(node, []).append(name)
-    env = {} if memory_limit is None else BoundedEnv(gm, memory_limit, keep_until or {},
-                                                     copies, scratch)
-    it, layouts = iter(inputs), Layouts()  # NOTE [Layouts the tracer misreads]
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            env[node.name] = next(it)
-        elif node.op == "get_attr":
-            env[node.name] = getattr(gm, node.target)
-        elif node.op == "call_function":
-            if memory_limit is not None:
-                env.at(node)
-            try:
-                args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: env[a.name])
-                visit(node, args, kwargs, env)
-                del args, kwargs  # what it read may be freed or dropped below
-                layouts.check(node, env)
-            except Exception as exc:
-                layouts.refuse(node, env, exc)
-                raise RuntimeError(
-                    f"monet_opt profiler: {node.format_node()} failed: {exc}\nDoes the model "
-                    "run eagerly on sample_input (its dtypes and devices against the "
-                    "parameters')? If it does, please report the model.") from exc
-        elif node.op == "output":
-            break
-        for name in free_after.get(node, ()):
-            env.pop(name, None)
-        if memory_limit is not None:
-            env.made(node)
-    return getattr(env, "made_again", 0)
 
 
 def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tuple],

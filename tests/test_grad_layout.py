@@ -130,3 +130,26 @@ def test_the_op_that_misread_a_layout_is_named_not_those_that_carried_it_on():
     with pytest.raises(monet_opt.CaptureError, match=r"aten\.angle.*aten\.view.*contiguous"):
         monet_opt.optimize(_Phase(False), x, HUGE, profile_repeats=1, profile_dir=None)
     assert_plans_train_like_eager(_Phase(True), x, lambda out: out.pow(2).sum(), "phase")
+
+
+class _LayerScaled(nn.Module):
+    """A channels-last conv, GroupNorm, a layer scale and ReLU, pooled into a Linear."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, c, 3, padding=1), nn.GroupNorm(8, c)
+        self.scale, self.head = nn.Parameter(torch.full((1, c, 1, 1), 0.5)), nn.Linear(c, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.scale * self.norm(self.conv(x))).mean((2, 3)))
+
+
+def test_no_op_writes_into_a_tensor_laid_out_otherwise_than_traced():
+    """NOTE [Writing into a tensor laid out otherwise than traced] (misread_layouts.py): below
+    a channels-last GroupNorm, ReLU's backward ran its out= form into its contiguous incoming
+    gradient where eager's result is channels-last, and the layer scale's gradient, summed in
+    another order, was 9.3e-10 off eager's. Now every step is bitwise eager's."""
+    torch.manual_seed(0)
+    base = _LayerScaled().to(memory_format=torch.channels_last)
+    x = torch.randn(8, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    assert_plans_train_like_eager(base, x, lambda out: out.square().mean(), "layer scale")

@@ -1,0 +1,62 @@
+"""The profiler's pass over the joint graph: each op run on real tensors, in order, each value
+freed after its last use (or kept within a byte limit: NOTE [Profiling within the limit] in
+monet_opt/profile_memory.py), each op's real output layout checked against the trace's (NOTE
+[Layouts the tracer misreads] in monet_opt/misread_layouts.py)."""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from monet_opt.misread_layouts import Layouts
+from monet_opt.profile_memory import BoundedEnv, Scratch
+
+
+def walk(gm: fx.GraphModule, inputs: list[torch.Tensor], visit,
+         keep_until: dict[str, str] | None = None, memory_limit: int | None = None,
+         copies=lambda node: 1, scratch: Scratch | None = None,
+         layouts: Layouts | None = None) -> int:
+    """Run `gm` node by node: visit(node, args, kwargs, env) computes each call's value into
+    env; values are freed after their last use (or, for a name in keep_until, after the node
+    named there if that comes later), and with a memory limit, dropped and made again to keep
+    within it (NOTE [Profiling within the limit]); `layouts`, where given, notes each op whose
+    real output is laid out otherwise than traced. Returns how many values were made again."""
+    last_use: dict[str, fx.Node] = {}
+    for node in gm.graph.nodes:
+        fx.node.map_arg((node.args, node.kwargs), lambda a: last_use.__setitem__(a.name, node))
+    order = {node: k for k, node in enumerate(gm.graph.nodes)}
+    by_name = {node.name: node for node in gm.graph.nodes}
+    for name, until in (keep_until or {}).items():
+        if name in last_use and order[by_name[until]] > order[last_use[name]]:
+            last_use[name] = by_name[until]
+    free_after: dict[fx.Node, list[str]] = {}
+    for name, node in last_use.items():
+        free_after.setdefault(node, []).append(name)
+    env = {} if memory_limit is None else BoundedEnv(gm, memory_limit, keep_until or {},
+                                                     copies, scratch)
+    it, layouts = iter(inputs), layouts or Layouts()  # NOTE [Layouts the tracer misreads]
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node.name] = next(it)
+        elif node.op == "get_attr":
+            env[node.name] = getattr(gm, node.target)
+        elif node.op == "call_function":
+            if memory_limit is not None:
+                env.at(node)
+            try:
+                args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: env[a.name])
+                visit(node, args, kwargs, env)
+                del args, kwargs  # what it read may be freed or dropped below
+                layouts.check(node, env)
+            except Exception as exc:
+                layouts.refuse(node, env, exc)
+                raise RuntimeError(
+                    f"monet_opt profiler: {node.format_node()} failed: {exc}\nDoes the model "
+                    "run eagerly on sample_input (its dtypes and devices against the "
+                    "parameters')? If it does, please report the model.") from exc
+        elif node.op == "output":
+            break
+        for name in free_after.get(node, ()):
+            env.pop(name, None)
+        if memory_limit is not None:
+            env.made(node)
+    return getattr(env, "made_again", 0)
