@@ -377,7 +377,7 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
     op's is withdrawn (warning) unless its family is lossy, lossy ones are allowed and it is
     within the family's bound; so is one the time limit left unmeasured (the profiler warns)."""
     measured = profile(joint, lowered, primals, repeats, time_limit_s, memory_limit)
-    lowered = measured_ops(lowered, measured)
+    lowered = measured_ops(lowered, measured, joint)
     problem = with_costs(lowered, measured.variant_costs).problem if lowered.variant_sites \
         else lowered.problem
     useless = useless_variants(problem)  # NOTE [Variants that cannot pay]

@@ -25,10 +25,13 @@ NOTE [Writing into a tensor laid out otherwise than traced]
   backward contiguous like its incoming gradient, the kernel makes it channels-last (from
   ReLU's output), and its out= form, written into the contiguous gradient, was contiguous. The
   next ops then summed in another order: a layer scale's gradient 9.3e-10 off eager's, the
-  weights drifting 2e-8 in five steps. The profiler runs every op for real and notes each whose
-  output is laid out otherwise than traced (`Layouts.relaid`); an op that reads or makes one of
-  those writes into none of its arguments (`as_laid_out`), and its result is made anew as
-  eager's is (tests/test_grad_layout.py).
+  weights drifting 2e-8 in five steps. The profiler runs every op for real and notes the real
+  strides of each whose output is laid out otherwise than traced (`Layouts.relaid`); an op
+  then writes into an argument only where the real layouts agree too (`as_laid_out`), and
+  elsewhere makes its result anew as eager's is, a variant's workspace measured so too
+  (NOTE [Workspace written into] in monet_opt/variant_probe.py: priced written into, a ReLU
+  mask's run measured 4 B over its prediction); tests/test_grad_layout.py. Below the GroupNorm
+  both are channels-last for most ops, and those still write in place.
 """
 from __future__ import annotations
 
@@ -47,14 +50,16 @@ class Layouts:
 
     def __init__(self) -> None:
         self.misread: set[str] = set()
-        self.relaid: set[str] = set()  # each laid out otherwise than traced, misread or not
+        # {node: its real strides}, each laid out otherwise than traced, misread or not
+        self.relaid: dict[str, tuple[int, ...]] = {}
 
     def check(self, node: fx.Node, env) -> None:
         """Record `node` (its value just computed into env) if it is laid out otherwise than
         traced, and if it misread."""
-        if not _differs(env.get(node.name), node.meta.get("val")):
+        value = env.get(node.name)
+        if not _differs(value, node.meta.get("val")):
             return
-        self.relaid.add(node.name)
+        self.relaid[node.name] = tuple(value.stride())
         if not any(_differs(env.get(a.name), a.meta.get("val")) for a in node.all_input_nodes):
             self.misread.add(node.name)
 
@@ -97,19 +102,37 @@ class Layouts:
 def _differs(real, traced) -> bool:
     """Both tensors of one shape, laid out otherwise along some dimension longer than 1."""
     return isinstance(real, torch.Tensor) and isinstance(traced, torch.Tensor) and \
-        real.shape == traced.shape and any(
-            n > 1 and a != b for n, a, b in zip(real.shape, real.stride(), traced.stride()))
+        real.shape == traced.shape and not alike(real.shape, real.stride(), traced.stride())
 
 
-def as_laid_out(lowered, relaid: frozenset[str]):
-    """`lowered` (a Lowered) whose ops that read or make a tensor in `relaid` (node names) write
-    into none of their arguments (NOTE [Writing into a tensor laid out otherwise than
-    traced]); the executor's in-place pairs follow the problem (`lower_variants.matching`)."""
+def alike(shape, strides, others) -> bool:
+    """Two tensors of `shape` laid out alike: the same stride along each dimension longer
+    than 1."""
+    return all(n <= 1 or a == b for n, a, b in zip(shape, strides, others))
+
+
+def as_laid_out(lowered, joint: fx.GraphModule, relaid: dict[str, tuple[int, ...]]):
+    """`lowered` (a Lowered) whose ops write into no argument laid out otherwise than their
+    result, as the profiler found the layouts (`relaid`: {node: its real strides} where those
+    are not the trace's; NOTE [Writing into a tensor laid out otherwise than traced]); the
+    executor's in-place pairs follow the problem (`lower_variants.matching`)."""
     if not relaid:
         return lowered
-    off = {t for t, name in enumerate(lowered.tensor_nodes) if name in relaid}
-    ops = tuple(dataclasses.replace(op, inplace_bytes=0, overwrites=()) if (
-        op.inplace_bytes or op.overwrites) and (off.intersection(op.inputs + op.outputs) or
-                                                lowered.op_nodes[i] in relaid) else op
-                for i, op in enumerate(lowered.problem.ops))
-    return dataclasses.replace(lowered, problem=dataclasses.replace(lowered.problem, ops=ops))
+    nodes = {n.name: n for n in joint.graph.nodes}
+
+    def really_alike(a: str | None, b: str | None) -> bool:
+        if a not in nodes or b not in nodes:
+            return True  # not a tensor of the graph's: nothing the lowering compared
+        real = [relaid.get(n) or tuple(nodes[n].meta["val"].stride()) for n in (a, b)]
+        return alike(nodes[b].meta["val"].shape, *real)
+    into, tensor = dict(lowered.inplace), lowered.tensor_nodes
+    ops = []
+    for name, op in zip(lowered.op_nodes, lowered.problem.ops):
+        if name in into and not really_alike(nodes[name].args[into[name]].name, name):
+            op = dataclasses.replace(op, inplace_bytes=0)
+        if op.overwrites and op.outputs:
+            op = dataclasses.replace(op, overwrites=tuple(
+                t for t in op.overwrites if really_alike(tensor[t], tensor[op.outputs[0]])))
+        ops.append(op)
+    return dataclasses.replace(lowered, problem=dataclasses.replace(lowered.problem,
+                                                                    ops=tuple(ops)))

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch.fx as fx
+
 from monet_opt import output_bytes
 from monet_opt.lower import Lowered
 from monet_opt.misread_layouts import as_laid_out
 
 
-def measured_ops(lowered: Lowered, measured) -> Lowered:
+def measured_ops(lowered: Lowered, measured, joint: fx.GraphModule) -> Lowered:
     """`lowered` with `measured`'s (a ProfileResult's) per-op costs. A workspace the lowering
     set (bn_split's) is a floor: an op's measured one is raised to it, its first run's too. An
-    op reading or making a tensor laid out otherwise than traced writes into none of its
-    arguments (NOTE [Writing into a tensor laid out otherwise than traced])."""
+    op writes into no argument that `joint`'s real run laid out otherwise than its result (NOTE
+    [Writing into a tensor laid out otherwise than traced] in monet_opt/misread_layouts.py)."""
     problem = output_bytes.raised(lowered.problem, measured.op_output_bytes)
     firsts = measured.op_first_workspace_bytes or (None,) * len(problem.ops)
     ops = []
@@ -25,4 +27,5 @@ def measured_ops(lowered: Lowered, measured) -> Lowered:
         ops.append(dataclasses.replace(op, time_s=t, recompute_time_s=r,
                                        workspace_bytes=workspace, first_workspace_bytes=first))
     problem = dataclasses.replace(problem, ops=tuple(ops))
-    return as_laid_out(dataclasses.replace(lowered, problem=problem), measured.relaid)
+    return as_laid_out(dataclasses.replace(lowered, problem=problem), joint,
+                       dict(measured.relaid))

@@ -84,7 +84,7 @@ class ProfileResult:
     made_again: int = 0  # values dropped and made again to keep within the memory limit
     # nodes whose real output is laid out otherwise than traced (NOTE [Writing into a tensor
     # laid out otherwise than traced] in monet_opt/misread_layouts.py)
-    relaid: frozenset[str] = frozenset()
+    relaid: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (node, its real strides)
 
 
 def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Tensor],
@@ -134,7 +134,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         op_first_workspace_bytes=tuple(workspace.get(name, (0, None))[1]
                                        for name in lowered.op_nodes),
         op_output_bytes=tuple(held.get(name) for name in lowered.op_nodes),
-        made_again=made_again, relaid=frozenset(relaid))
+        made_again=made_again, relaid=tuple(relaid.items()))
 
 
 
@@ -161,11 +161,11 @@ def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
 
 def _run(gm: fx.GraphModule, inputs: list[torch.Tensor], wanted: set[str],
          probe: VariantProbe, budget: Budget, memory_limit: int | None, scratch: Scratch
-         ) -> tuple[dict[str, float], dict[str, float], int, dict[str, tuple], int, set[str]]:
+         ) -> tuple[dict[str, float], dict[str, float], int, dict[str, tuple], int, dict]:
     """One pass over `gm`: {op node: median seconds} of the ops reached before the time limit,
     the same of their recomputations where those run otherwise, how many distinct signatures
     were timed, {op node: (workspace bytes, first run's or None)}, how many values were made
-    again to keep within `memory_limit` and the nodes whose real layout is not the trace's."""
+    again to keep within `memory_limit` and {node: real strides} where not the trace's."""
     measured: dict[str, tuple] = {}  # op node -> its signature
     reruns: dict[str, tuple] = {}
     seen: dict[tuple, list[float]] = {}  # signature -> its samples (NOTE [Noisy samples])

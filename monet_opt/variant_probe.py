@@ -41,6 +41,7 @@ from monet_opt import variants
 from monet_opt.errors import VariantGuardError
 from monet_opt.lower import Lowered
 from monet_opt.memory import counted
+from monet_opt.misread_layouts import alike
 from monet_opt.profile_budget import Budget
 
 
@@ -52,7 +53,7 @@ class VariantProbe:
         for v, site in enumerate(lowered.variant_sites):
             self.at.setdefault(site.backward_node, []).append(v)
         self.sites = lowered.variant_sites
-        self.written_into = {name for name, _ in lowered.inplace}  # NOTE [Workspace written into]
+        self.written_into = dict(lowered.inplace)  # NOTE [Workspace written into]
         n = len(self.sites)
         self.times: list[tuple[float, float] | None] = [None] * n  # (encode, extra s)
         self.workspace = [(0, 0)] * n
@@ -89,7 +90,7 @@ class VariantProbe:
                 continue
             self.error[v] = relative_error(out, want, used_outputs(node))
             del out
-            if node.name in self.written_into and variants.writes_into((site.family,)):
+            if variants.writes_into((site.family,)) and self._writes(node, args, result):
                 run_ws = _workspace_written_into(site, new_args, kwargs, cuda)
             self.workspace[v] = (enc_ws, run_ws)
             key = (site.family, repr(site.params), sig)
@@ -103,6 +104,14 @@ class VariantProbe:
                 self.seen[key] = (statistics.median(enc_s),
                                   statistics.median(run_s) - statistics.median(op_s))
             self.times[v] = self.seen[key]
+
+    def _writes(self, node: fx.Node, args: tuple, result) -> bool:
+        """Whether the step writes `node`'s result into its argument: where the lowering said
+        so and the real layouts agree (NOTE [Writing into a tensor laid out otherwise than
+        traced] in monet_opt/misread_layouts.py)."""
+        k = self.written_into.get(node.name)
+        return k is not None and isinstance(result, torch.Tensor) and \
+            alike(result.shape, result.stride(), args[k].stride())
 
     def costs(self) -> tuple[tuple[float, int, float, int], ...]:
         """Per variant: (encode s, encode workspace, run minus its op's time s, run workspace);

@@ -4,12 +4,15 @@ so the measured peak is the predicted one and stays within the limit."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
 import monet_opt
+from monet_opt import api
+from monet_opt.profiler import profile
 from tests.test_executor import HUGE, assert_plans_train_like_eager, assert_same, run_steps
 
 
@@ -153,3 +156,19 @@ def test_no_op_writes_into_a_tensor_laid_out_otherwise_than_traced():
     base = _LayerScaled().to(memory_format=torch.channels_last)
     x = torch.randn(8, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     assert_plans_train_like_eager(base, x, lambda out: out.square().mean(), "layer scale")
+
+
+def test_a_profile_that_withdrew_writes_into_arguments_is_served_from_the_directory(
+        tmp_path, monkeypatch):
+    """The profile directory's check of a cached profile against the fresh lowering took the
+    in-place writes withdrawn above for a profile made by another monet_opt: every optimize()
+    warned and profiled again. Now the second plans from the directory, silent and alike."""
+    profiled = []
+    monkeypatch.setattr(api, "profile", lambda *a, **k: profiled.append(1) or profile(*a, **k))
+    base = _LayerScaled().to(memory_format=torch.channels_last)
+    x = torch.randn(8, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    first = monet_opt.optimize(base, x, HUGE, profile_repeats=1, profile_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = monet_opt.optimize(base, x, HUGE, profile_repeats=1, profile_dir=tmp_path)
+    assert len(profiled) == 1 and again.plan == first.plan
