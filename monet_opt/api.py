@@ -204,7 +204,8 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     state = [buffers[n] for n in buffer_names] + attribute_values(model, tuple(attributes))
     clones, weights = [t.clone() for t in state], [params[n] for n in param_names]
     planner.primals, planner.num_inputs = weights + clones + list(inputs), len(inputs)
-    planner.storage_extra = held_beyond(state, clones, counted=weights + list(inputs))
+    planner.storage_extra = held_beyond(state, clones, counted=weights + list(inputs)) + \
+        ones_masks.dropped_bytes()  # NOTE [Attention masks of all ones]
     planner.inputs = describe_inputs(args, kwargs)
     progress.tracing(planner.name, planner.inputs)  # NOTE [Progress]
     devices = cuda_devices(planner.primals)

@@ -97,3 +97,18 @@ def test_a_padded_sample_under_new_shapes_error_keeps_the_mask():
                              profile_repeats=1, new_shapes="error")
     opt(**_batch(False)).loss.backward()
     assert len(opt.plans) == 1
+
+
+def test_a_mask_left_out_is_counted_as_the_callers():
+    """The step planned without an all-ones mask left it out of its memory, though the caller
+    holds it: at a byte limit of its own prediction the plan measured the mask's bytes over."""
+    model = _llama().train()
+    torch.manual_seed(1)
+    batch = _batch(False)
+    store_all = monet_opt.optimize(model, batch, 1 << 40, profile_dir=None, profile_repeats=1)
+    limit = store_all.plan.predicted_peak_bytes
+    opt = monet_opt.optimize(model, batch, limit, profile_dir=None, profile_repeats=1)
+    model.zero_grad(set_to_none=True)
+    peak = monet_opt.measure_peak(lambda: opt(**batch).loss.backward(),
+                                  monet_opt.resident_tensors(model, batch))
+    assert peak <= limit and peak == opt.plan.predicted_peak_bytes
