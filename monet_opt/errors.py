@@ -119,7 +119,18 @@ class NoBackwardError(MonetError, ValueError):
 
 
 def check_backward(model: torch.nn.Module, inputs: list[torch.Tensor]) -> None:
-    """NoBackwardError where the step cannot have a backward (checked before it is traced)."""
+    """NoBackwardError where the step cannot have a backward, ValueError where it cannot run
+    (on the meta device: its profile runs every op); checked before it is traced."""
+    held = (("the model's parameters are", model.parameters()),
+            ("the model's buffers are", model.buffers()),
+            ("the sample input is", inputs))
+    meta = next((what for what, ts in held if any(t.is_meta for t in ts)), None)
+    if meta is not None:
+        raise ValueError(
+            f"monet_opt.optimize: {meta} on the 'meta' device, which holds no "
+            "data, and optimize() measures every operator by running it on the device the "
+            "model trains on. Materialize the model there first (model.to_empty(device=...) "
+            "and initialize or load its weights) and pass a sample input on that device.")
     if not torch.is_grad_enabled():
         raise NoBackwardError(
             "monet_opt.optimize plans a training step (forward and backward), but gradients "

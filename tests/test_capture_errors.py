@@ -375,3 +375,16 @@ def test_a_dataclass_output_says_to_register_it_and_so_registered_trains_like_ea
         (out.logits.sum() * 1.3 + out.hidden.sum()).backward()
     for p, q in zip(model.parameters(), eager.parameters()):
         assert torch.equal(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("where", ["model", "input"])
+def test_a_model_or_input_on_the_meta_device_is_refused_clearly(where):
+    """A BatchNorm CNN on 'meta' failed in torch.Generator(device='meta') ("META device type
+    not an accelerator"), a plain MLP in the profiler's aten::equal: neither said why."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 2))
+    x = torch.randn(2, 3, 6, 6)
+    model, x = (model.to("meta"), x.to("meta")) if where == "model" else (model, x.to("meta"))
+    said = "the model's parameters are" if where == "model" else "the sample input is"
+    with pytest.raises(ValueError, match=f"{said} on the 'meta' device.*to_empty"):
+        monet_opt.optimize(model, x, 1 << 30, profile_dir=None)
