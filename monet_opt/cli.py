@@ -30,15 +30,20 @@ def main(argv: list[str] | None = None) -> int:
                            "solves)"))
     precompute.add_profile_dir(sub.add_parser(
         "list", help="every profile in the profile directory and its cached schedules"))
-    precompute.add_explain_arguments(sub.add_parser(
-        "explain", help="print a cached plan (Plan.explain()), or the limits cached for a "
-                        "profile"))
+    explain = sub.add_parser("explain", help="print a cached plan (Plan.explain()), or the "
+                                              "limits cached for a profile")
+    precompute.add_explain_arguments(explain)
     from monet_opt import batch_size_cli
     batch_size_cli.add_arguments(sub.add_parser(
         "largest-batch", help="the largest batch whose training step a plan fits under a "
                               "memory limit, and that plan's overhead"))
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "explain":  # its optional LIMIT after --profile-dir D: left over above
+        args = explain.parse_intermixed_args(argv[argv.index("explain") + 1:],
+                                             argparse.Namespace(command="explain"))
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return _run(args, argv)
     except UsageError as exc:

@@ -178,6 +178,12 @@ def test_explain_prints_a_cached_plan(zoo):
     code, text, _ = run_cli("explain", "--profile-dir", str(root), folder, limit)
     assert code == 0
     assert "monet_opt plan: solver" in text and "predicted peak" in text and "addmm" in text
+    # LIMIT after an option (argparse had it as an unrecognized argument)
+    assert run_cli("explain", folder, "--profile-dir", str(root), limit)[:2] == (0, text)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as raised:
+        cli.main(["explain", folder, "--profile-dir", str(root), limit, "7"])
+    assert raised.value.code == 2 and "unrecognized arguments: 7" in err.getvalue()
 
 
 @pytest.mark.parametrize("argv, message", [
