@@ -193,6 +193,9 @@ def run_precompute(args: argparse.Namespace) -> int:
         raise UsageError(f"--profile-dir {args.profile_dir} is a file, not a directory: "
                          "precompute caches its profile and schedules in a directory")
     writable = next(p for p in (root, *root.parents) if p.exists())  # made where it is not
+    if not writable.is_dir():
+        raise UsageError(f"--profile-dir {args.profile_dir}: {writable} is a file, not a "
+                         "directory, so nothing can be made under it")
     if not os.access(writable, os.W_OK | os.X_OK):  # it printed its table, cached nothing
         raise UsageError(f"--profile-dir {args.profile_dir}: {writable} cannot be written "
                          "(permission denied); precompute caches its profile and schedules there")
@@ -226,6 +229,15 @@ def run_precompute(args: argparse.Namespace) -> int:
     for limit, asked in limits:
         print(f"  {format_bytes(limit):>12} {limit:>13}  {asked:<19} "
               + _outcome(profile, results[limit], limit))
+    # a directory that passed the checks above may still refuse (/proc/x): exit 0 only if stored
+    unsaved = [limit for limit, _ in limits
+               if not any(profile.folder.glob(f"schedule-{limit}-*.json"))]
+    lost = ([] if (profile.folder / "profile.json").is_file() else ["the profile"]) + (
+        [f"{len(unsaved)} of {len(limits)} schedules"] if unsaved else [])
+    if lost:
+        raise UsageError(f"--profile-dir {args.profile_dir}: {' and '.join(lost)} could not be "
+                         f"stored in {profile.folder} (the warnings above say why); a later "
+                         "optimize() would profile and solve again")
     return 0
 
 
