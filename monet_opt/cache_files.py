@@ -34,10 +34,11 @@ def _load(path: Path, kind: str) -> dict[str, Any]:
         raise Unusable("corrupt: its JSON is nested too deeply to be ours") from exc
     except json.JSONDecodeError as exc:
         end = text.rstrip()
-        # our files end with their object's "}"; cut after a "-" or a "t", the error is at
-        # the last character, not past it
-        if exc.pos >= len(end) - 1 or exc.msg.startswith("Unterminated string") or \
-                not end.endswith("}"):
+        # our files are one object, "{" to "}"; cut after a "-" or a "t", the error is at the
+        # last character, not past it
+        ours = not end or end.lstrip().startswith("{")  # "garbage" is no cut-off object
+        if ours and (exc.pos >= len(end) - 1 or exc.msg.startswith("Unterminated string") or
+                     not end.endswith("}")):
             raise Unusable(f"truncated: the JSON ends early, at byte {len(text)}") from exc
         raise Unusable(f"corrupt: not valid JSON ({exc})") from exc
     if not isinstance(data, dict) or data.get("kind") != kind:

@@ -215,6 +215,7 @@ PROFILE_DAMAGE = {
     # a RecursionError out of json.loads, through optimize() and `monet-opt list`
     "nested too deeply": (lambda p: p.write_text("[" * 100000 + "]" * 100000), "nested too"),
     "corrupt": (_garble, "corrupt"),
+    "plain text": (lambda p: p.write_text("garbage"), "corrupt: not valid JSON"),  # "truncated"
     "foreign version": (_edit(lambda d: d.update(schema_version=99)), "schema version 99"),
     "foreign kind": (_edit(lambda d: d.update(kind="something.else")), "not a monet_opt.profile"),
     "other key": (_edit(lambda d: d["key"].update(device="cuda: elsewhere")),

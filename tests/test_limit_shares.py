@@ -17,6 +17,7 @@ from tests import limits, models
                                                          Share(0.333, "activations")),
     ("60% of PEAK", Share(0.6, "peak")), ("120%peak", Share(1.2, "peak")),
     ("512MiB", 512 * 2**20), (4096, 4096),
+    ("1e-3% of peak", Share(1e-5, "peak")),  # refused: "write a positive share"
 ])
 def test_limit_forms(text, expected):
     assert parse_limit(text) == expected
