@@ -75,8 +75,8 @@ def parse_limit(value: object) -> int | Share:
     if isinstance(value, Share):
         return value
     if isinstance(value, str) and "%" in value:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*%\s*(?:of\s+)?(activations|peak)\s*", value,
-                         re.IGNORECASE)
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*%\s*(?:of\s+)?"
+                         r"(activations|peak)\s*", value, re.IGNORECASE)
         fraction = float(Decimal(m.group(1)) / 100) if m else 0.0
         if fraction > 0:
             return Share(fraction, m.group(2).lower())
