@@ -276,9 +276,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
             causal = causal or capture_hints.from_causal_check(exc)
     raise CaptureError(
         f"monet_opt.optimize could not trace {type(model).__name__} into a joint forward+backward "
-        "graph.\n  " + "\n  ".join(errors) + "\nWhat to try: avoid data-dependent Python on "
-        "tensor values at that line (.item(), if on a tensor, .tolist()), pass use_cache=False to "
-        "HF models, or check that the model runs eagerly on sample_input."
+        "graph.\n  " + "\n  ".join(errors) + capture_hints.what_to_try(model, args, kwargs)
         + capture_hints.hf_cache(errors) + capture_hints.unknown_output(errors)
         + capture_hints.shapes(errors)
         + capture_hints.sparse_gradient(errors)

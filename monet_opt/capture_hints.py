@@ -5,6 +5,10 @@ import contextlib
 import logging
 import traceback
 
+import torch
+
+from monet_opt.memory import cuda_devices
+
 
 # FX's generated code (a notebook's "<ipython-input-...>" cells are the user's)
 _GENERATED = ("<string>", "<eval_with_key>")
@@ -142,3 +146,27 @@ def shapes(errors: list[str]) -> str:
 _MASKING = {"aten.nonzero.default", "aten.masked_select.default", "aten._unique2.default",
             "aten.unique_dim.default", "aten.unique_consecutive.default"}
 _PACKING = {"aten._pack_padded_sequence.default"}
+
+
+GENERIC = ("\nWhat to try: avoid data-dependent Python on tensor values at that line (.item(), "
+           "if on a tensor, .tolist()), pass use_cache=False to HF models, or check that the "
+           "model runs eagerly on sample_input.")
+
+
+def what_to_try(model, args: tuple, kwargs: dict) -> str:
+    """GENERIC, or, where the model fails on the sample run eagerly too (a wrong channel count,
+    an integer input to a convolution), that: nothing about tracing is to be changed. The
+    eager run is under no_grad, from a forked random stream, its buffers put back."""
+    buffers = [b.clone() for b in model.buffers()]
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=cuda_devices(model.parameters())):
+            model(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - said to the user, who reads it
+        return (f"\nWhat to try: the model fails on sample_input run eagerly too "
+                f"({where(exc)}): fix the sample input (its shapes, dtypes and devices against "
+                "the parameters') or the model; tracing is not the cause.")
+    finally:
+        with torch.no_grad():
+            for b, saved in zip(model.buffers(), buffers):
+                b.copy_(saved)
+    return GENERIC

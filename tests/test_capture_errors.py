@@ -388,3 +388,15 @@ def test_a_model_or_input_on_the_meta_device_is_refused_clearly(where):
     said = "the model's parameters are" if where == "model" else "the sample input is"
     with pytest.raises(ValueError, match=f"{said} on the 'meta' device.*to_empty"):
         monet_opt.optimize(model, x, 1 << 30, profile_dir=None)
+
+
+def test_a_sample_the_model_rejects_eagerly_is_said_to_be_the_cause():
+    """A wrong channel count ended in "avoid data-dependent Python ... pass use_cache=False to
+    HF models", beside the point; the BatchNorm's statistics stay as they were."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(64, 2))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(monet_opt.CaptureError, match=r"(?s)fails on sample_input run eagerly "
+                                                     r"too.*3 channels.*tracing is not") as err:
+        monet_opt.optimize(model, torch.randn(2, 5, 6, 6), 1 << 30, profile_dir=None)
+    assert "use_cache" not in str(err.value)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
