@@ -205,7 +205,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     clones, weights = [t.clone() for t in state], [params[n] for n in param_names]
     planner.primals, planner.num_inputs = weights + clones + list(inputs), len(inputs)
     planner.storage_extra = held_beyond(state, clones, counted=weights + list(inputs)) + \
-        ones_masks.dropped_bytes()  # NOTE [Attention masks of all ones]
+        ones_masks.dropped_bytes(kwargs)  # NOTE [Attention masks of all ones]
     planner.inputs = describe_inputs(args, kwargs)
     progress.tracing(planner.name, planner.inputs)  # NOTE [Progress]
     devices = cuda_devices(planner.primals)

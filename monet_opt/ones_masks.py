@@ -39,7 +39,7 @@ from monet_opt.memory import cuda_devices
 NAMES = ("attention_mask",)
 # model -> {(name, rank, dtype): whether the model treats that all-ones mask as None}
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LAST = threading.local()  # the bytes of the masks the latest call left out
+_LAST = threading.local()  # (id of the kwargs made, the masks left out, their bytes)
 
 
 def split(model: nn.Module, sample_input: Any) -> tuple[tuple, dict]:
@@ -56,15 +56,17 @@ def dropped(model: nn.Module, args: tuple, kwargs: dict, check: bool) -> dict:
     return _without(model, args, kwargs, fresh=False, check=check)
 
 
-def dropped_bytes() -> int:
-    """What the masks this thread's latest call left out hold: the caller still holds them, so
-    a step planned for that call counts them (NOTE [Attention masks of all ones])."""
-    return getattr(_LAST, "bytes", 0)
+def dropped_bytes(kwargs: dict) -> int:
+    """What the masks left out of `kwargs` (as this thread's latest call returned them) hold:
+    the caller still holds them, so a step planned for that call counts them (NOTE [Attention
+    masks of all ones]). 0 for kwargs made otherwise (profile_model's)."""
+    made, names, held = getattr(_LAST, "made", (None, (), 0))
+    return held if made == id(kwargs) and all(kwargs.get(n, 0) is None for n in names) else 0
 
 
 def _without(model: nn.Module, args: tuple, kwargs: dict, fresh: bool,
              check: bool = True) -> dict:
-    _LAST.bytes = 0
+    _LAST.made = (None, (), 0)
     if not _hf(model) or torch._C._functorch.maybe_current_level() is not None:
         return kwargs  # under a torch.func transform the step runs the model as it is
     decided = _DECIDED.setdefault(model, {})
@@ -83,9 +85,13 @@ def _without(model: nn.Module, args: tuple, kwargs: dict, fresh: bool,
                           "treated as None: left out" if alike else "not treated as None: kept",
                           time.perf_counter() - start)
     drop = [n for n in ones if decided.get(keys[n])]
-    _LAST.bytes = sum({masks[n].untyped_storage().data_ptr(): masks[n].untyped_storage().nbytes()
-                       for n in drop}.values())
-    return {**kwargs, **dict.fromkeys(drop)} if drop else kwargs
+    if not drop:
+        return kwargs
+    out = {**kwargs, **dict.fromkeys(drop)}
+    _LAST.made = (id(out), tuple(drop), sum({
+        masks[n].untyped_storage().data_ptr(): masks[n].untyped_storage().nbytes()
+        for n in drop}.values()))
+    return out
 
 
 def _hf(model: nn.Module) -> bool:
