@@ -25,7 +25,10 @@ NOTE [Profiling within the limit]
   the graph's output (a parameter's gradient) is dropped as soon as it is made: the pass
   returns nothing. What the op will make counts its outputs once, twice where its
   recomputation is timed beside its value (a split BatchNorm's), three times where variants
-  run beside it, and its scratch (NOTE [An op's scratch in the bounded pass]). Every op still
+  run beside it, four where one draws its op's forward again (a dropout's mask from its
+  generator state), and its scratch (NOTE [An op's scratch in the bounded pass]); the limit
+  is less the generator states held beside the pass (NOTE [Generator states beside the pass]
+  in monet_opt/profiler.py). Every op still
   runs in its place, on inputs of the same shapes, timed as before (an input
   made again just before is read warm, as the executor's recomputation reads it); what is
   made again runs untimed. A random op made again (dropout) draws anew: the pass runs under

@@ -60,6 +60,12 @@ class VariantProbe:
         self.error = [float("inf")] * n  # inf: not measured
         self.seen: dict[tuple, tuple[float, float]] = {}
 
+    def draws_at(self, name: str) -> bool:
+        """Whether a variant at node `name` draws its op's forward again (NOTE [Generator-state
+        replay]): the pass holds that draw's result beside the variant's and the op's."""
+        return any(variants.family(self.sites[v].family).draw is not None
+                   for v in self.at.get(name, ()))
+
     def keep_until(self) -> dict[str, str]:
         """Forward values a family reads in its op's argument's place -> the backward node
         they must live until."""

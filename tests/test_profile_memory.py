@@ -40,6 +40,12 @@ def walks(monkeypatch):
     return seen
 
 
+def _beside(limit: int) -> int:
+    """What the pass itself may hold under `limit`, on CPU (NOTE [Generator states beside the
+    pass] in monet_opt/profiler.py)."""
+    return limit - 3 * torch.get_rng_state().untyped_storage().nbytes()
+
+
 def _model_and_batch():
     torch.manual_seed(0)
     return SmallCNN().train(), torch.randn(16, 3, 32, 32)
@@ -60,7 +66,7 @@ def test_profiling_holds_no_more_than_the_limit_and_trains_like_eager(walks):
     opt = monet_opt.optimize(model, x, limit, profile_dir=None, time_limit_s=5)
     assert len(walks) == 2
     for (env, peak), eager_like in zip(walks, unbounded):
-        assert env is not None and env.limit == limit
+        assert env is not None and env.limit == _beside(limit)
         # the pass keeps the graph's own order, where making a BatchNorm's input again holds
         # its chain and the gradient in flight: a little over a plan's (NOTE [Profiling within
         # the limit])
@@ -88,7 +94,8 @@ def test_a_limit_no_plan_can_meet_holds_the_pass_at_the_size_bound(walks):
     # the bound of the step as traced, before the fixed memory the planner adds (the dropout's
     # generator state) is counted
     limits = [env.limit for env, _ in walks]
-    assert len(limits) == 2 and all(bound.bytes - 8192 < n <= bound.bytes for n in limits)
+    assert len(limits) == 2 and all(_beside(bound.bytes - 8192) < n <= _beside(bound.bytes)
+                                    for n in limits)
     problem = monet_opt.lower_problem(model, x, timed=False)
     assert profile_memory.pass_limit(None, problem) is None
     assert profile_memory.pass_limit(bound.bytes + 1, problem) == bound.bytes + 1
@@ -142,7 +149,8 @@ def test_a_transformer_pass_makes_again_from_the_nearest_boundary(walks, monkeyp
             monet_opt.optimize(copy.deepcopy(model), x, limit, profile_dir=None, time_limit_s=1)
         except monet_opt.InfeasibleBudgetError:
             pass  # the pass is what is measured here
-        assert len(walks) == 2 and all(env.peak <= env.limit == limit for env, _ in walks)
+        assert len(walks) == 2 and all(env.peak <= env.limit == _beside(limit)
+                                       for env, _ in walks)
         return [env.made_again for env, _ in walks]
 
     spread = made_again()
@@ -222,4 +230,23 @@ def test_optimize_as_a_whole_holds_a_byte_limit_with_kernels_scratch():
     peak = monet_opt.measure_peak(lambda: made.append(monet_opt.optimize(
         model, x, limit, profile_dir=None, time_limit_s=5)), resident)
     assert made[0].plan.predicted_peak_bytes <= limit
+    assert peak <= limit
+
+
+def test_optimize_with_dropout_holds_a_byte_limit():
+    """NOTE [Generator states beside the pass] (monet_opt/profiler.py): three CPU generator
+    states held beside the pass, and a dropout variant's draw of its op's forward beside the
+    op's and the variant's results: optimize() of this MLP peaked 7,583 B over its limit."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.Linear(512, 128),
+                   torch.nn.LayerNorm(128), torch.nn.Dropout(0.1)]
+    model, x = torch.nn.Sequential(*layers), torch.randn(128, 128)
+    resident = monet_opt.resident_tensors(model, x)
+    eager = monet_opt.measure_peak(lambda: model(x).sum().backward(), resident)
+    model.zero_grad(set_to_none=True)
+    limit = int(eager * 0.9)
+    peak = monet_opt.measure_peak(lambda: monet_opt.optimize(
+        model, x, limit, profile_dir=None, time_limit_s=5), resident)
     assert peak <= limit
