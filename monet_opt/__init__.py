@@ -1,6 +1,7 @@
 """monet_opt: train PyTorch models in less memory at the least extra compute."""
 from monet_opt.api import lower_problem, optimize
 from monet_opt.attributes import SideEffectWarning
+from monet_opt.autocast_backward import AutocastBackwardWarning
 from monet_opt.errors import (CaptureError, DoubleBackwardError, InfeasibleBudgetError,
                               MonetError, NoBackwardError, PlanMismatchError,
                               UnsupportedGraphError)
@@ -14,8 +15,8 @@ from monet_opt.output_grad import OutputGradientWarning, TransformWarning, WithL
 from monet_opt.plan import Plan
 from monet_opt.units import Share, format_bytes, parse_memory_limit
 
-__all__ = ["BatchFit", "CaptureError", "DoubleBackwardError", "HookWarning",
-           "InfeasibleBudgetError", "LiveBytes", "MonetError", "NoBackwardError",
+__all__ = ["AutocastBackwardWarning", "BatchFit", "CaptureError", "DoubleBackwardError",
+           "HookWarning", "InfeasibleBudgetError", "LiveBytes", "MonetError", "NoBackwardError",
            "OptimizedModule", "OutputGradientWarning", "OutputsHeldWarning", "Plan",
            "PlanMismatchError", "ReplanWarning", "Share", "SideEffectWarning",
            "StepsInFlightWarning", "TransformWarning", "UnsupportedGraphError", "WithLoss",

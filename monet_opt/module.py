@@ -15,7 +15,8 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from monet_opt import absent_grads, handed_grads, ones_masks, output_grad, saved_hooks
+from monet_opt import (absent_grads, autocast_backward, handed_grads, ones_masks, output_grad,
+                       saved_hooks)
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.forwarded import ToModel
 from monet_opt.capture import autocast_state
@@ -216,8 +217,9 @@ class OptimizedModule(ToModel):
                          lambda: [*self.model.parameters(), *self.model.buffers()])
         output_grad.watch(returned, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         backward = absent_grads.step_node(returned)
-        absent_grads.prehook(backward)  # NOTE [Outputs the loss does not read]
-        handed_grads.prehook(backward)  # NOTE [Output gradients as handed]
+        # NOTE [Outputs the loss does not read], [Output gradients as handed], [Backward under
+        for hooked in (absent_grads, handed_grads, autocast_backward):  # autocast]
+            hooked.prehook(backward)
         return outputs
 
     def _step_for(self, args: tuple, kwargs: dict, leaves: list, treedef: pytree.TreeSpec,
@@ -330,9 +332,8 @@ class OptimizedModule(ToModel):
                          + WHAT_TO_DO[why])
             raise
         warnings.warn(ReplanWarning(
-            f"monet_opt: planned a step for {step.label} "
-            f"(the first plan: {first}) under the same memory limit, "
-            f"{format_bytes(self.plan.memory_limit_bytes)}, in "
+            f"monet_opt: planned a step for {step.label} (the first plan: {first}) under the "
+            f"same memory limit, {format_bytes(self.plan.memory_limit_bytes)}, in "
             f"{time.perf_counter() - start:.1f} s: predicted peak "
             f"{format_bytes(step.plan.predicted_peak_bytes)}, {len(self._steps) + 1} plans so "
             "far. Each is planned once. " + WHAT_TO_DO[why]
@@ -354,8 +355,7 @@ class OptimizedModule(ToModel):
         return twin._fresh()
 
     def __deepcopy__(self, memo: dict) -> OptimizedModule:
-        """A copy of the module and its model; the steps' compiled code is shared, as functions
-        are in any deep copy; none of its steps is in flight."""
+        """A copy of the module and its model, sharing compiled steps as it would functions."""
         twin = type(self).__new__(type(self))
         memo[id(self)] = twin
         twin.__dict__.update(copy.deepcopy(self.__dict__, memo))

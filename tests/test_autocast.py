@@ -152,3 +152,31 @@ def test_gpt2_least_plan_under_autocast_stays_within_its_limit():
         least = _optimize(base, x, full.plan.min_feasible_bytes)
         assert least.plan.recomputed_ops > 0
         _check_memory(least, x, loss_fn, full.plan.min_feasible_bytes, "least under autocast")
+
+
+def test_backward_inside_autocast_warns_and_runs_as_outside():
+    """NOTE [Backward under autocast]: loss.backward() inside the autocast block warns
+    (AutocastBackwardWarning, naming the caller's line) and gives the gradients of a backward
+    called outside, bitwise; outside it, nothing is said."""
+    torch.manual_seed(0)
+    base, x = _cnn()
+    with torch.autocast(**BF16):
+        opt = _optimize(base, x, HUGE)
+    grads = {}
+    for inside in (False, True):
+        opt.model.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with torch.autocast(**BF16):
+                loss = opt(x).float().square().sum()
+                if inside:
+                    loss.backward()
+            if not inside:
+                loss.backward()
+        said = [w for w in seen if w.category is monet_opt.AutocastBackwardWarning]
+        assert len(said) == inside, [str(w.message) for w in seen]
+        assert all(w.filename == __file__ and "after the autocast block" in str(w.message)
+                   for w in said)
+        grads[inside] = [p.grad.clone() for p in opt.model.parameters()]
+    assert all(map(torch.equal, grads[False], grads[True]))
