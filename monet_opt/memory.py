@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
@@ -49,7 +49,7 @@ class LiveBytes(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def _track(self, t: torch.Tensor) -> None:
-        if t.device.type != "cpu" or t.is_meta:
+        if t.device.type != "cpu" or t.is_meta or is_fake(t):  # optimize() traced inside
             return
         for part in dense_parts(t):
             storage = part.untyped_storage()

@@ -176,6 +176,21 @@ def test_switched_off_plans_count_what_ops_return(monkeypatch, tmp_path):
         == opt.plan.predicted_peak_bytes
 
 
+def test_switched_off_optimize_can_be_measured(monkeypatch, tmp_path):
+    """MONET_OPT_CPU_SCRATCH=0: optimize() run inside measure_peak (the live-bytes counter,
+    which then watched the trace's fake tensors: "invalid python storage", CaptureError) plans
+    as outside it, its profiling counted."""
+    monkeypatch.setenv(alloc_events.SWITCH, "0")
+    model, x = _conv_net(), torch.randn(4, 3, 16, 16)
+    resident = resident_tensors(model, x)
+    made = {}
+    peak = measure_peak(lambda: made.setdefault("opt", monet_opt.optimize(
+        model, x, 1 << 30, profile_dir=tmp_path / "a")), resident)
+    outside = monet_opt.optimize(model, x, 1 << 30, profile_dir=tmp_path / "b")
+    assert made["opt"].plan.predicted_peak_bytes == outside.plan.predicted_peak_bytes
+    assert peak > sum(t.untyped_storage().nbytes() for t in resident)
+
+
 def test_the_allocators_warning_is_not_printed():
     """NOTE [The allocator's one warning]: a window that frees memory made before it (a step
     freeing the one before's) printed the CPU allocator's warning once per process."""
