@@ -204,8 +204,9 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     state = [buffers[n] for n in buffer_names] + attribute_values(model, tuple(attributes))
     clones, weights = [t.clone() for t in state], [params[n] for n in param_names]
     planner.primals, planner.num_inputs = weights + clones + list(inputs), len(inputs)
-    planner.storage_extra = held_beyond(state, clones, counted=weights + list(inputs)) + \
-        ones_masks.dropped_bytes(kwargs)  # NOTE [Attention masks of all ones]
+    beyond, originals = held_beyond(state, clones, counted=weights + list(inputs))
+    masks = ones_masks.dropped_bytes(kwargs)  # NOTE [Attention masks of all ones]
+    planner.storage_extra, planner.beside_pass = beyond + masks, originals + masks
     planner.inputs = describe_inputs(args, kwargs)
     progress.tracing(planner.name, planner.inputs)  # NOTE [Progress]
     devices = cuda_devices(planner.primals)
@@ -248,7 +249,7 @@ class _Planner:
         self.outputs_held, self.timed, self.replan = outputs_held, timed, replan
         self.primals: list[torch.Tensor] = []
         self.num_inputs = 0  # the last of primals: the step's input tensors
-        self.inputs, self.storage_extra = "", 0
+        self.inputs, self.storage_extra, self.beside_pass = "", 0, 0
         self.problem: solvers.Problem | None = None
         self.profile: Profile | None = None
         self.plan: Plan | None = None
@@ -284,9 +285,9 @@ class _Planner:
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain
         told = progress.Progress(self.name, self.timed)  # NOTE [Progress]
-        within = self.limit if isinstance(self.limit, int) else None
-        # NOTEs [Tracing without the collector], [Profiling within the limit]: the pass held no
-        # lower than the size bound, which is computed only where the step is profiled
+        within = self.limit - self.beside_pass if isinstance(self.limit, int) else None
+        # NOTEs [Tracing without the collector], [Profiling within the limit], [Originals beside
+        # the pass]: the pass held no lower than the size bound, computed only where profiled
         measure = told.profiling(capture.collecting(lambda: _measured(
             joint, lowered, self.primals, self.repeats, self.allow_lossy,
             self.profile_time_limit_s, within if self.resident_bytes else
@@ -392,8 +393,7 @@ def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int
         if bad:
             warnings.warn(f"monet_opt: {len(bad)} operator variant(s) did not reproduce the "
                           f"op's result (bitwise, or within a lossy family's bound) on this "
-                          f"device and are not used: {bad[:3]}",
-                          RuntimeWarning, stacklevel=2)
+                          f"device and are not used: {bad[:3]}", RuntimeWarning, stacklevel=2)
         problem = problem.only_variants({v for v, ok in enumerate(exact) if ok})
     problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + loss_bytes(joint))
     return with_cuda_slack(problem, primals)  # NOTE [CUDA blocks]
