@@ -227,9 +227,12 @@ class BoundedEnv(dict):
         super().__setitem__(name, value)
 
     def pop(self, name: str, default: Any = None) -> Any:
-        """Graph inputs and attributes stay: what is made again may read them."""
+        """Graph inputs and attributes stay: what is made again may read them; output
+        gradients, which nothing made again reads, go (NOTE [Output gradients to their last
+        use] in monet_opt/profile_walk.py)."""
         node = self.nodes.get(name)
-        if node is not None and node.op in ("placeholder", "get_attr"):
+        if node is not None and node.op in ("placeholder", "get_attr") and \
+                not name.startswith("tangents"):
             return default
         self._forget(name)
         return super().pop(name, default)

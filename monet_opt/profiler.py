@@ -106,7 +106,8 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
             torch.random.fork_rng(devices=devices, enabled=True), on_device:
         given = iter(primals)  # in placeholder order, effect tokens put in
         inputs = [torch.empty(0) if is_effect_token(n) else
-                  _random_like(n.meta["val"], primals) if n.name.startswith("tangents") else
+                  functools.partial(_random_like, n.meta["val"], primals)  # NOTE [Output
+                  if n.name.startswith("tangents") else  # gradients to their last use]
                   next(given) for n in joint.graph.find_nodes(op="placeholder")]
         scratch = Scratch()  # NOTE [An op's scratch in the bounded pass]
         memory_limit = _beside_states(memory_limit, devices)
