@@ -25,7 +25,7 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.nn.modules.lazy import LazyModuleMixin
 
 from monet_opt import (attribute_tensors, capture_hints, data_assigned, forward_state, input_spec,
-                       host_random, kernels, saved_hooks)
+                       export_route, host_random, kernels, saved_hooks)
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
@@ -145,8 +145,9 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
     target = model
     if export_example is not None:
         args, kwargs = export_example
-        target = forward_state.exported(model, lambda: _no_partial_graph(
-            lambda: torch.export.export(model, args, kwargs, strict=False).module()))
+        with export_route.TensorHooksRefused():  # NOTE [What the export route leaves out]
+            target = forward_state.exported(model, lambda: _no_partial_graph(
+                lambda: torch.export.export(model, args, kwargs, strict=False).module()))
     params, buffers, attributes = state_names(model)
     names = params + buffers + attributes
     n_state = len(names)
@@ -226,8 +227,9 @@ def _boxed(gm: torch.fx.GraphModule):
 #     which the direct trace cannot get past. torch.export sets the same flag;
 #   - "export": torch.export(strict=False) first, then AOTAutograd on the exported module (two
 #     traces, so the slowest).
-#   The route that worked is remembered per model class, so a second optimize() of the same model
-#   (same process) goes straight to it instead of failing the others first. Once AOTAutograd has
+#   The route that worked is remembered per model class (torch.export's per model), so a second
+#   optimize() of the same model (same process) goes straight to it instead of failing the
+#   others first. Once AOTAutograd has
 #   called our partition function the trace has worked: an error from there on (lowering,
 #   profiling, solving, building the step) is ours or the plan's, not the route's, and propagates
 #   as raised. It used to send the model down the next route whenever no plan had been made yet,
@@ -235,7 +237,7 @@ def _boxed(gm: torch.fx.GraphModule):
 #   by a route that traced the model otherwise (the export route reads no tensor attributes:
 #   NOTE [Tensors held as attributes]).
 ROUTES = ("direct", "as compiling", "export")
-_ROUTE: dict[type, str] = {}
+_ROUTE: dict[type, str] = {}  # but torch.export's (NOTE [What the export route leaves out])
 _HOW = {"direct": "AOTAutograd",
         "as compiling": "AOTAutograd with torch.compiler.is_compiling() true",
         "export": "torch.export(strict=False) then AOTAutograd"}
@@ -251,12 +253,14 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
     errors: list[str] = []
     checked = False  # a torch.distributions argument check failed to trace
     causal = False  # a transformer's check of its mask's values failed to trace
-    known = _ROUTE.get(type(model))
+    known = export_route.known(model, _ROUTE)
     routes = ROUTES if known is None else (known, *(r for r in ROUTES if r != known))
     for route in routes:
         export_example = (args, kwargs) if route == "export" else None
         try:
             before = forward_state.attributes(model)
+            if route == "export":  # NOTE [What the export route leaves out]
+                export_route.refuse_backward_hooks(model)
             try:
                 with _tracing(as_compiling=route == "as compiling"), \
                         host_random.watching(model), saved_hooks.watching(model):
@@ -264,7 +268,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
                     _compile_on_fakes(fn, primals)
             finally:
                 forward_state.put_back_traced(model, before)  # NOTE [Traced tensors left]
-            _ROUTE[type(model)] = route
+            export_route.remember(model, route, _ROUTE)
             return fn
         except MonetError:
             raise

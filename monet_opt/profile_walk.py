@@ -4,6 +4,8 @@ monet_opt/profile_memory.py), each op's real output layout checked against the t
 [Layouts the tracer misreads] in monet_opt/misread_layouts.py)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.fx as fx
 
@@ -20,7 +22,7 @@ from monet_opt.profile_memory import BoundedEnv, Scratch
 #   after its last read (a bounded pass drops it too: nothing made again reads one).
 
 
-def walk(gm: fx.GraphModule, inputs: list, visit,
+def walk(gm: fx.GraphModule, inputs: list[torch.Tensor | Callable[[], torch.Tensor]], visit,
          keep_until: dict[str, str] | None = None, memory_limit: int | None = None,
          copies=lambda node: 1, scratch: Scratch | None = None,
          layouts: Layouts | None = None) -> int:
