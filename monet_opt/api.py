@@ -300,8 +300,7 @@ class _Planner:
                 self.profile = self._cached_profile(joint, lowered, measure)
                 problem = self.profile.problem
             # NOTEs [Inputs that share a storage], [Sparse inputs], [Buffers the step updates],
-            # [The step's generator states] in monet_opt/recompute.py, [Gradients made outside
-            # the step]
+            # [The step's generator states] (recompute.py), [Gradients made outside the step]
             extra = lowered.snapshot_bytes + sparse_bytes(self.primals) - shared_bytes(self.primals)
             extra += recompute.state_bytes(joint, lowered) + self.storage_extra + \
                 outside_grads.outside_bytes(joint, num_fwd_outputs, self.primals, self.resident)
@@ -317,7 +316,8 @@ class _Planner:
             if self.resident_bytes:  # NOTE [Gradients resident at the start]
                 problem = in_place_problem(problem, lowered, num_fwd_outputs, slots,
                                            self.resident_bytes)
-            limit = limit_bytes(self.limit, problem) if self.limit is not None else 2 ** 62
+            lighter = updated_buffers.uncopied(problem, lowered)  # NOTE [Copies counted as made]
+            limit = limit_bytes(self.limit, lighter) if self.limit is not None else 2 ** 62
             # NOTEs [Schedules found for the step ...], [Least peaks recalled in the process]
             seconds, others, least = replanned(self.solver, problem, limit, self.time_limit_s) \
                 if self.replan else (self.time_limit_s, (), True)  # NOTE [Plans for other shapes]
@@ -338,7 +338,7 @@ class _Planner:
                     rewrite.partition(joint, joint_inputs, lowered, s, num_fwd_outputs, **kwargs)))
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds
             raise InfeasibleBudgetError(limit, result.min_feasible_bytes, self.solver, self.limit,
-                                        least_held(problem, result), least_peak_bound(problem),
+                                        least_held(problem, result), least_peak_bound(lighter),
                                         self.time_limit_s)
         self.slots = slots
         graphs = rewrite.partition(joint, joint_inputs, lowered, result.schedule,

@@ -65,6 +65,13 @@ def as_made(problem: Problem, result: SolveResult, forward: fx.GraphModule,
                                         if least is None else min(least, peak))
 
 
+def uncopied(problem: Problem, lowered) -> Problem:
+    """`problem` without the copies' fixed bytes: the store-all step, which makes none, that a
+    share of the activations is of, and what bounds every schedule's peak from below (NOTE
+    [Copies counted as made])."""
+    return dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes - lowered.snapshot_bytes)
+
+
 # NOTE [Copies counted as made]
 #   The solver counts every copy as fixed memory (it cannot tell which a schedule reads), so a
 #   limit between store-all's peak with the copies and without them was refused, with a least
@@ -76,15 +83,19 @@ def as_made(problem: Problem, result: SolveResult, forward: fx.GraphModule,
 #   fits either, the least peak reported is the lesser of the two solves' (the second's least
 #   schedule with the copies it makes): an input dropped out in place (its copy counted) was
 #   refused with a least of 70,940 B where a plan at a larger limit measured 54,520 (fuzz).
+#   A share of the activations, and the bound from sizes the error gives (NOTE [A least peak
+#   from sizes] in solvers/peak_bound.py), are of the step without copies too: with them, an
+#   Embedding with max_norm (its table copied) was refused at 1 B saying "the step's sizes
+#   alone need 125.80 KiB" and to raise the limit "to at least 97.07 KiB", which then planned
+#   and measured 97.07 KiB; and "10% of activations" of an EmbeddingBag with max_norm came to
+#   57,915 B, above its store-all step (53,000 B), so every share planned store-all.
 def retried(problem: Problem, limit: int, lowered, result: SolveResult,
             solve: Callable[[Problem], SolveResult],
             partition: Callable[[Schedule], tuple[fx.GraphModule, fx.GraphModule]]
             ) -> SolveResult:
     """`result`, or where it is infeasible a schedule solved without the copies that fits
     `limit` with those it makes (NOTE [Copies counted as made])."""
-    lighter = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes - sum(
-        lowered.snapshot_sizes))
-    again = solve(lighter)
+    again = solve(uncopied(problem, lowered))
     if not again.feasible:  # its least-peak schedule, with the copies it makes, may be less
         floor = again.floor_schedule
         if floor is None:

@@ -191,6 +191,20 @@ def test_a_limit_store_all_fits_without_the_copies_is_met():
         assert torch.equal(p.grad, q.grad) and torch.equal(p, q)
 
 
+def test_the_bound_and_shares_are_of_the_step_without_the_copies():
+    """NOTE [Copies counted as made]: with the table's copy counted, the bound from sizes the
+    error gives ("the step's sizes alone need") was above the least peak it named, and "100% of
+    activations" above the store-all step's peak."""
+    torch.manual_seed(0)
+    model, ids = _MaxNorm(), torch.randint(0, 200, (4, 5))
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+        monet_opt.optimize(copy.deepcopy(model), ids, 1, profile_dir=None, profile_repeats=1)
+    assert info.value.lower_bound_bytes <= info.value.min_feasible_bytes
+    plan = monet_opt.optimize(model, ids, "100% of activations", profile_dir=None,
+                              profile_repeats=1).plan
+    assert plan.memory_limit_bytes == plan.store_all_peak_bytes
+
+
 class _DroppedInput(nn.Module):
     """Its input dropped out in place: a copy of it is counted for a recomputation to read."""
 
