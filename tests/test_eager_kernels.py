@@ -1,5 +1,5 @@
 """Ops whose traced Python decomposition is not what eager runs (upsampling, GRU and RNN with
-dropout between layers) are traced as eager's kernels, so plans train bitwise like eager;
+dropout between layers, margin losses) are traced as eager's kernels, so plans train bitwise like eager;
 LSTM traces, with a warning that says how it differs (NOTE [Eager's own kernels])."""
 from __future__ import annotations
 
@@ -50,6 +50,26 @@ class CellLoop(nn.Module):
         return self.out(h)
 
 
+class Margin(nn.Module):
+    """A classifier with its margin loss (sums in another order when decomposed: a loss
+    1.2e-7 from eager's; with p=2 and class weights, gradients 3e-8)."""
+
+    def __init__(self, multilabel: bool):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 6))
+        self.multilabel = multilabel
+        target = torch.full((8, 6), -1) if multilabel else torch.arange(8) % 6
+        if multilabel:
+            target[:, 0], target[::2, 1] = torch.arange(8) % 6, 5
+        self.register_buffer("target", target)
+
+    def forward(self, x):
+        out = self.net(x)
+        if self.multilabel:
+            return F.multilabel_margin_loss(out, self.target)
+        return F.multi_margin_loss(out, self.target, p=2, weight=torch.linspace(0.5, 2, 6))
+
+
 CASES = {
     "bilinear": lambda: (Upsampling(2, scale_factor=2, mode="bilinear"), (2, 3, 11, 13)),
     "bilinear_corners": lambda: (Upsampling(2, size=(17, 30), mode="bilinear",
@@ -69,6 +89,8 @@ CASES = {
     "gru_cell_40": lambda: (CellLoop(), (6, 5, 12)),
     "rnn_tanh_dropout": lambda: (Recurrent(nn.RNN(12, 16, num_layers=2, dropout=0.3)),
                                  (9, 4, 12)),
+    "multi_margin": lambda: (Margin(multilabel=False), (8, 16)),
+    "multilabel_margin": lambda: (Margin(multilabel=True), (8, 16)),
 }
 
 
