@@ -286,6 +286,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         + capture_hints.sparse_gradient(errors)
         + (capture_hints.VALIDATING if checked else "")
         + (capture_hints.CAUSAL_CHECK if causal else "")
+        + (capture_hints.TORCH_CHECK if any(capture_hints.IN_TORCH in e for e in errors) else "")
         + host_random.drawn_hint() + host_random.layerdrop_hint(model))
 
 

@@ -17,11 +17,32 @@ _GENERATED = ("<string>", "<eval_with_key>")
 def where(exc: BaseException) -> str:
     """The exception's first line plus the last frame of user code that raised it."""
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "/torch/" not in f.filename and "/monet_opt/" not in f.filename
-              and not f.filename.startswith(_GENERATED)]
-    at = f" (at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
-    return f"{type(exc).__name__}: {message}{at}"
+    every = traceback.extract_tb(exc.__traceback__)
+    mine = [k for k, f in enumerate(every)
+            if "/torch/" not in f.filename and "/monet_opt/" not in f.filename
+            and not f.filename.startswith(_GENERATED)]
+    if not mine:
+        return f"{type(exc).__name__}: {message}"
+    last = every[mine[-1]]
+    after = every[mine[-1] + 1:]  # the torch function it called, at its deepest (re-entered
+    called = [f for f in after if after[0].filename.endswith(_TORCH_FUNCTIONS)  # under export)
+              and f.filename == after[0].filename and f.name == after[0].name][-1:]
+    inside = "".join(f"; in torch's {f.name}, at `{f.line}`{IN_TORCH}" for f in called)
+    return f"{type(exc).__name__}: {message} (at {last.filename}:{last.lineno}: {last.line}" \
+        f"{inside})"
+
+
+# NOTE [Failing inside torch's functions]
+#   A function of torch.nn.functional that checks its input's values (gaussian_nll_loss's
+#   `torch.any(var < 0)`) cannot be traced, and the CaptureError named only the user's line
+#   that called it (a WithLoss lambda), with advice about .item() there and HF's use_cache.
+#   Now it names the function and its line, marked IN_TORCH, for the hint to say what to do.
+_TORCH_FUNCTIONS = ("/torch/nn/functional.py", "/torch/functional.py")
+IN_TORCH = " [torch's own check]"
+TORCH_CHECK = ("\nWhere it failed inside torch's own function (marked \"torch's own check\"), that "
+               "function reads its input's values: call it outside the optimized module (a "
+               "loss: optimize the model, not WithLoss, and compute the loss on its output), or "
+               "write it without the check.")
 
 
 def _not_a_meta_failure(record: logging.LogRecord) -> bool:

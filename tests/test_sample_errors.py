@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import monet_opt
@@ -34,3 +35,17 @@ def test_a_sample_the_model_rejects_eagerly_is_said_to_be_the_cause():
         monet_opt.optimize(model, torch.randn(2, 5, 6, 6), 1 << 30, profile_dir=None)
     assert "use_cache" not in str(err.value)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_a_check_inside_a_torch_function_is_named():
+    """NOTE [Failing inside torch's functions] (monet_opt/capture_hints.py): gaussian_nll_loss
+    checks `torch.any(var < 0)`; the error named only the lambda calling it, with advice about
+    .item() there and HF's use_cache."""
+    loss = lambda o, t: F.gaussian_nll_loss(o[:, :3], t, o[:, 3:].exp())  # noqa: E731
+    model = monet_opt.WithLoss(nn.Linear(16, 6), loss)
+    with pytest.raises(monet_opt.CaptureError) as caught:
+        monet_opt.optimize(model, (torch.randn(8, 16), torch.randn(8, 3)), 1 << 30,
+                           profile_dir=None)
+    message = str(caught.value)
+    assert "in torch's gaussian_nll_loss, at `elif torch.any(var < 0):`" in message
+    assert "optimize the model, not WithLoss" in message
