@@ -1,6 +1,7 @@
 """Ops whose traced Python decomposition is not what eager runs (upsampling, GRU and RNN with
-dropout between layers, margin losses) are traced as eager's kernels, so plans train bitwise like eager;
-LSTM traces, with a warning that says how it differs (NOTE [Eager's own kernels])."""
+dropout between layers, margin losses) are traced as eager's kernels, so plans train bitwise
+like eager; LSTM traces, with a warning that says how it differs (NOTE [Eager's own
+kernels])."""
 from __future__ import annotations
 
 import copy
