@@ -265,8 +265,9 @@ class OptimizedModule(ToModel):
                 watched.changed(self.model, base, values)  # ... and since, where they were
                 if base[0] != self._first_values[0] and values != base else "")))
             if autocast != self._autocast:
-                changed = ", ".join(filter(None, (f"autocast {describe_autocast(autocast)}",
-                                                  changed)))
+                changed = ", ".join(filter(None, (f"autocast {describe_autocast(autocast)} "
+                                                  f"here, {describe_autocast(self._autocast)} "
+                                                  "at optimize()", changed)))
             if hooks != self._hooks:
                 changed = ", ".join(filter(None, (
                     f"hooks changed at {changed_hooks(self.model, self._hooks, hooks)}", changed)))
@@ -356,8 +357,7 @@ class OptimizedModule(ToModel):
 
     def __deepcopy__(self, memo: dict) -> OptimizedModule:
         """A copy of the module and its model, sharing compiled steps as it would functions."""
-        twin = type(self).__new__(type(self))
-        memo[id(self)] = twin
+        twin = memo[id(self)] = type(self).__new__(type(self))
         twin.__dict__.update(copy.deepcopy(self.__dict__, memo))
         return twin._fresh()
 

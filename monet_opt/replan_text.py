@@ -47,7 +47,9 @@ WHAT_TO_DO = {
     "autocast": "A step is traced under the autocast state it runs in (its casts are ops of "
                 "its graph: NOTE [Autocast is traced]), so each state is a step of its own; call "
                 "optimize() inside the torch.autocast block you train in (an accelerate "
-                "Accelerator prepared after optimize() runs every step under autocast).",
+                "Accelerator prepared after optimize() runs every step under autocast); a "
+                "step run under another state on purpose (in float32 after a mixed-precision "
+                "optimize()) is planned under the same limit, which must hold it too.",
     "hooks": "What a module hook computes on tensors is traced into the step, so each set of "
              "hooks is a step of its own (NOTE [Module hooks]); a hook registered anew for "
              "every step makes a plan each time: keep it registered.",
