@@ -49,6 +49,17 @@ def _beside(limit: int, model: torch.nn.Module | None = None) -> int:
     return limit - 3 * torch.get_rng_state().untyped_storage().nbytes() - sum(buffers.values())
 
 
+def _own_peak(model, x, limit: int | None = None) -> tuple[int, int]:
+    """optimize()'s own peak, measured as a whole, and its byte limit (None: 90 % of the
+    eager step's peak)."""
+    resident = monet_opt.resident_tensors(model, x)
+    if limit is None:
+        limit = int(monet_opt.measure_peak(lambda: model(x).sum().backward(), resident) * 0.9)
+        model.zero_grad(set_to_none=True)
+    return monet_opt.measure_peak(lambda: monet_opt.optimize(
+        model, x, limit, profile_dir=None, time_limit_s=5), resident), limit
+
+
 def _model_and_batch():
     torch.manual_seed(0)
     return SmallCNN().train(), torch.randn(16, 3, 32, 32)
@@ -246,12 +257,7 @@ def test_optimize_with_dropout_holds_a_byte_limit():
         layers += [torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.Linear(512, 128),
                    torch.nn.LayerNorm(128), torch.nn.Dropout(0.1)]
     model, x = torch.nn.Sequential(*layers), torch.randn(128, 128)
-    resident = monet_opt.resident_tensors(model, x)
-    eager = monet_opt.measure_peak(lambda: model(x).sum().backward(), resident)
-    model.zero_grad(set_to_none=True)
-    limit = int(eager * 0.9)
-    peak = monet_opt.measure_peak(lambda: monet_opt.optimize(
-        model, x, limit, profile_dir=None, time_limit_s=5), resident)
+    peak, limit = _own_peak(model, x)
     assert peak <= limit
 
 
@@ -272,12 +278,7 @@ def test_optimize_holds_a_byte_limit_beside_the_models_buffers():
     model's buffers while the model holds them: optimize() peaked the table's bytes over."""
     torch.manual_seed(0)
     model, x = _Positions(), torch.randn(96, 128)
-    resident = monet_opt.resident_tensors(model, x)
-    eager = monet_opt.measure_peak(lambda: model(x).sum().backward(), resident)
-    model.zero_grad(set_to_none=True)
-    limit = int(eager * 0.9)
-    peak = monet_opt.measure_peak(lambda: monet_opt.optimize(
-        model, x, limit, profile_dir=None, time_limit_s=5), resident)
+    peak, limit = _own_peak(model, x)
     assert peak <= limit
 
 
@@ -304,8 +305,5 @@ def test_optimize_near_the_least_peak_frees_the_output_gradient():
     model, ids = _Tanhs(), torch.randint(0, 4000, (16, 128))
     with pytest.raises(monet_opt.InfeasibleBudgetError) as caught:
         monet_opt.optimize(model, ids, 1 << 20, profile_dir=None, time_limit_s=5)
-    limit = caught.value.min_feasible_bytes * 103 // 100
-    resident = monet_opt.resident_tensors(model, ids)
-    peak = monet_opt.measure_peak(lambda: monet_opt.optimize(
-        model, ids, limit, profile_dir=None, time_limit_s=5), resident)
+    peak, limit = _own_peak(model, ids, caught.value.min_feasible_bytes * 103 // 100)
     assert peak <= limit
