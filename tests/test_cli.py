@@ -5,6 +5,7 @@ import collections
 import contextlib
 import copy
 import io
+import re
 import statistics
 import warnings
 from pathlib import Path
@@ -165,7 +166,8 @@ def test_list_shows_profiles_and_schedules(zoo):
     assert code == 0 and err == ""
     assert out.count("Sequential-") == 2
     assert "inputs float32[64x8]" in out and "inputs float32[32x8]" in out
-    assert "infeasible" in out and "optimal" in out
+    # the 80 % limit's schedule: optimal, or feasible where the solver's time ran out (CI load)
+    assert "infeasible" in out and re.search(r"\s(optimal|feasible)\s", out)
 
 
 def test_explain_prints_a_cached_plan(zoo):
