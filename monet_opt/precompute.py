@@ -150,7 +150,11 @@ def random_input(args: argparse.Namespace, shape: tuple[int, ...]) -> Any:
 
 def requested_limits(args: argparse.Namespace) -> list[tuple[int | Share, str]]:
     """--limits, or the --fractions, as (bytes or Share, as written) pairs, checked before
-    profiling."""
+    profiling. An empty one (an unset shell variable) is refused, not read as not given."""
+    for name in ("limits", "fractions"):
+        if getattr(args, name) is not None and not getattr(args, name).strip():
+            raise UsageError(f"--{name} is empty: give one or more, comma-separated, or leave "
+                             "the option out for the defaults")
     if not args.limits:
         fractions = DEFAULT_FRACTIONS if not args.fractions else _fractions(args.fractions)
         return [(Share(f, "activations"), f"{f:.0%} of activations") for f in fractions]

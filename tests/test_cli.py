@@ -206,6 +206,9 @@ def test_explain_prints_a_cached_plan(zoo):
       "bogus"), "bad --device"),
     (("precompute", "./tests/models.py:mlp", "--input-shape", "2x8"), "cannot import"),
     (("precompute", FACTORY, "--input-shape", "2x8", "--device", "meta"), "cpu or cuda"),
+    # an empty list (an unset shell variable) solved the default limits
+    (("precompute", FACTORY, "--input-shape", "2x8", "--limits", ""), "--limits is empty"),
+    (("precompute", FACTORY, "--input-shape", "2x8", "--fractions", " "), "--fractions is empty"),
 ])
 def test_errors_exit_2_with_one_line(zoo, argv, message):
     root, _ = zoo
