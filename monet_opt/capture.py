@@ -229,13 +229,12 @@ def _boxed(gm: torch.fx.GraphModule):
 #     traces, so the slowest).
 #   The route that worked is remembered per model class (torch.export's per model), so a second
 #   optimize() of the same model (same process) goes straight to it instead of failing the
-#   others first. Once AOTAutograd has
-#   called our partition function the trace has worked: an error from there on (lowering,
-#   profiling, solving, building the step) is ours or the plan's, not the route's, and propagates
-#   as raised. It used to send the model down the next route whenever no plan had been made yet,
-#   so a failure in our own rewrites or lowering was reported as a failed trace, or worse, hidden
-#   by a route that traced the model otherwise (the export route reads no tensor attributes:
-#   NOTE [Tensors held as attributes]).
+#   others first. Once AOTAutograd has called our partition function the trace has worked: an
+#   error from there on (lowering, profiling, solving, building the step) is ours or the
+#   plan's, not the route's, and propagates as raised. It used to send the model down the next
+#   route whenever no plan had been made yet, so a failure in our own rewrites or lowering was
+#   reported as a failed trace, or worse, hidden by a route that traced the model otherwise
+#   (the export route reads no tensor attributes: NOTE [Tensors held as attributes]).
 ROUTES = ("direct", "as compiling", "export")
 _ROUTE: dict[type, str] = {}  # but torch.export's (NOTE [What the export route leaves out])
 _HOW = {"direct": "AOTAutograd",

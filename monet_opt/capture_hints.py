@@ -14,13 +14,17 @@ from monet_opt.memory import cuda_devices
 _GENERATED = ("<string>", "<eval_with_key>")
 
 
+def users(frame: traceback.FrameSummary) -> bool:
+    """Whether `frame` is the user's code: not torch's, ours or FX's generated code."""
+    return "/torch/" not in frame.filename and "/monet_opt/" not in frame.filename \
+        and not frame.filename.startswith(_GENERATED)
+
+
 def where(exc: BaseException) -> str:
     """The exception's first line plus the last frame of user code that raised it."""
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     every = traceback.extract_tb(exc.__traceback__)
-    mine = [k for k, f in enumerate(every)
-            if "/torch/" not in f.filename and "/monet_opt/" not in f.filename
-            and not f.filename.startswith(_GENERATED)]
+    mine = [k for k, f in enumerate(every) if users(f)]
     if not mine:
         return f"{type(exc).__name__}: {message}"
     last = every[mine[-1]]

@@ -23,12 +23,10 @@ import weakref
 import torch
 from torch import nn
 
-from monet_opt import hooks
+from monet_opt import capture_hints, hooks
 
 _BACKWARD = ("_backward_pre_hooks", "_backward_hooks",
              "_global_backward_pre_hooks", "_global_backward_hooks")
-
-
 _EXPORTED: weakref.WeakSet = weakref.WeakSet()  # the models that went through torch.export
 
 
@@ -68,8 +66,7 @@ class TensorHooksRefused:
         self.register = register = torch.Tensor.register_hook
 
         def noting(tensor: torch.Tensor, hook):
-            frames = [f for f in traceback.extract_stack()[:-1]
-                      if "/torch/" not in f.filename and "/monet_opt/" not in f.filename]
+            frames = [f for f in traceback.extract_stack()[:-1] if capture_hints.users(f)]
             self.registered.append(f"{frames[-1].filename}:{frames[-1].lineno}" if frames
                                    else "?")
             return register(tensor, hook)

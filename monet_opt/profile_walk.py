@@ -27,11 +27,11 @@ def walk(gm: fx.GraphModule, inputs: list[torch.Tensor | Callable[[], torch.Tens
          copies=lambda node: 1, scratch: Scratch | None = None,
          layouts: Layouts | None = None) -> int:
     """Run `gm` node by node on `inputs` (a tensor, or a function making one, per placeholder):
-    visit(node, args, kwargs, env) computes each call's value into
-    env; values are freed after their last use (or, for a name in keep_until, after the node
-    named there if that comes later), and with a memory limit, dropped and made again to keep
-    within it (NOTE [Profiling within the limit]); `layouts`, where given, notes each op whose
-    real output is laid out otherwise than traced. Returns how many values were made again."""
+    visit(node, args, kwargs, env) computes each call's value into env; values are freed after
+    their last use (or, for a name in keep_until, after the node named there if that comes
+    later), and with a memory limit, dropped and made again to keep within it (NOTE [Profiling
+    within the limit]); `layouts`, where given, notes each op whose real output is laid out
+    otherwise than traced. Returns how many values were made again."""
     last_use: dict[str, fx.Node] = {}
     for node in gm.graph.nodes:
         fx.node.map_arg((node.args, node.kwargs), lambda a: last_use.__setitem__(a.name, node))
