@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--above: shares above the least peak, e.g. 0,0.02,0.05; got {args.above!r}")
     if any(e < 0 for e in above):
         ap.error(f"--above: the budgets must be at or above the least peak, got {args.above}")
-    size = zoo.parse_size(args.size, tuple(args.models.split(",")))
+    size = zoo.size_argument(ap, args.size, tuple(args.models.split(",")))
     chosen = args.solvers.split(",") if args.solvers else None
     LOWERINGS.use(args.device, args.problems)
     begin("Solver benchmark", "monet_opt.bench_solvers", args)

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.models.split(","):
         spec = SPECS[name]
         gpu = args.gpu_sizes or args.device == "cuda"
-        size = zoo.parse_size(args.size, (name,)) or (spec.gpu if gpu else spec.cpu)
+        size = zoo.size_argument(ap, args.size, (name,)) or (spec.gpu if gpu else spec.cpu)
         bench_model(name, args.solver, args.time_limit, sys.stdout, args.lossy, size,
                     args.lower_only)
 

@@ -11,6 +11,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from monet_opt.errors import UsageError
+
 
 def resnet50(batch: int = 32, size: int = 160):
     import torchvision
@@ -162,6 +164,14 @@ ALL_MODELS: dict[str, Callable[..., tuple[nn.Module, Any]]] = {
     "unet": unet, "bert_base": bert_base, "tiny_cnn": tiny_cnn, "gpt2_narrow": gpt2_narrow}
 
 
+def size_argument(parser, text: str, models: tuple[str, ...]) -> dict[str, int] | None:
+    """parse_size for a script's --size: a bad one is its parser's usage error (status 2)."""
+    try:
+        return parse_size(text, models)
+    except UsageError as exc:
+        parser.error(str(exc))
+
+
 def parse_size(text: str, models: tuple[str, ...] = ()) -> dict[str, int] | None:
     """A factory's arguments from the command line ("batch=32,size=160"); None for "". Each
     value is a whole number of at least 1, each name an argument of every one of `models`."""
@@ -172,12 +182,12 @@ def parse_size(text: str, models: tuple[str, ...] = ()) -> dict[str, int] | None
     except ValueError:
         size = {}
     if not size or any(v < 1 for v in size.values()):
-        raise SystemExit(f"--size takes name=integer pairs (integers of at least 1) separated by "
+        raise UsageError(f"--size takes name=integer pairs (integers of at least 1) separated by "
                          f"commas, such as batch=64,size=160; got {text!r}")
     for name in (m for m in models if m in ALL_MODELS):
         takes = list(inspect.signature(ALL_MODELS[name]).parameters)
         unknown = [k for k in size if k not in takes]
         if unknown:
-            raise SystemExit(f"--size: {name} takes {', '.join(takes)}, not {', '.join(unknown)}"
+            raise UsageError(f"--size: {name} takes {', '.join(takes)}, not {', '.join(unknown)}"
                              f"; give only those (or bench one model at a time)")
     return size

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 
 import pytest
 import torch
 from torch import nn
 
 import solvers
-from monet_opt import alloc_events, zoo
+from monet_opt import alloc_events, cli, zoo
 from monet_opt.bench import allocator, measure, models, peers, report, results, run
+from monet_opt.errors import UsageError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -98,11 +98,13 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
 
 
 @pytest.mark.parametrize("limit", ["half", "a", "min+", "min-10", "0"])
-def test_a_limit_that_is_none_is_refused_before_anything_runs(tmp_path, limit):
-    with pytest.raises(SystemExit, match=re.escape(f"--limits: limit '{limit}': give a share")):
-        run.main(["--models", "tiny_cnn", "--quick", "--out", str(tmp_path),
-                  "--limits", f"100,{limit}"])
-    assert not any(tmp_path.iterdir())
+def test_a_limit_that_is_none_is_refused_before_anything_runs(tmp_path, limit, capsys):
+    """A usage error: one line and status 2, as argparse's own (it exited 1)."""
+    assert cli.main(["bench", "--models", "tiny_cnn", "--quick", "--out", str(tmp_path),
+                     "--limits", f"100,{limit}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"monet-opt bench: error: --limits: limit '{limit}': give a share")
+    assert len(err.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("args, says", [
@@ -114,17 +116,18 @@ def test_a_limit_that_is_none_is_refused_before_anything_runs(tmp_path, limit):
     (["--rounds", "0"], None), (["--time-limit", "0"], None), (["--time-limit", "inf"], None),
     (["--models", ","], "no model in ','"),
 ])
-def test_a_bad_argument_is_refused_before_anything_runs(tmp_path, args, says):
+def test_a_bad_argument_is_refused_before_anything_runs(tmp_path, args, says, capsys):
     """Each failed after eager's run (OverflowError, ValueError, TypeError) or was taken silently
     (--rounds 0 and --time-limit 0 as the defaults, batch=0 benchmarked)."""
     out = tmp_path / "out"
-    with pytest.raises(SystemExit, match=re.escape(says or "")) as raised:
+    with pytest.raises(SystemExit) as raised:  # argparse's usage error, ours alike
         run.main(["--models", "tiny_cnn", "--quick", "--out", str(out), *args])
-    assert says is not None or raised.value.code == 2  # argparse's usage error
+    assert raised.value.code == 2 and (says or "") in capsys.readouterr().err
     assert not out.exists()
     (tmp_path / "file").write_text("kept")
-    with pytest.raises(SystemExit, match="is a file, not a folder"):
-        run.main(["--models", "tiny_cnn", "--quick", "--out", str(tmp_path / "file")])
+    assert cli.main(["bench", "--models", "tiny_cnn", "--quick", "--out",
+                     str(tmp_path / "file")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
     assert (tmp_path / "file").read_text() == "kept"
 
 
@@ -142,7 +145,7 @@ def test_channels_last_run_times_the_model_as_built_beside(tmp_path):
     assert ours and all(p.status == "ok" and p.grad_rel_diff == 0.0 for p in ours)
     assert all(p.peak_bytes <= p.limit_bytes for p in ours)
     assert "model as built (contiguous)" in (tmp_path / "bench.md").read_text()
-    with pytest.raises(SystemExit, match="gpt2 takes dict, not an image batch"):
+    with pytest.raises(UsageError, match="gpt2 takes dict, not an image batch"):
         run._channels_last("gpt2", nn.Linear(2, 2), {"input_ids": torch.zeros(1, 4)})
 
 
@@ -380,7 +383,7 @@ def test_sizes_are_name_integer_pairs():
     from monet_opt.bench import run
     assert zoo.parse_size("batch=64,size=160") == {"batch": 64, "size": 160}
     assert zoo.parse_size("") is None
-    with pytest.raises(SystemExit, match="name=integer pairs"):
+    with pytest.raises(UsageError, match="name=integer pairs"):
         zoo.parse_size("batch=64,size")
     parser = argparse.ArgumentParser()
     run.add_arguments(parser)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from monet_opt.bench import measure, models, run
+from monet_opt.errors import UsageError
 
 
 def _settings(*argv: str) -> run.Settings:
@@ -22,7 +23,7 @@ def test_an_out_folder_that_cannot_be_made_is_refused(tmp_path):
     """It was found only when bench.json was written, after the whole model was measured."""
     (tmp_path / "afile").write_text("kept")
     under_file = tmp_path / "afile" / "sub"
-    with pytest.raises(SystemExit, match=f"--out: cannot make the folder {under_file} "):
+    with pytest.raises(UsageError, match=f"--out: cannot make the folder {under_file} "):
         _settings("--out", str(under_file), "--compile-budgets", "none")
     assert (tmp_path / "afile").read_text() == "kept"
     out = tmp_path / "new" / "out"
@@ -34,7 +35,7 @@ def test_cuda_without_cuda_is_refused(tmp_path, monkeypatch):
     """It raised "Found no NVIDIA driver" at the model's move to the device."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "out"
-    with pytest.raises(SystemExit, match="--device 'cuda', but torch sees no CUDA device"):
+    with pytest.raises(UsageError, match="--device 'cuda', but torch sees no CUDA device"):
         _settings("--device", "cuda", "--out", str(out), "--compile-budgets", "none")
     assert not out.exists()
 
@@ -42,7 +43,7 @@ def test_cuda_without_cuda_is_refused(tmp_path, monkeypatch):
 def test_an_unknown_compile_backend_is_refused_unless_nothing_compiles(tmp_path):
     """It was recorded "failed" at each budget, after our points had run."""
     out = tmp_path / "out"
-    with pytest.raises(SystemExit, match="--compile-backend: torch.compile has no backend 'nop'"):
+    with pytest.raises(UsageError, match="--compile-backend: torch.compile has no backend 'nop'"):
         _settings("--out", str(out), "--compile-backend", "nop")
     assert not out.exists()
     assert _settings("--out", str(out), "--compile-backend", "nop",

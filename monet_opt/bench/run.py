@@ -19,6 +19,7 @@ from monet_opt.bench import allocator, measure, methods, models, results
 from monet_opt.bench import timeline as timeline_mod
 from monet_opt.bench.methods import Context, Measured
 from monet_opt.bench.settings import Settings, add_arguments, settings_from
+from monet_opt.errors import UsageError
 from monet_opt.memory import resident_bytes
 from monet_opt.units import format_bytes
 
@@ -29,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="monet-opt bench", description=__doc__)
     add_arguments(parser)
-    return run(settings_from(parser.parse_args(argv), argv))
+    try:
+        return run(settings_from(parser.parse_args(argv), argv))
+    except UsageError as exc:  # as `monet-opt bench` says it: one line, status 2
+        parser.error(str(exc))
 
 
 def run(s: Settings) -> int:
@@ -186,7 +190,7 @@ def _as_built(model: nn.Module) -> measure.Runner:
 def _channels_last(name: str, model: nn.Module, x) -> tuple[nn.Module, torch.Tensor]:
     if not (isinstance(x, torch.Tensor) and x.dim() == 4):
         what = f"a {x.dim()}-d tensor" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise SystemExit(f"monet-opt bench --channels-last: {name} takes {what}, not an image "
+        raise UsageError(f"--channels-last: {name} takes {what}, not an image "
                          f"batch (N, C, H, W); run it without --channels-last")
     return (model.to(memory_format=torch.channels_last),
             x.contiguous(memory_format=torch.channels_last))

@@ -91,10 +91,10 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
     unknown = [n for n in names if n not in models.SPECS]
     if unknown or not names:
         what = f"unknown models {unknown}" if unknown else f"no model in {args.models!r}"
-        raise SystemExit(f"monet-opt bench: {what}; choose from {sorted(models.SPECS)}")
+        raise UsageError(f"{what}; choose from {sorted(models.SPECS)}")
     out = Path(args.out or (QUICK_OUT if args.quick else "docs/benchmarks")).expanduser()
     if out.exists() and not out.is_dir():
-        raise SystemExit(f"monet-opt bench --out: {out} is a file, not a folder; name a folder "
+        raise UsageError(f"--out: {out} is a file, not a folder; name a folder "
                          "(it is made if missing)")
     settings = Settings(
         models=names, regime="quick" if args.quick else device.type.replace("cuda", "gpu"),
@@ -122,7 +122,7 @@ def _device(name: str | None) -> torch.device:
     try:
         return device_of(name)
     except UsageError as exc:
-        raise SystemExit(f"monet-opt bench: {exc}; run where torch sees one, or give "
+        raise UsageError(f"{exc}; run where torch sees one, or give "
                          "--device cpu") from None
 
 
@@ -130,7 +130,7 @@ def _check_backend(backend: str) -> None:
     """A backend torch.compile does not know failed each budget, after our points had run."""
     import torch._dynamo
     if backend not in torch._dynamo.list_backends(exclude_tags=()):  # debug ones too
-        raise SystemExit(f"monet-opt bench --compile-backend: torch.compile has no backend "
+        raise UsageError(f"--compile-backend: torch.compile has no backend "
                          f"{backend!r}; choose from {torch._dynamo.list_backends()} (or one "
                          "of list_backends(exclude_tags=())), or give --compile-budgets none")
 
@@ -140,10 +140,10 @@ def _make_folder(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise SystemExit(f"monet-opt bench --out: cannot make the folder {out} "
+        raise UsageError(f"--out: cannot make the folder {out} "
                          f"({exc.strerror or exc}); name a folder that can be made") from None
     if not os.access(out, os.W_OK | os.X_OK):
-        raise SystemExit(f"monet-opt bench --out: cannot write into {out} (permission denied); "
+        raise UsageError(f"--out: cannot write into {out} (permission denied); "
                          "name a folder you can write to")
 
 
@@ -153,7 +153,7 @@ def _limits(text: str) -> tuple[str, ...]:
         try:
             methods.check_limit(setting)
         except ValueError as exc:
-            raise SystemExit(f"monet-opt bench --limits: {exc}") from None
+            raise UsageError(f"--limits: {exc}") from None
     return limits
 
 
@@ -166,7 +166,7 @@ def _budgets(text: str) -> tuple[float, ...]:
     except ValueError:
         budgets = (math.nan,)
     if not all(0 <= b <= 1 for b in budgets):
-        raise SystemExit(f"monet-opt bench --compile-budgets: give numbers from 0 to 1 separated "
+        raise UsageError(f"--compile-budgets: give numbers from 0 to 1 separated "
                          f"by commas (shares of torch.compile's activations, e.g. 1,0.5,0) or "
                          f"'none'; got {text!r}")
     return budgets
