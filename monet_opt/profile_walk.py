@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from monet_opt.errors import CaptureError, MonetError
 from monet_opt.misread_layouts import Layouts
 from monet_opt.profile_memory import BoundedEnv, Scratch
 
@@ -20,6 +21,14 @@ from monet_opt.profile_memory import BoundedEnv, Scratch
 #   a whole peaked 376,832 B (11 %) over a byte limit where nothing else could be dropped. An
 #   output gradient is now made as its pass reaches it, held by the pass alone, and freed
 #   after its last read (a bounded pass drops it too: nothing made again reads one).
+
+# NOTE [Checks the tracer leaves out]
+#   Fake tensors check shapes but not every op's dtypes: an integer batch for a float model
+#   traces, and its first matmul fails here, on real tensors. That was a RuntimeError; it is
+#   the model's input that is wrong, as where the trace fails, so it is a CaptureError too
+#   (a MonetError: `monet-opt` says it in one line). The trace keeps no source lines (recording
+#   them costs every traced op a stack walk), so the message names the op and torch's words.
+#   The device running out of memory, and our own errors, pass as raised.
 
 
 def walk(gm: fx.GraphModule, inputs: list[torch.Tensor | Callable[[], torch.Tensor]], visit,
@@ -61,12 +70,16 @@ def walk(gm: fx.GraphModule, inputs: list[torch.Tensor | Callable[[], torch.Tens
                 visit(node, args, kwargs, env)
                 del args, kwargs  # what it read may be freed or dropped below
                 layouts.check(node, env)
+            except (torch.OutOfMemoryError, MonetError):  # the device's or ours: as raised
+                raise
             except Exception as exc:
                 layouts.refuse(node, env, exc)
-                raise RuntimeError(
-                    f"monet_opt profiler: {node.format_node()} failed: {exc}\nDoes the model "
-                    "run eagerly on sample_input (its dtypes and devices against the "
-                    "parameters')? If it does, please report the model.") from exc
+                raise CaptureError(  # NOTE [Checks the tracer leaves out]
+                    f"monet_opt.optimize: the step fails on sample_input at {node.target}: "
+                    f"{exc}. Check sample_input's dtypes and devices against the parameters' "
+                    "(an integer batch for a float model, a CPU batch for a CUDA model): "
+                    "torch's tracer does not check them for every op. If the model runs "
+                    "eagerly on sample_input, please report it.") from exc
         elif node.op == "output":
             break
         for name in free_after.get(node, ()):

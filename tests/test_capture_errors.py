@@ -189,8 +189,10 @@ def test_distribution_argument_checks_say_to_turn_them_off():
 
 def test_an_input_the_model_cannot_take_says_to_check_eager():
     """An integer batch for a float model traces (fake tensors check no dtypes) and fails in
-    the profiler's real run: the op's message, and the question to ask."""
-    with pytest.raises(RuntimeError, match=r"(?s)same dtype.*run eagerly on sample_input"):
+    the profiler's real run: a CaptureError (was a RuntimeError) with the op's message, what
+    to check and the question to ask."""
+    with pytest.raises(monet_opt.CaptureError, match=r"(?s)fails on sample_input at aten\.addmm"
+                       r".*same dtype.*Check sample_input's dtypes.*runs eagerly on sample_input"):
         monet_opt.optimize(nn.Linear(8, 2), torch.randint(0, 3, (4, 8)), HUGE, profile_dir=None)
 
 
