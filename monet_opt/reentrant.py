@@ -55,9 +55,30 @@ def plain_checkpoints():
 def _call(function, preserve_rng_state: bool, *args):
     if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
                                        for a in args):
-        return function(*args)
+        return _tracked_as_eager(function(*args))
     with torch.no_grad():
         return function(*args)
+
+
+# NOTE [What a reentrant checkpoint tracks]
+#   Eager's reentrant checkpoint is an autograd.Function, which tracks the tensors it returns
+#   at the top level alone (the result, or a tuple's elements); a tensor inside a dict, a list
+#   or a nested tuple was made under no_grad and stays so, and no gradient flows back through
+#   it. The plain call gave those a gradient: a block returning {"y": y} left the block and
+#   everything before it no gradient in eager and gradients in the step, and one returning
+#   (y, (2 * y,)) gave them other values. Such tensors are detached here, as eager leaves them.
+
+
+def _tracked_as_eager(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, tuple):  # a namedtuple too, returned as a plain tuple, as eager's
+        return tuple(o if isinstance(o, torch.Tensor) else _detached(o) for o in out)
+    return _detached(out)
+
+
+def _detached(tree):
+    return torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, tree)
 
 
 # NOTE [BatchNorm in a checkpoint]

@@ -180,3 +180,36 @@ def test_a_selective_checkpoint_runs_again_what_its_policy_does_not_save(saved):
     loss_fn = lambda out: out.sum()  # noqa: E731
     for opt in assert_plans_train_like_eager(base, x, loss_fn, f"a policy saving {saved}"):
         assert opt.model.block[1].num_batches_tracked.item() == 2 * (1 + 3)
+
+
+class _NestedOut(nn.Module):
+    """A reentrant checkpoint whose block returns its tensors inside a structure of `kind`."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind, self.a, self.b, self.c = kind, nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def block(self, h):
+        y = torch.tanh(self.b(h))
+        return {"dict": {"y": y}, "list": [y, 2 * y], "nested": (y, (2 * y,))}[self.kind]
+
+    def forward(self, x):
+        out = checkpoint(self.block, self.a(x), use_reentrant=True)
+        z = out["y"] if self.kind == "dict" else out[0] + (out[1] if self.kind == "list"
+                                                           else out[1][0])
+        return self.c(z)
+
+
+@pytest.mark.parametrize("kind", ["dict", "list", "nested"])
+def test_a_reentrant_checkpoint_tracks_its_top_level_tensors_alone(kind):
+    """NOTE [What a reentrant checkpoint tracks]: eager gives the block and what is before it
+    no gradient through a tensor in a dict or list, nor through a nested tuple's second
+    (the step gave them gradients: where eager's were None, or other values)."""
+    torch.manual_seed(0)
+    model, x = _NestedOut(kind), {"x": torch.randn(16, 8)}
+    loss_fn = lambda out: out.square().sum()  # noqa: E731
+    opt = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_dir=None, profile_repeats=1)
+    eager = copy.deepcopy(model)
+    want = _grads(eager, eager, x, loss_fn)
+    assert (want["a.weight"] is None) == (kind != "nested") and want["c.weight"] is not None
+    assert _same(_grads(opt, opt.model, x, loss_fn), want)
