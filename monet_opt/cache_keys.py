@@ -107,10 +107,39 @@ def describe_inputs(args: tuple, kwargs: dict) -> str:
 
 
 def device_name(primals: Sequence[torch.Tensor]) -> str:
+    """The device and the backend settings that change its kernels, e.g. 'cpu: <model>, 2
+    threads, oneDNN off'. NOTE [Backend settings in the key]"""
     cuda = [t.device for t in primals if t.is_cuda]
+    name = (f"cuda: {torch.cuda.get_device_name(cuda[0])}" if cuda else
+            f"cpu: {_cpu_model()}, {torch.get_num_threads()} threads")
+    return ", ".join([name, *backend_settings(bool(cuda))])
+
+
+# NOTE [Backend settings in the key]
+# A switch such as torch.backends.mkldnn.flags(enabled=False) picks other kernels for the same
+# graph: a convolution without oneDNN keeps an unfolded copy of its input, so a profile measured
+# with oneDNN on, served with it off, planned a step that peaked 2.3x over its limit, silently.
+# Each setting that differs from torch's default is named in the device, so such a profile is
+# measured again; at the defaults the name reads as before and the profiles stored stay valid.
+
+def backend_settings(cuda: bool) -> list[str]:
+    """The settings, among those choosing kernels, that differ from torch's defaults."""
+    changed = [] if torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled \
+        else ["oneDNN off"]
+    if torch.are_deterministic_algorithms_enabled():
+        changed.append("deterministic algorithms")
+    if torch.get_float32_matmul_precision() != "highest":
+        changed.append(f"float32 matmul precision {torch.get_float32_matmul_precision()}")
     if cuda:
-        return f"cuda: {torch.cuda.get_device_name(cuda[0])}"
-    return f"cpu: {_cpu_model()}, {torch.get_num_threads()} threads"
+        cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+        changed += [text for text, on in (
+            ("cuDNN off", not cudnn.enabled), ("cuDNN benchmark", cudnn.benchmark),
+            ("cuDNN deterministic", cudnn.deterministic),
+            ("cuDNN TF32 off", not cudnn.allow_tf32), ("matmul TF32", matmul.allow_tf32),
+            ("matmul fp16 reduction off", not matmul.allow_fp16_reduced_precision_reduction),
+            ("matmul bf16 reduction off", not matmul.allow_bf16_reduced_precision_reduction))
+            if on]
+    return changed
 
 
 @functools.lru_cache(maxsize=1)
