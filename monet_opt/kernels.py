@@ -18,6 +18,7 @@ def sdpa_kernels() -> tuple[bool, ...]:
 
 SDPA_AT_IMPORT = sdpa_kernels()
 CUDNN_AT_IMPORT = torch.backends.cudnn.enabled
+MKLDNN_AT_IMPORT = torch.backends.mkldnn.enabled
 DTYPE_AT_IMPORT = torch.get_default_dtype()
 
 
@@ -29,10 +30,16 @@ def changed() -> tuple[tuple[str, object], ...]:
     where eager runs ATen's (not bitwise alike; where torch sees no GPU it changes nothing);
     ("dtype", default) where torch's default dtype is another: a tensor the forward makes
     without one (torch.arange(n) / 3.0) is made in it, so after set_default_dtype(float64)
-    eager's loss was float64 and the step's float32."""
+    eager's loss was float64 and the step's float32; ("mkldnn", enabled) where oneDNN is turned
+    on or off otherwise than at import: the graph is the same, but a CPU convolution without
+    it keeps an unfolded copy of its input, so the plan's peak was not the step's (a profile
+    made with it on: 2.3x over the limit; NOTE [Backend settings in the key] in
+    monet_opt/cache_keys.py)."""
     kernels, cudnn, dtype = sdpa_kernels(), torch.backends.cudnn.enabled, \
         torch.get_default_dtype()
+    mkldnn = torch.backends.mkldnn.enabled
     return ((("sdpa", kernels),) if kernels != SDPA_AT_IMPORT else ()) + \
         ((("cudnn", cudnn),) if cudnn != CUDNN_AT_IMPORT and torch.cuda.is_available()
          else ()) + \
+        ((("mkldnn", mkldnn),) if mkldnn != MKLDNN_AT_IMPORT else ()) + \
         ((("dtype", dtype),) if dtype != DTYPE_AT_IMPORT else ())

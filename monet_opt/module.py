@@ -265,9 +265,9 @@ class OptimizedModule(ToModel):
                 watched.changed(self.model, base, values)  # ... and since, where they were
                 if base[0] != self._first_values[0] and values != base else "")))
             if autocast != self._autocast:
-                changed = ", ".join(filter(None, (f"autocast {describe_autocast(autocast)} "
-                                                  f"here, {describe_autocast(self._autocast)} "
-                                                  "at optimize()", changed)))
+                changed = ", ".join(filter(None, (f"{describe_autocast(autocast)} here, "
+                                                  f"{describe_autocast(self._autocast)} at "
+                                                  "optimize()", changed)))
             if hooks != self._hooks:
                 changed = ", ".join(filter(None, (
                     f"hooks changed at {changed_hooks(self.model, self._hooks, hooks)}", changed)))

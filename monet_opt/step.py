@@ -111,8 +111,9 @@ def param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor])
 
 def describe_autocast(state: tuple) -> str:
     kernels = ("flash", "memory-efficient", "math", "cuDNN")
-    return ", ".join(f"cuDNN {'on' if dtype else 'off'}" if device == "cudnn" else
+    switches = {"cudnn": "cuDNN", "mkldnn": "oneDNN"}
+    return ", ".join(f"{switches[device]} {'on' if dtype else 'off'}" if device in switches else
                      f"default dtype {dtype}" if device == "dtype" else
-                     f"on for {device} ({dtype})" if device != "sdpa" else
+                     f"autocast on for {device} ({dtype})" if device != "sdpa" else
                      "attention kernels " + "/".join(k for k, on in zip(kernels, dtype) if on)
-                     for device, dtype in state) or "off"
+                     for device, dtype in state) or "autocast off, kernels as at import"

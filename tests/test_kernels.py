@@ -63,3 +63,23 @@ def test_a_step_with_cudnn_turned_off_is_planned_for_it():
         theirs = eager(x)
     assert torch.equal(ours, theirs)
     assert len(opt.plans) == 1 + cuda
+
+
+def test_a_step_with_onednn_turned_off_is_planned_for_it():
+    """A CPU convolution without oneDNN keeps an unfolded copy of its input: the plan made with
+    it on did not hold the step's peak. Under mkldnn.flags(enabled=False) the step is planned
+    again, on a profile measured so (NOTE [Backend settings in the key]), and trains as eager."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3))
+    x = torch.randn(2, 3, 12, 12)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    with torch.backends.mkldnn.flags(enabled=not torch.backends.mkldnn.enabled):
+        with pytest.warns(monet_opt.ReplanWarning, match="oneDNN off here"):
+            ours = opt(x)
+        theirs = eager(x)
+        ours.square().sum().backward()
+        theirs.square().sum().backward()
+    assert torch.equal(ours, theirs) and len(opt.plans) == 2
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                           eager.parameters()))
