@@ -175,16 +175,13 @@ class ProfileCache:
             if _stat(floor_path) is not None:  # an unsearchable folder: None
                 floor = _read_floor(floor_path, profile)
         known = ([floor[1]] if floor else []) + list(known)
+        if profile.derived:  # NOTE [Problems as planned]
+            self._keep_problem(profile)
         with _reported(path, "solved again", remove=True):
             if _stat(path) is not None:
                 return with_known(profile.problem, limit_bytes,
                                   _read_schedule(path, profile, key).result, known)
         solve = solve or solvers.solve
-        if profile.derived:  # NOTE [Problems as planned]
-            problem_path = profile.folder / f"problem-{profile.content_sha256[:12]}.json"
-            if _stat(problem_path) is None:
-                _write(problem_path, {"kind": PROBLEM_KIND, "schema_version": SCHEMA_VERSION,
-                                      "problem": json.loads(profile.problem.to_json())})
         result = solve(profile.problem, limit_bytes, solver, time_limit_s=time_limit_s,
                        known=known, candidates=self._held(profile, solver) + list(candidates))
         if result.floor_schedule is not None and (floor is None or
@@ -201,6 +198,20 @@ class ProfileCache:
                           "schedule": None if result.schedule is None
                           else json.loads(result.schedule.to_json())})
         return result
+
+    def _keep_problem(self, profile: Profile) -> None:
+        """Write the derived problem `profile` solves beside its schedules, where it is missing
+        or unusable (a damaged one was skipped by `list` and never written again: its
+        schedules were listed as none)."""
+        path = profile.folder / f"problem-{profile.content_sha256[:12]}.json"
+        problem = json.loads(profile.problem.to_json())
+        if _stat(path) is not None:
+            with _reported(path, "written again"):
+                if _load(path, PROBLEM_KIND).get("problem") == problem:
+                    return
+                raise Unusable("mismatched: not the problem its name says")
+        _write(path, {"kind": PROBLEM_KIND, "schema_version": SCHEMA_VERSION,
+                      "problem": problem})
 
     def _held(self, profile: Profile, solver: str) -> list[Schedule]:
         """For "auto": every schedule held for `profile`'s problem, at any limit, by any solver

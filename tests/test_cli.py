@@ -17,6 +17,7 @@ import monet_opt
 import solvers
 from monet_opt import api, cli, profile_budget, profiler
 from monet_opt import zoo as zoo_models
+from monet_opt.cache import ProfileCacheWarning
 from monet_opt.profiler import ProfileTimeLimitWarning
 from tests import models
 
@@ -158,6 +159,24 @@ def test_precompute_solves_the_problem_optimize_plans(tmp_path, monkeypatch):
     assert code == 0 and "as optimize() plans the step" in listed and str(limit) in listed
     code, text, _ = run_cli("explain", "--profile-dir", str(root), "Sequential", str(limit))
     assert code == 0 and f"predicted peak    {peak}" in text
+
+
+def test_a_damaged_problem_file_is_written_again(tmp_path):
+    """A problem file cut short was skipped by `list` (its schedules shown as none) and never
+    written again, though optimize() and precompute solved on; now the next use rewrites it."""
+    factory, root = "tests.models:tiny_dropout_mlp", tmp_path / "profiles"
+    argv = ("precompute", factory, "--input-shape", "64x8", "--profile-dir", str(root),
+            "--profile-repeats", "1", "--fractions", "0.9")
+    assert run_cli(*argv)[0] == 0
+    path, = root.glob("*/problem-*.json")
+    whole = path.read_bytes()
+    path.write_bytes(whole[:100])
+    with pytest.warns(ProfileCacheWarning, match="truncated.*; written again"):
+        monet_opt.optimize(models.tiny_dropout_mlp(), torch.randn(64, 8),
+                           "90% of activations", profile_repeats=1, profile_dir=root)
+    assert path.read_bytes() == whole
+    code, listed, err = run_cli("list", "--profile-dir", str(root))
+    assert code == 0 and err == "" and "as optimize() plans the step" in listed
 
 
 def test_list_shows_profiles_and_schedules(zoo):
