@@ -13,7 +13,7 @@ from torch import nn
 from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
                        grouped_attention, grouped_math, gru_gates, host_random, late_grads,
                        ones_masks, outside_grads, progress, recompute, rewrite, saved_clones,
-                       stats_in_place, updated_buffers)
+                       stats_in_place, updated_buffers, variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -298,7 +298,7 @@ class _Planner:
                 problem = measure()
             else:
                 self.profile = self._cached_profile(joint, lowered, measure)
-                problem = self.profile.problem
+                problem = variants_bn.guarded(self.profile.problem, joint, self.primals)
             # NOTEs [Inputs that share a storage], [Sparse inputs], [Buffers the step updates],
             # [The step's generator states] (recompute.py), [Gradients made outside the step]
             extra = lowered.snapshot_bytes + sparse_bytes(self.primals) - shared_bytes(self.primals)

@@ -238,7 +238,7 @@ FAMILIES: tuple[Family, ...] = (
       for op in ("mm", "bmm") for k in (0, 1)),
     # Lossy, opt-in: a BatchNorm's backward from its output (monet_opt/variants_bn.py);
     # convolution's and attention's backward done otherwise (monet_opt/variants_impl.py).
-    Family("batchnorm.output_activated", aten.native_batch_norm_backward.default, 1, None,
+    Family(variants_bn.NAME, aten.native_batch_norm_backward.default, 1, None,
            run=variants_bn.from_output, reads=variants_bn.output_node,
            accepts=variants_bn.accepts, exact=False, max_rel_error=LOSSY_OP_BOUND),
     Family("conv.other_backend", aten.convolution_backward.default, 1, None,

@@ -125,6 +125,30 @@ def test_batchnorm_weights_at_zero_are_not_offered_and_stop_training(  # noqa: F
         loss_fn(opt(x)).backward()
 
 
+def test_a_cached_profile_is_not_served_with_the_family_to_weights_failing_its_guard(  # noqa: F811
+        free_variants, even_times, tmp_path):
+    """NOTE [Guards on a cached profile]: parameter values are in no key, so a profile made on
+    healthy weights was served to the same model with a channel's weight at zero; its plan
+    kept the family there and the first backward raised BatchNormScaleError. Now that
+    BatchNorm is planned without it (warned), the step trains, and the plan is a fresh
+    directory's."""
+    torch.manual_seed(0)
+    base, x, loss_fn = models.silu_cnn()
+    problem, chosen = _bn_problem(base, x)
+    limit = _no_recompute_peak(problem, chosen)
+    kw = dict(profile_repeats=1, allow_lossy=True, variants={BN}, time_limit_s=10)
+    assert len(monet_opt.optimize(copy.deepcopy(base), x, limit, profile_dir=tmp_path / "a",
+                                  **kw).plan.variants) == 3
+    dead = copy.deepcopy(base)
+    with torch.no_grad():
+        dead.body[1].weight[2] = 0.0
+    with pytest.warns(RuntimeWarning, match="too near zero to rebuild the input"):
+        served = monet_opt.optimize(dead, x, limit, profile_dir=tmp_path / "a", **kw)
+    fresh = monet_opt.optimize(copy.deepcopy(dead), x, limit, profile_dir=tmp_path / "b", **kw)
+    assert len(served.plan.variants) == 2 and served.plan.variants == fresh.plan.variants
+    loss_fn(served(x)).backward()
+
+
 def test_convolution_backward_on_another_backend_is_within_its_bound():
     """The backend changes the order of the sums, not the result beyond rounding."""
     torch.manual_seed(0)
