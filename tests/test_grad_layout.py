@@ -172,3 +172,16 @@ def test_a_profile_that_withdrew_writes_into_arguments_is_served_from_the_direct
         warnings.simplefilter("error")
         again = monet_opt.optimize(base, x, HUGE, profile_repeats=1, profile_dir=tmp_path)
     assert len(profiled) == 1 and again.plan == first.plan
+
+
+def test_strides_along_dimensions_of_1_are_eager_s():
+    """NOTE [Strides along a dimension of 1] (misread_layouts.py): a channels-last ShuffleNetV2
+    block at 1x1. ReLU's backward wrote into a depthwise convolution's input gradient whose
+    strides along the 1s are not the trace's, the BatchNorm and convolution below read them,
+    and the first convolution's weight gradient was 1.5e-9 off eager's. Now bitwise."""
+    from torchvision.models.shufflenetv2 import InvertedResidual
+    torch.manual_seed(0)
+    base = nn.Sequential(InvertedResidual(64, 64, 1), InvertedResidual(64, 64, 1)).to(
+        memory_format=torch.channels_last)
+    x = torch.randn(2, 64, 1, 1).contiguous(memory_format=torch.channels_last)
+    assert_plans_train_like_eager(base, x, lambda out: out.square().mean(), "1x1 stage")
