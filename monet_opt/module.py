@@ -31,7 +31,7 @@ from monet_opt.in_flight import InFlight
 from monet_opt.memory import storage_groups
 from monet_opt.plan import Plan
 from monet_opt.refused import Refused
-from monet_opt.replan_text import WHAT_TO_DO, situation, too_many
+from monet_opt.replan_text import WHAT_TO_DO, call_hints, situation, too_many
 from monet_opt.step import (ReplanWarning, Step, describe_autocast, param_key,
                             resident_gradient_bytes, resident_positions, step_key)
 from monet_opt.units import format_bytes
@@ -322,9 +322,7 @@ class OptimizedModule(ToModel):
             err.args = (failed.replace("monet_opt.optimize could not", "monet_opt could not", 1)
                         + f"\nThis was a call of the optimized module, planning a step for "
                         f"{situation(why, resident_bytes)} ({describe_inputs(args, kwargs)}); "
-                        f"the first plan was for {first}. Where the model fails on these inputs "
-                        "when run eagerly (opt.model(...)), they are what to change."
-                        + (f"\nElse: {hints.strip()}" if hints else ""),)
+                        f"the first plan was for {first}." + call_hints(hints.strip()),)
             raise
         except InfeasibleBudgetError as err:  # it says optimize(): it was this call
             err.args = (str(err).replace("monet_opt.optimize: ", "monet_opt: ", 1),)

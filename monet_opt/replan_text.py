@@ -1,5 +1,5 @@
-"""What a ReplanWarning, or an InfeasibleBudgetError met while planning another step, says
-about why the optimized module planned that step (NOTE [New input shapes] in
+"""What a ReplanWarning, or an InfeasibleBudgetError or CaptureError met while planning another
+step, says about why the optimized module planned that step (NOTE [New input shapes] in
 monet_opt/module.py). `why` is a key of WHAT_TO_DO."""
 from __future__ import annotations
 
@@ -85,3 +85,14 @@ def too_many(plans: int, why: str) -> str:
                 "buffer.")
     return (f" {plans} plans: inputs of varying length (dynamic padding) make one each; pad "
             "them to a few fixed lengths (buckets) so that each is planned once.")
+
+
+def call_hints(hints: str) -> str:
+    """What a CaptureError of a call of the optimized module says to try: the hints of
+    optimize()'s, whose eager run of the model was on this call's inputs."""
+    eager = "the model fails on sample_input run eagerly too"
+    if hints.startswith(eager):  # capture_hints.what_to_try ran the model on them
+        return ("\nWhat to try: the model fails on these inputs run eagerly too" +
+                hints[len(eager):].replace("fix the sample input", "fix these inputs", 1))
+    return (" Where the model fails on these inputs when run eagerly (opt.model(...)), they are "
+            "what to change." + (f"\nElse: {hints}" if hints else ""))

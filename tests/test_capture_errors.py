@@ -212,6 +212,10 @@ def test_a_call_with_a_shape_the_model_rejects_says_it_was_the_call(capfd):
                      r"\(float32\[2x3x10x10\]\); the first plan was for float32\[2x3x8x8\]",
                      str(err.value))
     assert "<string>" not in str(err.value)
+    # the model, run eagerly on this call's inputs, fails too: said of them, not sample_input
+    assert re.search(r"What to try: the model fails on these inputs run eagerly too "
+                     r"\(RuntimeError: mat1 and mat2.*\): fix these inputs", str(err.value))
+    assert "sample_input" not in str(err.value) and "Else:" not in str(err.value)
     assert "failed while attempting to run meta" not in capfd.readouterr().err
     opt(x).sum().backward()
     assert model[2].weight.grad is not None
