@@ -149,11 +149,14 @@ class InputSpec:
         requires_grad and a sparse tensor's number of entries, which plan steps of their own;
         NOTE [New input shapes] in monet_opt/module.py)."""
         if structure != (self.treedef, self.constants):
+            planned = self.rebuild([_Shown.of(leaf) for leaf in self.leaves])
+            called = pytree.tree_unflatten([_Shown.of(x) if isinstance(x, torch.Tensor) else x
+                                            for x in leaves], structure[0])
             raise PlanMismatchError(
                 "monet_opt: the optimized module was planned for inputs structured as "
-                f"{self.treedef} (constants {self.constants}) but received {structure[0]} "
-                f"(constants {structure[1]}). Call it like the sample_input given to "
-                "optimize(), or optimize again for this input.")
+                f"({_call_text(*planned)}) but was called with ({_call_text(*called)}): other "
+                "arguments, or constants of other values. Call it like the sample_input given "
+                "to optimize(), or optimize again for this input.")
         leaves = [x for x in leaves if isinstance(x, torch.Tensor)]
         for k, (x, spec) in enumerate(zip(leaves, self.leaves)):
             got = LeafSpec.of(x)
@@ -198,3 +201,20 @@ def grad_left_off(inputs: Sequence[Any]):
             "instead: x.requires_grad_() outside the module, for the sample_input and for every "
             "batch, and the step plans x's gradient as eager computes it (NOTE [Inputs turned "
             "to need grad] in monet_opt/input_spec.py).")
+
+
+class _Shown(str):
+    """An input tensor as a call's text shows it: float32[4x8]."""
+
+    @staticmethod
+    def of(t: torch.Tensor | LeafSpec) -> _Shown:
+        return _Shown(f"{str(t.dtype).removeprefix('torch.')}[{'x'.join(map(str, t.shape))}]")
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _call_text(args: tuple, kwargs: dict) -> str:
+    """'float32[4x8], 2.0, mask=None': a call's arguments, their tensors as _Shown."""
+    return ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
+
