@@ -78,7 +78,7 @@ def parse_limit(value: object) -> int | Share:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*%\s*(?:of\s+)?"
                          r"(activations|peak)\s*", value, re.IGNORECASE)
         fraction = float(Decimal(m.group(1)) / 100) if m else 0.0
-        if fraction > 0:
+        if 0 < fraction < float("inf"):  # 1e400% is inf as a float: said as typed below
             return Share(fraction, m.group(2).lower())
         raise ValueError(f"memory_limit {value!r}: write a positive share of 'activations' or "
                          f"'peak', such as '50% of activations' or '60% of peak'")

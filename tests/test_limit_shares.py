@@ -24,7 +24,7 @@ def test_limit_forms(text, expected):
 
 
 @pytest.mark.parametrize("bad", ["50%", "0% of peak", "50% of gradients", "-10% of peak",
-                                 "half of activations", 0.5, "lots"])
+                                 "half of activations", 0.5, "lots", "1e400% of peak"])
 def test_limit_rejects_saying_how_to_write_a_share(bad):
     with pytest.raises(ValueError, match="50% of activations"):
         parse_limit(bad)
