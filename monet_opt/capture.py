@@ -277,12 +277,14 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
             errors.append(f"{_HOW[route]}: {capture_hints.where(exc)}")
             checked = checked or capture_hints.from_validation(exc)
             causal = causal or capture_hints.from_causal_check(exc)
+    hint = capture_hints.what_to_try(model, args, kwargs)
+    failed = f"monet_opt.optimize could not trace {type(model).__name__} into a joint " \
+        "forward+backward graph.\n  " + "\n  ".join(errors) + hint
+    if hint != capture_hints.GENERIC:  # it fails eagerly too: tracing's hints are beside it
+        raise CaptureError(failed)
     raise CaptureError(
-        f"monet_opt.optimize could not trace {type(model).__name__} into a joint forward+backward "
-        "graph.\n  " + "\n  ".join(errors) + capture_hints.what_to_try(model, args, kwargs)
-        + capture_hints.hf_cache(errors) + capture_hints.unknown_output(errors)
-        + capture_hints.shapes(errors)
-        + capture_hints.sparse_gradient(errors)
+        failed + capture_hints.hf_cache(errors) + capture_hints.unknown_output(errors)
+        + capture_hints.shapes(errors) + capture_hints.sparse_gradient(errors)
         + (capture_hints.VALIDATING if checked else "")
         + (capture_hints.CAUSAL_CHECK if causal else "")
         + (capture_hints.TORCH_CHECK if any(capture_hints.IN_TORCH in e for e in errors) else "")

@@ -37,6 +37,26 @@ def test_a_sample_the_model_rejects_eagerly_is_said_to_be_the_cause():
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
 
 
+class Folded(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(12, 12)
+
+    def forward(self, x):
+        return F.fold(self.linear(x), output_size=(5, 5), kernel_size=2)
+
+
+def test_a_sample_a_torch_function_rejects_eagerly_gets_no_tracing_hints():
+    """F.fold with a channel count its kernel does not divide fails in torch's own check, and
+    eagerly too: the error also said that function "reads its input's values" and to call it
+    outside the optimized module, beside the point."""
+    model = Folded()
+    with pytest.raises(monet_opt.CaptureError, match=r"(?s)fails on sample_input run eagerly "
+                                                     r"too.*divisible.*tracing is not") as err:
+        monet_opt.optimize(model, torch.randn(2, 3, 12), 1 << 30, profile_dir=None)
+    assert "reads its input's values" not in str(err.value)
+
+
 def test_a_check_inside_a_torch_function_is_named():
     """NOTE [Failing inside torch's functions] (monet_opt/capture_hints.py): gaussian_nll_loss
     checks `torch.any(var < 0)`; the error named only the lambda calling it, with advice about
