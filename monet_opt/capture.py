@@ -283,9 +283,9 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
     if hint != capture_hints.GENERIC:  # it fails eagerly too: tracing's hints are beside it
         raise CaptureError(failed)
     raise CaptureError(
-        failed + capture_hints.hf_cache(errors) + capture_hints.unknown_output(errors)
-        + capture_hints.shapes(errors) + capture_hints.sparse_gradient(errors)
-        + (capture_hints.VALIDATING if checked else "")
+        failed + capture_hints.hf_cache(errors) + capture_hints.hf_experts(errors)
+        + capture_hints.unknown_output(errors) + capture_hints.shapes(errors)
+        + capture_hints.sparse_gradient(errors) + (capture_hints.VALIDATING if checked else "")
         + (capture_hints.CAUSAL_CHECK if causal else "")
         + (capture_hints.TORCH_CHECK if any(capture_hints.IN_TORCH in e for e in errors) else "")
         + host_random.drawn_hint() + host_random.layerdrop_hint(model))

@@ -124,6 +124,19 @@ def hf_cache(errors: list[str]) -> str:
             "sample input and in every call.")
 
 
+def hf_experts(errors: list[str]) -> str:
+    """What to do where a transformers mixture of experts loops over the experts its tokens
+    were routed to (experts_implementation="eager"): how many is a value of the batch."""
+    if not any("/transformers/models/" in e and "expert" in e.rpartition("(at ")[2]
+               for e in errors):
+        return ""
+    return ("\nThere, a transformers mixture of experts loops over the experts its tokens were "
+            "routed to (experts_implementation=\"eager\"), as many as the batch's values say, "
+            "which a traced step cannot follow: build the model with "
+            "experts_implementation=\"grouped_mm\" (or \"batched_mm\") in its config, which "
+            "run the experts as ops of fixed shapes.")
+
+
 def unknown_output(errors: list[str]) -> str:
     """What to do where the forward returns an object of a class torch cannot look into for
     tensors (a plain dataclass; an HF cache is hf_cache's)."""

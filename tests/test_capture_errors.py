@@ -322,6 +322,29 @@ def test_a_cache_returned_for_generation_says_to_turn_it_off():
     monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)(**x).loss.backward()
 
 
+@pytest.mark.parametrize("impl", ["eager", "grouped_mm"])
+def test_experts_looped_over_say_which_implementation_traces(impl):
+    """transformers' "eager" mixture of experts loops over the experts hit, a number of the
+    batch's values: the error said to avoid data-dependent Python. It names the config's
+    experts_implementation now; "grouped_mm" trains bitwise like eager."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    torch.manual_seed(0)
+    cfg = MixtralConfig(vocab_size=50, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
+                        use_cache=False, experts_implementation=impl)
+    model, x = MixtralForCausalLM(cfg).train(), {"input_ids": torch.randint(3, 50, (2, 8))}
+    if impl == "eager":
+        with pytest.raises(monet_opt.CaptureError, match='experts_implementation="grouped_mm"'):
+            monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+        return
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    opt(**x).logits.square().sum().backward()
+    eager(**x).logits.square().sum().backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                           eager.parameters()))
+
+
 class _AddsIntoY(nn.Module):
     def __init__(self) -> None:
         super().__init__()
