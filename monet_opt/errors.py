@@ -26,6 +26,20 @@ def user_stacklevel() -> int:
 class MonetError(Exception):
     """Base class of every error monet_opt raises on purpose."""
 
+    def __reduce__(self):
+        """Copied and pickled as it is, its __init__ not run again: an InfeasibleBudgetError's
+        takes more than its message, so a module that had remembered one (NOTE [Situations
+        found infeasible] in monet_opt/refused.py) could no longer be deep-copied (an EMA's
+        AveragedModel), nor the error pickled."""
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type, args: tuple, state: dict) -> MonetError:
+    err = Exception.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
 
 class InfeasibleBudgetError(MonetError):
     """The memory limit is below the least peak any schedule we can build reaches."""

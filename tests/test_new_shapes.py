@@ -5,6 +5,7 @@ a shape the limit cannot hold raises and leaves the model's state alone."""
 from __future__ import annotations
 
 import copy
+import pickle
 import warnings
 
 import pytest
@@ -159,6 +160,14 @@ def test_a_shape_found_infeasible_is_not_planned_again(monkeypatch):
                                         for e in opt._refused._errors.values())
     loss_fn(opt(x)).backward()  # the sample's plan still trains
     assert len(opt.plans) == 1
+    # a module remembering it is copied (an EMA's AveragedModel); the error pickles as it was
+    copied = pickle.loads(pickle.dumps(first))
+    assert type(copied) is type(first) and str(copied) == str(first)
+    assert (copied.min_feasible_bytes, copied.__notes__) == (first.min_feasible_bytes,
+                                                            first.__notes__)
+    twin = copy.deepcopy(opt)
+    with pytest.raises(monet_opt.InfeasibleBudgetError, match="not planned again"):
+        twin(torch.cat([x] * 4))
 
 
 def test_many_shapes_get_advice_to_pad():
