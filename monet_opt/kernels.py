@@ -19,6 +19,7 @@ def sdpa_kernels() -> tuple[bool, ...]:
 SDPA_AT_IMPORT = sdpa_kernels()
 CUDNN_AT_IMPORT = torch.backends.cudnn.enabled
 MKLDNN_AT_IMPORT = torch.backends.mkldnn.enabled
+DETERMINISTIC_AT_IMPORT = torch.are_deterministic_algorithms_enabled()
 DTYPE_AT_IMPORT = torch.get_default_dtype()
 
 
@@ -34,12 +35,17 @@ def changed() -> tuple[tuple[str, object], ...]:
     on or off otherwise than at import: the graph is the same, but a CPU convolution without
     it keeps an unfolded copy of its input, so the plan's peak was not the step's (a profile
     made with it on: 2.3x over the limit; NOTE [Backend settings in the key] in
-    monet_opt/cache_keys.py)."""
+    monet_opt/cache_keys.py); ("deterministic", on) where torch.use_deterministic_algorithms
+    is otherwise than at import: AOTAutograd refuses to run a backward made under the other
+    setting (every step after turning it on raised, where eager trains)."""
     kernels, cudnn, dtype = sdpa_kernels(), torch.backends.cudnn.enabled, \
         torch.get_default_dtype()
-    mkldnn = torch.backends.mkldnn.enabled
+    mkldnn, deterministic = torch.backends.mkldnn.enabled, \
+        torch.are_deterministic_algorithms_enabled()
     return ((("sdpa", kernels),) if kernels != SDPA_AT_IMPORT else ()) + \
         ((("cudnn", cudnn),) if cudnn != CUDNN_AT_IMPORT and torch.cuda.is_available()
          else ()) + \
         ((("mkldnn", mkldnn),) if mkldnn != MKLDNN_AT_IMPORT else ()) + \
+        ((("deterministic", deterministic),) if deterministic != DETERMINISTIC_AT_IMPORT
+         else ()) + \
         ((("dtype", dtype),) if dtype != DTYPE_AT_IMPORT else ())

@@ -16,8 +16,8 @@ def situation(why: str, resident_bytes: int) -> str:
                       "requires_grad, shape, dtype, device or layout)",
             "outputs_held": "a caller that holds the step's outputs through its backward",
             "autocast": "a step under another autocast state (or attention kernels: "
-                        "sdpa_kernel; oneDNN or cuDNN on or off; torch's default dtype) than "
-                        "optimize() was called in",
+                        "sdpa_kernel; oneDNN, cuDNN or deterministic algorithms on or off; "
+                        "torch's default dtype) than optimize() was called in",
             "hooks": "module hooks added or removed since optimize()",
             "structure": "inputs structured otherwise than the sample (other arguments)",
             "sharing": "inputs that share storages otherwise than the sample's",

@@ -111,7 +111,7 @@ def param_key(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor])
 
 def describe_autocast(state: tuple) -> str:
     kernels = ("flash", "memory-efficient", "math", "cuDNN")
-    switches = {"cudnn": "cuDNN", "mkldnn": "oneDNN"}
+    switches = {"cudnn": "cuDNN", "mkldnn": "oneDNN", "deterministic": "deterministic algorithms"}
     return ", ".join(f"{switches[device]} {'on' if dtype else 'off'}" if device in switches else
                      f"default dtype {dtype}" if device == "dtype" else
                      f"autocast on for {device} ({dtype})" if device != "sdpa" else

@@ -83,3 +83,31 @@ def test_a_step_with_onednn_turned_off_is_planned_for_it():
     assert torch.equal(ours, theirs) and len(opt.plans) == 2
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
                                                            eager.parameters()))
+
+
+def test_a_step_under_deterministic_algorithms_is_planned_for_it():
+    """AOTAutograd refuses a backward made under the other use_deterministic_algorithms: every
+    step after turning it on raised, where eager trains. The step is planned for it now, and
+    the first plan serves again once it is turned off."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(not was)
+    try:
+        with pytest.warns(monet_opt.ReplanWarning, match="deterministic algorithms o"):
+            opt(x).square().sum().backward()
+        eager(x).square().sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                           eager.parameters()))
+    model.zero_grad(set_to_none=True)
+    eager.zero_grad(set_to_none=True)
+    opt(x).square().sum().backward()
+    eager(x).square().sum().backward()
+    assert len(opt.plans) == 2
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                           eager.parameters()))
