@@ -16,36 +16,36 @@ def sdpa_kernels() -> tuple[bool, ...]:
             b.cudnn_sdp_enabled())
 
 
-SDPA_AT_IMPORT = sdpa_kernels()
-CUDNN_AT_IMPORT = torch.backends.cudnn.enabled
-MKLDNN_AT_IMPORT = torch.backends.mkldnn.enabled
-DETERMINISTIC_AT_IMPORT = torch.are_deterministic_algorithms_enabled()
-DTYPE_AT_IMPORT = torch.get_default_dtype()
+# What each setting that tells steps apart reads now (changed()).
+SETTINGS = {
+    "sdpa": sdpa_kernels,
+    "cudnn": lambda: torch.backends.cudnn.enabled,
+    "mkldnn": lambda: torch.backends.mkldnn.enabled,
+    "deterministic": torch.are_deterministic_algorithms_enabled,
+    "threads": torch.get_num_threads,
+    "matmul": torch.get_float32_matmul_precision,
+    "dtype": torch.get_default_dtype,
+}
+AT_IMPORT = {name: read() for name, read in SETTINGS.items()}
 
 
 def changed() -> tuple[tuple[str, object], ...]:
-    """("sdpa", flags) where the attention kernels allowed are not as they were at import;
-    ("cudnn", enabled) where cuDNN is turned on or off otherwise than at import: a BatchNorm's
-    kernel is chosen as it is traced (NOTE [cuDNN's BatchNorm] in monet_opt/cudnn_bn.py), so
-    a step traced with cuDNN on ran cuDNN's under `torch.backends.cudnn.flags(enabled=False)`,
-    where eager runs ATen's (not bitwise alike; where torch sees no GPU it changes nothing);
-    ("dtype", default) where torch's default dtype is another: a tensor the forward makes
-    without one (torch.arange(n) / 3.0) is made in it, so after set_default_dtype(float64)
-    eager's loss was float64 and the step's float32; ("mkldnn", enabled) where oneDNN is turned
-    on or off otherwise than at import: the graph is the same, but a CPU convolution without
-    it keeps an unfolded copy of its input, so the plan's peak was not the step's (a profile
-    made with it on: 2.3x over the limit; NOTE [Backend settings in the key] in
-    monet_opt/cache_keys.py); ("deterministic", on) where torch.use_deterministic_algorithms
-    is otherwise than at import: AOTAutograd refuses to run a backward made under the other
+    """(setting, value) for each setting otherwise than at import, in SETTINGS' order.
+    "sdpa": the attention kernels allowed (NOTE [Attention kernels are traced]). "cudnn": a
+    BatchNorm's kernel is chosen as it is traced (NOTE [cuDNN's BatchNorm] in
+    monet_opt/cudnn_bn.py), so a step traced with cuDNN on ran cuDNN's under
+    `torch.backends.cudnn.flags(enabled=False)`, where eager runs ATen's (not bitwise alike;
+    where torch sees no GPU it changes nothing, and is left out). "dtype": a tensor the forward
+    makes without one (torch.arange(n) / 3.0) is made in torch's default dtype, so after
+    set_default_dtype(float64) eager's loss was float64 and the step's float32. The rest change
+    kernels, not the graph, and so the step's memory, which its plan must be measured for
+    (NOTE [Backend settings in the key] in monet_opt/cache_keys.py): "mkldnn", a CPU
+    convolution without oneDNN keeps an unfolded copy of its input (a plan made with it on:
+    2.3x over its limit); "threads", oneDNN's convolution backward keeps scratch per thread
+    (a plan made at 1 thread, stepped at 2: 29,952 B over); "matmul", a float32 matmul
+    precision of "medium" runs bfloat16 kernels with their own scratch (3 % over).
+    "deterministic": besides, AOTAutograd refuses to run a backward made under the other
     setting (every step after turning it on raised, where eager trains)."""
-    kernels, cudnn, dtype = sdpa_kernels(), torch.backends.cudnn.enabled, \
-        torch.get_default_dtype()
-    mkldnn, deterministic = torch.backends.mkldnn.enabled, \
-        torch.are_deterministic_algorithms_enabled()
-    return ((("sdpa", kernels),) if kernels != SDPA_AT_IMPORT else ()) + \
-        ((("cudnn", cudnn),) if cudnn != CUDNN_AT_IMPORT and torch.cuda.is_available()
-         else ()) + \
-        ((("mkldnn", mkldnn),) if mkldnn != MKLDNN_AT_IMPORT else ()) + \
-        ((("deterministic", deterministic),) if deterministic != DETERMINISTIC_AT_IMPORT
-         else ()) + \
-        ((("dtype", dtype),) if dtype != DTYPE_AT_IMPORT else ())
+    now = {name: read() for name, read in SETTINGS.items()}
+    return tuple((name, value) for name, value in now.items() if value != AT_IMPORT[name] and
+                 (name != "cudnn" or torch.cuda.is_available()))

@@ -114,6 +114,8 @@ def describe_autocast(state: tuple) -> str:
     switches = {"cudnn": "cuDNN", "mkldnn": "oneDNN", "deterministic": "deterministic algorithms"}
     return ", ".join(f"{switches[device]} {'on' if dtype else 'off'}" if device in switches else
                      f"default dtype {dtype}" if device == "dtype" else
+                     f"{dtype} threads" if device == "threads" else
+                     f"float32 matmul precision {dtype}" if device == "matmul" else
                      f"autocast on for {device} ({dtype})" if device != "sdpa" else
                      "attention kernels " + "/".join(k for k, on in zip(kernels, dtype) if on)
                      for device, dtype in state) or "autocast off, kernels as at import"
