@@ -331,7 +331,7 @@ class _Planner:
                                           seconds, solve=solve, known=known, candidates=others)
             recall(self.solver, problem, result)
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
-            result = solvers.without_unread(problem, result)
+            result = solvers.without_unread(problem, result, limit)
             if not result.feasible and lowered.snapshot_bytes:  # NOTE [Copies counted as made]
                 result = updated_buffers.retried(problem, limit, lowered, result, lambda p: solve(
                     p, limit, self.solver, time_limit_s=seconds, known=known), lambda s: (

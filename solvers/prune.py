@@ -35,7 +35,7 @@ from typing import Any
 
 from solvers.errors import InvalidScheduleError
 from solvers.problem import Problem
-from solvers.schedule import Schedule, SolveResult, gap_of
+from solvers.schedule import Schedule, SolveResult, Status, gap_of
 from solvers.simulate import simulate
 
 
@@ -98,9 +98,14 @@ def drop_unread(problem: Problem, schedule: Schedule) -> Schedule:
     return dataclasses.replace(schedule, kept=frozenset(kept), backward=tuple(reversed(order)))
 
 
-def without_unread(problem: Problem, result: SolveResult) -> SolveResult:
+def without_unread(problem: Problem, result: SolveResult,
+                   budget_bytes: int | None = None) -> SolveResult:
     """`result` with its schedule's and least-peak schedule's unread recomputation dropped
-    (NOTE [Unread recomputation] in solvers/prune.py), their time and peak simulated again."""
+    (NOTE [Unread recomputation] in solvers/prune.py), their time and peak simulated again.
+    An infeasible result whose least-peak schedule then fits `budget_bytes` is feasible with
+    it: dropping brought its peak down to the budget, and a caller told to raise the budget
+    to a least peak the budget already was (a milp answer at 104 B pruned to 103 B, asked at
+    103 B) was refused again at it."""
     changes: dict[str, Any] = {}
     if result.schedule is not None:
         schedule = drop_unread(problem, result.schedule)
@@ -117,7 +122,18 @@ def without_unread(problem: Problem, result: SolveResult) -> SolveResult:
             least = result.min_feasible_bytes
             changes.update(floor_schedule=floor,
                            min_feasible_bytes=peak if least is None else min(least, peak))
-    return dataclasses.replace(result, **changes) if changes else result
+    result = dataclasses.replace(result, **changes) if changes else result
+    if result.feasible or budget_bytes is None or result.floor_schedule is None or \
+            result.min_feasible_bytes is None or result.min_feasible_bytes > budget_bytes:
+        return result
+    sim = simulate(problem, result.floor_schedule)
+    if sim.peak_bytes > budget_bytes:
+        return result
+    note = "its least-peak schedule, with unread recomputation dropped, fits the budget"
+    return dataclasses.replace(result, status=Status.FEASIBLE, schedule=result.floor_schedule,
+                               objective_s=sim.time_s, peak_bytes=sim.peak_bytes,
+                               gap=gap_of(sim.time_s, result.bound_s),
+                               note=f"{result.note}; {note}" if result.note else note)
 
 
 def _unread_note(before: Schedule, after: Schedule) -> str:

@@ -209,8 +209,8 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
         limit = time_limit_s if time_limit_s is not None else MilpOptions().time_limit_s
         result = portfolio.best_of(
             lambda: _auto(problem, budget_bytes, limit, start, candidates, least_peak), limit)
-        return without_refuted_bound(without_unread(problem, with_known(problem, budget_bytes,
-                                                                        result, known)))
+        return without_refuted_bound(without_unread(problem, with_known(
+            problem, budget_bytes, result, known), budget_bytes))
     if solver not in _REGISTRY:
         raise UnknownSolverError(
             f"solvers.solve: no solver named {solver!r}; available: {available_solvers()}")
@@ -224,8 +224,8 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
         result = fn(problem, budget_bytes, options)
     else:
         result = variants.run_with(fn, problem, budget_bytes, options)
-    return without_refuted_bound(without_unread(problem, with_known(problem, budget_bytes,
-                                                                    result, known)))
+    return without_refuted_bound(without_unread(problem, with_known(
+        problem, budget_bytes, result, known), budget_bytes))
 
 
 _HEURISTICS = ("store_all", "chen_sqrt", "chen_greedy", "evict")

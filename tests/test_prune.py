@@ -52,7 +52,18 @@ def test_unread_recomputation_is_dropped_with_what_only_it_read():
     """NOTE [Unread recomputation]: a recomputed chain whose end nothing reads goes, and so
     does a kept tensor only that chain read; time drops, the peak does not rise, and what is
     left is the schedule without them."""
-    # f0 -> a0 -> f1 -> a1 -> f2 -> a2 -> f3 -> a3; the forward returns a3; b1 reads a0, a1
+    # a2 kept, f3 recomputed from it, and f2 -> f3 again after b1: nothing reads a3's copies
+    p, plain, padded = _padded_problem()
+    assert simulate(p, padded).time_s == simulate(p, plain).time_s + 3.0
+    dropped = drop_unread(p, padded)
+    assert dropped == plain
+    assert simulate(p, dropped).peak_bytes <= simulate(p, padded).peak_bytes
+    assert drop_unread(p, dropped) is dropped
+
+
+def _padded_problem() -> tuple[Problem, Schedule, Schedule]:
+    """f0 -> a0 -> f1 -> a1 -> f2 -> a2 -> f3 -> a3; the forward returns a3; b1 reads a0, a1.
+    The schedule without recomputation, and one recomputing a3 twice where nothing reads it."""
     p = Problem(ops=(Op("f0", False, 1.0, (), (0,)), Op("f1", False, 1.0, (0,), (1,)),
                      Op("f2", False, 1.0, (1,), (2,)), Op("f3", False, 1.0, (2,), (3,)),
                      Op("b1", True, 1.0, (4, 0, 1), (5,))),
@@ -60,14 +71,26 @@ def test_unread_recomputation_is_dropped_with_what_only_it_read():
                          Tensor("a3", 10, 3), Tensor("tangent", 10, NO_PRODUCER),
                          Tensor("g", 10, 4)),
                 fixed_bytes=100, forward_outputs=(3,), backward_outputs=(5,))
-    plain = Schedule(frozenset({0, 1}), (4,))
-    # a2 kept, f3 recomputed from it, and f2 -> f3 again after b1: nothing reads a3's copies
-    padded = Schedule(frozenset({0, 1, 2}), (3, 4, 2, 3))
-    assert simulate(p, padded).time_s == simulate(p, plain).time_s + 3.0
-    dropped = drop_unread(p, padded)
-    assert dropped == plain
-    assert simulate(p, dropped).peak_bytes <= simulate(p, padded).peak_bytes
-    assert drop_unread(p, dropped) is dropped
+    return p, Schedule(frozenset({0, 1}), (4,)), Schedule(frozenset({0, 1, 2}), (3, 4, 2, 3))
+
+
+def test_a_least_peak_pruned_to_the_budget_is_feasible():
+    """milp at 103 B answered infeasible with a least peak of 103 B: its least-peak schedule
+    peaked at 104 B until unread recomputation was dropped, after the search had said no.
+    Asked again at 103 B it said the same. A least-peak schedule pruned to fit the budget is
+    now the answer."""
+    from solvers import without_unread
+    from solvers.schedule import SolveResult, Status
+    p, plain, padded = _padded_problem()
+    budget = simulate(p, plain).peak_bytes
+    assert simulate(p, padded).peak_bytes > budget
+    refused = SolveResult("hand", Status.INFEASIBLE, None, None, None, None, None, 0.0,
+                          simulate(p, padded).peak_bytes, floor_schedule=padded)
+    assert not without_unread(p, refused).feasible  # no budget given: as before
+    r = without_unread(p, refused, budget)
+    assert r.feasible and r.schedule == plain and r.peak_bytes == r.min_feasible_bytes == budget
+    assert "fits the budget" in r.note
+    assert not without_unread(p, refused, budget - 1).feasible
 
 
 @pytest.mark.parametrize("seed", range(4))
