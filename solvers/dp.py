@@ -270,7 +270,8 @@ class _Search:
         chain fits and one whose does not. `best`: the fastest chain that fits, of all seen."""
         self.best = least
         if self.every:  # exact: the fastest of every cap's chains that fits
-            fit = [f for f in self.every if f.sim.peak_bytes <= budget_bytes]
+            # least fits the budget; it may be store-all, below every chain (rich1045's 55 B)
+            fit = [f for f in self.every if f.sim.peak_bytes <= budget_bytes] + [least]
             self.best = min(fit, key=lambda f: (f.sim.time_s, f.sim.peak_bytes))
             return
 

@@ -135,3 +135,28 @@ def test_time_limit_and_bad_mode():
     assert r.status is Status.TIMEOUT and r.schedule is None
     with pytest.raises(SolverError, match="mode"):
         solve(p, 10**12, "dp", DpOptions(mode="speed"))
+
+
+def test_exact_mode_takes_store_all_below_every_chain():
+    """Two ops whose backward may read masks instead (variants): store-all peaks at 55 B,
+    below every chain of lower sets, so exact mode's budget filter left no chain and dp raised
+    a bare ValueError ("min() arg is an empty sequence") at 55-57 B, the least peak it had
+    itself reported."""
+    from solvers import NO_PRODUCER, Op, Problem, Tensor, Variant
+    p = Problem(
+        ops=(Op("f0", False, 0.0, (), (0,), workspace_bytes=5),
+             Op("enc0", False, 0.0151, (0,), (5,)),
+             Op("f1", False, 2.0, (0,), (1,), workspace_bytes=30, recompute_time_s=0.0),
+             Op("enc1", False, 0.2204, (1,), (6,)),
+             Op("b1", True, 0.0, (2, 0, 1), (3,)), Op("b0", True, 0.0, (3,), (4,))),
+        tensors=(Tensor("a0", 20, 0), Tensor("a1", 5, 2), Tensor("tan", 5, NO_PRODUCER),
+                 Tensor("g1", 10, 4), Tensor("g0", 5, 5), Tensor("m0", 13, 1),
+                 Tensor("m1", 3, 3)),
+        fixed_bytes=0, forward_outputs=(1,), backward_outputs=(3, 4),
+        variants=(Variant("mask0", 4, 0, (5,), (1,), 0.1404, 5),
+                  Variant("mask1", 4, 1, (6,), (3,), 0.1941, 0)))
+    least = solve(p, 0, "dp").min_feasible_bytes
+    for budget in (least, least + 2, 10 ** 9):
+        r = solve(p, budget, "dp", time_limit_s=2)
+        assert r.feasible and r.peak_bytes <= budget
+        assert simulate(p, r.schedule).peak_bytes == r.peak_bytes
