@@ -9,12 +9,13 @@ from typing import Any, Callable, Sequence
 from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
                      probes, prune, remat, timeshare, variants)
 from solvers.bound_start import KEPT_REMAT, kept_starts
-from solvers.errors import SolverError, UnknownSolverError
+from solvers.errors import UnknownSolverError
 from solvers.lazy_cuts import CUTS_SOLVER, lazy_cuts
 from solvers.milp import MilpOptions
 from solvers.problem import Problem
 from solvers.prune import without_unread
 from solvers.remembered import fitting, floor_of, lowest, with_known
+from solvers.sane_numbers import check_solve_arguments
 from solvers.schedule import Schedule, SolveResult, Status, gap_of, without_refuted_bound
 from solvers.simulate import simulate
 from solvers.stages import build_stages
@@ -202,8 +203,7 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     fits, "auto" runs no least-peak program; its least peak is then its heuristics', the DP's
     and the known schedules' (NOTE [Plans for other shapes] in solvers/remembered.py).
     """
-    if time_limit_s is not None and time_limit_s <= 0:
-        raise SolverError(f"solvers.solve: time_limit_s must be positive, got {time_limit_s}")
+    check_solve_arguments(budget_bytes, time_limit_s)
     start = lowest(problem, known)
     if solver == "auto":  # NOTE [A portfolio of seeds]
         limit = time_limit_s if time_limit_s is not None else MilpOptions().time_limit_s

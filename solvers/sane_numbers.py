@@ -12,6 +12,7 @@ from __future__ import annotations
 import numbers
 from typing import Any, Callable
 
+from solvers.errors import SolverError
 from solvers.variant_checks import least_workspaces
 
 MAX_SECONDS, MAX_BYTES = 1e6, 1 << 60
@@ -45,6 +46,18 @@ def check_numbers(p: Any, fail: Callable[[str], None]) -> None:
             fail(f"op {op.name!r} has {op.workspace_bytes!r} B of workspace and its variants "
                  f"may take off {op.workspace_bytes - least!r} B (each group's most): a "
                  "variant may not leave its op a negative workspace")
+
+
+def check_solve_arguments(budget_bytes: Any, time_limit_s: Any) -> None:
+    """SolverError where solve's budget is not a number or NaN, or its time limit is not a
+    positive number (a NaN budget got a schedule from milp and a TypeError from auto; a NaN
+    time limit passed a check of the form `<= 0`)."""
+    if not _real(budget_bytes) or budget_bytes != budget_bytes:
+        raise SolverError(f"solvers.solve: budget_bytes must be a number of bytes, got "
+                          f"{budget_bytes!r}")
+    if time_limit_s is not None and not (_real(time_limit_s) and time_limit_s > 0):
+        raise SolverError(f"solvers.solve: time_limit_s must be a positive number of seconds "
+                          f"or None, got {time_limit_s!r}")
 
 
 def _seconds_ok(value: float) -> bool:

@@ -1,0 +1,29 @@
+"""solvers.solve refuses a budget or time limit that is no number, saying which; a NaN budget
+got a schedule from milp and checkmate and a bare TypeError from auto, a NaN time limit passed."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from solvers import SolverError, solve
+from tests.problems import chain
+
+
+@pytest.mark.parametrize("solver", ["milp", "checkmate", "dp", "store_all", "auto"])
+@pytest.mark.parametrize("budget", [math.nan, None, "100", True])
+def test_a_budget_that_is_no_number_is_refused(solver, budget):
+    with pytest.raises(SolverError, match=f"budget_bytes must be a number of bytes, got "
+                                          f"{budget!r}"):
+        solve(chain(3), budget, solver, time_limit_s=1)
+
+
+@pytest.mark.parametrize("limit", [math.nan, 0, -1.0, "5"])
+def test_a_time_limit_that_is_no_positive_number_is_refused(limit):
+    with pytest.raises(SolverError, match="time_limit_s must be a positive number"):
+        solve(chain(3), 10 ** 6, "milp", time_limit_s=limit)
+
+
+def test_whole_and_real_budgets_still_solve():
+    for budget in (10 ** 6, 1e6, math.inf):
+        assert solve(chain(3), budget, "auto", time_limit_s=2).feasible
