@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 from solvers.errors import InvalidProblemError, InvalidScheduleError
-from solvers.sane_numbers import check_numbers
+from solvers.sane_numbers import check_numbers, plain_number
 from solvers.variant_checks import check_variants, least_workspaces
 
 NO_PRODUCER = -1  # a tensor that exists from the start of the backward (an output gradient)
@@ -254,7 +254,8 @@ class Problem:
                            "backward_outputs": list(self.backward_outputs),
                            "ops": [_fields(op) for op in self.ops],
                            "tensors": [_fields(t) for t in self.tensors],
-                           "variants": [_fields(v) for v in self.variants]})
+                           "variants": [_fields(v) for v in self.variants]},
+                          default=plain_number)
 
     @staticmethod
     def from_json(text: str) -> Problem:

@@ -74,3 +74,13 @@ def _whole(value: Any) -> bool:
 
 def _real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def plain_number(value: Any) -> int | float:
+    """A number of another type (numpy's int64, float32), which the checks take as whole or
+    real, as JSON writes it; to_json raised TypeError on it."""
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise TypeError(f"{type(value).__name__} is not a number JSON can hold")

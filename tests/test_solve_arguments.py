@@ -1,5 +1,6 @@
-"""solvers.solve refuses a budget or time limit that is no number, saying which; a NaN budget
-got a schedule from milp and checkmate and a bare TypeError from auto, a NaN time limit passed."""
+"""solvers.solve refuses a budget or time limit that is no number, saying which (a NaN budget
+got a schedule from milp and checkmate and a bare TypeError from auto); a problem holding numpy
+numbers is written as JSON."""
 from __future__ import annotations
 
 import math
@@ -27,3 +28,18 @@ def test_a_time_limit_that_is_no_positive_number_is_refused(limit):
 def test_whole_and_real_budgets_still_solve():
     for budget in (10 ** 6, 1e6, math.inf):
         assert solve(chain(3), budget, "auto", time_limit_s=2).feasible
+
+
+def test_numpy_numbers_are_written_as_json_numbers():
+    """The checks take numpy's integers and floats as whole and real; to_json raised
+    TypeError on them, so such a problem could be solved but not cached."""
+    import dataclasses
+
+    import numpy as np
+    p = chain(3)
+    q = dataclasses.replace(
+        p, fixed_bytes=np.int64(p.fixed_bytes),
+        tensors=(dataclasses.replace(p.tensors[0], bytes=np.int32(p.tensors[0].bytes)),)
+        + p.tensors[1:],
+        ops=(dataclasses.replace(p.ops[0], time_s=np.float64(p.ops[0].time_s)),) + p.ops[1:])
+    assert q.to_json() == p.to_json()
