@@ -69,6 +69,6 @@ def test_an_unread_recomputation_runs_at_its_prediction(monkeypatch):
 
 def test_the_executor_refuses_a_saved_tensor_nobody_reads(monkeypatch):
     monkeypatch.setattr(solvers, "solve", _padded(solvers.solve))
-    monkeypatch.setattr(solvers, "without_unread", lambda problem, result: result)
+    monkeypatch.setattr(solvers, "without_unread", lambda problem, result, *budget: result)
     with pytest.raises(monet_opt.errors.InternalError, match="reads none of them"):
         _run(torch.randn(8, 64))
