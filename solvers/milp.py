@@ -138,18 +138,24 @@ class Program:
         alive = 0  # bytes of tensors made earlier and read at or after this step
         prev = None
         kept = self.S[0]
+        written = _written_in_forward(p, last_read)
         for k, i in enumerate(p.forward_ops):
             out = sum(p.tensors[x].bytes for x in p.ops[i].outputs)
-            own = out + p.ops[i].extra_bytes
+            own = out + p.ops[i].first_extra_bytes  # NOTE [A first run's workspace]
             const = p.fixed_bytes + alive + (own if i not in p.encode_ops else 0)
             var = mip.var(0.0, math.inf, integer=False)
             terms = [(var, 1.0)]
+            over = []  # NOTE [Written into in the forward]
+            if k in written:
+                x = written[k]
+                const -= p.tensors[x].bytes
+                over = [(kept[x], float(p.tensors[x].bytes))] if x in kept else []
             newly = [(kept[x], -float(p.tensors[x].bytes)) for x in dies_after.get(k - 1, [])
                      if x in kept]
             mip.row(terms + ([(prev, -1.0)] if prev is not None else []) + newly, lo=0.0, hi=0.0)
             self.P[k] = var
             made = [(self.E[p.encode_ops[i]], float(own))] if i in p.encode_ops else []
-            self._mem_row([(var, 1.0)] + made + waiting.get(k, []), const)
+            self._mem_row([(var, 1.0)] + made + over + waiting.get(k, []), const)
             prev = var
             alive += out
             alive -= sum(p.tensors[x].bytes for x in dies_after.get(k, []))
@@ -343,6 +349,30 @@ class Program:
                 if self.budget_var in r_idx:
                     need = max(need, sum(c * vals[k] for k, c in zip(r_idx, r_val)) - hi)
             vals[self.budget_var] = need
+
+
+# NOTE [Written into in the forward]
+#   A forward op writes its output into an input whose copy dies at it (NOTE [Writing into a
+#   dying input] in solvers/simulate.py): in the forward, that is an input last read there, not
+#   kept and not a forward output. The row of that step counts the output's bytes less the
+#   input's times (1 - S[0][x]), for the first input of `Op.overwrites` that can qualify; where
+#   that one is kept the simulator may take a later one, which the row still counts (an upper
+#   bound, as every row). An input a variant's encode op may read later is left out: chosen, it
+#   outlives the step. Counted at full size, ResNet's in-place ReLUs made every forward row
+#   one activation too high.
+def _written_in_forward(p: Problem, last_read: dict[int, int]) -> dict[int, int]:
+    """Forward step -> the input it writes its output into unless that input is kept."""
+    encoded = {x for i in p.encode_ops for x in p.ops[i].inputs}
+    outputs = set(p.forward_outputs)
+    written = {}
+    for k, i in enumerate(p.forward_ops):
+        if i in p.encode_ops:
+            continue
+        for x in p.ops[i].overwrites:
+            if last_read.get(x) == k and x not in outputs and x not in encoded:
+                written[k] = x
+                break
+    return written
 
 
 def _backward_constants(p: Problem) -> list[tuple[float, float]]:

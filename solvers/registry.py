@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
                      probes, prune, remat, timeshare, variants)
 from solvers.bound_start import KEPT_REMAT, kept_starts
+from solvers.counted import counted_above
 from solvers.errors import UnknownSolverError
 from solvers.lazy_cuts import CUTS_SOLVER, lazy_cuts
 from solvers.milp import MilpOptions
@@ -385,16 +386,15 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     min_peak, floor = floor_of([(min_peak, floor)] + [(r.peak_bytes, r.schedule)
                                                       for r in feasible])
     best = min(feasible, key=lambda r: (r.objective_s, r.peak_bytes))
-    bound = max(r.bound_s for r in results if r.bound_s is not None)
-    if best.objective_s < bound:
-        # A bound the joint MILP proved holds within its own program's space (recomputation
-        # at stage starts only); a schedule from outside it beat that bound, so only the
-        # no-recompute time is sure to hold.
-        bound = problem.no_recompute_time_s
-    if cuts is not None and cuts.bound_s is not None:  # it holds for every schedule
-        bound = max(bound, cuts.bound_s)
+    # bounds that hold for every schedule: the joint MILP's whole program proves its own
+    # within its space (NOTEs [A valid bound] in solvers/joint.py, [Counted above the step])
+    space = not (_coarsened(problem) or counted_above(problem, first_runs=True))
+    bound = max([r.bound_s for r in results if r.bound_s is not None and not (
+        space and r.solver == "milp")] + [problem.no_recompute_time_s] + (
+        [cuts.bound_s] if cuts is not None and cuts.bound_s is not None else []))
     gap = gap_of(best.objective_s, bound)
-    return SolveResult(solver=f"auto:{best.solver}", status=best.status, schedule=best.schedule,
+    status = Status.OPTIMAL if gap <= MilpOptions().rel_gap + 1e-9 else Status.FEASIBLE
+    return SolveResult(solver=f"auto:{best.solver}", status=status, schedule=best.schedule,
                        objective_s=best.objective_s, peak_bytes=best.peak_bytes,
                        bound_s=bound, gap=gap, solve_time_s=elapsed,
                        min_feasible_bytes=min_peak, note=best.note, floor_schedule=floor)

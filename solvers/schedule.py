@@ -52,8 +52,9 @@ class Status(str, enum.Enum):
 class SolveResult:
     """solver: registry name. objective_s: predicted step time of `schedule`. peak_bytes: its
     simulated peak. bound_s: a proven lower bound on the step time of any schedule within the
-    budget (the joint MILP's, where its program is whole: of any schedule in its program's
-    space, which recomputes an op only in a stage that reads it: NOTE [A valid bound]).
+    budget (the joint MILP's, where its program is whole and counts what the simulator counts:
+    of any schedule in its program's space, which recomputes an op only in a stage that reads
+    it: NOTEs [A valid bound], [Counted above the step] in solvers/counted.py).
     gap: (objective - bound) / objective. min_feasible_bytes: the least peak this solver can
     reach at any budget (what an infeasible caller should raise the budget to).
     floor_schedule: a schedule whose simulated peak is min_feasible_bytes, where the solver
