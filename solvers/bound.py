@@ -44,6 +44,10 @@ from solvers.stages import reading_positions
 
 # The most moments of the backward the bound looks at (NOTE [Cuts through the backward]).
 MAX_BOUND_CUTS = 64
+# The bounds proved lately, by (problem, budget): the joint MILP proves one, and "auto", which
+# runs it, reports it beside its own (solvers/registry.py). A few: a problem may be large.
+_PROVED: dict[tuple[Problem, int], float] = {}
+_PROVED_KEPT = 32
 
 
 def boundary_bound(problem: Problem, budget_bytes: int, time_limit_s: float = 5.0,
@@ -69,7 +73,18 @@ def boundary_bound(problem: Problem, budget_bytes: int, time_limit_s: float = 5.
         if res.status != "optimal":
             break
         last = positions
+    if best is not None:
+        before = _PROVED.pop((problem, budget_bytes), best)  # then made the newest
+        _PROVED[problem, budget_bytes] = max(best, before)
+        while len(_PROVED) > _PROVED_KEPT:
+            del _PROVED[next(iter(_PROVED))]
     return best
+
+
+def proved_bound(problem: Problem, budget_bytes: int) -> float | None:
+    """The highest boundary bound proved lately for `problem` at `budget_bytes` (None if
+    none)."""
+    return _PROVED.get((problem, budget_bytes))
 
 
 def _doubling():

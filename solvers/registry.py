@@ -8,8 +8,8 @@ from typing import Any, Callable, Sequence
 
 from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
                      probes, prune, remat, timeshare, variants)
+from solvers.bound import proved_bound
 from solvers.bound_start import KEPT_REMAT, kept_starts
-from solvers.counted import counted_above
 from solvers.errors import UnknownSolverError
 from solvers.lazy_cuts import CUTS_SOLVER, lazy_cuts
 from solvers.milp import MilpOptions
@@ -386,12 +386,11 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     min_peak, floor = floor_of([(min_peak, floor)] + [(r.peak_bytes, r.schedule)
                                                       for r in feasible])
     best = min(feasible, key=lambda r: (r.objective_s, r.peak_bytes))
-    # bounds that hold for every schedule: the joint MILP's whole program proves its own
-    # within its space (NOTEs [A valid bound] in solvers/joint.py, [Counted above the step])
-    space = not (_coarsened(problem) or counted_above(problem, first_runs=True))
-    bound = max([r.bound_s for r in results if r.bound_s is not None and not (
-        space and r.solver == "milp")] + [problem.no_recompute_time_s] + (
-        [cuts.bound_s] if cuts is not None and cuts.bound_s is not None else []))
+    # bounds that hold for every schedule: the joint MILP's own holds within its space (NOTE
+    # [A valid bound] in solvers/joint.py), the boundary bound it proved is recalled here
+    bound = max([r.bound_s for r in results if r.bound_s is not None and r.solver != "milp"]
+                + [problem.no_recompute_time_s, proved_bound(problem, budget_bytes) or 0.0]
+                + ([cuts.bound_s] if cuts is not None and cuts.bound_s is not None else []))
     gap = gap_of(best.objective_s, bound)
     status = Status.OPTIMAL if gap <= MilpOptions().rel_gap + 1e-9 else Status.FEASIBLE
     return SolveResult(solver=f"auto:{best.solver}", status=status, schedule=best.schedule,
