@@ -279,7 +279,7 @@ SCHEDULE_DAMAGE = {
                             "malformed: facts"),
     # read as a proven refusal of a limit its own first solve fitted
     "feasible without a schedule": (_edit(lambda d: d.update(schedule=None)),
-                                    "feasible without a schedule"),
+                                    "(optimal|feasible) without a schedule"),
     "unknown variant": (_edit(lambda d: d["schedule"].update(variants=[99])),
                         "fails the simulator"),
     "other limit": (_edit(lambda d: d["key"].update(memory_limit_bytes=7)),
