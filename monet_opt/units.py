@@ -56,10 +56,11 @@ class Share:
                              "positive and finite, and `of` 'activations' or 'peak'")
 
     def bytes_of(self, floor: int, store_all_peak: int) -> int:
-        """The limit in bytes, for a step whose floor and store-all peak are these."""
-        if self.of == "peak":
-            return int(self.fraction * store_all_peak)
-        return floor + int(self.fraction * (store_all_peak - floor))
+        """The limit in bytes, for a step whose floor and store-all peak are these; at most
+        2**62 past the floor, as good as no limit ('1e308% of activations' overflowed)."""
+        base = 0 if self.of == "peak" else floor
+        share = self.fraction * (store_all_peak - base)
+        return base + (int(share) if share < 2 ** 62 else 2 ** 62)
 
     def __str__(self) -> str:
         return f"{self.fraction * 100:g}% of {self.of}"

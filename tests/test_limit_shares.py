@@ -39,6 +39,15 @@ def test_share_checks_its_fields():
         Share(float("inf"), "peak")
 
 
+@pytest.mark.parametrize("of", ["activations", "peak"])
+def test_a_share_past_every_byte_count_is_no_limit(of):
+    """'1e308% of activations' raised a bare OverflowError (float infinity to an integer)."""
+    assert Share(1e306, of).bytes_of(1000, 5000) == (0 if of == "peak" else 1000) + 2 ** 62
+    opt = monet_opt.optimize(models.tiny_mlp(), torch.randn(8, 8), f"1e308% of {of}",
+                             profile_dir=None, time_limit_s=5)
+    assert opt.plan.recomputed_ops == 0
+
+
 def _floor(plan: monet_opt.Plan) -> int:
     return plan.fixed_bytes + plan.gradient_bytes
 
