@@ -161,13 +161,12 @@ class ProfileCache:
         otherwise next time). known: schedules of the problem found elsewhere (NOTE [Least
         peaks remembered] in solvers/remembered.py); candidates: more for "auto" beside those
         the directory holds (NOTE [Plans for other shapes])."""
-        if limit_bytes >= 2 ** 64:  # more digits than a file name holds: not cached
+        key = self._key(profile, limit_bytes, solver, time_limit_s)
+        if key is None:  # more digits than a file name holds: not cached
             return (solve or solvers.solve)(profile.problem, limit_bytes, solver,
                                             time_limit_s=time_limit_s, known=known,
                                             candidates=list(candidates))
-        key = ScheduleKey(profile.content_sha256, limit_bytes, solver,
-                          (("time_limit_s", float(time_limit_s)),), library_version())
-        path = profile.folder / f"schedule-{limit_bytes}-{_safe(solver)}-{key.digest[:12]}.json"
+        path = self.schedule_path(profile, limit_bytes, solver, time_limit_s)
         tag = f"-{profile.content_sha256[:12]}" if profile.derived else ""
         floor_path = profile.folder / f"least-peak-{_safe(solver)}{tag}.json"
         floor = None
@@ -213,6 +212,22 @@ class ProfileCache:
         _write(path, {"kind": PROBLEM_KIND, "schema_version": SCHEMA_VERSION,
                       "problem": problem})
 
+    @staticmethod
+    def _key(profile: Profile, limit_bytes: int, solver: str,
+             time_limit_s: float) -> ScheduleKey | None:
+        if limit_bytes >= 2 ** 64:
+            return None
+        return ScheduleKey(profile.content_sha256, limit_bytes, solver,
+                           (("time_limit_s", float(time_limit_s)),), library_version())
+
+    def schedule_path(self, profile: Profile, limit_bytes: int, solver: str,
+                      time_limit_s: float) -> Path | None:
+        """Where `solve` stores that answer (None: a limit of 2**64 B or more is not stored)."""
+        key = self._key(profile, limit_bytes, solver, time_limit_s)
+        if key is None:
+            return None
+        return profile.folder / f"schedule-{limit_bytes}-{_safe(solver)}-{key.digest[:12]}.json"
+
     def _held(self, profile: Profile, solver: str) -> list[Schedule]:
         """For "auto": every schedule held for `profile`'s problem, at any limit, by any solver
         (NOTE [Schedules remembered] in solvers/remembered.py)."""
@@ -220,7 +235,7 @@ class ProfileCache:
             return []
         with warnings.catch_warnings():  # unusable files are reported where they are used
             warnings.simplefilter("ignore", ProfileCacheWarning)
-            held = self.schedules(profile)
+            held = self.schedules(profile, any_version=True)
         return [s.result.schedule for s in held if s.result.schedule is not None]
 
     def profiles(self) -> list[Profile]:
@@ -252,17 +267,31 @@ class ProfileCache:
                 found.append(made)
         return found
 
-    def schedules(self, profile: Profile) -> list[CachedSchedule]:
+    def schedules(self, profile: Profile, any_version: bool = False) -> list[CachedSchedule]:
         """Every valid schedule of `profile`, by limit then solver (those of an older
-        measurement of it are passed over)."""
+        measurement of it are passed over, and unless `any_version` those another version of
+        the solvers made, which `solve` does not serve: `other_versions`). A file whose key
+        cannot be read is reported with the measured profile alone."""
         found = []
-        current = profile.content_sha256
-        for path in _listed(profile.folder, "schedule-*.json"):
-            if _schedule_profile(path) not in (current, None):
+        for path in self._files(profile):
+            if not any_version and _schedule_profile(path, "library_version") not in (
+                    library_version(), None):
                 continue
             with _reported(path, "skipped"):
                 found.append(_read_schedule(path, profile, None))
         return sorted(found, key=lambda s: (s.key.memory_limit_bytes, s.key.solver))
+
+    def other_versions(self, profile: Profile) -> int:
+        """How many of `profile`'s schedule files another version of the solvers made."""
+        return sum(_schedule_profile(path, "library_version") not in (library_version(), None)
+                   for path in self._files(profile))
+
+    @staticmethod
+    def _files(profile: Profile) -> list[Path]:
+        current = profile.content_sha256
+        return [path for path in _listed(profile.folder, "schedule-*.json")
+                if _schedule_profile(path) == current or (
+                    _schedule_profile(path) is None and not profile.derived)]
 
 
 _RESULT_FIELDS = ("solver", "objective_s", "peak_bytes", "bound_s", "gap", "solve_time_s",

@@ -66,10 +66,11 @@ def content_sha256(data: dict[str, Any]) -> str:
                           ).hexdigest()
 
 
-def _schedule_profile(path: Path) -> str | None:
-    """The profile a schedule file was made on, or None if that cannot be read."""
+def _schedule_profile(path: Path, field: str = "profile_sha256") -> str | None:
+    """The profile a schedule file was made on (or another `field` of its key: the solvers'
+    "library_version"), or None if that cannot be read."""
     try:
-        return json.loads(path.read_bytes())["key"]["profile_sha256"]
+        return json.loads(path.read_bytes())["key"][field]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 

@@ -65,9 +65,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "bench":
         from monet_opt.bench import run as bench_run
         return bench_run.run(bench_run.settings_from(args, argv[1:]))
-    from monet_opt import batch_size_cli, precompute
-    command = {"precompute": precompute.run_precompute, "list": precompute.run_list,
-               "explain": precompute.run_explain, "largest-batch": batch_size_cli.run}[args.command]
+    from monet_opt import batch_size_cli, listing, precompute
+    command = {"precompute": precompute.run_precompute, "list": listing.run_list,
+               "explain": listing.run_explain, "largest-batch": batch_size_cli.run}[args.command]
     return command(args)
 
 

@@ -1,4 +1,4 @@
-"""`monet-opt precompute | list | explain`: a schedule zoo in the profile directory.
+"""`monet-opt precompute`: a schedule zoo in the profile directory (list and explain: listing.py).
 
 precompute profiles a model once (`module:factory` and an input shape) and solves a list of
 memory limits into the profile directory, where a later `optimize()` of the same model, input
@@ -12,7 +12,6 @@ import argparse
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,11 @@ from torch.utils import _pytree as pytree
 import solvers
 from solvers.peak_bound import least_peak_bound
 from monet_opt import api
-from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
+from monet_opt.cache import Profile, ProfileCache
 from monet_opt.cli_inputs import device_of, load_factory, parse_shape, positive_seconds
 from monet_opt.errors import UsageError, internal_assert
 from monet_opt.plan import Plan, make_plan
-from monet_opt.units import Share, format_bytes, parse_limit, parse_memory_limit
+from monet_opt.units import Share, format_bytes, parse_limit
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
@@ -234,8 +233,10 @@ def run_precompute(args: argparse.Namespace) -> int:
         print(f"  {format_bytes(limit):>12} {limit:>13}  {asked:<19} "
               + _outcome(profile, results[limit], limit))
     # a directory that passed the checks above may still refuse (/proc/x): exit 0 only if stored
-    unsaved = [limit for limit, _ in limits
-               if not any(profile.folder.glob(f"schedule-{limit}-*.json"))]
+    # (not an answer cache.solve keeps: a time-limit stop, or past 2**64 B)
+    paths = {limit: cache.schedule_path(profile, limit, args.solver, args.time_limit_s)
+             for limit, _ in limits if results[limit].status != solvers.Status.TIMEOUT}
+    unsaved = [limit for limit, path in paths.items() if path is not None and not path.is_file()]
     lost = ([] if (profile.folder / "profile.json").is_file() else ["the profile"]) + (
         [f"{len(unsaved)} of {len(limits)} schedules"] if unsaved else [])
     if lost:
@@ -266,133 +267,3 @@ def _outcome(profile: Profile, result: solvers.SolveResult, limit: int) -> str:
 
 def _note(text: str) -> None:
     print(f"monet-opt: {text}", file=sys.stderr, flush=True)
-
-
-# ---- list and explain ------------------------------------------------------------------------
-
-def _read(root: Path) -> list[tuple[Profile, list[CachedSchedule]]]:
-    """Every valid profile under `root` and its schedules, each followed by the problems made
-    from it that optimize() or precompute solved and theirs (NOTE [Problems as planned] in
-    monet_opt/cache.py); unusable files are reported on stderr, one line each."""
-    cache = ProfileCache(root)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ProfileCacheWarning)
-        found = [(q, cache.schedules(q)) for p in cache.profiles() for q in [p, *cache.planned(p)]]
-    for w in caught:
-        if issubclass(w.category, ProfileCacheWarning):
-            print(f"monet-opt: warning: {w.message}", file=sys.stderr)
-        else:
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    return found
-
-
-def run_list(args: argparse.Namespace) -> int:
-    root = Path(args.profile_dir).expanduser()
-    if not root.is_dir():
-        print(f"no profile directory at {root}/ (monet-opt precompute MODULE:FACTORY "
-              f"--profile-dir {root} makes one)")
-        return 0
-    found = _read(root)
-    if not found:
-        print(f"{root}/ holds no usable profiles (monet-opt precompute MODULE:FACTORY "
-              f"--profile-dir {root} adds some)")
-        return 0
-    measured = None
-    for k, (profile, schedules) in enumerate(found):
-        key, store_all = profile.key, _store_all(profile)
-        if not profile.derived:
-            measured = profile
-            print(f"{profile.folder.name}")
-            print(f"  model {profile.name}, inputs {key.inputs}, {len(profile.problem.ops)} "
-                  f"ops; {key.device}; torch {key.torch_version}; options "
-                  + ", ".join(f"{k}={v}" for k, v in key.options))
-            if not schedules and k + 1 < len(found) and found[k + 1][0].derived:
-                continue  # its schedules are the planned problems'
-        else:
-            extra = profile.problem.fixed_bytes - measured.problem.fixed_bytes
-            print(f"  as optimize() plans the step ({extra:+,} B fixed: what it holds beyond the "
-                  "measured ops), problem " + profile.content_sha256[:12])
-        print(f"  store-all: peak {format_bytes(store_all.peak_bytes)}, step "
-              f"{store_all.time_s * 1e3:.2f} ms")
-        if not schedules:
-            print("  no schedules")
-            continue
-        print(f"  {'limit':>12} {'bytes':>13}  {'solver':<18} {'status':<10} {'peak':>11} "
-              f"{'step ms':>9} {'overhead':>9}")
-        for s in schedules:
-            print("  " + _schedule_line(s, store_all.time_s))
-    return 0
-
-
-def _schedule_line(s: CachedSchedule, store_all_s: float) -> str:
-    r, limit = s.result, s.key.memory_limit_bytes
-    solver = r.solver if r.solver.startswith(s.key.solver) else f"{s.key.solver} ({r.solver})"
-    head = f"{format_bytes(limit):>12} {limit:>13}  {solver:<18} {r.status.value:<10} "
-    if not r.feasible:
-        return head + f"least feasible peak {format_bytes(r.min_feasible_bytes)}"
-    overhead = r.objective_s / store_all_s - 1 if store_all_s else 0.0
-    return head + (f"{format_bytes(r.peak_bytes):>11} {r.objective_s * 1e3:>9.2f} "
-                   f"{overhead:>+9.1%}")
-
-
-def _store_all(profile: Profile) -> solvers.Simulation:
-    problem = profile.problem
-    return solvers.simulate(problem, solvers.schedule_from_kept(problem,
-                                                                problem.saved_for_backward))
-
-
-def find_profile(found: list[tuple[Profile, list[CachedSchedule]]], name: str,
-                 root: Path) -> list[tuple[Profile, CachedSchedule]]:
-    """The schedules of the profile whose folder is `name`, or of the only one it is a prefix
-    of (its planned problems' among them), each with its problem's profile."""
-    exact = [f for f in found if f[0].folder.name == name]
-    hits = exact or [f for f in found if f[0].folder.name.startswith(name)]
-    folders = sorted({p.folder.name for p, _ in hits})
-    if not hits:
-        raise UsageError(f"no profile {name!r} in {root}/; `monet-opt list --profile-dir "
-                         f"{root}` shows the profiles there")
-    if len(folders) > 1:
-        raise UsageError(f"{name!r} matches {len(folders)} profiles in {root}/ "
-                         f"({', '.join(folders)}); give more of the name")
-    return [(p, s) for p, schedules in hits for s in schedules] or [(hits[0][0], None)]
-
-
-def run_explain(args: argparse.Namespace) -> int:
-    root = Path(args.profile_dir).expanduser()
-    entries = find_profile(_read(root) if root.is_dir() else [], args.profile, root)
-    profile = entries[0][0]
-    mine = [(p, s) for p, s in entries if s is not None and s.key.solver == args.solver]
-    if args.limit is None:
-        others = _solvers([s for _, s in entries if s is not None])
-        print(f"{profile.folder.name}: {len(mine)} cached {args.solver} schedule(s)"
-              + (":" if mine else f" (other solvers: {others})"))
-        for p, s in mine:
-            print("  " + _schedule_line(s, _store_all(p).time_s))
-        print(f"monet-opt explain {profile.folder.name} LIMIT prints one (LIMIT as in the "
-              "bytes column)")
-        return 0
-    try:
-        limit = parse_memory_limit(args.limit)
-    except ValueError as exc:
-        raise UsageError(f"bad LIMIT {args.limit!r}: {exc}") from exc
-    at = sorted(((p, s) for p, s in mine if s.key.memory_limit_bytes == limit),
-                key=lambda e: (not e[1].result.feasible, e[1].result.objective_s or 0.0))
-    if not at:
-        cached = ", ".join(str(s.key.memory_limit_bytes) for _, s in mine) or "none"
-        raise UsageError(f"no cached {args.solver} schedule at {format_bytes(limit)} ({limit} B) "
-                         f"for {profile.folder.name} (cached limits in bytes: {cached}); "
-                         f"precompute it: monet-opt precompute MODULE:FACTORY --limits {limit}")
-    planned, result = at[0][0], at[0][1].result
-    if not result.feasible:
-        raise UsageError(f"{format_bytes(limit)} ({limit} B) is infeasible for "
-                         f"{profile.folder.name}: the least feasible peak is "
-                         f"{format_bytes(result.min_feasible_bytes)} "
-                         f"({result.min_feasible_bytes} B); explain a larger limit")
-    print(f"{profile.folder.name}: {profile.name}, inputs {profile.key.inputs}, "
-          f"{profile.key.device}")
-    print(make_plan(planned.problem, planned.op_labels, result, limit).explain())
-    return 0
-
-
-def _solvers(schedules: list[CachedSchedule]) -> str:
-    return ", ".join(sorted({s.key.solver for s in schedules})) or "none"
