@@ -15,6 +15,7 @@ import solvers
 from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
 from monet_opt.errors import UsageError
 from monet_opt.plan import make_plan
+from monet_opt.precompute import profile_root
 from monet_opt.units import format_bytes, parse_memory_limit
 
 
@@ -35,7 +36,7 @@ def _read(root: Path) -> list[tuple[Profile, list[CachedSchedule]]]:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    root = Path(args.profile_dir).expanduser()
+    root = profile_root(args.profile_dir, "list reads profiles")
     if not root.is_dir():
         print(f"no profile directory at {root}/ (monet-opt precompute MODULE:FACTORY "
               f"--profile-dir {root} makes one)")
@@ -116,8 +117,14 @@ def find_profile(found: list[tuple[Profile, list[CachedSchedule]]], name: str,
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    root = Path(args.profile_dir).expanduser()
-    entries = find_profile(_read(root) if root.is_dir() else [], args.profile, root)
+    root = profile_root(args.profile_dir, "explain reads profiles")
+    if not root.is_dir():
+        raise UsageError(f"no profile directory at {root}/ (monet-opt precompute "
+                         f"MODULE:FACTORY --profile-dir {root} makes one)")
+    if not args.profile:
+        raise UsageError("give a profile's folder name, or its start (monet-opt list "
+                         f"--profile-dir {root} shows them)")
+    entries = find_profile(_read(root), args.profile, root)
     profile = entries[0][0]
     mine = [(p, s) for p, s in entries if s is not None and s.key.solver == args.solver]
     if args.limit is None:

@@ -94,6 +94,28 @@ def _directory(text: str) -> str:
     return text
 
 
+def profile_root(text: str, what: str, writing: bool = False) -> Path:
+    """The profile directory `text` names, refused where it cannot serve `what` (said in the
+    message): a file, a link to nothing, and if `writing`, a place nothing can be made in."""
+    root = Path(text).expanduser()
+    if root.is_symlink() and not root.exists():  # an unmounted share: it profiled, then failed
+        raise UsageError(f"--profile-dir {text} is a link to {os.readlink(root)}, which does "
+                         f"not exist (or links in a loop); {what} in a directory: mount or "
+                         "make it, or give another")
+    if root.exists() and not root.is_dir():  # it warned three times and cached nothing
+        raise UsageError(f"--profile-dir {text} is a file, not a directory; {what} in a "
+                         "directory")
+    if writing:
+        writable = next(p for p in (root, *root.parents) if p.exists())  # made where it is not
+        if not writable.is_dir():
+            raise UsageError(f"--profile-dir {text}: {writable} is a file, not a directory, "
+                             "so nothing can be made under it")
+        if not os.access(writable, os.W_OK | os.X_OK):  # it printed its table, cached nothing
+            raise UsageError(f"--profile-dir {text}: {writable} cannot be written (permission "
+                             f"denied); {what} there")
+    return root
+
+
 def add_explain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("profile", metavar="PROFILE",
                    help="a profile's folder name as `monet-opt list` prints it, or a unique "
@@ -191,17 +213,8 @@ def run_precompute(args: argparse.Namespace) -> int:
     if not args.time_limit_s > 0 or args.profile_repeats < 1:
         raise UsageError("--time-limit-s must be positive and --profile-repeats at least 1")
     requested = requested_limits(args)
-    root = Path(args.profile_dir).expanduser()
-    if root.exists() and not root.is_dir():  # it warned three times and cached nothing
-        raise UsageError(f"--profile-dir {args.profile_dir} is a file, not a directory: "
-                         "precompute caches its profile and schedules in a directory")
-    writable = next(p for p in (root, *root.parents) if p.exists())  # made where it is not
-    if not writable.is_dir():
-        raise UsageError(f"--profile-dir {args.profile_dir}: {writable} is a file, not a "
-                         "directory, so nothing can be made under it")
-    if not os.access(writable, os.W_OK | os.X_OK):  # it printed its table, cached nothing
-        raise UsageError(f"--profile-dir {args.profile_dir}: {writable} cannot be written "
-                         "(permission denied); precompute caches its profile and schedules there")
+    profile_root(args.profile_dir, "precompute caches its profile and schedules",
+                 writing=True)
     model, sample = build(args)
     _note(f"profiling {args.factory} ({type(model).__name__}) on {args.device} into "
           f"{args.profile_dir}/ ...")

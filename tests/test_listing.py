@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from monet_opt import cache
-from tests.test_cli import precompute, run_cli
+from tests.test_cli import FACTORY, precompute, run_cli
 
 
 def _listed_rows(root: Path) -> tuple[list[str], str]:
@@ -27,3 +27,33 @@ def test_schedules_other_solvers_made_are_not_listed(tmp_path, monkeypatch):
     assert len(list(root.glob("*/schedule-1048576-*.json"))) == 2
     rows, out = _listed_rows(root)
     assert len(rows) == 1 and "1048576" in rows[0] and "1 schedule file(s)" in out
+
+
+def test_a_profile_dir_that_is_a_file_or_a_dead_link_is_said_so(tmp_path):
+    """list said "no profile directory at FILE/ (precompute ... makes one)", which precompute
+    then refused; precompute into a link to an unmounted share profiled and solved, then
+    failed to store; largest-batch into a file exited 0 after 15 raw warnings."""
+    afile, dead = tmp_path / "afile", tmp_path / "share"
+    afile.write_text("")
+    dead.symlink_to(tmp_path / "unmounted")
+    for spot, said in ((afile, "is a file, not a directory"), (dead, "which does not exist")):
+        for argv in (("list",), ("explain", "Sequential"),
+                     ("precompute", FACTORY, "--input-shape", "2x8"),
+                     ("largest-batch", FACTORY, "--input-shape", "2x8", "--limit", "1MiB")):
+            code, out, err = run_cli(*argv, "--profile-dir", str(spot))
+            assert code == 2 and said in err and out == "", (argv, err)
+
+
+def test_explain_needs_a_profile_name(tmp_path):
+    """An empty name matched the only profile as a prefix."""
+    root = tmp_path / "profiles"
+    precompute(root, "64x8", "--limits", "1MiB")
+    code, _, err = run_cli("explain", "", "--profile-dir", str(root))
+    assert code == 2 and "give a profile's folder name" in err
+
+
+def test_a_limit_past_what_a_file_name_holds_is_solved_not_stored(tmp_path):
+    """precompute printed its feasible row, then exited 2: '1 of 1 schedules could not be
+    stored (the warnings above say why)', with no warnings above."""
+    out = precompute(tmp_path / "profiles", "64x8", "--limits", str(2 ** 64))
+    assert "18446744073709551616" in out and " auto" in out
