@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except MonetError as exc:  # the model's or the limit's: said in full, without a traceback
         print(f"monet-opt {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: what was stored stays (each file written whole)
+        print(f"monet-opt {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # the reader (`| head`) left; not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so exit's flush does not fail
         return 0

@@ -123,8 +123,8 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("limit", metavar="LIMIT", nargs="?",
                    help="the memory limit of a cached schedule (bytes or e.g. 512MiB); "
                         "without it, the cached limits are listed")
-    p.add_argument("--solver", default="auto", help="the solver the schedule was made with "
-                                                    "(default: auto)")
+    p.add_argument("--solver", default="auto", choices=solvers.available_solvers(),
+                   help="the solver the schedule was made with (default: auto)")
     add_profile_dir(p)
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from monet_opt import cache
 from tests.test_cli import FACTORY, precompute, run_cli
 
@@ -57,3 +59,19 @@ def test_a_limit_past_what_a_file_name_holds_is_solved_not_stored(tmp_path):
     stored (the warnings above say why)', with no warnings above."""
     out = precompute(tmp_path / "profiles", "64x8", "--limits", str(2 ** 64))
     assert "18446744073709551616" in out and " auto" in out
+
+
+def test_ctrl_c_and_an_unknown_solver_are_said_in_one_line(tmp_path, monkeypatch):
+    """Ctrl-C printed a KeyboardInterrupt traceback; explain --solver nosuch said 'no cached
+    nosuch schedule ... precompute it'."""
+    from monet_opt import precompute as precompute_module
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(precompute_module, "build", interrupted)
+    code, _, err = run_cli("precompute", FACTORY, "--input-shape", "2x8", "--profile-dir",
+                           str(tmp_path))
+    assert code == 130 and err == "monet-opt precompute: interrupted\n"
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("explain", "Seq", "--solver", "nosuch", "--profile-dir", str(tmp_path))
+    assert exit_.value.code == 2
