@@ -350,6 +350,9 @@ def _read_schedule(path: Path, profile: Profile, key: ScheduleKey | None) -> Cac
         check_key(data["key"], stored.to_dict() if key is None else key.to_dict())
         if stored.profile_sha256 != profile.content_sha256:
             raise Unusable("mismatched: it was made on another profile")
+        name = f"schedule-{stored.memory_limit_bytes}-{_safe(stored.solver)}-{stored.digest[:12]}"
+        if path.name != name + ".json":  # renamed or copied: listed as another limit's
+            raise Unusable(f"mismatched: its key names it {name}.json")
         facts = data["result"]
         schedule = None if data["schedule"] is None else \
             Schedule.from_json(json.dumps(data["schedule"]))

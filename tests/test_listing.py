@@ -75,3 +75,15 @@ def test_ctrl_c_and_an_unknown_solver_are_said_in_one_line(tmp_path, monkeypatch
     with pytest.raises(SystemExit) as exit_:
         run_cli("explain", "Seq", "--solver", "nosuch", "--profile-dir", str(tmp_path))
     assert exit_.value.code == 2
+
+
+def test_a_schedule_file_under_another_name_is_not_listed_as_another_limit(tmp_path):
+    """A copy named for 2 MiB was listed again (the limit its key holds); the name is its
+    key's."""
+    root = tmp_path / "profiles"
+    precompute(root, "64x8", "--limits", "1MiB")
+    path, = root.glob("*/schedule-1048576-*.json")
+    path.with_name(path.name.replace("1048576", "2097152")).write_bytes(path.read_bytes())
+    code, out, err = run_cli("list", "--profile-dir", str(root))
+    assert code == 0 and len([line for line in out.splitlines() if " auto" in line]) == 1
+    assert "schedule-2097152" in err and "its key names it" in err
