@@ -9,6 +9,7 @@ served raises `UsageError` (the CLI prints it on one line and exits with status 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -145,7 +146,13 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, Any]:
     device = device_of(args.device)
     model = made.to(device).train()
     if shape is not None:
-        sample = random_input(args, shape)
+        try:
+            sample = random_input(args, shape)
+        except RuntimeError as exc:  # the allocator's message, with a traceback, was all
+            size = format_bytes(math.prod(shape) * DTYPES[args.dtype].itemsize)
+            raise UsageError(f"--input-shape {args.input_shape}: a {args.dtype} batch of that "
+                             f"shape takes {size}, which could not be allocated here "
+                             f"({str(exc).splitlines()[0]})") from exc
     elif sample is None:
         raise UsageError(f"{args.factory!r} returned a model without a sample input: give "
                          "--input-shape, e.g. --input-shape 32x3x160x160")

@@ -1,4 +1,5 @@
-"""`monet-opt list | explain` (monet_opt/listing.py) against what optimize() would serve."""
+"""The CLI at its edges: list and explain (monet_opt/listing.py) against what optimize() would
+serve, profile directories that cannot be one, inputs and limits past what a machine holds."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -87,3 +88,10 @@ def test_a_schedule_file_under_another_name_is_not_listed_as_another_limit(tmp_p
     code, out, err = run_cli("list", "--profile-dir", str(root))
     assert code == 0 and len([line for line in out.splitlines() if " auto" in line]) == 1
     assert "schedule-2097152" in err and "its key names it" in err
+
+
+def test_an_input_shape_past_memory_is_said_in_one_line(tmp_path):
+    """The allocator's RuntimeError came with a traceback."""
+    code, _, err = run_cli("precompute", FACTORY, "--input-shape", "100000000x100000000",
+                           "--profile-dir", str(tmp_path))
+    assert code == 2 and "could not be allocated here" in err and "GiB" in err
