@@ -9,6 +9,7 @@ served raises `UsageError` (the CLI prints it on one line and exits with status 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -220,11 +221,12 @@ def run_precompute(args: argparse.Namespace) -> int:
     if not args.time_limit_s > 0 or args.profile_repeats < 1:
         raise UsageError("--time-limit-s must be positive and --profile-repeats at least 1")
     requested = requested_limits(args)
-    profile_root(args.profile_dir, "precompute caches its profile and schedules",
-                 writing=True)
+    root = profile_root(args.profile_dir, "precompute caches its profile and schedules",
+                        writing=True)
     model, sample = build(args)
     _note(f"profiling {args.factory} ({type(model).__name__}) on {args.device} into "
-          f"{args.profile_dir}/ ...")
+          f"{args.profile_dir}/ (or reading its profile there) ...")
+    held = _profiles_held(root)
     start = time.perf_counter()
     with torch.autocast(torch.device(args.device).type, AUTOCAST_DTYPES.get(args.autocast),
                         enabled=args.autocast is not None):
@@ -234,8 +236,10 @@ def run_precompute(args: argparse.Namespace) -> int:
                                           profile_time_limit_s=args.profile_time_limit_s)
     limits = limits_of(requested, base)
     internal_assert(profile is not None, "profile_model gave no profile for a profile_dir")
+    read = held.get(profile.folder.name) == _profiles_held(root).get(profile.folder.name)
     print(f"profile {profile.folder.name}: {profile.key.inputs}, {len(profile.problem.ops)} "
-          f"ops, profiled in {time.perf_counter() - start:.1f} s")
+          f"ops, {'read from the directory' if read else 'profiled'} in "
+          f"{time.perf_counter() - start:.1f} s")
     print(f"  store-all peak {format_bytes(base.store_all_peak_bytes)}, fixed "
           f"{format_bytes(base.fixed_bytes)}, gradients {format_bytes(base.gradient_bytes)}, "
           f"activations {format_bytes(base.store_all_activation_bytes)}")
@@ -244,14 +248,17 @@ def run_precompute(args: argparse.Namespace) -> int:
     cache = ProfileCache(args.profile_dir)
     # solved least first, so each limit starts from the schedules cached below it (NOTE
     # [Schedules remembered] in solvers/remembered.py); reported in the order asked
-    results = {}
+    results, cached = {}, set()
     for k, (limit, _) in enumerate(sorted(limits), 1):
         _note(f"solving {k}/{len(limits)}: {format_bytes(limit)} ({args.solver}, up to "
               f"{args.time_limit_s:g} s) ...")
+        path = cache.schedule_path(profile, limit, args.solver, args.time_limit_s)
+        if path is not None and path.is_file():  # served as it is, unless damaged
+            cached.add(limit)
         results[limit] = cache.solve(profile, limit, args.solver, args.time_limit_s)
     for limit, asked in limits:
         print(f"  {format_bytes(limit):>12} {limit:>13}  {asked:<19} "
-              + _outcome(profile, results[limit], limit))
+              + _outcome(profile, results[limit], limit, limit in cached))
     # a directory that passed the checks above may still refuse (/proc/x): exit 0 only if stored
     # (not an answer cache.solve keeps: a time-limit stop, or past 2**64 B)
     paths = {limit: cache.schedule_path(profile, limit, args.solver, args.time_limit_s)
@@ -266,12 +273,23 @@ def run_precompute(args: argparse.Namespace) -> int:
     return 0
 
 
-def _outcome(profile: Profile, result: solvers.SolveResult, limit: int) -> str:
+def _profiles_held(root: Path) -> dict[str, int]:
+    """Each profile folder under `root` and when its profile.json last changed."""
+    held = {}
+    for path in root.glob("*/profile.json") if root.is_dir() else ():
+        with contextlib.suppress(OSError):
+            held[path.parent.name] = path.stat().st_mtime_ns
+    return held
+
+
+def _outcome(profile: Profile, result: solvers.SolveResult, limit: int,
+             cached: bool = False) -> str:
     """The rest of a precompute line: peak, overhead, solver, status, time; or why none."""
     if result.feasible:
         plan = make_plan(profile.problem, profile.op_labels, result, limit)
         return (f"{format_bytes(plan.predicted_peak_bytes):>11} {plan.predicted_overhead:>+9.1%}  "
-                f"{result.solver:<17} {result.status.value:<10} {result.solve_time_s:>7.2f}")
+                f"{result.solver:<17} {result.status.value:<10} "
+                + (f"{'cached':>7}" if cached else f"{result.solve_time_s:>7.2f}"))
     if result.status == solvers.Status.TIMEOUT:
         return (f"no schedule within the time limit ({result.solver}, "
                 f"{result.solve_time_s:.1f} s): raise --time-limit-s")

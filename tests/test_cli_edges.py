@@ -95,3 +95,13 @@ def test_an_input_shape_past_memory_is_said_in_one_line(tmp_path):
     code, _, err = run_cli("precompute", FACTORY, "--input-shape", "100000000x100000000",
                            "--profile-dir", str(tmp_path))
     assert code == 2 and "could not be allocated here" in err and "GiB" in err
+
+
+def test_precompute_says_what_it_read_from_the_directory(tmp_path):
+    """Run again, it said 'profiled in 0.5 s' and gave the first run's solve time, though it
+    read both from the directory."""
+    root = tmp_path / "profiles"
+    first = precompute(root, "64x8", "--limits", "1MiB")
+    assert "profiled in" in first and " cached" not in first
+    again = precompute(root, "64x8", "--limits", "1MiB")
+    assert "read from the directory in" in again and " cached" in again
