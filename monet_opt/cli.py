@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 from monet_opt.errors import MonetError, UsageError
 
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                                              argparse.Namespace(command="explain"))
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    warnings.formatwarning = _one_line  # the profile directory's: one line each
     try:
         return _run(args, argv)
     except UsageError as exc:
@@ -58,6 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader (`| head`) left; not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so exit's flush does not fail
         return 0
+    finally:
+        warnings.formatwarning = _format
+
+
+def _one_line(message, category, filename, lineno, line=None) -> str:
+    """A ProfileCacheWarning as `list` says it ("monet-opt: warning: ..."); others as Python
+    does (file, line and source)."""
+    from monet_opt.cache_files import ProfileCacheWarning
+    if issubclass(category, ProfileCacheWarning):
+        return f"monet-opt: warning: {message}\n"
+    return _format(message, category, filename, lineno, line)
+
+
+_format = warnings.formatwarning
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:

@@ -113,8 +113,10 @@ def profile_root(text: str, what: str, writing: bool = False) -> Path:
             raise UsageError(f"--profile-dir {text}: {writable} is a file, not a directory, "
                              "so nothing can be made under it")
         if not os.access(writable, os.W_OK | os.X_OK):  # it printed its table, cached nothing
-            raise UsageError(f"--profile-dir {text}: {writable} cannot be written (permission "
-                             f"denied); {what} there")
+            why = "its file system is mounted read-only" if os.statvfs(writable).f_flag & \
+                os.ST_RDONLY else "permission denied"
+            raise UsageError(f"--profile-dir {text}: {writable} cannot be written ({why}); "
+                             f"{what} there")
     return root
 
 
@@ -236,7 +238,8 @@ def run_precompute(args: argparse.Namespace) -> int:
                                           profile_time_limit_s=args.profile_time_limit_s)
     limits = limits_of(requested, base)
     internal_assert(profile is not None, "profile_model gave no profile for a profile_dir")
-    read = held.get(profile.folder.name) == _profiles_held(root).get(profile.folder.name)
+    before = held.get(profile.folder.name)
+    read = before is not None and before == _profiles_held(root).get(profile.folder.name)
     print(f"profile {profile.folder.name}: {profile.key.inputs}, {len(profile.problem.ops)} "
           f"ops, {'read from the directory' if read else 'profiled'} in "
           f"{time.perf_counter() - start:.1f} s")

@@ -105,3 +105,18 @@ def test_precompute_says_what_it_read_from_the_directory(tmp_path):
     assert "profiled in" in first and " cached" not in first
     again = precompute(root, "64x8", "--limits", "1MiB")
     assert "read from the directory in" in again and " cached" in again
+
+
+def test_the_profile_directorys_warnings_are_printed_in_one_line():
+    """precompute's and largest-batch's came out as Python prints them: file, line, source."""
+    import warnings
+
+    from monet_opt import cli
+    from monet_opt.cache_files import ProfileCacheWarning
+    said = ProfileCacheWarning("monet_opt profile directory: cannot write x; not cached.")
+    assert cli._one_line(said, ProfileCacheWarning, "api.py", 330) == \
+        "monet-opt: warning: monet_opt profile directory: cannot write x; not cached.\n"
+    assert "api.py:330" in cli._one_line(UserWarning("y"), UserWarning, "api.py", 330)
+    before = warnings.formatwarning
+    run_cli("list", "--profile-dir", "no-such-directory")
+    assert warnings.formatwarning is before
