@@ -4,8 +4,8 @@ NOTE [Counted above the step]
   The joint MILP and Checkmate's program write their own memory rows; simulate() is the one
   judge of a schedule's peak. Two of its rules they count at full size: an op writing its
   output into a dying input (NOTE [Writing into a dying input] in simulate.py; the MILP counts
-  it in the forward, most cases: NOTE [Written into in the forward] in milp.py) and an op's
-  smaller first-run workspace (NOTE [A first run's workspace]; the MILP's forward rows take
+  most of them in the forward: NOTE [Written into in the forward] in encode_reads.py) and an
+  op's smaller first-run workspace (NOTE [A first run's workspace]; the MILP's forward rows take
   it, Checkmate's program does not). Their schedules are safe (every row an upper bound), but
   a schedule they count over the budget may fit it, so their proof of optimality is no proof:
   the MILP called 42 s optimal at 132 B where "auto" found 36.25 s, a recomputed op writing

@@ -1,5 +1,6 @@
-"""The joint MILP's forward rows: when each forward tensor's last plain read is, and what the
-encode ops of chosen variants keep alive past it (solvers/milp.py's Program)."""
+"""The joint MILP's forward rows: when each forward tensor's last plain read is, what the
+encode ops of chosen variants keep alive past it, and which input each step writes its output
+into (solvers/milp.py's Program)."""
 from __future__ import annotations
 
 from solvers.mip import Mip
@@ -54,3 +55,27 @@ def encode_reads(p: Problem, mip: Mip, kept: dict[int, int], chosen: list[int],
                             lo=0.0)
             terms.setdefault(k, []).append((w, float(p.tensors[x].bytes)))
     return terms
+
+
+# NOTE [Written into in the forward]
+#   A forward op writes its output into an input whose copy dies at it (NOTE [Writing into a
+#   dying input] in solvers/simulate.py): in the forward, that is an input last read there, not
+#   kept and not a forward output. The row of that step counts the output's bytes less the
+#   input's times (1 - S[0][x]), for the first input of `Op.overwrites` that can qualify; where
+#   that one is kept the simulator may take a later one, which the row still counts (an upper
+#   bound, as every row). An input a variant's encode op may read later is left out: chosen, it
+#   outlives the step. Counted at full size, ResNet's in-place ReLUs made every forward row
+#   one activation too high.
+def written_in_forward(p: Problem, last_read: dict[int, int]) -> dict[int, int]:
+    """Forward step -> the input it writes its output into unless that input is kept."""
+    encoded = {x for i in p.encode_ops for x in p.ops[i].inputs}
+    outputs = set(p.forward_outputs)
+    written = {}
+    for k, i in enumerate(p.forward_ops):
+        if i in p.encode_ops:
+            continue
+        for x in p.ops[i].overwrites:
+            if last_read.get(x) == k and x not in outputs and x not in encoded:
+                written[k] = x
+                break
+    return written

@@ -21,7 +21,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from solvers.encode_reads import encode_reads, last_forward_read
+from solvers.encode_reads import encode_reads, last_forward_read, written_in_forward
 from solvers.mip import Mip, solve_mip
 from solvers.problem import NO_PRODUCER, Problem
 from solvers.schedule import Schedule
@@ -138,14 +138,14 @@ class Program:
         alive = 0  # bytes of tensors made earlier and read at or after this step
         prev = None
         kept = self.S[0]
-        written = _written_in_forward(p, last_read)
+        written = written_in_forward(p, last_read)
         for k, i in enumerate(p.forward_ops):
             out = sum(p.tensors[x].bytes for x in p.ops[i].outputs)
             own = out + p.ops[i].first_extra_bytes  # NOTE [A first run's workspace]
             const = p.fixed_bytes + alive + (own if i not in p.encode_ops else 0)
             var = mip.var(0.0, math.inf, integer=False)
             terms = [(var, 1.0)]
-            over = []  # NOTE [Written into in the forward]
+            over = []  # NOTE [Written into in the forward] in encode_reads.py
             if k in written:
                 x = written[k]
                 const -= p.tensors[x].bytes
@@ -349,30 +349,6 @@ class Program:
                 if self.budget_var in r_idx:
                     need = max(need, sum(c * vals[k] for k, c in zip(r_idx, r_val)) - hi)
             vals[self.budget_var] = need
-
-
-# NOTE [Written into in the forward]
-#   A forward op writes its output into an input whose copy dies at it (NOTE [Writing into a
-#   dying input] in solvers/simulate.py): in the forward, that is an input last read there, not
-#   kept and not a forward output. The row of that step counts the output's bytes less the
-#   input's times (1 - S[0][x]), for the first input of `Op.overwrites` that can qualify; where
-#   that one is kept the simulator may take a later one, which the row still counts (an upper
-#   bound, as every row). An input a variant's encode op may read later is left out: chosen, it
-#   outlives the step. Counted at full size, ResNet's in-place ReLUs made every forward row
-#   one activation too high.
-def _written_in_forward(p: Problem, last_read: dict[int, int]) -> dict[int, int]:
-    """Forward step -> the input it writes its output into unless that input is kept."""
-    encoded = {x for i in p.encode_ops for x in p.ops[i].inputs}
-    outputs = set(p.forward_outputs)
-    written = {}
-    for k, i in enumerate(p.forward_ops):
-        if i in p.encode_ops:
-            continue
-        for x in p.ops[i].overwrites:
-            if last_read.get(x) == k and x not in outputs and x not in encoded:
-                written[k] = x
-                break
-    return written
 
 
 def _backward_constants(p: Problem) -> list[tuple[float, float]]:
