@@ -1,0 +1,77 @@
+"""Transformer models a traced step cannot hold as built (a mask checked by its values, a
+generation cache, experts looped over) are refused before tracing, saying what to change."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import monet_opt
+
+HUGE = 1 << 40
+
+
+class _Seq2Seq(nn.Module):
+    def __init__(self, say_causal: bool) -> None:
+        super().__init__()
+        self.say_causal = say_causal
+        self.t = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                dim_feedforward=32, dropout=0.0, batch_first=True)
+
+    def forward(self, src, tgt):
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        causal = {"tgt_is_causal": True} if self.say_causal else {}
+        return self.t(src, tgt, tgt_mask=mask, **causal)
+
+
+def test_a_transformer_mask_checked_by_its_values_says_to_say_it_is_causal():
+    """nn.Transformer given a tgt_mask and no tgt_is_causal compares the mask's values with a
+    causal one; the CaptureError pointed at the user's call and spoke of .item(). Now it says
+    to pass tgt_is_causal, and with it the model is optimized."""
+    torch.manual_seed(0)
+    x = (torch.randn(2, 6, 16), torch.randn(2, 5, 16))
+    with pytest.raises(monet_opt.CaptureError, match="tgt_is_causal=True"):
+        monet_opt.optimize(_Seq2Seq(False), x, HUGE, profile_repeats=1, profile_dir=None)
+    opt = monet_opt.optimize(_Seq2Seq(True), x, HUGE, profile_repeats=1, profile_dir=None)
+    assert opt(*x).shape == (2, 5, 16)
+
+
+def test_a_cache_returned_for_generation_says_to_turn_it_off():
+    """A decoder built from its config returns its generation cache (use_cache=True); the
+    CaptureError spoke of .item() and a pytree to register, with use_cache=False among three
+    generic hints. It now names the cache and says to turn it off, and doing so optimizes."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16,
+                     bos_token_id=1, eos_token_id=2)
+    model, ids = GPT2LMHeadModel(cfg).train(), torch.randint(0, 50, (2, 8))
+    x = {"input_ids": ids, "labels": ids}
+    with pytest.raises(monet_opt.CaptureError, match=r"DynamicCache.*use_cache = False"):
+        monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    model.config.use_cache = False
+    monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)(**x).loss.backward()
+
+
+@pytest.mark.parametrize("impl", ["eager", "grouped_mm"])
+def test_experts_looped_over_say_which_implementation_traces(impl):
+    """transformers' "eager" mixture of experts loops over the experts hit, a number of the
+    batch's values: the error said to avoid data-dependent Python. It names the config's
+    experts_implementation now; "grouped_mm" trains bitwise like eager."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    torch.manual_seed(0)
+    cfg = MixtralConfig(vocab_size=50, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
+                        use_cache=False, experts_implementation=impl)
+    model, x = MixtralForCausalLM(cfg).train(), {"input_ids": torch.randint(3, 50, (2, 8))}
+    if impl == "eager":
+        with pytest.raises(monet_opt.CaptureError, match='experts_implementation="grouped_mm"'):
+            monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+        return
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    opt(**x).logits.square().sum().backward()
+    eager(**x).logits.square().sum().backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                           eager.parameters()))
