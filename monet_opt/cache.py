@@ -288,10 +288,13 @@ class ProfileCache:
 
     @staticmethod
     def _files(profile: Profile) -> list[Path]:
-        current = profile.content_sha256
-        return [path for path in _listed(profile.folder, "schedule-*.json")
-                if _schedule_profile(path) == current or (
-                    _schedule_profile(path) is None and not profile.derived)]
+        """`profile`'s schedule files, and for a measured profile those whose key is unread."""
+        found = []
+        for path in _listed(profile.folder, "schedule-*.json"):
+            made_on = _schedule_profile(path)
+            if made_on == profile.content_sha256 or (made_on is None and not profile.derived):
+                found.append(path)
+        return found
 
 
 _RESULT_FIELDS = ("solver", "objective_s", "peak_bytes", "bound_s", "gap", "solve_time_s",
