@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from monet_opt import cli_inputs, precompute
     from monet_opt.errors import UsageError
     shape = cli_inputs.parse_shape(args.input_shape)
-    precompute.profile_root(args.profile_dir, "largest-batch caches what it profiles and "
+    cli_inputs.profile_root(args.profile_dir, "largest-batch caches what it profiles and "
                             "solves", writing=True)
     try:
         limit = parse_limit(args.limit)

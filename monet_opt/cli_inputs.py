@@ -1,5 +1,6 @@
-"""What the command line's model arguments name: a factory ('module:function'), an input shape
-('32x3x160x160') and a device, each checked with a UsageError that says what to write."""
+"""What the command line's arguments name: a factory ('module:function'), an input shape
+('32x3x160x160'), a device and a profile directory, each checked with a UsageError that says
+what to write."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import inspect
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -84,3 +86,27 @@ def device_of(name: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):  # meta, mps, ...: torch's errors deep inside
         raise UsageError(f"--device {name!r}: monet_opt profiles and plans on cpu or cuda")
     return device
+
+
+def profile_root(text: str, what: str, writing: bool = False) -> Path:
+    """The profile directory `text` names, refused where it cannot serve `what` (said in the
+    message): a file, a link to nothing, and if `writing`, a place nothing can be made in."""
+    root = Path(text).expanduser()
+    if root.is_symlink() and not root.exists():  # an unmounted share: it profiled, then failed
+        raise UsageError(f"--profile-dir {text} is a link to {os.readlink(root)}, which does "
+                         f"not exist (or links in a loop); {what} in a directory: mount or "
+                         "make it, or give another")
+    if root.exists() and not root.is_dir():  # it warned three times and cached nothing
+        raise UsageError(f"--profile-dir {text} is a file, not a directory; {what} in a "
+                         "directory")
+    if writing:
+        writable = next(p for p in (root, *root.parents) if p.exists())  # made where it is not
+        if not writable.is_dir():
+            raise UsageError(f"--profile-dir {text}: {writable} is a file, not a directory, "
+                             "so nothing can be made under it")
+        if not os.access(writable, os.W_OK | os.X_OK):  # it printed its table, cached nothing
+            why = "its file system is mounted read-only" if os.statvfs(writable).f_flag & \
+                os.ST_RDONLY else "permission denied"
+            raise UsageError(f"--profile-dir {text}: {writable} cannot be written ({why}); "
+                             f"{what} there")
+    return root

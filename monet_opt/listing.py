@@ -15,7 +15,7 @@ import solvers
 from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
 from monet_opt.errors import UsageError
 from monet_opt.plan import make_plan
-from monet_opt.precompute import profile_root
+from monet_opt.cli_inputs import profile_root
 from monet_opt.units import format_bytes, parse_memory_limit
 
 
@@ -27,11 +27,9 @@ def _read(root: Path) -> list[tuple[Profile, list[CachedSchedule]]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ProfileCacheWarning)
         found = [(q, cache.schedules(q)) for p in cache.profiles() for q in [p, *cache.planned(p)]]
-    for w in caught:
-        if issubclass(w.category, ProfileCacheWarning):
-            print(f"monet-opt: warning: {w.message}", file=sys.stderr)
-        else:
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    for w in caught:  # the CLI's formatter says each in one line (monet_opt/cli.py)
+        print(warnings.formatwarning(w.message, w.category, w.filename, w.lineno), end="",
+              file=sys.stderr)
     return found
 
 

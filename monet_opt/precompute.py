@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,8 @@ import solvers
 from solvers.peak_bound import least_peak_bound
 from monet_opt import api
 from monet_opt.cache import Profile, ProfileCache
-from monet_opt.cli_inputs import device_of, load_factory, parse_shape, positive_seconds
+from monet_opt.cli_inputs import (device_of, load_factory, parse_shape, positive_seconds,
+                                  profile_root)
 from monet_opt.errors import UsageError, internal_assert
 from monet_opt.plan import Plan, make_plan
 from monet_opt.units import Share, format_bytes, parse_limit
@@ -94,30 +94,6 @@ def _directory(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("give a directory (it was empty)")
     return text
-
-
-def profile_root(text: str, what: str, writing: bool = False) -> Path:
-    """The profile directory `text` names, refused where it cannot serve `what` (said in the
-    message): a file, a link to nothing, and if `writing`, a place nothing can be made in."""
-    root = Path(text).expanduser()
-    if root.is_symlink() and not root.exists():  # an unmounted share: it profiled, then failed
-        raise UsageError(f"--profile-dir {text} is a link to {os.readlink(root)}, which does "
-                         f"not exist (or links in a loop); {what} in a directory: mount or "
-                         "make it, or give another")
-    if root.exists() and not root.is_dir():  # it warned three times and cached nothing
-        raise UsageError(f"--profile-dir {text} is a file, not a directory; {what} in a "
-                         "directory")
-    if writing:
-        writable = next(p for p in (root, *root.parents) if p.exists())  # made where it is not
-        if not writable.is_dir():
-            raise UsageError(f"--profile-dir {text}: {writable} is a file, not a directory, "
-                             "so nothing can be made under it")
-        if not os.access(writable, os.W_OK | os.X_OK):  # it printed its table, cached nothing
-            why = "its file system is mounted read-only" if os.statvfs(writable).f_flag & \
-                os.ST_RDONLY else "permission denied"
-            raise UsageError(f"--profile-dir {text}: {writable} cannot be written ({why}); "
-                             f"{what} there")
-    return root
 
 
 def add_explain_arguments(p: argparse.ArgumentParser) -> None:
