@@ -91,7 +91,17 @@ def evict(problem: Problem, budget_bytes: int, options: EvictOptions) -> SolveRe
 #   256 steps, 9,731 ops: 11.5 s of eviction's), so they run only in the first LEAST_SHARE of
 #   eviction's time limit (the profiled ranking's always begins; each stops between rounds),
 #   and a later solve of the problem goes on with the rankings not begun.
+#
+# NOTE [Aimed at the least peak]
+#   A search ends lower aimed at a budget than aimed at zero, once putting back follows it:
+#   re-keeping a tensor can lower the peak (its recomputed copy was held longer than the kept
+#   one). On a fuzzed problem (rich5) the search aimed at zero ended at 282 B, and the solve at
+#   282 B returned a schedule peaking at 252 B, while every budget in [252, 282) was answered
+#   infeasible with a least peak of 282 B. So, after the rankings, the least peak is searched
+#   again aimed at itself, with putting back, until it no longer falls (282 -> 252 B there):
+#   what a solve at the least peak finds is in the least peak (at most LEAST_AIMED searches).
 LEAST_RANKINGS = 4
+LEAST_AIMED = 8
 LEAST_JITTER = 0.1
 LEAST_SHARE = 0.5
 # The share of polishing's time in which each schedule's kept set is put back into, split
@@ -123,7 +133,14 @@ def _least_peak(problem: Problem, rounds: int, probes: int,
             {x: rng.uniform(1 - LEAST_JITTER, 1 + LEAST_JITTER) for x in sorted(kept)}
         _search(problem, kept, 0, judge, options, deadline, jitter)
         memo["seeds"] = seed + 1
-    return min(best, key=lambda b: (b[0], sorted(b[1])))
+    least = min(best, key=lambda b: (b[0], sorted(b[1])))
+    while memo["seeds"] > LEAST_RANKINGS and memo.get("aimed", 0) < LEAST_AIMED \
+            and memo.get("aimed_at") != least[0] and time.perf_counter() <= deadline:
+        memo["aimed"], memo["aimed_at"] = memo.get("aimed", 0) + 1, least[0]
+        _put_back(problem, _search(problem, kept, least[0], judge, options, deadline),
+                  least[0], judge, deadline)  # NOTE [Aimed at the least peak]
+        least = min(best, key=lambda b: (b[0], sorted(b[1])))
+    return least
 
 
 def _search(problem: Problem, kept: frozenset[int], budget_bytes: int, judge,

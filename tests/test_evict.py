@@ -115,6 +115,7 @@ def test_least_peak_tries_jittered_rankings(monkeypatch):
     never ends higher than under the profiled one alone, sometimes lower, and gives the same
     answer every time for the same problem."""
     rankings, lower = evict.LEAST_RANKINGS, 0
+    monkeypatch.setattr(evict, "LEAST_AIMED", 0)  # the rankings alone
     for seed in range(30):
         p = autodiff_problem(40, random.Random(seed))
         alone = _least(p, 0, monkeypatch)
@@ -129,3 +130,17 @@ def test_least_peak_tries_jittered_rankings(monkeypatch):
         assert alone[0] <= cut[0] and jittered[0] <= later[0] <= cut[0]
         assert simulate(p, schedule_from_kept(p, later[1])).peak_bytes == later[0]
     assert lower >= 1
+
+
+@pytest.mark.parametrize("seed", [27, 79, 215])
+def test_least_peak_is_what_a_solve_at_it_reaches(seed):
+    """NOTE [Aimed at the least peak]: on these problems the search aimed at zero bytes ended a
+    few bytes above the schedule evict returned when asked for that least peak, and every budget
+    in between was answered infeasible."""
+    rng = random.Random(seed)
+    p = autodiff_problem(rng.randint(4, 9), rng)
+    least = solve(p, 10**12, "evict").min_feasible_bytes
+    at = solve(p, least, "evict")
+    assert at.feasible and at.peak_bytes == least == at.min_feasible_bytes
+    below = solve(p, least - 1, "evict")
+    assert not below.feasible and below.min_feasible_bytes == least
