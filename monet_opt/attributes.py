@@ -65,8 +65,11 @@ class Watched:
     maybe_tensors: tuple[int, ...] = ()
     # plain values read from outside the modules: after `where`'s in values()
     global_reads: tuple[Read, ...] = field(default=(), compare=False)
-    # (position, name) of the other attributes the forward's code reads from a module: last
+    # (position, name) of the other attributes the forward's code reads from a module
     read_by_code: tuple[tuple[int, str], ...] = ()
+    # (class, name) of each module class's forward and the methods its code calls on self:
+    # last in values(), as one tuple (NOTE [Methods replaced on a class])
+    methods: tuple[tuple[type, str], ...] = ()
 
     @staticmethod
     def of(model: nn.Module, skip: tuple[tuple[str, str], ...] = ()) -> Watched:
@@ -89,7 +92,10 @@ class Watched:
                     and hasattr(config, "__dict__") and id(config) not in configs:
                 configs.add(id(config))
                 where.append((position, True, tuple(_public(config))))
-        return Watched(tuple(where), tuple(maybe), reads, tuple(by_code))
+        methods = [(cls, name) for cls in dict.fromkeys(map(type, model.modules()))
+                   for name in ["forward"] + sorted(on_self.get(cls, set()) - {"forward"})
+                   if isinstance(_class_value(cls, name), _METHODS)]
+        return Watched(tuple(where), tuple(maybe), reads, tuple(by_code), tuple(methods))
 
     @functools.cached_property
     def _columns(self) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[tuple[str, ...], ...]]:
@@ -116,6 +122,7 @@ class Watched:
         for p, name in self.read_by_code:
             value = _read_value(modules[p], name) if p < len(modules) else _MISSING
             out.append(value if type(value) in _PLAIN else _frozen(value))
+        out.append(tuple(_class_value(cls, name) for cls, name in self.methods))
         return tuple(out)
 
     def changed(self, model: nn.Module, before: tuple, now: tuple) -> str:
@@ -142,6 +149,8 @@ class Watched:
                    for p, name in self.read_by_code]
         diffs = swapped + [f"{label} {_shown(b)} -> {_shown(n)}"
                            for label, b, n in zip(labels, before, now) if b != n]
+        diffs += [f"{cls.__name__}.{name} replaced" for (cls, name), b, n
+                  in zip(self.methods, before[-1], now[-1]) if b is not n]
         return ", ".join(diffs[:4]) + (f" and {len(diffs) - 4} more" if len(diffs) > 4 else "")
 
 
@@ -196,6 +205,23 @@ def _read_names(module: nn.Module, on_self: dict[type, set[str]]) -> set[str]:
         if _frozen(value) is not _OPAQUE:
             names.add(name)
     return names
+
+
+# NOTE [Methods replaced on a class]
+#   A class's forward replaced after optimize() (`Net.forward = patched`, as a library patching
+#   a class does) ran as traced, silently: outputs 1.53 from eager's, every gradient off (a
+#   forward set on the instance was watched, the class's not). So each module class's forward
+#   and the methods its code calls on self are watched by identity, as looked up on the class;
+#   one replaced plans a step (ReplanWarning "Net.forward replaced").
+_METHODS = (types.FunctionType, staticmethod, classmethod, property)
+
+
+def _class_value(cls: type, name: str) -> object:
+    """`name` as the class defines it (a function, not a bound method), _MISSING where none."""
+    for owner in cls.__mro__:
+        if name in owner.__dict__:
+            return owner.__dict__[name]
+    return _MISSING
 
 
 def _read_value(module: nn.Module, name: str) -> object:

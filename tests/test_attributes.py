@@ -333,3 +333,28 @@ def test_globals_read_by_module_hooks_plan_a_step():
             assert len(replans) == seed and (seed == 0 or "HOOK_SCALE" in replans[0])
     finally:
         HOOK_SCALE = 1.5
+
+
+def test_methods_replaced_on_a_class_plan_a_step():
+    """NOTE [Methods replaced on a class]: a class's forward (or a method it calls) replaced
+    after optimize() ran as traced, silently (outputs 1.53 from eager's)."""
+    class Mixed(Tempered):
+        def forward(self, x):
+            return self._mix(super().forward(x))
+
+        def _mix(self, y):
+            return y + 1.0
+
+    torch.manual_seed(0)
+    model, x = Mixed().train(), torch.randn(4, 16)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    plain_forward, plain_mix = Mixed.forward, Mixed._mix
+    try:
+        Mixed._mix = lambda self, y: y * 2.0
+        assert "with Mixed._mix replaced" in _replans_of_alike_step(opt, model, eager, x, 1)[0]
+        Mixed.forward = lambda self, x: plain_forward(self, x) - 3.0
+        assert "Mixed.forward replaced" in _replans_of_alike_step(opt, model, eager, x, 3)[0]
+    finally:
+        Mixed.forward, Mixed._mix = plain_forward, plain_mix
+    assert not _replans_of_alike_step(opt, model, eager, x, 4)  # the first step again
