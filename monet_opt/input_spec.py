@@ -145,9 +145,9 @@ class InputSpec:
               ) -> list[torch.Tensor]:
         """The input tensors among `leaves` (a call's flattened (args, kwargs), whose treedef
         and constants are `structure`), checked against the plan's structure, shapes, strides,
-        dtypes, devices and requires_grad (any_shape: all but the shapes, strides,
+        dtypes, devices and requires_grad (any_shape: all but the shapes, strides, dtypes,
         requires_grad and a sparse tensor's number of entries, which plan steps of their own;
-        NOTE [New input shapes] in monet_opt/module.py)."""
+        NOTE [New input shapes] in monet_opt/module.py, NOTE [Inputs of other dtypes])."""
         if structure != (self.treedef, self.constants):
             planned = self.rebuild([_Shown.of(leaf) for leaf in self.leaves])
             called = pytree.tree_unflatten([_Shown.of(x) if isinstance(x, torch.Tensor) else x
@@ -163,16 +163,25 @@ class InputSpec:
             entries = spec.sparse if got.sparse and spec.sparse and \
                 got.sparse[0] == spec.sparse[0] else got.sparse  # NOTE [Sparse inputs]
             if (dataclasses.replace(got, shape=spec.shape, requires_grad=spec.requires_grad,
-                                    strides=spec.strides, sparse=entries, storage=spec.storage)
+                                    strides=spec.strides, sparse=entries, storage=spec.storage,
+                                    dtype=spec.dtype)
                     if any_shape else got) != spec:
                 raise PlanMismatchError(
                     f"monet_opt: input {k} does not match the plan: expected {spec}, received "
                     f"{got}. The plan (and its memory limit) holds only for the sample_input's "
-                    f"{'dtypes and devices' if any_shape else 'shapes, layouts and requires_grad'}"
+                    f"{'devices' if any_shape else 'shapes, dtypes, layouts and requires_grad'}"
                     "; run optimize() again with a sample like the new input.")
         return leaves
 
 
+# NOTE [Inputs of other dtypes]
+#   An input of another dtype than the sample's was refused (PlanMismatchError), while
+#   parameters of another dtype plan a step of their own: so after model.double() (or .half(),
+#   .to(torch.bfloat16)) the one input eager then takes was refused, with nothing said of the
+#   model. Now a dtype plans a step as a shape does (ReplanWarning), and where the model cannot
+#   take it (a float64 batch for a float32 model) tracing says so, as eager would
+#   (CaptureError: the model fails on these inputs run eagerly too). new_shapes="error"
+#   refuses them still.
 def constants_of(leaves: list) -> tuple[tuple[int, type, Any], ...]:
     """The non-tensor leaves, by position, with their types (1 and True are equal, but trace
     apart) (NOTE [Constant arguments])."""

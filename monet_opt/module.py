@@ -257,6 +257,7 @@ class OptimizedModule(ToModel):
                    else "attributes" if values != self._first_values
                    else "input_grads" if [s.requires_grad for s in specs] !=
                    [s.requires_grad for s in first.leaves]
+                   else "dtypes" if [s.dtype for s in specs] != [s.dtype for s in first.leaves]
                    else "layouts" if [s.shape for s in specs] == [s.shape for s in first.leaves]
                    else "shapes")
             changed = ", ".join(filter(None, (

@@ -25,6 +25,7 @@ def situation(why: str, resident_bytes: int) -> str:
             "attributes": "modules or their attributes changed since optimize()",
             "input_grads": "inputs that require a gradient where the sample's did not, or the "
                            "other way round",
+            "dtypes": "inputs of other dtypes than the sample's",
             "layouts": "inputs laid out otherwise than the sample (their strides, or a "
                        "larger storage they view)",
             "shapes": "inputs of new shapes"}[why]
@@ -70,6 +71,8 @@ WHAT_TO_DO = {
     "input_grads": "An input that requires a gradient (adversarial training, saliency) "
                    "makes the backward compute its gradient too: a step of its own; give "
                    "optimize() a sample that does as your steps do.",
+    "dtypes": "A step is traced for its inputs' dtypes (NOTE [Inputs of other dtypes]): give "
+              "optimize() a sample of the dtype your batches have.",
     "layouts": "A step is traced for its inputs' strides (a channels-last or permuted batch "
                "where the sample was contiguous), and counts a larger storage an input views "
                "(a batch sliced from a data set on the device): give optimize() a sample laid "
