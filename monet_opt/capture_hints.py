@@ -193,18 +193,37 @@ GENERIC = ("\nWhat to try: avoid data-dependent Python on tensor values at that 
 
 def what_to_try(model, args: tuple, kwargs: dict) -> str:
     """GENERIC, or, where the model fails on the sample run eagerly too (a wrong channel count,
-    an integer input to a convolution), that: nothing about tracing is to be changed. The
-    eager run is under no_grad, from a forked random stream, its buffers put back."""
+    an integer input to a convolution), that: nothing about tracing is to be changed; where
+    it takes the positional arguments as one list, that (NOTE [A list read as arguments])."""
+    exc = _eager_failure(model, args, kwargs)
+    if exc is None:
+        return GENERIC
+    if isinstance(exc, TypeError) and len(args) > 1 and not kwargs and \
+            _eager_failure(model, (list(args),), {}) is None:
+        return (f"\nWhat to try: sample_input is read as {len(args)} positional arguments (a "
+                f"list as a tuple is), which the model does not take ({where(exc)}); it runs on "
+                "them as one list: pass `([a, b, ...],)`, a tuple holding the list.")
+    return (f"\nWhat to try: the model fails on sample_input run eagerly too ({where(exc)}): "
+            "fix the sample input (its shapes, dtypes and devices against the parameters') or "
+            "the model; tracing is not the cause.")
+
+
+# NOTE [A list read as arguments]
+#   A list given as sample_input is read as positional arguments, as a tuple is (the README
+#   says so). A forward that takes one list then failed to trace with "the model fails on
+#   sample_input run eagerly too ... fix the sample input (its shapes, dtypes and devices)",
+#   though `model([a, b])` runs: now it says to pass `([a, b],)` (lifecycle probe, 2026-12-05).
+def _eager_failure(model, args: tuple, kwargs: dict) -> Exception | None:
+    """What the model raises on (args, kwargs) run eagerly: under no_grad, from a forked random
+    stream, its buffers put back."""
     buffers = [b.clone() for b in model.buffers()]
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=cuda_devices(model.parameters())):
             model(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - said to the user, who reads it
-        return (f"\nWhat to try: the model fails on sample_input run eagerly too "
-                f"({where(exc)}): fix the sample input (its shapes, dtypes and devices against "
-                "the parameters') or the model; tracing is not the cause.")
+        return exc
     finally:
         with torch.no_grad():
             for b, saved in zip(model.buffers(), buffers):
                 b.copy_(saved)
-    return GENERIC
+    return None

@@ -69,3 +69,24 @@ def test_a_check_inside_a_torch_function_is_named():
     message = str(caught.value)
     assert "in torch's gaussian_nll_loss, at `elif torch.any(var < 0):`" in message
     assert "optimize the model, not WithLoss" in message
+
+
+class TakesAList(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def forward(self, xs):
+        return self.a(xs[0]) + self.b(xs[1])
+
+
+def test_a_list_sample_for_a_forward_taking_one_list_says_how_to_pass_it():
+    """NOTE [A list read as arguments]: the error said the model fails on the sample eagerly
+    and to check its shapes and dtypes, where `model([a, b])` runs; so passed, it trains."""
+    model, pair = TakesAList(), [torch.randn(4, 8), torch.randn(4, 8)]
+    with pytest.raises(monet_opt.CaptureError, match=r"(?s)read as 2 positional arguments.*"
+                                                     r"pass `\(\[a, b, \.\.\.\],\)`") as err:
+        monet_opt.optimize(model, pair, 1 << 30, profile_dir=None)
+    assert "fix the sample input" not in str(err.value)
+    opt = monet_opt.optimize(model, (pair,), 1 << 30, profile_dir=None, profile_repeats=1)
+    assert torch.equal(opt(pair), model(pair))
