@@ -2,6 +2,7 @@
 from monet_opt.api import lower_problem, optimize
 from monet_opt.attributes import SideEffectWarning
 from monet_opt.autocast_backward import AutocastBackwardWarning
+from monet_opt.eval_steps import UnplannedStepWarning
 from monet_opt.errors import (CaptureError, DoubleBackwardError, InfeasibleBudgetError,
                               MonetError, NoBackwardError, PlanMismatchError,
                               UnsupportedGraphError)
@@ -19,7 +20,8 @@ __all__ = ["AutocastBackwardWarning", "BatchFit", "CaptureError", "DoubleBackwar
            "HookWarning", "InfeasibleBudgetError", "LiveBytes", "MonetError", "NoBackwardError",
            "OptimizedModule", "OutputGradientWarning", "OutputsHeldWarning", "Plan",
            "PlanMismatchError", "ReplanWarning", "Share", "SideEffectWarning",
-           "StepsInFlightWarning", "TransformWarning", "UnsupportedGraphError", "WithLoss",
+           "StepsInFlightWarning", "TransformWarning", "UnplannedStepWarning",
+           "UnsupportedGraphError", "WithLoss",
            "format_bytes",
            "largest_batch", "lower_problem", "measure_peak", "optimize", "parse_memory_limit",
            "resident_tensors"]

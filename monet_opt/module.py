@@ -15,8 +15,8 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from monet_opt import (absent_grads, autocast_backward, handed_grads, ones_masks, output_grad,
-                       saved_hooks)
+from monet_opt import (absent_grads, autocast_backward, eval_steps, handed_grads, ones_masks,
+                       output_grad, saved_hooks)
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.forwarded import ToModel
 from monet_opt.capture import autocast_state
@@ -198,8 +198,8 @@ class OptimizedModule(ToModel):
                 output_grad.eager_only():  # NOTE [torch.func transforms]
             return self.model(*args, **kwargs)  # NOTE [Optimized inside optimized]
         flags = tuple(map(TRAINING, modules))
-        if flags != self._training_flags and not self.training:
-            return self.model(*args, **kwargs)  # NOTE [Optimized in eval mode]
+        if flags != self._training_flags and not self.training:  # NOTE [Optimized in eval mode]
+            return eval_steps.watched(self.model(*args, **kwargs), self)
         if not any(p.requires_grad for p in mine) and not any(
                 isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
             return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan

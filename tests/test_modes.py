@@ -4,6 +4,7 @@ eval mode] in monet_opt/module.py)."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -63,3 +64,25 @@ def test_the_wrappers_mode_is_the_models():
     assert measured == least.plan.predicted_peak_bytes < full.plan.predicted_peak_bytes
     model.eval()
     assert not least.training
+
+
+def test_a_backward_through_an_eval_step_run_unplanned_warns_once():
+    """NOTE [Trained in eval mode, unplanned]: trained after model.eval() with a plan made in
+    train mode, the step ran the model itself, over its limit, with no word; validation with
+    gradients on (no backward) stays quiet, and the gradients are eager's."""
+    torch.manual_seed(0)
+    model, x, loss_fn = models.small_cnn()
+    eager = copy.deepcopy(model).eval()
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.UnplannedStepWarning)
+        loss_fn(opt(x))  # validation, gradients on
+    with pytest.warns(monet_opt.UnplannedStepWarning, match="in eval mode.*optimize.. with the"):
+        loss_fn(opt(x)).backward()
+    loss_fn(eager(x)).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                           eager.parameters()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.UnplannedStepWarning)
+        loss_fn(opt(x)).backward()  # once per module
