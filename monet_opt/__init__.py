@@ -14,12 +14,14 @@ from monet_opt.memory import LiveBytes, measure_peak, resident_tensors
 from monet_opt.module import OptimizedModule, ReplanWarning
 from monet_opt.output_grad import OutputGradientWarning, TransformWarning, WithLoss
 from monet_opt.plan import Plan
+from monet_opt.retained_graphs import RetainedGraphWarning
 from monet_opt.units import Share, format_bytes, parse_memory_limit
 
 __all__ = ["AutocastBackwardWarning", "BatchFit", "CaptureError", "DoubleBackwardError",
            "HookWarning", "InfeasibleBudgetError", "LiveBytes", "MonetError", "NoBackwardError",
            "OptimizedModule", "OutputGradientWarning", "OutputsHeldWarning", "Plan",
-           "PlanMismatchError", "ReplanWarning", "Share", "SideEffectWarning",
+           "PlanMismatchError", "ReplanWarning", "RetainedGraphWarning", "Share",
+           "SideEffectWarning",
            "StepsInFlightWarning", "TransformWarning", "UnplannedStepWarning",
            "UnsupportedGraphError", "WithLoss",
            "format_bytes",

@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from monet_opt import (absent_grads, autocast_backward, eval_steps, handed_grads, ones_masks,
-                       output_grad, saved_hooks)
+                       output_grad, retained_graphs, saved_hooks)
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.forwarded import ToModel
 from monet_opt.capture import autocast_state
@@ -217,8 +217,9 @@ class OptimizedModule(ToModel):
                          lambda: [*self.model.parameters(), *self.model.buffers()])
         output_grad.watch(returned, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         backward = absent_grads.step_node(returned)
-        # NOTE [Outputs the loss does not read], [Output gradients as handed], [Backward under
-        for hooked in (absent_grads, handed_grads, autocast_backward):  # autocast]
+        # NOTEs [Outputs the loss does not read], [Output gradients as handed], [Backward
+        # under autocast], [Retained graphs, said]
+        for hooked in (absent_grads, handed_grads, autocast_backward, retained_graphs):
             hooked.prehook(backward)
         return outputs
 

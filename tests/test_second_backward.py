@@ -3,6 +3,7 @@ backward of a backward (NOTE [Double backward] in monet_opt/output_grad.py)."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -19,7 +20,8 @@ def test_retain_graph_backwards_twice_like_eager(make, tight):
     """NOTE [Retained graphs]: after a plain step, backward(retain_graph=True), then backward
     again, gives eager's gradients bitwise each time, on the store-all plan and at the least
     peak (recomputation, variants, dropout replayed). Before, the retained backward raised a
-    RuntimeError about donated buffers."""
+    RuntimeError about donated buffers. The retained backward warns that it can pass the limit
+    (it said nothing)."""
     torch.manual_seed(0)
     model, x, loss_fn = make()
     eager = copy.deepcopy(model)
@@ -35,9 +37,14 @@ def test_retain_graph_backwards_twice_like_eager(make, tight):
         seen = [p.grad.clone() for p in owner.parameters()]
         owner.zero_grad(set_to_none=True)
         loss = loss_fn(module(x))
-        loss.backward(retain_graph=True)
-        seen += [p.grad.clone() for p in owner.parameters()]
-        loss.backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss.backward(retain_graph=True)
+            seen += [p.grad.clone() for p in owner.parameters()]
+            loss.backward()
+        # NOTE [Retained graphs, said]: the retained backward (not the last) passes the plan
+        said = [w for w in caught if w.category is monet_opt.RetainedGraphWarning]
+        assert len(said) == (module is opt)
         grads.append(seen + [p.grad.clone() for p in owner.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
