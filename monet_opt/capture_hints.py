@@ -70,7 +70,9 @@ VALIDATING = (
     "\ntorch.distributions checks its arguments' values when it makes a distribution "
     "(validate_args), which a traced step cannot: pass validate_args=False (Categorical(logits="
     "..., validate_args=False)), or call torch.distributions.Distribution."
-    "set_default_validate_args(False) before optimize().")
+    "set_default_validate_args(False) before optimize(); where validate_args=False is passed "
+    "already, a distribution it builds inside checks still (RelaxedOneHotCategorical's), "
+    "and only the second does.")
 
 
 def from_validation(exc: BaseException) -> bool:
