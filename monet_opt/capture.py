@@ -285,7 +285,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
     raise CaptureError(
         failed + capture_hints.hf_cache(errors) + capture_hints.hf_experts(errors)
         + capture_hints.unknown_output(errors) + capture_hints.shapes(errors)
-        + capture_hints.sparse_gradient(errors) + (capture_hints.VALIDATING if checked else "")
+        + capture_hints.in_the_backward(errors) + (capture_hints.VALIDATING if checked else "")
         + (capture_hints.CAUSAL_CHECK if causal else "")
         + (capture_hints.TORCH_CHECK if any(capture_hints.IN_TORCH in e for e in errors) else "")
         + host_random.drawn_hint() + host_random.layerdrop_hint(model))

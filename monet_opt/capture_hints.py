@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 import traceback
 
 import torch
@@ -57,11 +58,15 @@ def _not_a_meta_failure(record: logging.LogRecord) -> bool:
 def meta_failures_unlogged():
     """While tracing: torch's fake tensors log each op that fails on them, with its traceback
     (an input of a shape the model rejects: 54 lines on stderr, once per route tried), and then
-    raise; the CaptureError says what failed, so the log is dropped."""
+    raise; the CaptureError says what failed, so the log is dropped. So are the warnings of
+    autograd's anomaly mode, which AOTAutograd traces the joint graph under ("Error detected
+    in ReluBackward0", with the forward's traceback, once per route)."""
     log = logging.getLogger("torch._subclasses.fake_tensor")
     log.addFilter(_not_a_meta_failure)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Error detected in ", UserWarning)
+            yield
     finally:
         log.removeFilter(_not_a_meta_failure)
 
@@ -106,10 +111,18 @@ SPARSE_GRADIENT = (
     "values need no gradient, build the sparse tensor outside the module and pass it in.")
 
 
-def sparse_gradient(errors: list[str]) -> str:
-    """SPARSE_GRADIENT where tracing failed in the backward of a sparse tensor's making."""
-    return SPARSE_GRADIENT if any("SparseCooTensor" in e and "Backward" in e
-                                  for e in errors) else ""
+MODIFIED_IN_PLACE = (
+    "\nThe forward writes in place into a tensor its backward reads (above: which op's output, "
+    "at which version), and eager's backward fails the same way: write out of place there "
+    "(y = y - d for y.sub_(d), or on a clone), then optimize.")
+
+
+def in_the_backward(errors: list[str]) -> str:
+    """SPARSE_GRADIENT where tracing failed in the backward of a sparse tensor's making;
+    MODIFIED_IN_PLACE where autograd's version check failed while tracing the backward."""
+    return (SPARSE_GRADIENT if any("SparseCooTensor" in e and "Backward" in e for e in errors)
+            else "") + (MODIFIED_IN_PLACE if any("modified by an inplace operation" in e
+                                                 for e in errors) else "")
 
 
 def hf_cache(errors: list[str]) -> str:
