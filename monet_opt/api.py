@@ -74,10 +74,10 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
             make again as often as the limit asks, offline DTR), "dp" (Kusumoto et
             al.'s lower-set DP), "checkmate" (Checkmate's MILP, a baseline: recomputation
             only), "chen" (the better of "chen_greedy" and "chen_sqrt"), "store_all".
-        time_limit_s: wall time the solve may spend ("auto": heuristics, the DP, the MILP,
-            polishing and pruning, shared out, and up to about a tenth more where the heuristics
-            were slow, which is not taken from the others: CPU ResNet-50's plans at a third of
-            its activations took 33.5 s at 30; "milp": the MILP; see plan.status).
+        time_limit_s: wall time the solve may spend ("auto": its phases shared out, up to a
+            tenth more where the heuristics were slow (CPU ResNet-50 at a third of its
+            activations: 33.5 s at 30), and below 2 s some more, each program getting a tenth
+            of it: NOTE [Short limits]; "milp": the MILP; see plan.status).
         profile_repeats: timed runs per operator when profiling (after one warm-up).
         variants: offer the solver the exact operator variants of `monet_opt.variants` (ReLU
             and dropout masks, compact max-pool indices, shape-only pooling inputs: smaller

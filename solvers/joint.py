@@ -238,7 +238,7 @@ def _refined(problem: Problem, budget_bytes: int, s: Schedule, sim, deadline: fl
 
 
 def _remaining(options: MilpOptions, deadline: float) -> MilpOptions:
-    left = max(1.0, deadline - time.perf_counter())
+    left = max(options.min_program_s, deadline - time.perf_counter())
     return dataclasses.replace(options, time_limit_s=left)
 
 

@@ -167,7 +167,7 @@ def _solve(problem: Problem, options: MilpOptions) -> tuple[int, Schedule]:
     plains = [problem] + ([problem.with_variants(frozenset())] if problem.variants else [])
     total = options.least_time_limit_s if options.least_time_limit_s is not None \
         else options.time_limit_s / 4
-    share = max(1.0, total / len(plains))
+    share = max(options.min_program_s, total / len(plains))
     for plain in plains:
         held = options.max_held_vars if plain is problem else options.max_held_vars // 2
         stages = build_stages(plain, options.max_recompute_vars, held)

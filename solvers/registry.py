@@ -309,8 +309,9 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
     # for lack of time than the MILP's alone (NOTE [The least peak's time]), unless store-all
     # fits (NOTE [The least peak where store-all fits]; both in solvers/least.py)
     least_s = limit * (AUTO_FITTING_LEAST_SHARE if store_all.feasible else 0.25)
-    milp = MilpOptions(time_limit_s=max(1.0, milp_s - fine_s), least_start=least_start,
-                       least_time_limit_s=least_s, refine_left=False)  # refined below
+    prog_s = timeshare.program_floor(limit)  # each program's least: NOTE [Short limits]
+    milp = MilpOptions(time_limit_s=max(prog_s, milp_s - fine_s), least_start=least_start,
+                       least_time_limit_s=least_s, refine_left=False, min_program_s=prog_s)
     brief = store_all.feasible and not least_peak  # no least-peak program (solve's docstring)
     if not brief:
         least.start(problem, milp)  # NOTE [Work aside] in solvers/aside.py
@@ -345,7 +346,7 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
         # but the DP's and the MILP's share), less what the heuristics took past their grace
         after = limit - dp_s - share
         end = deadline + min(cheap_s, limit * AUTO_CHEAP_GRACE) - after
-        milp = dataclasses.replace(milp, time_limit_s=max(1.0, min(
+        milp = dataclasses.replace(milp, time_limit_s=max(prog_s, min(
             share - spent, end - time.perf_counter())))
     results = cheap if settled else \
         cheap + [lower_sets, solve(problem, budget_bytes, "milp", milp)]
@@ -358,7 +359,7 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
         top = sorted((r for r in feasible if _once(r)),
                      key=lambda r: (r.objective_s, r.peak_bytes))[:AUTO_POLISH_SCHEDULES]
         polished = evict.polish(problem, budget_bytes, [r.schedule for r in top], max(
-            1.0, deadline - fine_s - prune_s - anneal_s - time.perf_counter())) if top else None
+            prog_s, deadline - fine_s - prune_s - anneal_s - time.perf_counter())) if top else None
         if polished is not None and polished.objective_s < top[0].objective_s:
             feasible.append(dataclasses.replace(polished, note=(
                 "kept sets of the best schedules (" + ", ".join(r.solver for r in top) +

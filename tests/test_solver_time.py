@@ -12,7 +12,7 @@ from solvers import Problem, registry, solve, timeshare
 from solvers.baselines import BaselineOptions, _coarse_to_fine, chen_greedy
 from solvers.milp import BuildTimeout, MilpOptions, Program
 from solvers.stages import build_stages
-from tests.problems import autodiff_problem
+from tests.problems import autodiff_problem, with_masks
 
 
 def _problem_and_budget(seed: int = 0) -> tuple[Problem, int]:
@@ -70,3 +70,24 @@ def test_a_program_stops_being_built_at_its_deadline():
     with pytest.raises(BuildTimeout):
         Program(stages, budget, deadline=0.0)
     assert Program(stages, budget, deadline=math.inf).budget == budget
+
+
+def test_a_short_limit_gives_each_program_a_tenth_of_it(monkeypatch):
+    """NOTE [Short limits]: each program auto solved got at least a second, so a limit below
+    about 10 s did not hold (a 195-op GPT-2 asked for 0.5 s took 5.3 s); now a tenth of it."""
+    from solvers import joint, least
+    given = []
+
+    def spy(solve_program):
+        def recorded(program, options, *args, **kwargs):
+            given.append(options.time_limit_s)
+            return solve_program(program, options, *args, **kwargs)
+        return recorded
+    for module in (least, joint):
+        monkeypatch.setattr(module, "solve_program", spy(module.solve_program))
+    rng = random.Random(1)
+    p = autodiff_problem(60, rng)
+    p, budget = with_masks(p, rng), _problem_and_budget(1)[1]
+    solve(p, budget, "auto", time_limit_s=0.5)
+    assert given and max(given) <= 0.5
+    assert timeshare.program_floor(0.5) == 0.05 and timeshare.program_floor(30) == 1.0
