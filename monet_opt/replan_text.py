@@ -59,7 +59,9 @@ WHAT_TO_DO = {
              "every step makes a plan each time: keep it registered.",
     "structure": "Each structure of inputs (which arguments, keywords included, and the "
                  "value of each that is not a tensor) is a step of its own (HF's Trainer adds "
-                 "num_items_in_batch for a model whose forward takes **kwargs).",
+                 "num_items_in_batch for a model whose forward takes **kwargs); a number that "
+                 "changes from call to call (a count of tokens) makes a plan for each value: "
+                 "pass it as a tensor (torch.tensor(n)), an input of the step.",
     "sharing": "A plan counts an input passed twice (labels=input_ids) once, so inputs that "
                "share storages otherwise than the sample's hold other bytes; pass them as the "
                "sample did.",
@@ -89,6 +91,9 @@ def too_many(plans: int, why: str) -> str:
     if why == "attributes":
         return (f" {plans} plans: a value changed every step makes one each; keep it in a "
                 "buffer.")
+    if why == "structure":
+        return (f" {plans} plans: a number passed with other values makes one each; pass it "
+                "as a tensor.")
     return (f" {plans} plans: inputs of varying length (dynamic padding) make one each; pad "
             "them to a few fixed lengths (buckets) so that each is planned once.")
 
