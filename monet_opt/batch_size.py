@@ -52,6 +52,7 @@ NOTE [The largest batch]
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -66,7 +67,7 @@ from monet_opt import api
 from monet_opt.batch_chord import next_batch
 from monet_opt.batch_fit import BatchFit, Try
 from monet_opt.arguments import check_options
-from monet_opt.errors import InfeasibleBudgetError
+from monet_opt.errors import CaptureError, InfeasibleBudgetError
 from monet_opt.memory import resident_bytes
 from monet_opt.module import OptimizedModule
 from monet_opt.units import Share, format_bytes, parse_limit
@@ -197,9 +198,10 @@ def _estimated(model: nn.Module, make_input: Callable[[int], Any], batch: int, l
     """A batch traced and its sizes alone solved by the lower-set DP (at most ESTIMATE_S): its
     least peak, within the limit or not (NOTE [The largest batch], 2.)."""
     begun = time.perf_counter()
-    problem = api.lower_problem(model, make_input(batch), timed=False,
-                                variants=options.get("variants", True),
-                                allow_lossy=options.get("allow_lossy", False))
+    with _named(batch):
+        problem = api.lower_problem(model, make_input(batch), timed=False,
+                                    variants=options.get("variants", True),
+                                    allow_lossy=options.get("allow_lossy", False))
     result = solvers.solve(problem, limit, "dp", time_limit_s=ESTIMATE_S)
     least = result.min_feasible_bytes
     least = least_peak_bound(problem).bytes if least is None else least  # DP out of time
@@ -269,9 +271,10 @@ def _sized(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit
            options: dict[str, Any]) -> Try:
     """A batch traced and lowered, not profiled: its size bound against the limit."""
     begun = time.perf_counter()
-    problem = api.lower_problem(model, make_input(batch), timed=False,
-                                variants=options.get("variants", True),
-                                allow_lossy=options.get("allow_lossy", False))
+    with _named(batch):
+        problem = api.lower_problem(model, make_input(batch), timed=False,
+                                    variants=options.get("variants", True),
+                                    allow_lossy=options.get("allow_lossy", False))
     bound = least_peak_bound(problem).bytes
     return Try(batch, bound <= limit, bound, None, time.perf_counter() - begun, profiled=False)
 
@@ -282,8 +285,23 @@ def _not_even_one(tried: Try, limit: int, solver: str) -> Exception:
                           f"while planning it: the device holds less than {format_bytes(limit)}; "
                           "give a smaller memory_limit")
     error = InfeasibleBudgetError(limit, tried.least_bytes, solver)
+    error.args = (str(error).replace(", or use a smaller batch", "", 1),)  # none is smaller
     error.add_note("monet_opt.largest_batch: not even a batch of 1 fits this limit")
     return error
+
+
+@contextlib.contextmanager
+def _named(batch: int):
+    """A CaptureError at a batch the search made (a model that takes only some batch sizes: a
+    multiple of 4, or 2 and more where BatchNorm trains) says which: it said to fix the
+    sample input, which the caller never gave."""
+    try:
+        yield
+    except CaptureError as exc:
+        exc.add_note(f"monet_opt.largest_batch: at a batch of {batch}, one the search made "
+                     f"(make_input({batch})); where the model takes only some batch sizes, "
+                     "keep the search to them with start and max_batch")
+        raise
 
 
 def _try(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit: int,
@@ -291,7 +309,8 @@ def _try(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit: 
     log.info("largest_batch: trying a batch of %d under %s ...", batch, format_bytes(limit))
     start = time.perf_counter()
     try:
-        module = api.optimize(model, make_input(batch), limit, **options)
+        with _named(batch):
+            module = api.optimize(model, make_input(batch), limit, **options)
     except InfeasibleBudgetError as exc:
         return Try(batch, False, exc.min_feasible_bytes, None,
                    time.perf_counter() - start), None

@@ -11,7 +11,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from monet_opt.batch_size import largest_batch, log
-from monet_opt.errors import InfeasibleBudgetError
+from monet_opt.errors import InfeasibleBudgetError, MonetError
 from monet_opt.units import parse_limit
 
 
@@ -69,12 +69,15 @@ def run(args: argparse.Namespace) -> int:
         return x.contiguous(memory_format=torch.channels_last) if args.channels_last else x
 
     try:
-        start = shape[0] if args.start is None else args.start
+        start = args.start if args.start is not None else \
+            max(1, min(shape[0], args.max_batch))  # the shape's batch, within --max-batch
         fit = largest_batch(model, make_input, limit, start=start,
                             max_batch=args.max_batch, max_tries=args.max_tries,
                             solver=args.solver, time_limit_s=args.time_limit_s,
                             profile_dir=args.profile_dir)
     except (ValueError, InfeasibleBudgetError) as exc:
+        if isinstance(exc, MonetError) and not isinstance(exc, InfeasibleBudgetError):
+            raise  # the model's (NoBackwardError): said as precompute says it, not a usage error
         raise UsageError(" ".join([str(exc), *getattr(exc, "__notes__", ())])) from exc
     finally:
         log.removeHandler(progress)

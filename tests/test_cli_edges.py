@@ -120,3 +120,17 @@ def test_the_profile_directorys_warnings_are_printed_in_one_line():
     before = warnings.formatwarning
     run_cli("list", "--profile-dir", "no-such-directory")
     assert warnings.formatwarning is before
+
+
+def test_largest_batch_within_max_batch_and_the_models_errors_as_precompute_says_them(tmp_path):
+    """--max-batch below the --input-shape's batch was refused ("start=64, max_batch=2"),
+    though the API takes it; a model with nothing to train was a usage error (exit 2) where
+    precompute says NoBackwardError (exit 1). Ops probe, 2026-12-05."""
+    root = str(tmp_path / "profiles")
+    code, out, err = run_cli("largest-batch", FACTORY, "--input-shape", "64x8", "--limit",
+                             "64MiB", "--max-batch", "2", "--profile-dir", root,
+                             "--time-limit-s", "5")
+    assert code == 0 and "largest batch 2" in out, err
+    code, _, err = run_cli("largest-batch", "torch.nn:Identity", "--input-shape", "2x8",
+                           "--limit", "1MiB", "--profile-dir", root)
+    assert code == 1 and "NoBackwardError" in err, err

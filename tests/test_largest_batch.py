@@ -196,6 +196,26 @@ def test_not_even_one_fits():
     assert caught.value.min_feasible_bytes == least
     assert "not even a batch of 1" in "".join(caught.value.__notes__)
     assert "solver 'auto'" in str(caught.value)  # it named a solver 'largest_batch'
+    assert "smaller batch" not in str(caught.value)  # it said to use one
+
+
+class _InFours(torch.nn.Module):
+    """Takes batches of a multiple of 4 alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.f(x).reshape(-1, 4, 8).sum(1)
+
+
+def test_a_batch_the_model_cannot_take_is_named():
+    """A batch the search made that the model refuses raised a CaptureError saying to fix the
+    sample input, which the caller never gave, and not which batch it was."""
+    with pytest.raises(monet_opt.CaptureError) as caught:
+        lb.largest_batch(_InFours(), lambda b: torch.randn(b, 8), 1 << 30, start=3, **OPTIONS)
+    assert "largest_batch: at a batch of 3" in "".join(caught.value.__notes__)
 
 
 def test_requests_that_cannot_be_served_say_why():
