@@ -70,7 +70,7 @@ from monet_opt.arguments import check_options
 from monet_opt.errors import CaptureError, InfeasibleBudgetError
 from monet_opt.memory import resident_bytes
 from monet_opt.module import OptimizedModule
-from monet_opt.units import Share, format_bytes, parse_limit
+from monet_opt.units import Share, format_bytes, parse_memory_limit
 from solvers.peak_bound import least_peak_bound
 
 log = logging.getLogger("monet_opt")
@@ -106,11 +106,7 @@ def largest_batch(model: nn.Module, make_input: Callable[[int], Any],
         torch.OutOfMemoryError is not raised for a batch the device cannot hold while it is
         planned: that batch does not fit.
     """
-    limit = parse_limit(memory_limit)
-    if isinstance(limit, Share):
-        raise ValueError(f"monet_opt.largest_batch: memory_limit {str(memory_limit)!r} is a "
-                         "share of one step, but the step changes with the batch: give bytes or "
-                         "a size such as '16GiB'")
+    limit = limit_bytes(memory_limit)
     if start is None and isinstance(max_batch, int):
         start = min(8, max_batch)  # max_batch=5 alone was refused: "got start=8"
     if not all(isinstance(n, int) and not isinstance(n, bool)
@@ -277,6 +273,19 @@ def _sized(model: nn.Module, make_input: Callable[[int], Any], batch: int, limit
                                     allow_lossy=options.get("allow_lossy", False))
     bound = least_peak_bound(problem).bytes
     return Try(batch, bound <= limit, bound, None, time.perf_counter() - begun, profiled=False)
+
+
+def limit_bytes(memory_limit: object) -> int:
+    """`memory_limit` in bytes; a share of the step is refused (the step changes with the
+    batch), and a bad value's message does not offer one (it did)."""
+    if isinstance(memory_limit, Share) or (isinstance(memory_limit, str) and "%" in memory_limit):
+        raise ValueError(f"monet_opt.largest_batch: memory_limit {str(memory_limit)!r} is a "
+                         "share of one step, but the step changes with the batch: give bytes or "
+                         "a size such as '16GiB'")
+    try:
+        return parse_memory_limit(memory_limit)
+    except ValueError as exc:
+        raise ValueError(f"monet_opt.largest_batch: {exc}") from None
 
 
 def _not_even_one(tried: Try, limit: int, solver: str) -> Exception:

@@ -10,9 +10,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from monet_opt.batch_size import largest_batch, log
+from monet_opt.batch_size import largest_batch, limit_bytes, log
 from monet_opt.errors import InfeasibleBudgetError, MonetError
-from monet_opt.units import parse_limit
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     cli_inputs.profile_root(args.profile_dir, "largest-batch caches what it profiles and "
                             "solves", writing=True)
     try:
-        limit = parse_limit(args.limit)
+        limit = limit_bytes(args.limit)
     except ValueError as exc:
         raise UsageError(f"bad --limit {args.limit!r}: {exc}") from exc
     model, _ = precompute.build(args)
