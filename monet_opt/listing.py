@@ -65,7 +65,7 @@ def run_list(args: argparse.Namespace) -> int:
             print("  no schedules")
         else:
             print(f"  {'limit':>12} {'bytes':>13}  {'solver':<18} {'status':<10} "
-                  f"{'peak':>11} {'step ms':>9} {'overhead':>9}")
+                  f"{'time limit':>10} {'peak':>11} {'step ms':>9} {'overhead':>9}")
         for s in schedules:
             print("  " + _schedule_line(s, store_all.time_s))
         _other_versions(ProfileCache(root), profile)
@@ -84,7 +84,12 @@ def _other_versions(cache: ProfileCache, profile: Profile) -> None:
 def _schedule_line(s: CachedSchedule, store_all_s: float) -> str:
     r, limit = s.result, s.key.memory_limit_bytes
     solver = r.solver if r.solver.startswith(s.key.solver) else f"{s.key.solver} ({r.solver})"
-    head = f"{format_bytes(limit):>12} {limit:>13}  {solver:<18} {r.status.value:<10} "
+    # the time limit it was solved under: one limit may be cached under several (a
+    # precompute's --time-limit-s and optimize()'s default), which were alike rows
+    given = dict(s.key.options).get("time_limit_s")
+    given = "" if given is None else f"{given:g} s"
+    head = f"{format_bytes(limit):>12} {limit:>13}  {solver:<18} {r.status.value:<10} " \
+        f"{given:>10} "
     if not r.feasible:
         return head + f"least feasible peak {format_bytes(r.min_feasible_bytes)}"
     overhead = r.objective_s / store_all_s - 1 if store_all_s else 0.0

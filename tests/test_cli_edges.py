@@ -134,3 +134,15 @@ def test_largest_batch_within_max_batch_and_the_models_errors_as_precompute_says
     code, _, err = run_cli("largest-batch", "torch.nn:Identity", "--input-shape", "2x8",
                            "--limit", "1MiB", "--profile-dir", root)
     assert code == 1 and "NoBackwardError" in err, err
+
+
+def test_list_tells_apart_a_limit_solved_under_two_time_limits(tmp_path):
+    """One limit precomputed with --time-limit-s 5 and solved again under another time limit
+    (optimize()'s default is 30 s) was listed as two identical rows."""
+    root = tmp_path / "profiles"
+    precompute(root, "64x8", "--limits", "1MiB")
+    precompute(root, "64x8", "--limits", "1MiB", "--time-limit-s", "6")
+    code, out, _ = run_cli("list", "--profile-dir", str(root))
+    rows = [line for line in out.splitlines() if " 1048576 " in line]
+    assert code == 0 and len(rows) == 2 and "time limit" in out
+    assert sorted(row.split()[5:7] for row in rows) == [["5", "s"], ["6", "s"]], rows
