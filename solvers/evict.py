@@ -46,8 +46,9 @@ class EvictOptions:
 
 def evict(problem: Problem, budget_bytes: int, options: EvictOptions) -> SolveResult:
     """The fastest schedule found within the budget by cheapest-first eviction.
-    min_feasible_bytes is the least peak of the same search aimed at zero bytes, whatever the
-    budget; a budget below it is answered INFEASIBLE, so the answer does not depend on luck
+    min_feasible_bytes is the least peak of the same search aimed at zero bytes (then at that
+    peak: NOTE [Aimed at the least peak]), whatever the budget; a budget below it is answered
+    INFEASIBLE, so the answer does not depend on luck
     (on graphs of thousands of ops, on how many rankings its time allowed: NOTE [Least peak
     over rankings])."""
     start = time.perf_counter()
