@@ -92,6 +92,7 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     peak lower; its peak is not reported, since a search at that budget need not find it
     again)."""
     start = time.perf_counter()
+    options = timeshare.with_floor(options)  # NOTE [Short limits]
     deadline = start + options.time_limit_s
     start_least_peak(problem, options)  # NOTE [The least peak within the limit]
     stages = build_stages(problem, options.max_recompute_vars, options.max_held_vars)

@@ -51,7 +51,7 @@ import collections
 import contextlib
 import dataclasses
 
-from solvers import baselines, variants
+from solvers import baselines, timeshare, variants
 from solvers.aside import Aside, can_fork
 from solvers.errors import InvalidScheduleError
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
@@ -122,6 +122,7 @@ atexit.register(cache_clear)
 
 
 def _key(problem: Problem, options: MilpOptions) -> tuple[Problem, MilpOptions]:
+    options = timeshare.with_floor(options)  # of time_limit_s, before it is pinned below
     if options.least_time_limit_s is not None:
         options = dataclasses.replace(options, time_limit_s=1.0)  # not read: one cache entry
     return problem, dataclasses.replace(options, refine_left=True)  # not read either

@@ -39,7 +39,8 @@ class MilpOptions:
     least_time_limit_s: the least-peak program's time (default a quarter of time_limit_s).
     refine_left: the time left after a schedule the program did not find goes to fine windows
     on it (NOTE [Time left near the floor] in solvers/joint.py); "auto" refines its best itself.
-    min_program_s: the least time a program gets, however little is left (NOTE [Short limits])."""
+    min_program_s: the least time a program gets, however little is left (NOTE [Short limits];
+    None: a tenth of time_limit_s, at most a second)."""
 
     backend: str = "highs"
     time_limit_s: float = 60.0
@@ -49,7 +50,7 @@ class MilpOptions:
     least_start: Schedule | None = None
     least_time_limit_s: float | None = None
     refine_left: bool = True
-    min_program_s: float = 1.0
+    min_program_s: float | None = None
 
 
 class BuildTimeout(Exception):

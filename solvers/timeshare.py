@@ -21,6 +21,7 @@ NOTE [Heuristics in their time]
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Iterator, Sequence
 
@@ -46,9 +47,17 @@ def limits(names: Sequence[str], deadline: float) -> Iterator[float | None]:
 #   Each program auto solves (the least-peak programs, the MILP, polishing) was given at least a
 #   second however short the limit, so below about 10 s the limit did not hold: a 2-layer
 #   GPT-2 (195 ops) at half its activations took 5.1-6.5 s asked for 0.5-5 s (docs probe,
-#   2026-12-05). That least time is now a tenth of the limit, at most a second (the same
-#   from 10 s up).
+#   2026-12-05; solver="milp" asked for 2 s took 4.5 s). That least time is now a tenth of the
+#   limit, at most a second (the same from 10 s up): auto's limit, or the MILP's own.
 def program_floor(limit_s: float) -> float:
     """The least time each of auto's programs gets under a limit of `limit_s` (NOTE [Short
     limits])."""
     return min(1.0, limit_s / 10)
+
+
+def with_floor(options):
+    """MilpOptions `options` with min_program_s given: program_floor of its time_limit_s where
+    it is None (the MILP asked for alone; auto gives its own)."""
+    if options.min_program_s is not None:
+        return options
+    return dataclasses.replace(options, min_program_s=program_floor(options.time_limit_s))
