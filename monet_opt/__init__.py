@@ -1,4 +1,5 @@
 """monet_opt: train PyTorch models in less memory at the least extra compute."""
+from monet_opt.accumulate import AccumulationWarning
 from monet_opt.api import lower_problem, optimize
 from monet_opt.attributes import SideEffectWarning
 from monet_opt.autocast_backward import AutocastBackwardWarning
@@ -20,12 +21,12 @@ from monet_opt.retained_graphs import RetainedGraphWarning
 from monet_opt.units import Share, format_bytes, parse_memory_limit
 from monet_opt.variants_bn import BatchNormScaleError
 
-__all__ = ["AutocastBackwardWarning", "BatchFit", "BatchNormScaleError", "CaptureError",
-           "DoubleBackwardError", "HookWarning", "InfeasibleBudgetError", "LiveBytes",
-           "MonetError", "NoBackwardError", "OptimizedModule", "OutputGradientWarning",
-           "OutputsHeldWarning", "Plan", "PlanMismatchError", "ProfileCacheWarning",
-           "ProfileTimeLimitWarning", "ReplanWarning", "RetainedGraphWarning", "Share",
-           "SideEffectWarning", "StepsInFlightWarning", "TransformWarning",
-           "UnplannedStepWarning", "UnsupportedGraphError", "WithLoss", "format_bytes",
-           "largest_batch", "lower_problem", "measure_peak", "optimize", "parse_memory_limit",
-           "resident_tensors"]
+__all__ = ["AccumulationWarning", "AutocastBackwardWarning", "BatchFit", "BatchNormScaleError",
+           "CaptureError", "DoubleBackwardError", "HookWarning", "InfeasibleBudgetError",
+           "LiveBytes", "MonetError", "NoBackwardError", "OptimizedModule",
+           "OutputGradientWarning", "OutputsHeldWarning", "Plan", "PlanMismatchError",
+           "ProfileCacheWarning", "ProfileTimeLimitWarning", "ReplanWarning",
+           "RetainedGraphWarning", "Share", "SideEffectWarning", "StepsInFlightWarning",
+           "TransformWarning", "UnplannedStepWarning", "UnsupportedGraphError", "WithLoss",
+           "format_bytes", "largest_batch", "lower_problem", "measure_peak", "optimize",
+           "parse_memory_limit", "resident_tensors"]

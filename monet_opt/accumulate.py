@@ -20,6 +20,22 @@ NOTE [Accumulating in place]
   The plan knows which gradients are added in place (the derived problem, `in_place_problem`):
   they are no longer outputs held to the end, and the resident gradients are fixed memory.
 
+NOTE [Gradients the engine does not take]
+  Where the backward cannot add in place what its plan adds (NOTE [Accumulating in place]),
+  the step held the new gradients to its end, over its plan and its limit, silently: a small
+  CNN at a tight limit, gradients in place, measured 18,596 B over its prediction under
+  torch.autograd.grad and under backward(inputs=[a subset]) (gradient probe, 2026-12-06).
+  - backward(inputs=...) leaving a parameter out (or one frozen since the forward): the
+    engine runs no AccumulateGrad for it and drops what the step hands it, so the step hands
+    it the -0.0 stand-in at once and frees the gradient, as eager never makes it.
+  - torch.autograd.grad: the engine will not say which leaves it hands back (it accumulates
+    into none), and a gradient handed back must be the new one, so the step holds them, as
+    eager does, and says so (AccumulationWarning, once per backward): the plan cannot know
+    beforehand which way the backward will be called.
+  - A parameter with a tensor hook (`p.register_hook`), which must see the new gradient first:
+    one hooked when the step is planned is planned as holding it (no slot); one hooked since
+    warns alike.
+
 NOTE [Gradients resident at the start]
   A step that begins with gradients already in place (accumulating over micro-batches, or
   zero_grad(set_to_none=False)) holds them from its first op to its last. Planned as a
@@ -34,6 +50,7 @@ NOTE [Gradients resident at the start]
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import weakref
 
 import torch
@@ -41,8 +58,16 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 import solvers
+from monet_opt.errors import user_stacklevel
 from monet_opt.lower import Lowered, is_view_node
 from monet_opt.memory import resident_bytes
+from monet_opt.units import format_bytes
+
+
+class AccumulationWarning(RuntimeWarning):
+    """A step planned to add its new gradients into those in place as they are made held them
+    to its backward's end instead (torch.autograd.grad; a tensor hook registered since), more
+    than its plan (NOTE [Gradients the engine does not take])."""
 
 
 class GradientSlots:
@@ -52,12 +77,14 @@ class GradientSlots:
     made here and held as long as the step (`zero_bytes` of them, which its plan counts)."""
 
     def __init__(self, indices: tuple[int, ...], params: list[torch.Tensor]) -> None:
-        self.indices = indices
+        # a hooked parameter's hook must see the new gradient: NOTE [Gradients the engine ...]
+        self.indices = tuple(k for k in indices if not params[k]._backward_hooks)
+        self.said = -1  # the graph task last warned about
         self.params: tuple[torch.Tensor, ...] = ()
         with unset_fake_temporarily():  # planning runs inside the trace, on fake tensors
             self.zeros = {(p.dtype, p.device): torch.full((), -0.0, dtype=p.dtype,
                                                           device=p.device)
-                          for p in (params[k] for k in indices)}
+                          for p in (params[k] for k in self.indices)}
         self.zero_bytes = resident_bytes(self.zeros.values())
         self.id = id(self)
         _SLOTS[self.id] = self
@@ -80,11 +107,35 @@ def accumulate_into(slots_id: int, k: int, grad: torch.Tensor) -> torch.Tensor:
     zero = slots.zeros.get((grad.dtype, grad.device))
     if zero is None or old is None or old.shape != grad.shape or old.dtype != grad.dtype or \
             old.device != grad.device or old.layout != torch.strided or \
-            grad.layout != torch.strided or param._backward_hooks or \
-            not _engine_accumulates(param):
+            grad.layout != torch.strided:
+        return grad
+    runs = _engine_runs(param)
+    if runs is False:  # nothing takes it: NOTE [Gradients the engine does not take]
+        return zero.expand(grad.shape)
+    if runs is None or param._backward_hooks:
+        _say_held(slots, "torch.autograd.grad ran through it, which hands the new gradients "
+                  "back" if runs is None else "a tensor hook was registered on a parameter "
+                  "since, which must see its new gradient")
         return grad
     old.add_(grad)
     return zero.expand(grad.shape)
+
+
+def _say_held(slots: GradientSlots, why: str) -> None:
+    """AccumulationWarning, once per backward (NOTE [Gradients the engine does not take])."""
+    task = torch._C._current_graph_task_id()
+    if task == slots.said:
+        return
+    slots.said = task
+    new = resident_bytes(p for p in map(lambda k: _param(k, slots), slots.indices)
+                         if p is not None)
+    warnings.warn(
+        f"monet_opt: a step planned with gradients in place adds each new gradient into the "
+        f"one in place as it is made, and could not here: {why}, so this backward holds them "
+        f"to its end, up to {format_bytes(new)} more than its plan, and can pass its memory "
+        "limit. Set the gradients to None before such a step (optimizer.zero_grad()) and it "
+        "is planned holding them. NOTE [Gradients the engine does not take] in "
+        "monet_opt/accumulate.py.", AccumulationWarning, stacklevel=user_stacklevel())
 
 
 # NOTE [The parameter a backward adds into]
@@ -106,18 +157,19 @@ def _param(k: int, slots: GradientSlots | None) -> torch.Tensor | None:
     return getattr(accumulate, "variable", None)
 
 
-def _engine_accumulates(param: torch.Tensor) -> bool:
-    """Whether this backward runs the parameter's AccumulateGrad. Under torch.autograd.grad
-    the engine refuses to say for a leaf; it accumulates nothing there. A parameter frozen
-    after the forward (requires_grad_(False) before the backward) gets no gradient in eager
-    (its AccumulateGrad returns at once), and has no gradient edge to ask about."""
+def _engine_runs(param: torch.Tensor) -> bool | None:
+    """Whether this backward runs the parameter's AccumulateGrad; None under
+    torch.autograd.grad, where the engine refuses to say for a leaf (it accumulates into none,
+    and may hand the gradient back). A parameter frozen after the forward
+    (requires_grad_(False) before the backward) gets no gradient in eager (its AccumulateGrad
+    returns at once), and has no gradient edge to ask about."""
     if not param.requires_grad:
         return False
     node = torch.autograd.graph.get_gradient_edge(param).node
     try:
         return bool(torch._C._will_engine_execute_node(node))
     except RuntimeError:  # "... we are currently running autograd.grad()"
-        return False
+        return None
 
 
 def add_accumulation(bw: fx.GraphModule, slots: GradientSlots) -> None:

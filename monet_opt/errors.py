@@ -15,10 +15,12 @@ def user_stacklevel() -> int:
     """warnings.warn's stacklevel, from the function that warns, for the first caller outside
     monet_opt and torch (a training step's warning then names the line that called the module or
     ran the backward, through nn.Module.__call__, torch.compiler.disable's wrapper and autograd's
-    engine); the outermost frame if every frame is theirs."""
+    engine, and the code FX generates for the step's graphs); the outermost frame if every
+    frame is theirs."""
     frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
-            _INTERNAL):
+    while frame.f_back is not None and (
+            frame.f_code.co_filename.startswith("<eval_with_key>") or
+            os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL)):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -91,15 +91,15 @@ def count_made(t: torch.Tensor) -> torch.Tensor:
 
 def resident_tensors(model: torch.nn.Module, inputs: Any = ()) -> list[torch.Tensor]:
     """Parameters, buffers, tensors the modules hold as attributes, existing gradients and the
-    tensors in `inputs`."""
+    tensors in `inputs` with theirs."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"monet_opt.resident_tensors: model must be a torch.nn.Module, got "
                         f"{type(model).__name__}; call resident_tensors(model, inputs)")
     out = list(model.parameters()) + list(model.buffers())
     out += [v for m in model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
     out += [p.grad for p in model.parameters() if p.grad is not None]
-    tree_map_only(torch.Tensor, out.append, inputs)
-    return out
+    given = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    return out + given + [t.grad for t in given if t.is_leaf and t.grad is not None]
 
 
 def measure_peak(step: Callable[[], Any], resident: Iterable[torch.Tensor] = (),

@@ -236,7 +236,7 @@ class OptimizedModule(ToModel):
             if new_structure else first.check(leaves, structure, any_shape=self._any_shape)
         resident = resident_positions(list(named.values()))
         now = param_key(named, buffers)
-        resident_bytes = resident_gradient_bytes(self.model) if resident else 0
+        resident_bytes = resident_gradient_bytes(self.model, inputs, bool(resident))
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
         watched, base = self._watching(modules)
         values = watched.values(modules)

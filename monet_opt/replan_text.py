@@ -10,8 +10,8 @@ MANY_SHAPES = 4  # more plans than this, and the warning suggests padding to a f
 
 def situation(why: str, resident_bytes: int) -> str:
     return {"resident": f"{format_bytes(resident_bytes)} of gradients resident at its start "
-                        "(accumulation, or zero_grad(set_to_none=False)), which the limit must "
-                        "hold too",
+                        "(accumulation, zero_grad(set_to_none=False), an input's .grad kept), "
+                        "which the limit must hold too",
             "params": "parameters or buffers changed since optimize() (added, removed, tied, "
                       "requires_grad, shape, dtype, device or layout)",
             "outputs_held": "a caller that holds the step's outputs through its backward",
@@ -36,8 +36,9 @@ WHAT_TO_DO = {
               "dtype, device or layout changed since optimize() (layers frozen or unfrozen, "
               "the model made channels-last), need a "
               "step traced for them (NOTE [Parameters changed]).",
-    "resident": "Gradients in place at a step's start (accumulating over micro-batches, or "
-                "zero_grad(set_to_none=False)) are held through the whole step, so less of the "
+    "resident": "Gradients in place at a step's start (accumulating over micro-batches, "
+                "zero_grad(set_to_none=False), or an input's gradient zeroed in place: set it "
+                "to None if it is not needed) are held through the whole step, so less of the "
                 "limit is left for activations. A limit given as a share (\"100% of peak\") "
                 "became bytes for the step optimize() planned, which began without them: give "
                 "it in bytes with room for them.",

@@ -60,9 +60,23 @@ class Step:
             + (", outputs held through the backward" if self.outputs_held else "")
 
 
-def resident_gradient_bytes(model: nn.Module) -> int:
-    """Bytes of the parameters' gradients in place now (storages counted once)."""
-    return resident_bytes([p.grad for p in model.parameters() if p.grad is not None])
+def resident_gradient_bytes(model: nn.Module, inputs: list[torch.Tensor], params: bool) -> int:
+    """Bytes of the gradients in place now (storages counted once): the parameters' where
+    `params`, and the inputs' (NOTE [Inputs' gradients in place])."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None] if params else []
+    grads += [x.grad for x in inputs if x.requires_grad and x.is_leaf and x.grad is not None]
+    return resident_bytes(grads) if grads else 0
+
+
+# NOTE [Inputs' gradients in place]
+#   A leaf input that requires a gradient and already has one (adversarial training zeroing
+#   x.grad in place between steps, or input gradients accumulated over backwards) holds it
+#   through the step, as a parameter's gradient in place is held (NOTE [Gradients resident at
+#   the start] in monet_opt/accumulate.py), and autograd adds the new one into it after the
+#   step's backward. It was not counted: a PGD loop measured 12,288 B (its x.grad) over its
+#   plan at store-all and at the least peak, silently (gradient probe, 2026-12-06). Its bytes
+#   are now among the gradients resident, so such a step is planned apart with them as fixed
+#   memory; its new gradient, held to the backward's end, was counted already.
 
 
 _GRAD, _IS_LEAF = operator.attrgetter("grad"), operator.attrgetter("is_leaf")
