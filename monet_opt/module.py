@@ -1,7 +1,6 @@
 """The module optimize() returns."""
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 import warnings
@@ -18,7 +17,6 @@ from torch.utils._python_dispatch import _disable_current_modes
 from monet_opt import (absent_grads, autocast_backward, eval_steps, handed_grads, ones_masks,
                        output_grad, retained_graphs, saved_hooks)
 from monet_opt.attributes import TRAINING, Watched
-from monet_opt.forwarded import ToModel
 from monet_opt.capture import autocast_state
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.input_spec import InputSpec, LeafSpec, constants_of
@@ -29,6 +27,7 @@ from monet_opt.hooks import changed as changed_hooks, hooks_of, warn_if_hooks
 from monet_opt.held_outputs import HeldOutputs
 from monet_opt.in_flight import InFlight
 from monet_opt.memory import storage_groups
+from monet_opt.module_state import ModelState
 from monet_opt.plan import Plan
 from monet_opt.refused import Refused
 from monet_opt.replan_text import WHAT_TO_DO, call_hints, situation, too_many
@@ -113,7 +112,7 @@ from monet_opt.walk import Walk
 _TRACED = (FakeTensor, FunctionalTensor)
 
 
-class OptimizedModule(ToModel):
+class OptimizedModule(ModelState):
     """Runs `model`'s training step under a memory plan.
 
     It holds `model` as its only child, so it shares every parameter and buffer: optimizers,
@@ -282,8 +281,13 @@ class OptimizedModule(ToModel):
                     raise
                 # NOTE [Outputs held through the backward]: keep the plan that frees them
                 freeing = key[:6] + ((autocast, hooks, False),) + key[7:]
-                step = self._steps.get(freeing) or self._plan_for(
-                    args, kwargs, resident, resident_bytes, False, why, changed)
+                try:
+                    step = self._steps.get(freeing) or self._plan_for(
+                        args, kwargs, resident, resident_bytes, False, why, changed)
+                except InfeasibleBudgetError as freed:  # the least it can hold: said alone
+                    self._refused.remember(key, freed)
+                    self._refused.remember(freeing, freed)
+                    raise freed from None
                 self._held.cannot_fit(err.min_feasible_bytes, self.plan.memory_limit_bytes)
             self._steps[key] = step
             traced = watched.values(list(self.model.modules()))
@@ -342,25 +346,6 @@ class OptimizedModule(ToModel):
             stacklevel=user_stacklevel())  # the caller of opt(...)
         return step
 
-    def __reduce_ex__(self, protocol):  # NOTE [Compiled around]
-        raise TypeError(
-            "monet_opt: an optimized module cannot be pickled (torch.save(opt), pickle): its "
-            "steps are graphs compiled in this process. Save the model's weights, "
-            "torch.save(opt.state_dict(), path) (the model's own keys), or the model, opt.model; "
-            "after loading, call monet_opt.optimize() again: with its profile directory (the "
-            "default) it neither profiles nor solves again.")
-
-    def __copy__(self) -> OptimizedModule:
-        twin = type(self).__new__(type(self))
-        twin.__dict__.update(self.__dict__)
-        return twin._fresh()
-
-    def __deepcopy__(self, memo: dict) -> OptimizedModule:
-        """A copy of the module and its model, sharing compiled steps as it would functions."""
-        twin = memo[id(self)] = type(self).__new__(type(self))
-        twin.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        return twin._fresh()
-
     def _fresh(self) -> OptimizedModule:
         """A copy's own record of steps in flight, outputs held and its last walk."""
         self._in_flight = InFlight()
@@ -369,27 +354,6 @@ class OptimizedModule(ToModel):
         self._watched_list: list[nn.Module] | None = None  # those _watched_now is for
         self._watched_now = None
         return self
-
-    # NOTE [The model's own keys]
-    #   state_dict() has the model's own keys, not prefixed with "model.", so a checkpoint of
-    #   the optimized module loads into the plain model and back. Inside a larger model (a
-    #   backbone optimized on its own), the parent's state_dict() asks this module for its keys
-    #   under its prefix ("backbone.0.weight"), and its load_state_dict() loads each module's
-    #   own from those keys, so this module maps them back under "model." before its model
-    #   loads them: the parent's round trip failed ("Missing key(s) backbone.model.0.weight"),
-    #   and with strict=False loaded nothing into the backbone, silently
-    #   (tests/test_wrapping.py).
-    def state_dict(self, *args: Any, **kwargs: Any):
-        return self.model.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
-
-    def _load_from_state_dict(self, state_dict, prefix: str, *args: Any) -> None:
-        own = {prefix + key for key in self.model.state_dict(keep_vars=True)}
-        for key in [key for key in state_dict if key in own]:  # the parent's own copy
-            state_dict[f"{prefix}model.{key[len(prefix):]}"] = state_dict.pop(key)
-        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def extra_repr(self) -> str:
         return (f"memory_limit={self.plan.memory_limit_bytes}, solver={self.plan.solver!r}, "

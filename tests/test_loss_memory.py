@@ -5,6 +5,7 @@ log-probabilities and gradients), which the plan does not count."""
 from __future__ import annotations
 
 import copy
+import traceback
 import warnings
 
 import pytest
@@ -307,6 +308,34 @@ def test_outputs_held_where_no_plan_holding_them_fits():
         assert measured == least.plan.predicted_peak_bytes + 2 * 32 * 500 * 4
     assert len(warned[0]) == 1 and len(warned[1]) == 1 and not warned[2]
     assert "no plan that holds the step's outputs" in warned[1][0]
+    assert len(least.plans) == 1
+
+
+def test_outputs_held_and_no_plan_at_all_fits_raise_one_error():
+    """Where neither a plan holding the outputs nor one freeing them fits (a longer batch at
+    the least limit), the error was raised twice, the second during handling of the first,
+    with two least peaks (GAN probe, 2026-12-06): now the freeing plan's, alone, and at once
+    at the next such call."""
+    torch.manual_seed(0)
+    base, x, _ = models.gpt2_tiny(dropout=0.0)
+    x = {**x, "labels": x["input_ids"]}
+    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
+    least = monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
+                               profile_repeats=1, profile_dir=None, time_limit_s=5)
+    ids = x["input_ids"].repeat(1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", monet_opt.OutputsHeldWarning)
+        for _ in range(2):
+            out = least(**x)
+            out.loss.backward()
+            least.model.zero_grad(set_to_none=True)
+        del out
+    for _ in range(2):
+        with pytest.raises(monet_opt.InfeasibleBudgetError) as info:
+            least(input_ids=ids, labels=ids)
+        printed = "".join(traceback.format_exception(info.value))
+        assert "During handling" not in printed
+        assert printed.count("errors.InfeasibleBudgetError:") == 1
     assert len(least.plans) == 1
 
 

@@ -1,0 +1,53 @@
+"""How an optimized module is copied, pickled and saved: its model's state, its compiled
+steps shared (NOTE [Compiled around] in monet_opt/module.py)."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from monet_opt.forwarded import ToModel
+
+
+class ModelState(ToModel):
+    """state_dict() and load_state_dict() of the model's own keys, copies that share the
+    compiled steps, and no pickling. `_fresh()` is the module's: a copy's own records."""
+
+    def __reduce_ex__(self, protocol):  # NOTE [Compiled around]
+        raise TypeError(
+            "monet_opt: an optimized module cannot be pickled (torch.save(opt), pickle): its "
+            "steps are graphs compiled in this process. Save the model's weights, "
+            "torch.save(opt.state_dict(), path) (the model's own keys), or the model, opt.model; "
+            "after loading, call monet_opt.optimize() again: with its profile directory (the "
+            "default) it neither profiles nor solves again.")
+
+    def __copy__(self) -> ModelState:
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        return twin._fresh()
+
+    def __deepcopy__(self, memo: dict) -> ModelState:
+        """A copy of the module and its model, sharing compiled steps as it would functions."""
+        twin = memo[id(self)] = type(self).__new__(type(self))
+        twin.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return twin._fresh()
+
+    # NOTE [The model's own keys]
+    #   state_dict() has the model's own keys, not prefixed with "model.", so a checkpoint of
+    #   the optimized module loads into the plain model and back. Inside a larger model (a
+    #   backbone optimized on its own), the parent's state_dict() asks this module for its keys
+    #   under its prefix ("backbone.0.weight"), and its load_state_dict() loads each module's
+    #   own from those keys, so this module maps them back under "model." before its model
+    #   loads them: the parent's round trip failed ("Missing key(s) backbone.model.0.weight"),
+    #   and with strict=False loaded nothing into the backbone, silently
+    #   (tests/test_wrapping.py).
+    def state_dict(self, *args: Any, **kwargs: Any):
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _load_from_state_dict(self, state_dict, prefix: str, *args: Any) -> None:
+        own = {prefix + key for key in self.model.state_dict(keep_vars=True)}
+        for key in [key for key in state_dict if key in own]:  # the parent's own copy
+            state_dict[f"{prefix}model.{key[len(prefix):]}"] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args)
