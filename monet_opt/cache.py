@@ -35,72 +35,52 @@ NOTE [Cache files are untrusted]
   schedule's facts are ones a solve reports and that it passes the simulator on the cached
   problem, within its limit, with the peak and time it claims (the last three in
   cache_checks.py). A file failing any check is reported by a
-  `ProfileCacheWarning` naming the file and the failure, then rebuilt and overwritten (a
+  `ProfileCacheWarning` naming the file and the failure, then rebuilt and overwritten (but
+  one that cannot be read at all: NOTE [Files that cannot be read]; a
   schedule or least-peak file is deleted first: it is written again only by a solve, which a
   schedule served from another file does not run): never used, never a crash.
   Writes go to a temporary file in the same folder, then `os.replace`: readers see the old file
   or the new one, never a part. Two processes writing one entry both succeed; the last rename
-  wins, and both wrote a valid file.
+  wins, and both wrote a valid file. A profile measured again says how many schedules of the
+  measurement before it were deleted (they were deleted silently: a directory precomputed for
+  many limits lost them all without a word; cache probe, 2026-12-06).
+
+NOTE [Files that cannot be read]
+  A file that cannot be read at all (mode 000 from another user's umask, a folder at its path)
+  is not known to be damaged. It was reported as unusable, then measured again and written
+  over, and the profile's rebuild deleted every schedule beside it, all valid (cache probe,
+  2026-12-06). Now it is reported and left as it is: its entry is measured or solved again for
+  this call and nothing is written in its place (nor, for a profile, any schedule of the
+  profile measured instead), so nothing is overwritten or deleted, and no later warning says
+  it cannot be written.
+
+NOTE [Writes cut short]
+  A process killed inside a write leaves its temporary file (`.<name>.<random>.tmp`), which
+  nothing read or removed: each killed write left one for good. Reading a profile's folder now
+  deletes those older than STALE_TMP_S (a write takes milliseconds; a younger one may be
+  another process's write in progress).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
-import hashlib
 import json
 import os
-import re
+import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import solvers
-from monet_opt.cache_checks import Unusable, check_key, check_result, check_structure, simulated
+from monet_opt.cache_checks import Unreadable, Unusable
 from monet_opt.cache_files import (SCHEMA_VERSION, ProfileCacheWarning, _listed, _load,
                                    _schedule_profile, _stat, _write)
 from monet_opt.cache_keys import ProfileKey, ScheduleKey, library_version
+from monet_opt.cache_reads import (_RESULT_FIELDS, FLOOR_KIND, PROBLEM_KIND,  # noqa: F401
+                                   PROFILE_KIND, SCHEDULE_KIND, CachedSchedule, Profile,
+                                   _read_floor, _read_profile, _read_schedule, _safe, derived)
 from monet_opt.lower import Lowered
 from solvers import Problem, Schedule, SolveResult, Status
 from solvers.remembered import with_known
-
-PROFILE_KIND, SCHEDULE_KIND = "monet_opt.profile", "monet_opt.schedule"
-FLOOR_KIND, PROBLEM_KIND = "monet_opt.least_peak", "monet_opt.problem"
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A profile in the directory. folder: where it and its schedules live. derived: the
-    problem is not the measured one but made from it (`derived()`)."""
-
-    key: ProfileKey
-    name: str
-    problem: Problem
-    op_labels: tuple[str, ...]
-    folder: Path
-    derived: bool = False
-
-    @functools.cached_property  # every schedule's key and check reads it; the problem is frozen
-    def content_sha256(self) -> str:
-        return hashlib.sha256(self.problem.to_json().encode()).hexdigest()
-
-
-def derived(profile: Profile, problem: Problem) -> Profile:
-    """`profile` solving `problem`, made from its measured one (a step with gradients in
-    place: NOTE [Gradients resident at the start] in monet_opt/accumulate.py). Its schedules
-    are keyed by the problem's content, as every schedule is, and its least peak is stored
-    apart."""
-    if problem is profile.problem:
-        return profile
-    return dataclasses.replace(profile, problem=problem, derived=True)
-
-
-@dataclass(frozen=True)
-class CachedSchedule:
-    key: ScheduleKey
-    result: SolveResult
-    path: Path
 
 
 class ProfileCache:
@@ -119,10 +99,13 @@ class ProfileCache:
         folder = self.root / f"{_safe(name)}-{key.digest[:16]}"
         path = folder / "profile.json"
         seen = _stat(path)
-        with _reported(path):
+        _sweep(folder)  # NOTE [Writes cut short]
+        with _reported(path) as failed:
             if seen is not None:
                 return _read_profile(path, folder, key, lowered.problem)
         problem = measure()
+        if failed and isinstance(failed[0], Unreadable):  # NOTE [Files that cannot be read]
+            return Profile(key, name, problem, lowered.op_labels, folder, stored=False)
         if _stat(path) not in (seen, None):  # another process stored it meanwhile: use theirs
             with contextlib.suppress(Unusable):
                 return _read_profile(path, folder, key, lowered.problem)
@@ -130,6 +113,7 @@ class ProfileCache:
         _write(path, {"kind": PROFILE_KIND, "schema_version": SCHEMA_VERSION,
                       "key": key.to_dict(), "name": name, "op_labels": list(profile.op_labels),
                       "problem": json.loads(profile.problem.to_json())})
+        removed = 0
         for stale in _listed(folder, "problem-*.json"):  # made from an older measurement
             with contextlib.suppress(OSError):
                 stale.unlink()
@@ -138,6 +122,12 @@ class ProfileCache:
             if _schedule_profile(stale) != profile.content_sha256:
                 with contextlib.suppress(OSError):
                     stale.unlink()
+                    removed += 1
+        if removed:
+            warnings.warn(f"monet_opt profile directory: {folder}: removed {removed} schedule "
+                          "and least-peak file(s) made on the profile measured before this "
+                          "one; each limit is solved again when asked for.",
+                          ProfileCacheWarning, stacklevel=3)
         return profile
 
     def find(self, key: ProfileKey, name: str, lowered: Lowered) -> Profile | None:
@@ -162,7 +152,7 @@ class ProfileCache:
         peaks remembered] in solvers/remembered.py); candidates: more for "auto" beside those
         the directory holds (NOTE [Plans for other shapes])."""
         key = self._key(profile, limit_bytes, solver, time_limit_s)
-        if key is None:  # more digits than a file name holds: not cached
+        if key is None or not profile.stored:  # more digits than a file name holds: not cached
             return (solve or solvers.solve)(profile.problem, limit_bytes, solver,
                                             time_limit_s=time_limit_s, known=known,
                                             candidates=list(candidates))
@@ -170,27 +160,28 @@ class ProfileCache:
         tag = f"-{profile.content_sha256[:12]}" if profile.derived else ""
         floor_path = profile.folder / f"least-peak-{_safe(solver)}{tag}.json"
         floor = None
-        with _reported(floor_path, "to be written again by the next solve", remove=True):
+        with _reported(floor_path, "to be written again by the next solve",
+                       remove=True) as floor_failed:
             if _stat(floor_path) is not None:  # an unsearchable folder: None
                 floor = _read_floor(floor_path, profile)
         known = ([floor[1]] if floor else []) + list(known)
         if profile.derived:  # NOTE [Problems as planned]
             self._keep_problem(profile)
-        with _reported(path, "solved again", remove=True):
+        with _reported(path, "solved again", remove=True) as failed:
             if _stat(path) is not None:
                 return with_known(profile.problem, limit_bytes,
                                   _read_schedule(path, profile, key).result, known)
         solve = solve or solvers.solve
         result = solve(profile.problem, limit_bytes, solver, time_limit_s=time_limit_s,
                        known=known, candidates=self._held(profile, solver) + list(candidates))
-        if result.floor_schedule is not None and (floor is None or
-                                                  result.min_feasible_bytes < floor[0]):
+        if result.floor_schedule is not None and not _unreadable(floor_failed) and (
+                floor is None or result.min_feasible_bytes < floor[0]):
             _write(floor_path, {"kind": FLOOR_KIND, "schema_version": SCHEMA_VERSION,
                                 "key": {"profile_sha256": profile.content_sha256,
                                         "solver": solver},
                                 "peak_bytes": result.min_feasible_bytes,
                                 "schedule": json.loads(result.floor_schedule.to_json())})
-        if result.status != Status.TIMEOUT:
+        if result.status != Status.TIMEOUT and not _unreadable(failed):
             facts = {f: getattr(result, f) for f in _RESULT_FIELDS}
             _write(path, {"kind": SCHEDULE_KIND, "schema_version": SCHEMA_VERSION,
                           "key": key.to_dict(), "result": {**facts, "status": result.status.value},
@@ -205,10 +196,12 @@ class ProfileCache:
         path = profile.folder / f"problem-{profile.content_sha256[:12]}.json"
         problem = json.loads(profile.problem.to_json())
         if _stat(path) is not None:
-            with _reported(path, "written again"):
+            with _reported(path, "written again") as failed:
                 if _load(path, PROBLEM_KIND).get("problem") == problem:
                     return
                 raise Unusable("mismatched: not the problem its name says")
+            if _unreadable(failed):
+                return
         _write(path, {"kind": PROBLEM_KIND, "schema_version": SCHEMA_VERSION,
                       "problem": problem})
 
@@ -281,6 +274,14 @@ class ProfileCache:
                 found.append(_read_schedule(path, profile, None))
         return sorted(found, key=lambda s: (s.key.memory_limit_bytes, s.key.solver))
 
+    def unshown(self, profile: Profile, planned: list[Profile]) -> int:
+        """How many schedule files in `profile`'s folder were made on none of it and the
+        problems `planned` from it: their problem file is missing or unusable (NOTE [Problems as
+        planned]; `list` said "no schedules" there, and `explain` to precompute them)."""
+        known = {None, profile.content_sha256, *(p.content_sha256 for p in planned)}
+        return sum(_schedule_profile(path) not in known
+                   for path in _listed(profile.folder, "schedule-*.json"))
+
     def other_versions(self, profile: Profile) -> int:
         """How many of `profile`'s schedule files another version of the solvers made."""
         return sum(_schedule_profile(path, "library_version") not in (library_version(), None)
@@ -297,24 +298,22 @@ class ProfileCache:
         return found
 
 
-_RESULT_FIELDS = ("solver", "objective_s", "peak_bytes", "bound_s", "gap", "solve_time_s",
-                  "min_feasible_bytes", "note")
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.]+", "_", name).strip("._") or "model"
-
-
 @contextlib.contextmanager
 def _reported(path: Path, then: str = "rebuilt", remove: bool = False):
-    """Turn an unusable file into a warning that names it and says why. remove: the file is
-    deleted, unless another process replaced it meanwhile (a solve served from another file
-    rebuilds nothing: a damaged least-peak file was reported as rebuilt at every call)."""
-    seen = _stat(path)
+    """Turn an unusable file into a warning that names it and says why; the list it yields
+    gets the failure. remove: the file is deleted, unless another process replaced it
+    meanwhile (a solve served from another file rebuilds nothing: a damaged least-peak file
+    was reported as rebuilt at every call). A file that cannot be read is left as it is (NOTE
+    [Files that cannot be read])."""
+    seen, failed = _stat(path), []
     try:
-        yield
+        yield failed
     except Unusable as why:
-        if remove and seen is not None and _stat(path) == seen:
+        failed.append(why)
+        if isinstance(why, Unreadable):
+            then = ("not used and left as it is; nothing is cached in its place until it can "
+                    "be read (make it readable, or remove it)")
+        elif remove and seen is not None and _stat(path) == seen:
             with contextlib.suppress(OSError):
                 path.unlink()
                 then = f"removed, {then}"
@@ -322,67 +321,16 @@ def _reported(path: Path, then: str = "rebuilt", remove: bool = False):
                       ProfileCacheWarning, stacklevel=4)
 
 
-def _read_profile(path: Path, folder: Path, key: ProfileKey | None,
-                  fresh: Problem | None = None) -> Profile:
-    """The profile in `path`, checked against `key` and (if given) the freshly lowered graph."""
-    data = _load(path, PROFILE_KIND)
-    try:
-        stored = ProfileKey.from_dict(data["key"])
-        check_key(data["key"], stored.to_dict() if key is None else key.to_dict())
-        if not folder.name.endswith(f"-{stored.digest[:16]}"):
-            raise Unusable(f"mismatched: its key's digest {stored.digest[:16]} is not in the "
-                            f"folder name {folder.name!r}")
-        problem = Problem.from_dict(data["problem"])
-        labels = tuple(str(s) for s in data["op_labels"])
-        name = str(data["name"])
-    except Unusable:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
-    if len(labels) != len(problem.ops):
-        raise Unusable(f"malformed: {len(labels)} op labels for {len(problem.ops)} ops")
-    if fresh is not None:
-        check_structure(problem, fresh)
-    return Profile(stored, name, problem, labels, folder)
+def _unreadable(failed: list[Unusable]) -> bool:
+    return any(isinstance(why, Unreadable) for why in failed)
 
 
-def _read_schedule(path: Path, profile: Profile, key: ScheduleKey | None) -> CachedSchedule:
-    data = _load(path, SCHEDULE_KIND)
-    try:
-        stored = ScheduleKey.from_dict(data["key"])
-        check_key(data["key"], stored.to_dict() if key is None else key.to_dict())
-        if stored.profile_sha256 != profile.content_sha256:
-            raise Unusable("mismatched: it was made on another profile")
-        name = f"schedule-{stored.memory_limit_bytes}-{_safe(stored.solver)}-{stored.digest[:12]}"
-        if path.name != name + ".json":  # renamed or copied: listed as another limit's
-            raise Unusable(f"mismatched: its key names it {name}.json")
-        facts = data["result"]
-        schedule = None if data["schedule"] is None else \
-            Schedule.from_json(json.dumps(data["schedule"]))
-        result = SolveResult(**{f: facts[f] for f in _RESULT_FIELDS},
-                             status=Status(facts["status"]), schedule=schedule)
-    except Unusable:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
-    check_result(result, profile.problem, stored.memory_limit_bytes)
-    return CachedSchedule(stored, result, path)
+STALE_TMP_S = 600  # a temporary file this old is no write in progress (NOTE [Writes cut short])
 
 
-def _read_floor(path: Path, profile: Profile) -> tuple[int, Schedule]:
-    """The least-peak schedule stored in `path` and its peak, checked by the simulator."""
-    data = _load(path, FLOOR_KIND)
-    try:
-        if data["key"]["profile_sha256"] != profile.content_sha256:
-            raise Unusable("mismatched: it was made on another profile")
-        peak = int(data["peak_bytes"])
-        schedule = Schedule.from_json(json.dumps(data["schedule"]))
-    except Unusable:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise Unusable(f"malformed ({type(exc).__name__}: {exc})") from exc
-    sim = simulated(profile.problem, schedule)
-    if sim.peak_bytes != peak:
-        raise Unusable(f"mismatched: it claims peak {peak} B; the simulator says "
-                        f"{sim.peak_bytes} B")
-    return peak, schedule
+def _sweep(folder: Path) -> None:
+    """Delete the temporary files of writes cut short in `folder` (NOTE [Writes cut short])."""
+    for tmp in _listed(folder, ".*.tmp"):
+        with contextlib.suppress(OSError):
+            if time.time() - tmp.stat().st_mtime > STALE_TMP_S:
+                tmp.unlink()

@@ -14,6 +14,12 @@ class Unusable(Exception):
     """Why a cache file cannot be used (internal: becomes a ProfileCacheWarning)."""
 
 
+class Unreadable(Unusable):
+    """A cache file that cannot be read at all (its mode, a folder in its place): nothing says
+    it is damaged, so it is left as it is (NOTE [Files that cannot be read] in
+    monet_opt/cache.py)."""
+
+
 def check_key(stored: Any, expected: dict[str, Any]) -> None:
     if stored != expected:
         stored = stored if isinstance(stored, dict) else {}

@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from monet_opt.cache_checks import Unusable
+from monet_opt.cache_checks import Unreadable, Unusable
 
 SCHEMA_VERSION = 2  # 2: each file holds the SHA-256 of its content
 
@@ -25,7 +25,7 @@ def _load(path: Path, kind: str) -> dict[str, Any]:
     try:
         text = path.read_bytes().decode("utf-8")
     except OSError as exc:
-        raise Unusable(f"cannot be read ({exc})") from exc
+        raise Unreadable(f"cannot be read ({exc})") from exc
     except UnicodeDecodeError as exc:
         raise Unusable(f"corrupt: not UTF-8 text ({exc})") from exc
     try:

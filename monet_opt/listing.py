@@ -22,11 +22,20 @@ from monet_opt.units import format_bytes, parse_memory_limit
 def _read(root: Path) -> list[tuple[Profile, list[CachedSchedule]]]:
     """Every valid profile under `root` and its schedules, each followed by the problems made
     from it that optimize() or precompute solved and theirs (NOTE [Problems as planned] in
-    monet_opt/cache.py); unusable files are reported on stderr, one line each."""
+    monet_opt/cache.py); unusable files are reported on stderr, one line each, and schedule
+    files whose problem file is (`ProfileCache.unshown`) one line per folder."""
     cache = ProfileCache(root)
+    found = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ProfileCacheWarning)
-        found = [(q, cache.schedules(q)) for p in cache.profiles() for q in [p, *cache.planned(p)]]
+        for measured in cache.profiles():
+            planned = cache.planned(measured)
+            found += [(q, cache.schedules(q)) for q in [measured, *planned]]
+            if n := cache.unshown(measured, planned):
+                warnings.warn(ProfileCacheWarning(
+                    f"monet_opt profile directory: {measured.folder}: {n} schedule file(s) "
+                    "not shown: the problem they were solved on (problem-*.json) is missing or "
+                    "unusable; optimize() writes it again when it plans that step"))
     for w in caught:  # the CLI's formatter says each in one line (monet_opt/cli.py)
         print(warnings.formatwarning(w.message, w.category, w.filename, w.lineno), end="",
               file=sys.stderr)
