@@ -51,7 +51,11 @@ TORCH_CHECK = ("\nWhere it failed inside torch's own function (marked \"torch's 
 
 
 def _not_a_meta_failure(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("failed while attempting to run meta")
+    return not str(record.msg).startswith(("failed while attempting to run meta",
+                                           "Unable to find user code corresponding to"))
+
+
+_LOGS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes")
 
 
 @contextlib.contextmanager
@@ -60,15 +64,20 @@ def meta_failures_unlogged():
     (an input of a shape the model rejects: 54 lines on stderr, once per route tried), and then
     raise; the CaptureError says what failed, so the log is dropped. So are the warnings of
     autograd's anomaly mode, which AOTAutograd traces the joint graph under ("Error detected
-    in ReluBackward0", with the forward's traceback, once per route)."""
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    log.addFilter(_not_a_meta_failure)
+    in ReluBackward0", with the forward's traceback, once per route), and symbolic shapes'
+    "Unable to find user code corresponding to {u0}" where a route meets a value-dependent
+    size (twice on a torch.distributions VAE, between a step's other output: model probe,
+    2026-12-06)."""
+    logs = [logging.getLogger(name) for name in _LOGS]
+    for log in logs:
+        log.addFilter(_not_a_meta_failure)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Error detected in ", UserWarning)
             yield
     finally:
-        log.removeFilter(_not_a_meta_failure)
+        for log in logs:
+            log.removeFilter(_not_a_meta_failure)
 
 
 VALIDATING = (

@@ -39,6 +39,9 @@ def test_cumulative_batch_norm_says_so():
     opt = monet_opt.optimize(model.eval(), x, HUGE, profile_dir=None, profile_repeats=1)
     opt(x).sum().backward()
     assert model[0].weight.grad is not None
+    model.train()  # planned in eval mode, now trained: it said to optimize() in eval mode
+    with pytest.raises(monet_opt.CaptureError, match="train with it in eval mode"):
+        opt(x)
 
 
 def test_parallel_wrappers_say_to_wrap_the_result():
@@ -170,13 +173,15 @@ class Policy(nn.Module):
         return -(dist.log_prob(dist.sample()) * returns).mean()
 
 
-def test_distribution_argument_checks_say_to_turn_them_off():
+def test_distribution_argument_checks_say_to_turn_them_off(capfd):
     """torch.distributions checks its arguments' values (a data-dependent .all()): the error
-    says to pass validate_args=False; so built, the policy's step samples and trains as eager
-    does, the same seed drawing the same actions."""
+    says to pass validate_args=False, and torch's log of the value-dependent size ("Unable to
+    find user code corresponding to {u0}") is not printed beside it; so built, the policy's
+    step samples and trains as eager does, the same seed drawing the same actions."""
     obs, returns = torch.randn(16, 8), torch.randn(16)
     with pytest.raises(monet_opt.CaptureError, match=r"validate_args=False"):
         monet_opt.optimize(Policy(True), (obs, returns), HUGE, profile_dir=None)
+    assert "Unable to find user code" not in capfd.readouterr().err
     torch.manual_seed(0)
     model = Policy(False)
     eager = copy.deepcopy(model)
