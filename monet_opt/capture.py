@@ -128,8 +128,7 @@ def refuse_untraceable(model: torch.nn.Module) -> None:
                 f"monet_opt.optimize: {what} has momentum=None (a cumulative average of the "
                 "batch statistics, weighted by 1 / num_batches_tracked, a number its forward "
                 "reads from a buffer every step), which a traced step cannot read. Give it a "
-                "momentum (PyTorch's default is 0.1), or train with it in eval mode (its "
-                "running statistics then stay as they are) and optimize() so.")
+                "momentum (0.1 is PyTorch's default), or train it in eval mode and optimize() so.")
 
 
 def _is_observer(module: torch.nn.Module) -> bool:
