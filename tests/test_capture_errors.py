@@ -40,7 +40,7 @@ def test_cumulative_batch_norm_says_so():
     opt(x).sum().backward()
     assert model[0].weight.grad is not None
     model.train()  # planned in eval mode, now trained: it said to optimize() in eval mode
-    with pytest.raises(monet_opt.CaptureError, match="train with it in eval mode"):
+    with pytest.raises(monet_opt.CaptureError, match="train it in eval mode"):
         opt(x)
 
 
