@@ -10,10 +10,8 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import (attention_masks, bn_split, capture, conv_split, dropout_scale, grad_layout,
-                       grouped_attention, grouped_math, gru_gates, host_random, late_grads,
-                       ones_masks, outside_grads, progress, recompute, rewrite, saved_clones,
-                       stats_in_place, updated_buffers, variants_bn)
+from monet_opt import (capture, host_random, joint_passes, ones_masks, outside_grads, progress,
+                       recompute, rewrite, updated_buffers, variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -265,22 +263,7 @@ class _Planner:
         host_random.refuse_drawn()  # NOTE [Random numbers drawn in Python]
         host_random.refuse_generators(joint)  # NOTE [Generators set in the forward]
         refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
-        unmasked = attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
-        grouped_attention.use_grouped_keys(joint, unmasked)  # NOTE [Grouped-query attention]
-        grouped_math.cast_before_repeat(joint)  # NOTE [Grouped keys on the math path]
-        saved_clones.drop_saved_clones(joint)  # NOTE [Saved clones]
-        dropout_scale.round_dropout_scales(joint)  # NOTE [Dropout's scale]
-        dropout_scale.match_kernel_layouts(joint)  # NOTE [Dropout backward's layout]
-        # NOTE [Gradients in the parameter's layout]
-        grad_layout.match_gradient_layouts(joint, num_fwd_outputs)
-        devices = {t.device.type for t in self.primals}
-        if conv_split.SPLIT_WITH in self.families and devices <= conv_split.SPLIT_DEVICES:
-            conv_split.split_conv_backward(joint)  # NOTE [Conv backward split]
-        if bn_split.NAME in self.families:
-            bn_split.split_batch_norm(joint)  # NOTE [BatchNorm recomputed from its statistics]
-        late_grads.make_results_late(joint)  # NOTE [Results made late]
-        gru_gates.by_rows(joint)  # NOTE [A GRU's gates by rows]
-        stats_in_place.mark(joint)  # NOTE [Statistics updated in place]
+        joint_passes.rewrite(joint, num_fwd_outputs, self.primals, self.families)
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain

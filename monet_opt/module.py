@@ -14,8 +14,8 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from monet_opt import (absent_grads, autocast_backward, eval_steps, handed_grads, ones_masks,
-                       output_grad, retained_graphs, saved_hooks)
+from monet_opt import (absent_grads, autocast_backward, eval_steps, handed_grads,
+                       mutation_tangents, ones_masks, output_grad, retained_graphs, saved_hooks)
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.capture import autocast_state
 from monet_opt.attribute_tensors import attribute_values
@@ -216,6 +216,7 @@ class OptimizedModule(ModelState):
                          lambda: [*self.model.parameters(), *self.model.buffers()])
         output_grad.watch(returned, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
         backward = absent_grads.step_node(returned)
+        mutation_tangents.no_zeros(backward)  # NOTE [Gradients of parameters updated in place]
         # NOTEs [Outputs the loss does not read], [Output gradients as handed], [Backward
         # under autocast], [Retained graphs, said]
         for hooked in (absent_grads, handed_grads, autocast_backward, retained_graphs):

@@ -14,7 +14,7 @@ import torch.fx as fx
 from functorch.compile import default_partition
 
 from monet_opt import (absent_grads, cudnn_bn, direct_calls, grad_in_place, handed_grads,
-                       recompute, stats_in_place)
+                       mutation_tangents, recompute, stats_in_place)
 from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
 from monet_opt.lower import OVERWRITING, Lowered
@@ -48,6 +48,7 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
         cudnn_bn.use_cudnn(gm)  # NOTE [cuDNN's BatchNorm]
         if phase == BACKWARD:  # NOTE [Output gradients as handed]
             handed_grads.apply(gm, joint, num_fwd_outputs)
+            mutation_tangents.materialize(gm)  # NOTE [Gradients of parameters updated in place]
         direct_calls.drop_detaches(gm)  # NOTE [Direct calls]
         gm.graph.set_codegen(direct_calls.DirectCodeGen())
         gm.recompile()
