@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from monet_opt import (capture, host_random, joint_passes, ones_masks, outside_grads, progress,
-                       recompute, rewrite, updated_buffers, variants_bn)
+                       recompute, refusals, rewrite, updated_buffers, variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -110,10 +110,10 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
         NoBackwardError: the step has no backward to plan (gradients off, nothing requiring
             grad, or outputs that depend on nothing that does).
     """
-    capture.check_module(model)
+    refusals.check_module(model)
     if isinstance(model, OptimizedModule):  # NOTE [Optimized inside optimized]
         model = model.model
-    capture.refuse_untraceable(model)  # before the warnings below, which it would follow
+    refusals.refuse_untraceable(model)  # before the warnings below, which it would follow
     limit = parse_limit(memory_limit)
     time_limit_s, profile_time_limit_s, profile_repeats = check_arguments(
         solver, time_limit_s, profile_time_limit_s, new_shapes, profile_repeats, variants,
@@ -191,8 +191,8 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     """Trace one step of `model` on inputs like (args, kwargs) through `planner.partition`
     (which plans it), leaving the model's state and the random stream as they were: the
     compiled step and its inputs' spec."""
-    capture.check_module(model)
-    capture.refuse_untraceable(model)
+    refusals.check_module(model)
+    refusals.refuse_untraceable(model)
     spec, inputs = capture.InputSpec.of(args, kwargs)
     check_backward(model, inputs)
     param_names, buffer_names, attributes = capture.state_names(model)

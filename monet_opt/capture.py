@@ -22,7 +22,6 @@ from torch._functorch._aot_autograd import graph_compile
 from torch._functorch.aot_autograd import aot_function
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
-from torch.nn.modules.lazy import LazyModuleMixin
 
 from monet_opt import (attribute_tensors, capture_hints, data_assigned, forward_state, input_spec,
                        export_route, host_random, kernels, saved_hooks)
@@ -63,78 +62,6 @@ def state_names(model: torch.nn.Module) -> tuple[list[str], list[str], list[str]
     monet_opt/attribute_tensors.py), each tensor once (tied weights appear under one name)."""
     return ([n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()],
             attribute_tensors.attribute_names(model))
-
-
-def check_module(model: object) -> None:
-    """TypeError for what optimize() cannot take as a model."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"monet_opt.optimize: model must be a torch.nn.Module, got "
-                        f"{type(model).__name__}; wrap a function in a Module whose forward "
-                        "calls it.")
-    wrapper = next((m for m in model.modules() if isinstance(m, _PARALLEL) or type(
-        m).__name__ == "FullyShardedDataParallel" or type(m).__name__.startswith("FSDP")), None)
-    if wrapper is not None:
-        # the wrapper's Python around the forward is not in a traced step (inside the model,
-        # DDP's buffer broadcast was blamed as "drew random numbers in Python")
-        where = "" if wrapper is model else " (a module inside it)"
-        raise TypeError(
-            f"monet_opt.optimize: the model is wrapped in {type(wrapper).__name__}{where}, whose "
-            "gradient synchronization (or scattering) runs in Python around each forward, "
-            "which a traced step does not run: under DDP on two processes each rank's "
-            "gradients stayed its own, silently. Optimize the module inside, then wrap what "
-            "optimize() returns: DistributedDataParallel(monet_opt.optimize(model, x, limit), "
-            "gradient_as_bucket_view=True). Sharded (FSDP) models are not supported.")
-
-
-_PARALLEL = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
-
-
-def refuse_untraceable(model: torch.nn.Module) -> None:
-    """CaptureError, before tracing, for modules a traced step cannot hold, naming the module
-    and what to do (traced, each failed deep inside AOTAutograd without naming a line):
-    an Embedding or EmbeddingBag with sparse=True that trains (a sparse gradient; "memory format
-    option is only supported by strided tensors"), a BatchNorm in training with
-    momentum=None (its cumulative average's factor, 1 / num_batches_tracked, is read as a
-    Python number every step; "DataDependentOutputException"), a lazy module not yet
-    initialized (LazyLinear, LazyConv2d: its shapes are set by its first call, which a trace
-    cannot make; "Attempted to use an uninitialized parameter", behind a HookWarning about
-    the hook that would initialize it), and a quantization observer whose per-channel
-    statistics are not yet sized (quantization-aware training before its first call: NOTE
-    [Buffers assigned in forward] in monet_opt/forward_state.py)."""
-    for name, module in model.named_modules():
-        what = f"{type(module).__name__} {name or '(the model)'!r}"
-        if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
-            raise CaptureError(
-                f"monet_opt.optimize: {what} is a lazy module whose parameters are not yet "
-                "initialized (their shapes come from its first call). Call the model once on "
-                "a batch first (model(sample_input) under torch.no_grad()), then create the "
-                "optimizer and optimize() it, as PyTorch says to for lazy modules.")
-        if _is_observer(module) and any(b.numel() == 0 for b in module.buffers(recurse=False)):
-            raise CaptureError(
-                f"monet_opt.optimize: {what} is a quantization observer whose statistics are "
-                "not yet sized (its first call sizes them per channel, which the traced step, "
-                "made with the empty ones, cannot follow). Call the model once on a batch "
-                "first (model(sample_input)), as the first step of quantization-aware training "
-                "would, then optimize() it.")
-        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse \
-                and module.weight.requires_grad:
-            raise CaptureError(
-                f"monet_opt.optimize: {what} has sparse=True, so its weight's gradient is a "
-                "sparse tensor, which a traced backward cannot make. Build it with sparse=False "
-                "(a dense gradient, which torch.optim's SGD and Adam take), or freeze its weight.")
-        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training \
-                and module.momentum is None and module.track_running_stats:
-            raise CaptureError(
-                f"monet_opt.optimize: {what} has momentum=None (a cumulative average of the "
-                "batch statistics, weighted by 1 / num_batches_tracked, a number its forward "
-                "reads from a buffer every step), which a traced step cannot read. Give it a "
-                "momentum (0.1 is PyTorch's default), or train it in eval mode and optimize() so.")
-
-
-def _is_observer(module: torch.nn.Module) -> bool:
-    """A torch.ao.quantization observer or fake-quantize module (by class name: importing
-    the package to test would warn of its deprecation)."""
-    return any(c.__name__ in ("ObserverBase", "FakeQuantizeBase") for c in type(module).__mro__)
 
 
 def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable,

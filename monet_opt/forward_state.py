@@ -25,7 +25,7 @@ NOTE [Buffers assigned in forward]
   kernel keeps the old shapes: the step was traced with the per-channel scales at [1] and
   failed at its first run, after its forward, with some buffers updated ("output with shape
   [1] doesn't match the broadcast shape [8]"); such observers are refused before tracing
-  (refuse_untraceable in monet_opt/capture.py). Called once first, QAT trains bitwise like
+  (refuse_untraceable in monet_opt/refusals.py). Called once first, QAT trains bitwise like
   eager, observers on and off (tests/test_forward_state.py).
 
 NOTE [Tensors kept on a module]

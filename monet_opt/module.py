@@ -15,7 +15,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from monet_opt import (absent_grads, autocast_backward, eval_steps, handed_grads,
-                       mutation_tangents, ones_masks, output_grad, retained_graphs, saved_hooks)
+                       mutation_tangents, ones_masks, output_grad, refusals, retained_graphs,
+                       saved_hooks)
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.capture import autocast_state
 from monet_opt.attribute_tensors import attribute_values
@@ -187,6 +188,8 @@ class OptimizedModule(ModelState):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
+        if isinstance(self, refusals.SHARDED):  # fully_shard(opt): NOTE [Sharded models]
+            refusals.refuse_sharded(self, "monet_opt")
         # NOTE [Attention masks of all ones]
         kwargs = ones_masks.dropped(self.model, args, kwargs, self._any_shape)
         # params in the order the steps take them; NOTE [Names kept between walks]

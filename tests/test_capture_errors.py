@@ -58,6 +58,34 @@ def test_parallel_wrappers_say_to_wrap_the_result():
                            profile_dir=None)
 
 
+def _sharded(module: nn.Module) -> nn.Module:
+    """`module` with its class swapped for an FSDPModule subclass, as fully_shard swaps it."""
+    from torch.distributed.fsdp import FSDPModule
+    module.__class__ = type(f"FSDP{type(module).__name__}", (FSDPModule, type(module)), {})
+    return module
+
+
+class FSDPFriendlyMLP(nn.Sequential):
+    """Not sharded: only named so."""
+
+
+def test_sharded_models_are_refused_by_class_not_name():
+    """NOTE [Sharded models]: fully_shard around an optimized module trained past its limit,
+    silently, and a model merely named FSDP... was refused as sharded."""
+    x = torch.randn(3, 4)
+    opt = monet_opt.optimize(FSDPFriendlyMLP(nn.Linear(4, 2)), x, HUGE, profile_dir=None,
+                             profile_repeats=1)
+    opt(x).sum().backward()
+    with pytest.raises(TypeError, match=r"sharded by FSDP \(a module inside it, FSDPLinear\)"):
+        monet_opt.optimize(nn.Sequential(_sharded(nn.Linear(4, 2))), x, HUGE, profile_dir=None)
+    _sharded(opt)
+    with torch.no_grad():
+        opt(x)  # nothing planned runs: validation under FSDP is the model's own
+    with pytest.raises(TypeError, match=r"monet_opt: the model is sharded by FSDP: .*"
+                                        r"DistributedDataParallel\(opt"):
+        opt(x)
+
+
 def test_lazy_module_says_to_call_it_first():
     """A lazy module's shapes come from its first call, which a trace cannot make: said before
     tracing, naming the module, with no HookWarning for its initializing hook (it failed on

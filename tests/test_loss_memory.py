@@ -280,16 +280,21 @@ def test_outputs_held_through_the_backward_are_planned_from_the_next_step():
                                                              eager.parameters()))
 
 
-def test_outputs_held_where_no_plan_holding_them_fits():
-    """At the least limit no plan holds the logits too: the second step says so (a second
-    OutputsHeldWarning, with the least such peak) and the steps keep the plan that frees them,
-    passing it by the logits' bytes, rather than stop with an InfeasibleBudgetError."""
+def _gpt2_at_its_least():
+    """The tiny GPT-2 (labels given, so its loss is an output) optimized at its least peak."""
     torch.manual_seed(0)
     base, x, _ = models.gpt2_tiny(dropout=0.0)
     x = {**x, "labels": x["input_ids"]}
     full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
-    least = monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
-                               profile_repeats=1, profile_dir=None, time_limit_s=5)
+    return monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
+                              profile_repeats=1, profile_dir=None, time_limit_s=5), x
+
+
+def test_outputs_held_where_no_plan_holding_them_fits():
+    """At the least limit no plan holds the logits too: the second step says so (a second
+    OutputsHeldWarning, with the least such peak) and the steps keep the plan that frees them,
+    passing it by the logits' bytes, rather than stop with an InfeasibleBudgetError."""
+    least, x = _gpt2_at_its_least()
     resident = monet_opt.resident_tensors(least.model, x)
     warned, outputs = [], []
 
@@ -316,12 +321,7 @@ def test_outputs_held_and_no_plan_at_all_fits_raise_one_error():
     the least limit), the error was raised twice, the second during handling of the first,
     with two least peaks (GAN probe, 2026-12-06): now the freeing plan's, alone, and at once
     at the next such call."""
-    torch.manual_seed(0)
-    base, x, _ = models.gpt2_tiny(dropout=0.0)
-    x = {**x, "labels": x["input_ids"]}
-    full = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, profile_dir=None)
-    least = monet_opt.optimize(copy.deepcopy(base), x, full.plan.min_feasible_bytes,
-                               profile_repeats=1, profile_dir=None, time_limit_s=5)
+    least, x = _gpt2_at_its_least()
     ids = x["input_ids"].repeat(1, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", monet_opt.OutputsHeldWarning)
