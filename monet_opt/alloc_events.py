@@ -60,6 +60,25 @@ def available() -> bool:
     return bool(_open) or not torch._C._autograd._profiler_enabled()
 
 
+UNMEASURED = ("scratch", False)  # a traced setting: kernels' scratch not measured
+
+
+# NOTE [Plans made inside a profiler]
+#   Inside the user's torch.profiler no allocation events can be taken beside it, so a step
+#   planned there counts no kernels' scratch (the profiler warns, once per plan). Run outside
+#   it, such a plan passed its limit by the scratch, silently, and the profile directory gave it
+#   to a later optimize() inside a profiler without a word (a small CNN: 15,008 B over a
+#   175,176 B limit at every step; settings probe, 2026-12-06). So "scratch unmeasured" is among
+#   the settings a step is traced under (capture.autocast_state): a step run outside any
+#   profiler after it was planned inside one is planned again, counting the scratch; a plan
+#   that counts it serves inside a profiler too (module.OptimizedModule._step_for), so
+#   profiling a few steps of a training run plans nothing.
+def unmeasured() -> tuple[tuple[str, bool], ...]:
+    """(UNMEASURED,) where CPU steps are measured by allocation events and none can be taken
+    now; else ()."""
+    return (UNMEASURED,) if enabled() and not available() else ()
+
+
 class Allocations:
     """While open, records the CPU allocator's allocations and frees; then `peak` is the most
     it held above its start and `net` what it held more at its end (NOTE [Allocation

@@ -23,8 +23,8 @@ from torch._functorch.aot_autograd import aot_function
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
-from monet_opt import (attribute_tensors, capture_hints, data_assigned, forward_state, input_spec,
-                       export_route, host_random, kernels, saved_hooks)
+from monet_opt import (alloc_events, attribute_tensors, capture_hints, data_assigned,
+                       export_route, forward_state, host_random, input_spec, kernels, saved_hooks)
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
@@ -52,9 +52,10 @@ AUTOCAST_DEVICES = ("cpu", "cuda")
 def autocast_state() -> tuple[tuple[str, Any], ...]:
     """(device type, dtype) of each device type autocast is on for now; and the kernel
     choices made as a step is traced, where not as at import (NOTE [Attention kernels are
-    traced] in monet_opt/kernels.py)."""
+    traced] in monet_opt/kernels.py); and whether kernels' scratch goes unmeasured (NOTE [Plans
+    made inside a profiler] in monet_opt/alloc_events.py)."""
     return tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES
-                 if torch.is_autocast_enabled(d)) + kernels.changed()
+                 if torch.is_autocast_enabled(d)) + kernels.changed() + alloc_events.unmeasured()
 
 
 def state_names(model: torch.nn.Module) -> tuple[list[str], list[str], list[str]]:

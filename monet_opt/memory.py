@@ -5,7 +5,6 @@ max_memory_allocated."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
 import weakref
 from typing import Any, Callable, Iterable, Sequence
 
@@ -383,12 +382,8 @@ def counted(fn: Callable[[], Any], cuda: bool, inputs: Any = ()) -> tuple[Any, i
         with alloc_events.Allocations(given) as events:
             out = fn()
         peak = events.peak
-    else:  # what ops return only (NOTE [Allocation events])
-        if alloc_events.enabled():  # inside the user's profiler
-            warnings.warn("monet_opt: profiled inside a running torch.profiler, which allocation "
-                          "events cannot be taken beside: kernels' scratch is not counted in "
-                          "this plan; optimize() outside the profiler for plans that count it",
-                          stacklevel=2)
+    else:  # what ops return only (NOTE [Allocation events]; inside the user's profiler:
+        # profiler.profile warns, NOTE [Plans made inside a profiler])
         with LiveBytes(given) as counter:
             base = counter.live
             out = fn()

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from monet_opt import (absent_grads, autocast_backward, eval_steps, handed_grads,
                        mutation_tangents, ones_masks, output_grad, refusals, retained_graphs,
                        saved_hooks)
+from monet_opt.alloc_events import UNMEASURED
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.capture import autocast_state
 from monet_opt.attribute_tensors import attribute_values
@@ -250,6 +251,9 @@ class OptimizedModule(ModelState):
         key = step_key(structure, specs, now, resident, resident_bytes, shared,
                        (autocast, hooks, held), values)
         step = self._steps.get(key)
+        if step is None and UNMEASURED in autocast:  # NOTE [Plans made inside a profiler]
+            step = self._steps.get(key[:6] + ((tuple(a for a in autocast if a != UNMEASURED),
+                                               hooks, held),) + key[7:])
         if step is None:
             self._refused.again(key)  # NOTE [Situations found infeasible]
             why = ("params" if now != self._first_params else "resident" if resident_bytes

@@ -99,6 +99,11 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
     probe = VariantProbe(lowered)
     budget = Budget(repeats, time_limit_s, len(wanted), lowered.problem.name or "model")
     devices = cuda_devices(primals)
+    if alloc_events.unmeasured() and not devices:  # NOTE [Plans made inside a profiler]
+        warnings.warn("monet_opt: profiled inside a running torch.profiler, which allocation "
+                      "events cannot be taken beside: kernels' scratch is not counted in this "
+                      "plan; steps run outside the profiler are planned again counting it",
+                      RuntimeWarning, stacklevel=3)
     # the model's GPU the current one: CUDA events and the allocator's counters read the
     # current device (a DDP rank's model.to(rank) without set_device timed GPU 0's idle stream)
     on_device = torch.cuda.device(devices[0]) if devices else contextlib.nullcontext()

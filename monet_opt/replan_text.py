@@ -17,8 +17,8 @@ def situation(why: str, resident_bytes: int) -> str:
             "outputs_held": "a caller that holds the step's outputs through its backward",
             "autocast": "a step under another autocast state or torch setting (attention "
                         "kernels: sdpa_kernel; oneDNN, cuDNN or deterministic algorithms on or "
-                        "off; threads; float32 matmul precision; default dtype) than "
-                        "optimize() was called in",
+                        "off; threads; float32 matmul precision; default dtype; a "
+                        "torch.profiler running) than optimize() was called in",
             "hooks": "module hooks added or removed since optimize()",
             "structure": "inputs structured otherwise than the sample (other arguments)",
             "sharing": "inputs that share storages otherwise than the sample's",
@@ -54,7 +54,9 @@ WHAT_TO_DO = {
                 "step run under another state on purpose (in float32 after a mixed-precision "
                 "optimize()) is planned under the same limit, which must hold it too. A torch "
                 "setting that picks other kernels (threads, oneDNN, matmul precision) changes "
-                "the step's memory alike: set it before optimize(), as you train.",
+                "the step's memory alike: set it before optimize(), as you train. A step "
+                "planned inside torch.profiler counts no kernels' scratch, so run outside one "
+                "it is planned again (NOTE [Plans made inside a profiler]).",
     "hooks": "What a module hook computes on tensors is traced into the step, so each set of "
              "hooks is a step of its own (NOTE [Module hooks]); a hook registered anew for "
              "every step makes a plan each time: keep it registered.",

@@ -130,6 +130,8 @@ def describe_autocast(state: tuple) -> str:
                      f"default dtype {dtype}" if device == "dtype" else
                      f"{dtype} threads" if device == "threads" else
                      f"float32 matmul precision {dtype}" if device == "matmul" else
+                     "kernels' scratch unmeasured (inside torch.profiler)" if device == "scratch"
+                     else
                      f"autocast on for {device} ({dtype})" if device != "sdpa" else
                      "attention kernels " + "/".join(k for k, on in zip(kernels, dtype) if on)
                      for device, dtype in state) or "autocast off, kernels as at import"

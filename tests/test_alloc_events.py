@@ -137,8 +137,9 @@ def test_quiet_and_inside_a_users_profiler(capfd):
         assert not alloc_events.available()
         inside = measure_peak(lambda: _step(model, x), resident)
         model.zero_grad(set_to_none=True)
-        with pytest.warns(UserWarning, match="scratch is not counted"):
-            assert counted(lambda: torch.ones(3), False)[1] == 0
+        # no scratch counted there; the profiler says so once per plan, not once per op
+        # (tests/test_profiler_plans.py)
+        assert counted(lambda: torch.ones(3), False)[1] == 0
     assert inside == counter.peak <= events
     assert alloc_events.available()
 
