@@ -14,9 +14,22 @@ NOTE [Steps in flight]
   in a step (GPT-2's tied embeddings), which differs from eager's in the last bits: eager's
   autograd adds each use's gradient in turn across both graphs, where each of our steps hands
   over its own sum.
+  Two threads stepping one module at once: a step counts from its forward's start, not from
+  when its node is watched, so forwards that overlap warn too (they did only where one had
+  finished its forward before the other began: 10 of 20 overlapping pairs warned; settings
+  probe, 2026-12-06). Threads that both meet a step to plan (gradients newly in place in
+  both) plan one after the other: tracing uses the process's state, and two traces at once
+  failed (a CaptureError from FunctionalTensor).
+
+NOTE [Inference tensors kept]
+  A batch made under torch.inference_mode() cannot be saved for a backward. Eager's step may
+  save none of it where a plan saves it to recompute from: a transformer block's tight plan
+  failed with autograd's "Inference tensors cannot be saved for backward" where eager and the
+  store-all plan trained. The error now says so, and what to do.
 """
 from __future__ import annotations
 
+import threading
 import warnings
 import weakref
 
@@ -36,14 +49,22 @@ class InFlight:
 
     def __init__(self) -> None:
         self._waiting: list[tuple[weakref.ref, list[bool]]] = []
+        self._running = 0  # forwards begun and not yet watched (other threads')
+        self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict) -> InFlight:
+        return InFlight()  # a copy's steps are its own (and a lock is not copied)
 
     def starting(self) -> None:
         """Called as a step begins: warns where earlier steps are still in flight."""
-        self._waiting = [(node, ran) for node, ran in self._waiting
-                         if not ran[0] and node() is not None]
-        if self._waiting:
+        with self._lock:
+            self._waiting = [(node, ran) for node, ran in self._waiting
+                             if not ran[0] and node() is not None]
+            earlier = len(self._waiting) + self._running
+            self._running += 1
+        if earlier:
             warnings.warn(StepsInFlightWarning(
-                f"monet_opt: a step began while {len(self._waiting)} earlier step(s) of this "
+                f"monet_opt: a step began while {earlier} earlier step(s) of this "
                 "module still wait for their backward (forward run, graph alive): the plan "
                 "covers one step, so what they keep for their backward adds to this step's "
                 "peak, which can pass the memory limit. Run each backward before the next "
@@ -56,12 +77,26 @@ class InFlight:
         """Watch the autograd node of the step that made `outputs` (its output tensors); that
         node (None where no output requires a gradient)."""
         node = _step_node(outputs)
-        if node is None:
-            return None
         ran = [False]
-        node.register_prehook(lambda grad_outputs: ran.__setitem__(0, True))
-        self._waiting.append((weakref.ref(node), ran))
+        if node is not None:
+            node.register_prehook(lambda grad_outputs: ran.__setitem__(0, True))
+        with self._lock:
+            self._running -= 1
+            if node is not None:
+                self._waiting.append((weakref.ref(node), ran))
         return node
+
+    def failed(self, err: BaseException) -> None:
+        """Called where a step's forward raised `err`: it is in flight no more (NOTE
+        [Inference tensors kept] adds to what autograd says)."""
+        with self._lock:
+            self._running -= 1
+        if isinstance(err, RuntimeError) and "Inference tensors cannot be saved" in str(err):
+            err.add_note("monet_opt: this step's plan keeps an input made under "
+                         "torch.inference_mode() for its backward (to recompute from), where "
+                         "eager's step may keep none: make the batch under torch.no_grad() "
+                         "instead, or pass a clone of it (x.clone()). NOTE [Inference tensors "
+                         "kept] in monet_opt/in_flight.py.")
 
 
 def _step_node(outputs: list[torch.Tensor]):

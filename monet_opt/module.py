@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import warnings
 from types import MappingProxyType
@@ -112,6 +113,7 @@ from monet_opt.walk import Walk
 #   module's own limit does not apply inside it; optimize(opt, ...) plans opt.model, leaving opt
 #   as it was (tests/test_wrapping.py).
 _TRACED = (FakeTensor, FunctionalTensor)
+_PLANNING = threading.RLock()
 
 
 class OptimizedModule(ModelState):
@@ -211,9 +213,12 @@ class OptimizedModule(ModelState):
         if step.slots is not None:
             step.slots.bind(mine)
         self._in_flight.starting()  # NOTE [Steps in flight]
-        # NOTE [Tensors held as attributes] in monet_opt/attribute_tensors.py
-        attributes = attribute_values(self.model, step.attributes)
-        outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)
+        try:  # NOTE [Tensors held as attributes] in monet_opt/attribute_tensors.py
+            attributes = attribute_values(self.model, step.attributes)
+            outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)
+        except BaseException as err:
+            self._in_flight.failed(err)
+            raise
         returned = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
         node = self._in_flight.started(returned)
         self._held.watch(node, returned, inputs, step.plan,
@@ -326,7 +331,9 @@ class OptimizedModule(ModelState):
         if self._plan_step is None:
             raise PlanMismatchError(f"monet_opt: this module runs only its first plan ({first})")
         try:
-            with _disable_current_modes():  # the caller's dispatch modes watch the step only
+            # the caller's dispatch modes watch the step only; tracing is the process's: one
+            # thread plans at a time (NOTE [Steps in flight])
+            with _PLANNING, _disable_current_modes():
                 step = dataclasses.replace(
                     self._plan_step(self.model, args, kwargs, resident, resident_bytes,
                                     outputs_held),

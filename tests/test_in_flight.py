@@ -3,8 +3,10 @@ warns, since the plan covers one step; otherwise nothing is said."""
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
 
+import pytest
 import torch
 
 import monet_opt
@@ -75,3 +77,47 @@ def test_steps_one_after_another_are_quiet():
     assert len(_in_flight_warnings(lambda: loss_fn(opt(x)).backward())) == 1
     del kept
     assert not _in_flight_warnings(lambda: loss_fn(opt(x)).backward())
+
+
+def test_steps_of_two_threads_at_once_warn():
+    """Forwards that overlap in two threads: neither step was watched yet when the other
+    began, so half such pairs went unwarned (NOTE [Steps in flight])."""
+    torch.manual_seed(0)
+    model, x, loss_fn = small_cnn()
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    for _ in range(6):
+        begun, ended = threading.Barrier(2), threading.Barrier(2)
+
+        def work():
+            begun.wait(timeout=30)
+            loss = loss_fn(opt(x))
+            ended.wait(timeout=30)  # both forwards done before either backward
+            loss.backward()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            threads = [threading.Thread(target=work) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+        assert any(w.category is monet_opt.StepsInFlightWarning for w in seen)
+    model.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.StepsInFlightWarning)
+        loss_fn(opt(x)).backward()  # nothing left counted as in flight
+        loss_fn(opt(x)).backward()
+
+
+def test_a_batch_made_in_inference_mode_says_what_to_do():
+    """NOTE [Inference tensors kept]: the plan keeps the input; autograd's error gains a note."""
+    torch.manual_seed(0)
+    model, x, loss_fn = small_cnn()
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    with torch.inference_mode():
+        batch = x.clone()
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved") as info:
+        loss_fn(opt(batch)).backward()  # its first convolution keeps its input
+    assert "torch.no_grad() instead" in "".join(info.value.__notes__)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.StepsInFlightWarning)
+        loss_fn(opt(x)).backward()  # the failed forward is in flight no more
