@@ -207,16 +207,19 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
             causal = causal or capture_hints.from_causal_check(exc)
     hint = capture_hints.what_to_try(model, args, kwargs)
     failed = f"monet_opt.optimize could not trace {type(model).__name__} into a joint " \
-        "forward+backward graph.\n  " + "\n  ".join(errors) + hint
-    if hint != capture_hints.GENERIC:  # it fails eagerly too: tracing's hints are beside it
-        raise CaptureError(failed)
-    raise CaptureError(
-        failed + capture_hints.hf_cache(errors) + capture_hints.hf_experts(errors)
-        + capture_hints.unknown_output(errors) + capture_hints.shapes(errors)
-        + capture_hints.in_the_backward(errors) + (capture_hints.VALIDATING if checked else "")
-        + (capture_hints.CAUSAL_CHECK if causal else "")
-        + (capture_hints.TORCH_CHECK if any(capture_hints.IN_TORCH in e for e in errors) else "")
-        + host_random.drawn_hint() + host_random.layerdrop_hint(model))
+        "forward+backward graph.\n  " + "\n  ".join(errors)
+    if hint is not None:  # it fails eagerly too: tracing's hints are beside it
+        raise CaptureError(failed + hint)
+    named = capture_hints.hf_cache(errors) + capture_hints.hf_experts(errors) \
+        + capture_hints.unknown_output(errors) + capture_hints.shapes(errors) \
+        + capture_hints.in_the_backward(errors) + capture_hints.detection(errors) \
+        + (capture_hints.VALIDATING if checked else "") \
+        + (capture_hints.CAUSAL_CHECK if causal else "") \
+        + (capture_hints.TORCH_CHECK if any(capture_hints.IN_TORCH in e for e in errors) else "") \
+        + host_random.drawn_hint() + host_random.layerdrop_hint(model)
+    # NOTE [What to try] in monet_opt/capture_hints.py
+    raise CaptureError(failed + ("\nWhat to try:" + named if named else
+                                 capture_hints.generic(model)))
 
 
 # NOTE [Tracing without the collector]

@@ -210,18 +210,40 @@ _MASKING = {"aten.nonzero.default", "aten.masked_select.default", "aten._unique2
 _PACKING = {"aten._pack_padded_sequence.default"}
 
 
-GENERIC = ("\nWhat to try: avoid data-dependent Python on tensor values at that line (.item(), "
-           "if on a tensor, .tolist()), pass use_cache=False to HF models, or check that the "
-           "model runs eagerly on sample_input.")
+def generic(model) -> str:
+    """What to try where no hint says more: the line named, and for an HF model its cache."""
+    hf = type(model).__module__.startswith("transformers.")
+    return ("\nWhat to try: avoid data-dependent Python on tensor values at that line (.item(), "
+            "if on a tensor, .tolist())" + (", pass use_cache=False" if hf else "") +
+            ", or check that the model runs eagerly on sample_input.")
 
 
-def what_to_try(model, args: tuple, kwargs: dict) -> str:
-    """GENERIC, or, where the model fails on the sample run eagerly too (a wrong channel count,
-    an integer input to a convolution), that: nothing about tracing is to be changed; where
-    it takes the positional arguments as one list, that (NOTE [A list read as arguments])."""
+def detection(errors: list[str]) -> str:
+    """What to do with a torchvision detection model in training (NOTE [What to try])."""
+    if not any("/torchvision/models/detection/" in e for e in errors):
+        return ""
+    return ("\nThere, a torchvision detection model chooses sizes and boxes by the values of "
+            "tensors in Python (its random resizing, degenerate-box checks, proposal sampling, "
+            "non-maximum suppression), which a traced step, whose shapes are fixed, cannot "
+            "follow: optimize its backbone alone, on the batch the model's transform makes "
+            "(model.backbone = monet_opt.optimize(model.backbone, "
+            "model.transform(images, targets)[0].tensors, limit)), and train the model as it is.")
+
+
+# NOTE [What to try]
+#   A CaptureError ends with what to try: where a hint names the cause (an HF cache returned, a
+#   value-dependent shape, a detection model), that alone; else the generic line. The generic
+#   line came before every hint and told every model to pass use_cache=False to HF models, and
+#   a torchvision detection model (a value-dependent line in its transform, then another, then
+#   more) was told only to avoid .item() at that line (journey probe, 2026-12-06).
+def what_to_try(model, args: tuple, kwargs: dict) -> str | None:
+    """None where the model runs eagerly on the sample; else, where it fails so too (a wrong
+    channel count, an integer input to a convolution), that: nothing about tracing is to be
+    changed; where it takes the positional arguments as one list, that (NOTE [A list read as
+    arguments])."""
     exc = _eager_failure(model, args, kwargs)
     if exc is None:
-        return GENERIC
+        return None
     if isinstance(exc, TypeError) and len(args) > 1 and not kwargs and \
             _eager_failure(model, (list(args),), {}) is None:
         return (f"\nWhat to try: sample_input is read as {len(args)} positional arguments (a "

@@ -374,3 +374,35 @@ def test_a_dataclass_output_says_to_register_it_and_so_registered_trains_like_ea
     for p, q in zip(model.parameters(), eager.parameters()):
         assert torch.equal(p.grad, q.grad)
 
+
+
+def test_a_detection_model_is_told_to_optimize_its_backbone():
+    """NOTE [What to try]: a torchvision detection model was told to avoid .item() at the
+    line named, then at the next, and to pass use_cache=False to HF models."""
+    import torchvision
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None).train()
+    images = [torch.rand(3, 64, 80), torch.rand(3, 64, 80)]
+    targets = [{"boxes": torch.tensor([[4.0, 4.0, 30.0, 40.0]]), "labels": torch.tensor([1])}
+               for _ in images]
+    with pytest.raises(monet_opt.CaptureError) as info:
+        monet_opt.optimize(model, (images, targets), HUGE, profile_dir=None)
+    text = str(info.value)
+    assert "optimize its backbone alone" in text and "use_cache" not in text
+    assert "avoid data-dependent Python" not in text  # the generic line: only without a hint
+
+
+class _Branching(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) if x.sum() > 0 else -self.lin(x)
+
+
+def test_the_generic_hint_names_hf_caches_for_hf_models_only():
+    with pytest.raises(monet_opt.CaptureError) as info:
+        monet_opt.optimize(_Branching(), torch.ones(2, 4), HUGE, profile_dir=None)
+    assert "avoid data-dependent Python" in str(info.value)
+    assert "use_cache" not in str(info.value)
