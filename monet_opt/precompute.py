@@ -187,8 +187,9 @@ def _fractions(text: str) -> tuple[float, ...]:
         values = tuple(float(f) for f in text.split(","))
     except ValueError as exc:
         raise UsageError(f"bad --fractions {text!r}: write numbers such as 0.7,0.5,0.4") from exc
-    if not all(0 < f < float("inf") for f in values):
-        raise UsageError(f"bad --fractions {text!r}: each must be above 0 (1 = store-all)")
+    if not all(0 < f <= 1 for f in values):  # 50 was taken as 5000 % (journey probe)
+        raise UsageError(f"bad --fractions {text!r}: each must be above 0 and at most 1, a "
+                         "share of the store-all step's activations (1 = store-all; 50% is 0.5)")
     return values
 
 

@@ -263,16 +263,20 @@ class Problem:
 
     @staticmethod
     def from_dict(d: dict) -> Problem:
-        """The problem whose to_json() parses to `d`."""
-        ops = tuple(Op(**{**o, "inputs": tuple(o["inputs"]), "outputs": tuple(o["outputs"]),
-                          "overwrites": tuple(o.get("overwrites", ()))}) for o in d["ops"])
-        variants = tuple(Variant(**{**v, "reads": tuple(v["reads"]),
-                                    "encode_ops": tuple(v["encode_ops"])})
-                         for v in d.get("variants", ()))
-        return Problem(ops=ops, tensors=tuple(Tensor(**t) for t in d["tensors"]),
-                       fixed_bytes=d["fixed_bytes"], forward_outputs=tuple(d["forward_outputs"]),
-                       backward_outputs=tuple(d["backward_outputs"]), variants=variants,
-                       name=d["name"])
+        """The problem whose to_json() parses to `d` (InvalidProblemError where it is none)."""
+        try:
+            ops = tuple(Op(**{**o, "inputs": tuple(o["inputs"]), "outputs": tuple(o["outputs"]),
+                              "overwrites": tuple(o.get("overwrites", ()))}) for o in d["ops"])
+            variants = tuple(Variant(**{**v, "reads": tuple(v["reads"]),
+                                        "encode_ops": tuple(v["encode_ops"])})
+                             for v in d.get("variants", ()))
+            return Problem(ops=ops, tensors=tuple(Tensor(**t) for t in d["tensors"]),
+                           fixed_bytes=d["fixed_bytes"], forward_outputs=tuple(
+                               d["forward_outputs"]), backward_outputs=tuple(
+                               d["backward_outputs"]), variants=variants, name=d["name"])
+        except (KeyError, TypeError, AttributeError) as exc:  # a bare TypeError, deep inside
+            raise InvalidProblemError(f"Problem.from_dict: not a problem's fields "
+                                      f"({type(exc).__name__}: {exc})") from exc
 
 
 def _fields(obj) -> dict:

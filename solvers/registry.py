@@ -204,7 +204,7 @@ def solve(problem: Problem, budget_bytes: int, solver: str = "auto", options: An
     fits, "auto" runs no least-peak program; its least peak is then its heuristics', the DP's
     and the known schedules' (NOTE [Plans for other shapes] in solvers/remembered.py).
     """
-    check_solve_arguments(budget_bytes, time_limit_s)
+    check_solve_arguments(problem, budget_bytes, time_limit_s)
     start = lowest(problem, known)
     if solver == "auto":  # NOTE [A portfolio of seeds]
         limit = time_limit_s if time_limit_s is not None else MilpOptions().time_limit_s

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numbers
 from typing import Any, Callable
 
-from solvers.errors import SolverError
+from solvers.errors import InvalidProblemError, SolverError
 from solvers.variant_checks import least_workspaces
 
 MAX_SECONDS, MAX_BYTES = 1e6, 1 << 60
@@ -48,10 +48,15 @@ def check_numbers(p: Any, fail: Callable[[str], None]) -> None:
                  "variant may not leave its op a negative workspace")
 
 
-def check_solve_arguments(budget_bytes: Any, time_limit_s: Any) -> None:
-    """SolverError where solve's budget is not a number or NaN, or its time limit is not a
-    positive number (a NaN budget got a schedule from milp and a TypeError from auto; a NaN
-    time limit passed a check of the form `<= 0`)."""
+def check_solve_arguments(problem: Any, budget_bytes: Any, time_limit_s: Any) -> None:
+    """SolverError where solve's problem is not a Problem (None or a dict failed deep inside,
+    AttributeError 'with_variants'), its budget is not a number or NaN, or its time limit is
+    not a positive number (a NaN budget got a schedule from milp and a TypeError from auto; a
+    NaN time limit passed a check of the form `<= 0`)."""
+    from solvers.problem import Problem  # this module is the problem's own checker
+    if not isinstance(problem, Problem):
+        raise InvalidProblemError(f"solvers.solve: problem must be a solvers.Problem (from "
+                                  f"Problem.from_dict for a dict), got {type(problem).__name__}")
     if not _real(budget_bytes) or budget_bytes != budget_bytes:
         raise SolverError(f"solvers.solve: budget_bytes must be a number of bytes, got "
                           f"{budget_bytes!r}")

@@ -228,6 +228,7 @@ def test_explain_prints_a_cached_plan(zoo):
     # an empty list (an unset shell variable) solved the default limits
     (("precompute", FACTORY, "--input-shape", "2x8", "--limits", ""), "--limits is empty"),
     (("precompute", FACTORY, "--input-shape", "2x8", "--fractions", " "), "--fractions is empty"),
+    (("precompute", FACTORY, "--input-shape", "2x8", "--fractions", "50"), "50% is 0.5"),
 ])
 def test_errors_exit_2_with_one_line(zoo, argv, message):
     root, _ = zoo

@@ -270,3 +270,15 @@ def test_recall_keeps_the_least_peak_and_the_latest_plans(monkeypatch):
     assert remembered.recalled("auto", other) == ()
     assert set(remembered.recalled("auto", other, problem)) == set(kept)
     assert remembered.recalled("dp", problem) == ()  # another solver's are not its own
+
+
+def test_a_least_peak_is_no_higher_than_the_schedule_returned():
+    """The MILP's least peak came from its memory-centric program alone: 23,312 B said beside
+    a schedule of 21,712 B (solver probe, 2026-12-06)."""
+    from solvers.remembered import with_known
+    problem = chain(8, size=10, fixed=100)
+    found = solvers.solve(problem, HUGE, "chen")
+    claimed = dataclasses.replace(found, min_feasible_bytes=found.peak_bytes + 50,
+                                  floor_schedule=None)
+    fixed = with_known(problem, HUGE, claimed, [])
+    assert fixed.min_feasible_bytes == found.peak_bytes and fixed.floor_schedule == found.schedule

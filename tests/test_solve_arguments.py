@@ -3,11 +3,13 @@ got a schedule from milp and checkmate and a bare TypeError from auto); a proble
 numbers is written as JSON."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from solvers import SolverError, solve
+from solvers import InvalidProblemError, SolverError, solve
+from solvers.problem import Problem
 from tests.problems import chain
 
 
@@ -43,3 +45,18 @@ def test_numpy_numbers_are_written_as_json_numbers():
         + p.tensors[1:],
         ops=(dataclasses.replace(p.ops[0], time_s=np.float64(p.ops[0].time_s)),) + p.ops[1:])
     assert q.to_json() == p.to_json()
+
+
+@pytest.mark.parametrize("problem", [None, {}, chain(3).to_json()])
+def test_a_problem_that_is_no_problem_is_refused(problem):
+    """None or a dict failed deep inside (AttributeError 'with_variants'; solver probe)."""
+    with pytest.raises(InvalidProblemError, match="problem must be a solvers.Problem"):
+        solve(problem, 10 ** 6, "auto", time_limit_s=1)
+
+
+def test_a_malformed_problem_dict_says_so():
+    """A field of the wrong kind or a missing one raised a bare TypeError from Op.__init__."""
+    good = json.loads(chain(3).to_json())
+    del good["ops"][0]["inputs"]
+    with pytest.raises(InvalidProblemError, match="Problem.from_dict: not a problem's fields"):
+        Problem.from_dict(good)
