@@ -125,6 +125,18 @@ class Watched:
         out.append(tuple(_class_value(cls, name) for cls, name in self.methods))
         return tuple(out)
 
+    def set_once(self, before: tuple, now: tuple) -> tuple:
+        """`before` with each config attribute that was None taken as it is `now`: HF's
+        forward sets config.problem_type once, on its first call with labels, as eager does,
+        and every sequence classifier was warned that eager would set it each step."""
+        settled, k = list(before), 2
+        for _, in_config, names in self.where:
+            for _ in names:
+                if in_config and k < len(now) and len(now) == len(before) and before[k] is None:
+                    settled[k] = now[k]
+                k += 1
+        return tuple(settled)
+
     def changed(self, model: nn.Module, before: tuple, now: tuple) -> str:
         """'drop.p 0.1 -> 0.5, ...': the values that differ, named by module."""
         names = [name for name, _ in model.named_modules()]
@@ -265,6 +277,7 @@ def warn_if_forward_changed(model: nn.Module, watched: Watched, before: tuple) -
     """SideEffectWarning where tracing changed watched values (a counter the forward
     increments): eager changes them every step, the traced step never."""
     now = watched.values(list(model.modules()))
+    before = watched.set_once(before, now)
     if now != before:
         warnings.warn(SideEffectWarning(
             f"monet_opt: {type(model).__name__}'s forward changed module attributes while "

@@ -358,3 +358,20 @@ def test_methods_replaced_on_a_class_plan_a_step():
     finally:
         Mixed.forward, Mixed._mix = plain_forward, plain_mix
     assert not _replans_of_alike_step(opt, model, eager, x, 4)  # the first step again
+
+
+def test_a_config_value_set_once_is_no_side_effect():
+    """HF's sequence classifiers set config.problem_type on their first call with labels, as
+    eager does once: every one of them was warned that eager would set it each step."""
+    from transformers import BertConfig, BertForSequenceClassification
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        vocab_size=100, max_position_embeddings=32, num_labels=3)).train()
+    batch = {"input_ids": torch.randint(0, 100, (2, 8)), "labels": torch.tensor([0, 2])}
+    assert model.config.problem_type is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.SideEffectWarning)
+        opt = monet_opt.optimize(model, batch, 1 << 40, profile_dir=None, profile_repeats=1)
+    assert model.config.problem_type == "single_label_classification"
+    opt(**batch).loss.backward()
