@@ -14,9 +14,9 @@ from pathlib import Path
 import solvers
 from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
 from monet_opt.errors import UsageError
-from monet_opt.plan import make_plan
+from monet_opt.plan import limit_bytes, make_plan
 from monet_opt.cli_inputs import profile_root
-from monet_opt.units import format_bytes, parse_memory_limit
+from monet_opt.units import format_bytes, parse_limit
 
 
 def _read(root: Path) -> list[tuple[Profile, list[CachedSchedule]]]:
@@ -149,17 +149,22 @@ def run_explain(args: argparse.Namespace) -> int:
               "bytes column)")
         return 0
     try:
-        limit = parse_memory_limit(args.limit)
+        asked = parse_limit(args.limit)
     except ValueError as exc:
         raise UsageError(f"bad LIMIT {args.limit!r}: {exc}") from exc
-    at = sorted(((p, s) for p, s in mine if s.key.memory_limit_bytes == limit),
-                key=lambda e: (not e[1].result.feasible, e[1].result.objective_s or 0.0))
+    limit = limit_bytes(asked, profile.problem)  # a share: NOTE [Limits as shares]
+    found = [(p, s) for p, s in mine if s.key.memory_limit_bytes == limit_bytes(asked, p.problem)]
+    shown = [(p, s) for p, s in mine if format_bytes(s.key.memory_limit_bytes) ==
+             format_bytes(limit)]  # typed as list shows it: "89.56 MiB" is 93,910,466 B
+    if not found and len({s.key.memory_limit_bytes for _, s in shown}) == 1:
+        found = shown
+    at = sorted(found, key=lambda e: (not e[1].result.feasible, e[1].result.objective_s or 0.0))
     if not at:
         cached = ", ".join(str(s.key.memory_limit_bytes) for _, s in mine) or "none"
         raise UsageError(f"no cached {args.solver} schedule at {format_bytes(limit)} ({limit} B) "
                          f"for {profile.folder.name} (cached limits in bytes: {cached}); "
                          f"precompute it: monet-opt precompute MODULE:FACTORY --limits {limit}")
-    planned, result = at[0][0], at[0][1].result
+    planned, result, limit = at[0][0], at[0][1].result, at[0][1].key.memory_limit_bytes
     if not result.feasible:
         raise UsageError(f"{format_bytes(limit)} ({limit} B) is infeasible for "
                          f"{profile.folder.name}: the least feasible peak is "

@@ -205,6 +205,12 @@ def test_explain_prints_a_cached_plan(zoo):
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as raised:
         cli.main(["explain", folder, "--profile-dir", str(root), limit, "7"])
     assert raised.value.code == 2 and "unrecognized arguments: 7" in err.getvalue()
+    # as list shows it (rounded), and as precompute was asked: a share (journey probe: both
+    # were refused, the first with a hint to precompute a limit 70 B from the cached one)
+    shown = monet_opt.format_bytes(int(limit)).replace(" ", "")
+    assert run_cli("explain", folder, "--profile-dir", str(root), shown)[:2] == (0, text)
+    assert run_cli("explain", folder, "--profile-dir", str(root),
+                   "80% of activations")[:2] == (0, text)
 
 
 @pytest.mark.parametrize("argv, message", [
