@@ -78,6 +78,7 @@ from monet_opt.cache_keys import ProfileKey, ScheduleKey, library_version
 from monet_opt.cache_reads import (_RESULT_FIELDS, FLOOR_KIND, PROBLEM_KIND,  # noqa: F401
                                    PROFILE_KIND, SCHEDULE_KIND, CachedSchedule, Profile,
                                    _read_floor, _read_profile, _read_schedule, _safe, derived)
+from monet_opt.errors import user_stacklevel
 from monet_opt.lower import Lowered
 from solvers import Problem, Schedule, SolveResult, Status
 from solvers.remembered import with_known
@@ -127,7 +128,7 @@ class ProfileCache:
             warnings.warn(f"monet_opt profile directory: {folder}: removed {removed} schedule "
                           "and least-peak file(s) made on the profile measured before this "
                           "one; each limit is solved again when asked for.",
-                          ProfileCacheWarning, stacklevel=3)
+                          ProfileCacheWarning, stacklevel=user_stacklevel())
         return profile
 
     def find(self, key: ProfileKey, name: str, lowered: Lowered) -> Profile | None:
@@ -237,7 +238,8 @@ class ProfileCache:
         found = []
         if self.root.is_dir() and not os.access(self.root, os.R_OK | os.X_OK):
             warnings.warn(ProfileCacheWarning(f"monet_opt profile directory: cannot read "
-                                              f"{self.root} (permission denied)"), stacklevel=2)
+                                              f"{self.root} (permission denied)"),
+                          stacklevel=user_stacklevel())
         for path in _listed(self.root, "*/profile.json"):
             with _reported(path, "skipped"):
                 found.append(_read_profile(path, path.parent, None))
@@ -318,7 +320,7 @@ def _reported(path: Path, then: str = "rebuilt", remove: bool = False):
                 path.unlink()
                 then = f"removed, {then}"
         warnings.warn(f"monet_opt profile directory: {path}: {why}; {then}.",
-                      ProfileCacheWarning, stacklevel=4)
+                      ProfileCacheWarning, stacklevel=user_stacklevel())
 
 
 def _unreadable(failed: list[Unusable]) -> bool:

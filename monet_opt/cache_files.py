@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from monet_opt.cache_checks import Unreadable, Unusable
+from monet_opt.errors import user_stacklevel
 
 SCHEMA_VERSION = 2  # 2: each file holds the SHA-256 of its content
 
@@ -33,6 +34,8 @@ def _load(path: Path, kind: str) -> dict[str, Any]:
     except RecursionError as exc:
         raise Unusable("corrupt: its JSON is nested too deeply to be ours") from exc
     except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # whole, then more: "truncated" said it was cut short
+            raise Unusable(f"corrupt: more after its JSON object, from byte {exc.pos}") from exc
         end = text.rstrip()
         # our files are one object, "{" to "}"; cut after a "-" or a "t", the error is at the
         # last character, not past it
@@ -113,4 +116,4 @@ def _write(path: Path, data: dict[str, Any]) -> None:
         if not isinstance(exc, OSError):
             raise
         warnings.warn(f"monet_opt profile directory: cannot write {path} ({exc}); not cached.",
-                      ProfileCacheWarning, stacklevel=3)
+                      ProfileCacheWarning, stacklevel=user_stacklevel())

@@ -1,6 +1,7 @@
 """One exception hierarchy. Messages say what, how much, and what to do next."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any
@@ -20,6 +21,7 @@ def user_stacklevel() -> int:
     frame, level = sys._getframe(1), 1
     while frame.f_back is not None and (
             frame.f_code.co_filename.startswith("<eval_with_key>") or
+            frame.f_code.co_filename == contextlib.__file__ or  # a warning raised in __exit__
             os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL)):
         frame, level = frame.f_back, level + 1
     return level

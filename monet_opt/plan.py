@@ -84,6 +84,8 @@ class Plan:
     def explain(self) -> str:
         overhead = self.predicted_overhead
         gap = "n/a" if self.gap is None else f"{self.gap:.2%}"
+        op = max([28, *(len(r.name) for r in self.rows)])
+        said = max([10, *(len(r.decision) for r in self.rows)])
         head = [
             f"monet_opt plan: solver {self.solver} ({self.status}, gap {gap}, "
             f"solved in {self.solve_time_s:.2f} s)"
@@ -106,10 +108,11 @@ class Plan:
             f"there (relu_, add_), {self.in_place_backward} backward ops their result into a "
             "gradient that dies there (NOTE [Elementwise backward ops in place])",
             "",
-            f"  {'phase':<8} {'op':<28} {'bytes':>11} {'time ms':>9}  decision   source",
-        ]
-        body = [f"  {r.phase:<8} {r.name[:28]:<28} {format_bytes(r.bytes):>11} "
-                f"{r.time_s * 1e3:>9.3f}  {r.decision:<10} {r.label}" for r in self.rows]
+            f"  {'phase':<8} {'op':<{op}} {'bytes':>11} {'time ms':>9}  {'decision':<{said}} "
+            "source",
+        ]  # whole names, columns as wide as theirs: cut to 28, twenty ops read alike
+        body = [f"  {r.phase:<8} {r.name:<{op}} {format_bytes(r.bytes):>11} "
+                f"{r.time_s * 1e3:>9.3f}  {r.decision:<{said}} {r.label}" for r in self.rows]
         return "\n".join(head + body)
 
 

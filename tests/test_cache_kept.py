@@ -75,3 +75,17 @@ def test_list_says_which_schedules_it_cannot_show(tmp_path):
     code, _, err = run_cli("list", "--profile-dir", str(root))
     assert code == 0 and "1 schedule file(s) not shown" in err and "truncated" in err
     assert cache.ProfileCache(root).profiles()  # the measured profile itself is still read
+
+
+def test_a_damaged_file_is_said_at_the_callers_line_and_for_what_it_is(tmp_path):
+    """ProfileCacheWarning named a line of monet_opt/api.py, and a profile with bytes after its
+    JSON was said to be truncated (UX probe, 2026-12-06)."""
+    model, x = _cached(tmp_path)
+    profile, = tmp_path.glob("*/profile.json")
+    profile.write_text(profile.read_text() + "garbage")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        monet_opt.optimize(model, x, HUGE, profile_dir=tmp_path, profile_repeats=1)
+    said = [w for w in seen if w.category is ProfileCacheWarning]
+    assert said and all(w.filename == __file__ for w in said), [w.filename for w in said]
+    assert "more after its JSON object" in str(said[0].message)

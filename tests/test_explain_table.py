@@ -1,0 +1,30 @@
+"""Plan.explain()'s table: every op under its whole name, columns aligned whatever the
+decision's length (names were cut to 28 characters: twenty of ResNet-18's BatchNorms read
+alike, and the op at the peak could not be found; UX probe, 2026-12-06)."""
+from __future__ import annotations
+
+import torch
+
+import monet_opt
+from tests import models
+
+
+def test_the_table_shows_whole_names_in_aligned_columns():
+    torch.manual_seed(0)
+    model, x, _ = models.small_cnn()
+    least = monet_opt.optimize(model, x, 1 << 40, profile_dir=None,
+                               profile_repeats=1).plan.min_feasible_bytes
+    plan = monet_opt.optimize(model, x, least, profile_dir=None, profile_repeats=1,
+                              time_limit_s=5).plan
+    text = plan.explain()
+    lines = text.splitlines()
+    head = next(k for k, line in enumerate(lines) if line.lstrip().startswith("phase"))
+    rows = lines[head + 1:]
+    assert len(rows) == len(plan.rows) and plan.recomputed_ops > 0
+    for row, line in zip(plan.rows, rows):
+        assert f" {row.name} " in line
+    starts = {line.index(row.label, line.index(row.decision) + len(row.decision))
+              for row, line in zip(plan.rows, rows)}
+    assert starts == {lines[head].index("source")}  # the source column, aligned
+    peak = plan.peak_op.split(",")[0]
+    assert sum(line.split()[1] == peak for line in rows) == 1
