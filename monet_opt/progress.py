@@ -60,10 +60,11 @@ class Progress:
         cached = [what for what, done in (("profile", self.profiled or not self.timed),
                                           ("schedule", self.solved)) if not done]
         log.info("%s: plan for %s: predicted peak %s of %s (store-all %s), %+.1f %% step time, "
-                 "%d op runs recomputed, solver %s (%s, %.1f s)%s", self.name, inputs,
+                 "%d op runs recomputed, solver %s (%s, %s %.1f s)%s", self.name, inputs,
                  format_bytes(plan.predicted_peak_bytes), format_bytes(plan.memory_limit_bytes),
                  format_bytes(plan.store_all_peak_bytes), plan.predicted_overhead * 100,
-                 plan.recomputed_ops, plan.solver, plan.status, plan.solve_time_s,
+                 plan.recomputed_ops, plan.solver, plan.status,
+                 "solved in" if self.solved else "solved before, in", plan.solve_time_s,
                  (f"; {' and '.join(cached)} from the profile directory" if cached else "")
                  + ("" if self.timed else "; sizes only, not profiled"))
 

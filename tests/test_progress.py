@@ -38,11 +38,12 @@ def test_each_phase_is_logged_and_what_the_directory_served(tmp_path):
     assert "float32[4x3x16x16]" in said[0]
     assert f"solving for {limit} with 'auto' (up to 3 s)" in said[3]
     assert f"of {limit}" in said[4] and first.plan.solver in said[4]
-    assert "profile directory" not in said[4]
+    assert "profile directory" not in said[4] and ", solved in " in said[4]
     with told(logging.INFO) as said:
         monet_opt.optimize(model, x, share, profile_repeats=1, time_limit_s=3,
                            profile_dir=tmp_path)
     assert len(said) == 2 and said[1].endswith("profile and schedule from the profile directory")
+    assert ", solved before, in " in said[1]  # it read "(optimal, 2.6 s)" as if solved now
 
 
 def test_silent_unless_asked():
