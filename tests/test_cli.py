@@ -243,15 +243,6 @@ def test_errors_exit_2_with_one_line(zoo, argv, message):
     assert message in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_an_infinite_solver_time_is_refused(tmp_path):
-    """--time-limit-s inf passed, profiled, then crashed in HiGHS's poll."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as raised:
-        cli.main(["precompute", FACTORY, "--input-shape", "2x8", "--time-limit-s", "inf",
-                  "--profile-dir", str(tmp_path)])
-    assert raised.value.code == 2 and "above 0, got 'inf'" in err.getvalue()
-
-
 def test_a_model_error_is_said_without_a_traceback(tmp_path):
     """A model with nothing to train (NoBackwardError) printed a whole traceback."""
     code, _, err = run_cli("precompute", "tests.models:frozen_mlp", "--input-shape", "2x8",

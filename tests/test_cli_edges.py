@@ -2,11 +2,13 @@
 serve, profile directories that cannot be one, inputs and limits past what a machine holds."""
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 import pytest
 
-from monet_opt import cache
+from monet_opt import cache, cli
 from tests.test_cli import FACTORY, precompute, run_cli
 
 
@@ -146,3 +148,12 @@ def test_list_tells_apart_a_limit_solved_under_two_time_limits(tmp_path):
     rows = [line for line in out.splitlines() if " 1048576 " in line]
     assert code == 0 and len(rows) == 2 and "time limit" in out
     assert sorted(row.split()[5:7] for row in rows) == [["5", "s"], ["6", "s"]], rows
+
+
+def test_an_infinite_solver_time_is_refused(tmp_path):
+    """--time-limit-s inf passed, profiled, then crashed in HiGHS's poll."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as raised:
+        cli.main(["precompute", FACTORY, "--input-shape", "2x8", "--time-limit-s", "inf",
+                  "--profile-dir", str(tmp_path)])
+    assert raised.value.code == 2 and "above 0, got 'inf'" in err.getvalue()

@@ -1,0 +1,72 @@
+"""What optimize() says of models it cannot plan: sharded ones (NOTE [Sharded models] in
+monet_opt/refusals.py), and the hint a CaptureError ends with (NOTE [What to try] in
+monet_opt/capture_hints.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import monet_opt
+
+HUGE = 1 << 40
+
+
+def _sharded(module: nn.Module) -> nn.Module:
+    """`module` with its class swapped for an FSDPModule subclass, as fully_shard swaps it."""
+    from torch.distributed.fsdp import FSDPModule
+    module.__class__ = type(f"FSDP{type(module).__name__}", (FSDPModule, type(module)), {})
+    return module
+
+
+class FSDPFriendlyMLP(nn.Sequential):
+    """Not sharded: only named so."""
+
+
+def test_sharded_models_are_refused_by_class_not_name():
+    """NOTE [Sharded models]: fully_shard around an optimized module trained past its limit,
+    silently, and a model merely named FSDP... was refused as sharded."""
+    x = torch.randn(3, 4)
+    opt = monet_opt.optimize(FSDPFriendlyMLP(nn.Linear(4, 2)), x, HUGE, profile_dir=None,
+                             profile_repeats=1)
+    opt(x).sum().backward()
+    with pytest.raises(TypeError, match=r"sharded by FSDP \(a module inside it, FSDPLinear\)"):
+        monet_opt.optimize(nn.Sequential(_sharded(nn.Linear(4, 2))), x, HUGE, profile_dir=None)
+    _sharded(opt)
+    with torch.no_grad():
+        opt(x)  # nothing planned runs: validation under FSDP is the model's own
+    with pytest.raises(TypeError, match=r"monet_opt: the model is sharded by FSDP: .*"
+                                        r"DistributedDataParallel\(opt"):
+        opt(x)
+
+
+def test_a_detection_model_is_told_to_optimize_its_backbone():
+    """NOTE [What to try]: a torchvision detection model was told to avoid .item() at the
+    line named, then at the next, and to pass use_cache=False to HF models."""
+    import torchvision
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None).train()
+    images = [torch.rand(3, 64, 80), torch.rand(3, 64, 80)]
+    targets = [{"boxes": torch.tensor([[4.0, 4.0, 30.0, 40.0]]), "labels": torch.tensor([1])}
+               for _ in images]
+    with pytest.raises(monet_opt.CaptureError) as info:
+        monet_opt.optimize(model, (images, targets), HUGE, profile_dir=None)
+    text = str(info.value)
+    assert "optimize its backbone alone" in text and "use_cache" not in text
+    assert "avoid data-dependent Python" not in text  # the generic line: only without a hint
+
+
+class _Branching(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) if x.sum() > 0 else -self.lin(x)
+
+
+def test_the_generic_hint_names_hf_caches_for_hf_models_only():
+    with pytest.raises(monet_opt.CaptureError) as info:
+        monet_opt.optimize(_Branching(), torch.ones(2, 4), HUGE, profile_dir=None)
+    assert "avoid data-dependent Python" in str(info.value)
+    assert "use_cache" not in str(info.value)
