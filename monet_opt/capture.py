@@ -24,7 +24,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from monet_opt import (alloc_events, attribute_tensors, capture_hints, data_assigned,
-                       export_route, forward_state, host_random, input_spec, kernels, saved_hooks)
+                       export_route, forward_state, host_random, input_spec, kernels,
+                       module_paths, saved_hooks)
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
@@ -190,7 +191,8 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
                 export_route.refuse_backward_hooks(model)
             try:
                 with _tracing(as_compiling=route == "as compiling"), \
-                        host_random.watching(model), saved_hooks.watching(model):
+                        host_random.watching(model), saved_hooks.watching(model), \
+                        module_paths.noted(model):  # NOTE [Module paths of ops]
                     fn = compile_step(model, spec, partition_fn, export_example)
                     _compile_on_fakes(fn, primals)
             finally:
