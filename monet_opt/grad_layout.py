@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from monet_opt import phase
-from monet_opt.lower import is_effect_token
+from monet_opt.lower import primal_placeholders
 
 aten = torch.ops.aten
 
@@ -30,8 +30,7 @@ def match_gradient_layouts(gm: fx.GraphModule, num_fwd_outputs: int) -> int:
     copied."""
     output = gm.graph.output_node()
     outs = list(output.args[0])
-    primals = [n for n in gm.graph.find_nodes(op="placeholder")
-               if n.name.startswith("primals") and not is_effect_token(n)]
+    primals = primal_placeholders(gm)
     count = 0
     for k, (primal, grad) in enumerate(zip(primals, outs[num_fwd_outputs:]), num_fwd_outputs):
         if not isinstance(grad, fx.Node):

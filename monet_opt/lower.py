@@ -85,12 +85,16 @@ def is_effect_token(node: fx.Node) -> bool:
                                                      "BackwardTokenAOTInput")
 
 
+def primal_placeholders(gm: fx.GraphModule) -> list[fx.Node]:
+    """`gm`'s primal placeholders in order, one per tensor of the step (effect tokens left out)."""
+    return [n for n in gm.graph.find_nodes(op="placeholder")
+            if n.name.startswith("primals") and not is_effect_token(n)]
+
+
 def is_view_node(node: fx.Node) -> bool:
-    if node.op != "call_function":
+    if node.op != "call_function" or node.target is operator.getitem:
         return False
     target = node.target
-    if target is operator.getitem:
-        return False
     if target in _EXTRA_VIEWS:
         return True
     if isinstance(target, torch._ops.OpOverload):

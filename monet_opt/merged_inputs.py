@@ -15,15 +15,14 @@ import torch
 import torch.fx as fx
 
 from monet_opt.errors import CaptureError
-from monet_opt.lower import is_effect_token
+from monet_opt.lower import primal_placeholders
 from monet_opt.memory import storage_groups
 
 
 def refuse_merged(joint: fx.GraphModule, primals: Sequence[torch.Tensor], state: int) -> None:
     """CaptureError where `joint` takes fewer primals than the step's `primals` (the first
     `state` of them the model's parameters, buffers and attributes; the rest its inputs)."""
-    taken = sum(n.name.startswith("primals") and not is_effect_token(n)
-                for n in joint.graph.find_nodes(op="placeholder"))
+    taken = len(primal_placeholders(joint))
     if taken == len(primals):
         return
     shared = [[k - state for k in group if k >= state] for group in storage_groups(primals)]

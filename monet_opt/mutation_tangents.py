@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 import torch.fx as fx
 
-from monet_opt.lower import is_effect_token
+from monet_opt.lower import primal_placeholders
 
 _ADD = torch.ops.aten.add.Tensor
 
@@ -31,8 +31,7 @@ def drop(joint: fx.GraphModule, primals: Sequence[torch.Tensor]) -> int:
     """Drop the additions of a parameter's update's tangent into its gradient (NOTE
     [Gradients of parameters updated in place]); `primals` are the tensors the joint's primal
     placeholders stand for. Returns how many."""
-    places = [n for n in joint.graph.find_nodes(op="placeholder")
-              if n.name.startswith("primals") and not is_effect_token(n)]
+    places = primal_placeholders(joint)
     position = {n.meta["desc"]: k for k, n in enumerate(places) if "desc" in n.meta}
     dropped = 0
     for tangent in joint.graph.find_nodes(op="placeholder"):

@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 import torch
 import torch.fx as fx
 
-from monet_opt.lower import is_effect_token, is_view_node
+from monet_opt.lower import is_view_node, primal_placeholders
 from monet_opt.memory import allocated_bytes, dense_parts
 
 
@@ -34,8 +34,7 @@ def outside_bytes(joint: fx.GraphModule, num_fwd_outputs: int,
     """The bytes of the gradients autograd makes outside the step (NOTE [Gradients made outside
     the step]): `primals` are the tensors the joint graph's primal placeholders stand for, in
     order; `resident` the positions among them whose gradients are in place at the start."""
-    places = [n for n in joint.graph.find_nodes(op="placeholder")
-              if n.name.startswith("primals") and not is_effect_token(n)]
+    places = primal_placeholders(joint)
     position = {node: k for k, node in enumerate(places)}
     output = next(iter(joint.graph.find_nodes(op="output")))
     returned = set()
