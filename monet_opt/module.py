@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from monet_opt import (absent_grads, autocast_backward, eval_steps, handed_grads,
                        mutation_tangents, ones_masks, output_grad, refusals, retained_graphs,
-                       saved_hooks)
+                       saved_hooks, stats_in_place)
 from monet_opt.alloc_events import UNMEASURED
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.capture import autocast_state
@@ -215,7 +215,8 @@ class OptimizedModule(ModelState):
         self._in_flight.starting()  # NOTE [Steps in flight]
         try:  # NOTE [Tensors held as attributes] in monet_opt/attribute_tensors.py
             attributes = attribute_values(self.model, step.attributes)
-            outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)
+            with stats_in_place.versions_kept(modules):  # NOTE [The statistics' versions]
+                outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)
         except BaseException as err:
             self._in_flight.failed(err)
             raise

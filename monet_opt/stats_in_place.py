@@ -26,6 +26,17 @@ NOTE [Statistics updated in place]
   are gone: on an H200, DenseNet-121 at batch 128 took 86.2 ms a step against eager's 85.1,
   and 94.6 ms with the statistics updated functionally (605 more launches a step;
   docs/benchmarks/gpu/step_gap.py, h200/step_gap_densenet121.txt).
+
+NOTE [The statistics' versions]
+  Eager's BatchNorm updates its running statistics without counting a write in their version
+  counters (native_batch_norm's and cudnn_batch_norm's schemas do not mark them written); the
+  step counted one, AOTAutograd copying each new value into its buffer (into itself, where the
+  kernel ran in place). So a graph that saved those buffers (a gradient penalty through
+  `opt.model`, as DoubleBackwardError advises, or `opt.model(x)` and `opt(x)` in one loss)
+  failed in its backward once a step ran before it ("modified by an inplace operation ... is
+  at version 3; expected version 2"), where eager runs it (higher-order probe, 2026-12-06).
+  The step now leaves the counters of its training BatchNorms' statistics as it found them
+  (`versions_kept`); the batch count's `add_` is counted, as eager's is.
 """
 from __future__ import annotations
 
@@ -33,6 +44,8 @@ import operator
 
 import torch
 import torch.fx as fx
+from torch.autograd.grad_mode import _unsafe_preserve_version_counter
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from monet_opt import cudnn_bn, updated_buffers
 
@@ -115,3 +128,11 @@ def _only_update(buffer, new, node: fx.Node, updated: set[fx.Node], slots: dict,
 
 def _ignores_stats(node: fx.Node) -> bool:
     return node.target is cudnn_bn.BACKWARD and node.args[7] is True  # train=True
+
+
+def versions_kept(modules: list[torch.nn.Module]) -> _unsafe_preserve_version_counter:
+    """A context that leaves the version counters of the running statistics of `modules`'
+    training BatchNorms as it found them (NOTE [The statistics' versions])."""
+    stats = tuple(t for m in modules if isinstance(m, _BatchNorm) and m.training
+                  for t in (m.running_mean, m.running_var) if t is not None)
+    return _unsafe_preserve_version_counter(stats)

@@ -72,3 +72,32 @@ def test_double_backward_says_what_to_do():
     (-eager(real).mean() + 10 * penalty(eager)).backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(critic.parameters(),
                                                              eager.parameters()))
+
+
+@pytest.mark.filterwarnings("ignore::monet_opt.ReplanWarning")  # the penalty's input needs grad
+def test_penalty_before_the_step_on_batchnorm_like_eager():
+    """NOTE [The statistics' versions]: a penalty through `opt.model` computed before a step
+    (its graph saves the BatchNorms' running statistics) and a loss of the model and the
+    optimized module in one backward ran in eager and failed after the step ("modified by an
+    inplace operation"): the step counted a write in the statistics' version counters, which
+    eager's BatchNorm does not. Now both run, their gradients and statistics eager's."""
+    torch.manual_seed(0)
+    model, real, _ = models.small_cnn()
+    mixed = torch.randn_like(real, requires_grad=True)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, real, HUGE, profile_repeats=1, profile_dir=None)
+    states = []
+    for module, critic in ((eager, eager), (opt, model)):
+        torch.manual_seed(1)
+        versions = [b._version for b in critic.buffers()]
+        module(real).sum().backward()
+        assert [b._version for b in critic.buffers()][:2] == versions[:2]  # running mean, var
+        critic.zero_grad(set_to_none=True)  # else added in place, in another order (docs)
+        slope, = torch.autograd.grad(critic(mixed).sum(), mixed, create_graph=True)
+        (10 * (slope.flatten(1).norm(dim=1) - 1).square().mean() - module(real).mean()
+         ).backward()
+        states.append([p.grad for p in critic.parameters()])
+        critic.zero_grad(set_to_none=True)
+        (critic(real).sum() + module(real).sum()).backward()
+        states.append([p.grad for p in critic.parameters()] + list(critic.buffers()))
+    assert all(torch.equal(a, b) for a, b in zip(states[0] + states[1], states[2] + states[3]))
