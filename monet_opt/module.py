@@ -200,7 +200,7 @@ class OptimizedModule(ModelState):
         mine = list(params.values())
         leaves, treedef = pytree.tree_flatten((args, kwargs))
         if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)) or \
-                output_grad.eager_only():  # NOTE [torch.func transforms]
+                output_grad.eager_only(mine, leaves):  # NOTE [torch.func transforms]
             return self.model(*args, **kwargs)  # NOTE [Optimized inside optimized]
         flags = tuple(map(TRAINING, modules))
         if flags != self._training_flags and not self.training:  # NOTE [Optimized in eval mode]

@@ -27,6 +27,15 @@ NOTE [torch.func transforms]
   transform runs the model as it is, as eager does, with a TransformWarning
   saying that it is not planned; a backward handed batched gradients (autograd.grad(...,
   is_grads_batched=True)) raises DoubleBackwardError's kin, saying to take it through the model.
+
+NOTE [Forward-mode AD]
+  Dual tensors (torch.autograd.forward_ad.make_dual, and what
+  torch.autograd.functional.jacobian(..., strategy="forward-mode") makes) reached the step's
+  autograd Function, which has no jvp: torch raised "You must implement the jvp function for
+  custom autograd.Function", naming neither monet_opt nor what to do, where eager gives the
+  tangents (higher-order probe, 2026-12-06). A parameter or an input with a tangent at the
+  current dual level now runs the model as it is, as under torch.func's transforms, with the
+  same TransformWarning: forward-mode AD is not a training step's backward.
 """
 from __future__ import annotations
 
@@ -35,6 +44,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 
 from monet_opt.input_spec import InputSpec
 from monet_opt.errors import DoubleBackwardError, user_stacklevel
@@ -62,14 +72,19 @@ class TransformWarning(RuntimeWarning):
     """A torch.func transform ran the model unplanned (NOTE [torch.func transforms])."""
 
 
-def eager_only() -> bool:
+def eager_only(*groups: list) -> bool:
     """Whether the step cannot run here: under a torch.func transform (NOTE [torch.func
-    transforms]), or under torch.autograd.graph.allow_mutation_on_saved_tensors(), whose
-    dispatch mode reads every out= op's result as `out` (the step's backward writes into
-    gradients through other names: a bare KeyError('out')); if so, says that the step runs
-    the model as it is."""
+    transforms]), on forward-mode AD's dual tensors among `groups`' (the parameters, the
+    inputs; NOTE [Forward-mode AD]), or under
+    torch.autograd.graph.allow_mutation_on_saved_tensors(), whose dispatch mode reads every
+    out= op's result as `out` (the step's backward writes into gradients through other names:
+    a bare KeyError('out')); if so, says that the step runs the model as it is."""
     if torch._C._functorch.maybe_current_level() is not None:
         why = "under a torch.func transform (grad, vmap, jacrev, ...), whose tensors"
+    elif forward_ad._current_level >= 0 and any(
+            isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None
+            for group in groups for t in group):
+        why = "on forward-mode AD's dual tensors (torch.autograd.forward_ad), whose tangents"
     elif torch.autograd.graph._allow_mutation_on_saved_tensors_enabled:
         why = "under torch.autograd.graph.allow_mutation_on_saved_tensors(), whose mode"
     else:

@@ -63,3 +63,30 @@ def test_mutation_allowed_on_saved_tensors_runs_the_model():
             loss.backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
                                                            eager.parameters()))
+
+
+
+def test_forward_mode_dual_tensors_run_the_model_as_it_is():
+    """NOTE [Forward-mode AD]: dual tensors (an input's, and jacobian's forward-mode strategy)
+    reached the step's autograd Function: torch's "You must implement the jvp function"; now
+    eager's tangents and Jacobian, with a TransformWarning."""
+    import torch.autograd.forward_ad as fwAD
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    x = torch.randn(8, 16)  # no dropout: eager's vmap refuses random ops
+    opt = monet_opt.optimize(copy.deepcopy(model), x, 1 << 40, profile_dir=None,
+                             profile_repeats=1)
+    tangent, rest = torch.randn_like(x), x[:2, 3:]
+    seen = []
+    for module in (model, opt):
+        with fwAD.dual_level(), contextlib.ExitStack() as stack:
+            if module is opt:
+                stack.enter_context(pytest.warns(monet_opt.TransformWarning, match="dual"))
+            seen.append(fwAD.unpack_dual(module(fwAD.make_dual(x, tangent))).tangent)
+        with contextlib.ExitStack() as stack:
+            if module is opt:
+                stack.enter_context(pytest.warns(monet_opt.TransformWarning, match="dual"))
+            seen.append(torch.autograd.functional.jacobian(
+                lambda s, m=module: m(torch.cat([s, rest], 1)), x[:2, :3], vectorize=True,
+                strategy="forward-mode"))
+    assert torch.equal(seen[0], seen[2]) and torch.equal(seen[1], seen[3])
