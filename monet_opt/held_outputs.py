@@ -45,6 +45,7 @@ import torch
 import torch.fx as fx
 
 import solvers
+from monet_opt import retained_graphs
 from monet_opt.errors import user_stacklevel
 from monet_opt.memory import allocated_bytes, dense_parts, resident_bytes
 from monet_opt.plan import Plan
@@ -100,9 +101,12 @@ class HeldOutputs:
                     "[Outputs held through the backward] in monet_opt/held_outputs.py."),
                     stacklevel=user_stacklevel())  # the line that ran the backward
         # at the backward's end, by the engine's callback: a post-hook on the node would have
-        # the engine hold the node's incoming gradients through it (128 B over a plan)
-        node.register_prehook(
-            lambda grad_outputs: torch.autograd.Variable._execution_engine.queue_callback(check))
+        # the engine hold the node's incoming gradients through it (128 B over a plan). Not
+        # where the graph is kept (retain_graph=True): its saved tensors, the outputs among
+        # them (`out.square()`'s), outlive that backward whatever the caller holds, and
+        # RetainedGraphWarning says so (it was said that the caller held them: 2026-12-06)
+        node.register_prehook(lambda grad_outputs: None if retained_graphs.kept() else
+                              torch.autograd.Variable._execution_engine.queue_callback(check))
 
     def cannot_fit(self, least: int | None, limit: int) -> None:
         """Warn that no plan holding the outputs fits `limit` (its least peak: `least`, None

@@ -27,11 +27,11 @@ def prehook(node) -> None:
 
 
 # private in torch 2.14 (autograd's own graph task); a torch without it says nothing
-_KEPT = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: False)
+kept = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: False)
 
 
 def _check(grad_outputs) -> None:
-    if _KEPT():
+    if kept():
         warnings.warn(
             "monet_opt: backward(retain_graph=True) ran through the optimized module: autograd "
             "keeps the step's saved tensors until the graph is freed, past where its plan frees "

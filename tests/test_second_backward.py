@@ -101,3 +101,25 @@ def test_penalty_before_the_step_on_batchnorm_like_eager():
         (critic(real).sum() + module(real).sum()).backward()
         states.append([p.grad for p in critic.parameters()] + list(critic.buffers()))
     assert all(torch.equal(a, b) for a, b in zip(states[0] + states[1], states[2] + states[3]))
+
+
+def test_a_retained_graph_holding_the_output_is_not_the_caller():
+    """A loss that saves the step's output (`square()`), its graph retained: the output is
+    alive at the retained backward's end whatever the caller holds; OutputsHeldWarning said
+    that the caller held it (advising `del out`) and planned the next steps holding outputs.
+    The RetainedGraphWarning alone now; an output the caller does hold is still warned of."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    x = torch.randn(32, 16)
+    opt = monet_opt.optimize(model, x, "100% of peak", profile_dir=None, profile_repeats=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = opt(x).square().mean()
+        loss.backward(retain_graph=True)
+        loss.backward()
+    kinds = {w.category for w in caught}
+    assert monet_opt.RetainedGraphWarning in kinds and monet_opt.OutputsHeldWarning not in kinds
+    model.zero_grad(set_to_none=True)
+    with pytest.warns(monet_opt.OutputsHeldWarning, match="the caller held"):
+        out = opt(x)
+        out.square().mean().backward()
