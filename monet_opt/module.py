@@ -26,7 +26,7 @@ from monet_opt.input_spec import InputSpec, LeafSpec, constants_of
 from monet_opt.cache_keys import describe_inputs
 from monet_opt.errors import (CaptureError, InfeasibleBudgetError, PlanMismatchError,
                               user_stacklevel)
-from monet_opt.hooks import changed as changed_hooks, hooks_of, warn_if_hooks
+from monet_opt.hooks import Hooks, changed as changed_hooks, hooks_of, warn_if_hooks
 from monet_opt.held_outputs import HeldOutputs
 from monet_opt.in_flight import InFlight
 from monet_opt.memory import storage_groups
@@ -193,10 +193,11 @@ class OptimizedModule(ModelState):
             return self.model(*args, **kwargs)
         if isinstance(self, refusals.SHARDED):  # fully_shard(opt): NOTE [Sharded models]
             refusals.refuse_sharded(self, "monet_opt")
-        # NOTE [Attention masks of all ones]
-        kwargs = ones_masks.dropped(self.model, args, kwargs, self._any_shape)
         # params in the order the steps take them; NOTE [Names kept between walks]
         modules, params, buffers = self._walk(self.model)
+        hooks = hooks_of(modules)  # NOTE [Module hooks]
+        # NOTE [Attention masks of all ones]
+        kwargs = ones_masks.dropped(self.model, args, kwargs, hooks, self._any_shape)
         mine = list(params.values())
         leaves, treedef = pytree.tree_flatten((args, kwargs))
         if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)) or \
@@ -209,7 +210,8 @@ class OptimizedModule(ModelState):
                 isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
             return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan
         saved_hooks.warn_if_around()  # NOTE [Saved-tensor hooks in the forward]
-        step, inputs = self._step_for(args, kwargs, leaves, treedef, params, buffers, modules)
+        step, inputs = self._step_for(args, kwargs, leaves, treedef, params, buffers, modules,
+                                      hooks)
         if step.slots is not None:
             step.slots.bind(mine)
         self._in_flight.starting()  # NOTE [Steps in flight]
@@ -235,10 +237,11 @@ class OptimizedModule(ModelState):
 
     def _step_for(self, args: tuple, kwargs: dict, leaves: list, treedef: pytree.TreeSpec,
                   named: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
-                  modules: list[nn.Module]) -> tuple[Step, list[torch.Tensor]]:
+                  modules: list[nn.Module], hooks: Hooks) -> tuple[Step, list[torch.Tensor]]:
         """The step planned for these inputs (`leaves`: flattened (args, kwargs); their
-        structure, shapes, layouts and requires_grad), the gradients now in place and the
-        modules' watched values (planned now if new), and the flat input tensors."""
+        structure, shapes, layouts and requires_grad), the gradients now in place, the
+        modules' watched values and their `hooks` (planned now if new), and the flat input
+        tensors."""
         first = self._first.spec
         structure = (treedef, constants_of(leaves))  # NOTE [Constant arguments] in input_spec.py
         new_structure = self._any_shape and structure != (first.treedef, first.constants)
@@ -252,7 +255,6 @@ class OptimizedModule(ModelState):
         values = watched.values(modules)
         specs = tuple(LeafSpec.of(x) for x in inputs)
         autocast = autocast_state()  # NOTE [Autocast is traced] in monet_opt/capture.py
-        hooks = hooks_of(modules)  # NOTE [Module hooks]
         held = self._held.held  # NOTE [Outputs held through the backward]
         key = step_key(structure, specs, now, resident, resident_bytes, shared,
                        (autocast, hooks, held), values)

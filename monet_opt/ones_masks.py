@@ -20,6 +20,10 @@
   two alike are eager's bitwise; those that do not are left as they were. The caller still
   holds a mask left out, so the step planned for it counts its bytes as fixed memory (they
   were not: a tiny Llama's plan measured the mask's 2,048 B over its limit).
+  A decision holds for the module hooks it was made with: a hook added since (a pre-hook
+  editing the mask, as a masking augmentation does) was handed None on every all-ones batch,
+  silently (GPT-2: gradients 0.042 from eager's; change probe, 2026-12-06). Under other hooks
+  the mask is passed as it is, or checked again where there are none.
 """
 from __future__ import annotations
 
@@ -32,12 +36,13 @@ import torch
 from torch import nn
 
 from monet_opt import progress
-from monet_opt.hooks import hooks_of
+from monet_opt.hooks import Hooks, hooks_of
 from monet_opt.input_spec import InputSpec
 from monet_opt.memory import cuda_devices
 
 NAMES = ("attention_mask",)
-# model -> {(name, rank, dtype): whether the model treats that all-ones mask as None}
+# model -> {(name, rank, dtype): (whether the model treats that all-ones mask as None, the
+# module hooks that was decided under)}
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LAST = threading.local()  # (id of the kwargs made, the masks left out, their bytes)
 
@@ -46,14 +51,15 @@ def split(model: nn.Module, sample_input: Any) -> tuple[tuple, dict]:
     """optimize()'s sample as (args, kwargs), an all-ones mask left out where the model gives
     the same outputs without it (checked again, and noted for the model's later calls)."""
     args, kwargs = InputSpec.split(sample_input)
-    return args, _without(model, args, kwargs, fresh=True)
+    return args, _without(model, args, kwargs, hooks_of(list(model.modules())), fresh=True)
 
 
-def dropped(model: nn.Module, args: tuple, kwargs: dict, check: bool) -> dict:
-    """A call's kwargs, each all-ones mask the model treats as None set to None; with `check`
-    (the module plans new structures), a mask of a rank and dtype not met before is checked
-    now, where that is safe."""
-    return _without(model, args, kwargs, fresh=False, check=check)
+def dropped(model: nn.Module, args: tuple, kwargs: dict, hooks: Hooks, check: bool) -> dict:
+    """A call's kwargs, each all-ones mask the model treats as None, under the module hooks
+    `hooks` (hooks.hooks_of), set to None; with `check` (the module plans new structures), a
+    mask of a rank and dtype not met before under these hooks is checked now, where that is
+    safe."""
+    return _without(model, args, kwargs, hooks, fresh=False, check=check)
 
 
 def dropped_bytes(kwargs: dict) -> int:
@@ -64,22 +70,24 @@ def dropped_bytes(kwargs: dict) -> int:
     return held if made == id(kwargs) and all(kwargs.get(n, 0) is None for n in names) else 0
 
 
-def _without(model: nn.Module, args: tuple, kwargs: dict, fresh: bool,
+def _without(model: nn.Module, args: tuple, kwargs: dict, hooks: Hooks, fresh: bool,
              check: bool = True) -> dict:
     _LAST.made = (None, (), 0)
     if not _hf(model) or torch._C._functorch.maybe_current_level() is not None:
         return kwargs  # under a torch.func transform the step runs the model as it is
-    decided = _DECIDED.setdefault(model, {})
+    decided = {key: alike for key, (alike, under) in _DECIDED.setdefault(model, {}).items()
+               if under == hooks}
     masks = {n: kwargs[n] for n in NAMES if type(kwargs.get(n)) is torch.Tensor}
     keys = {n: (n, mask.dim(), mask.dtype) for n, mask in masks.items()}
     ones = [n for n, mask in masks.items()
             if (fresh or decided.get(keys[n]) is not False) and _all_ones(mask)]
     new = [n for n in ones if fresh or check and keys[n] not in decided]
     # a call's check runs the forward twice: not where module hooks would see it
-    if new and (fresh or not hooks_of(list(model.modules()))):
+    if new and (fresh or not hooks):
         start = time.perf_counter()
         alike = _alike(model, args, kwargs, {**kwargs, **dict.fromkeys(new)})
         decided.update({keys[n]: alike for n in new})
+        _DECIDED[model].update({keys[n]: (alike, hooks) for n in new})
         progress.log.info("%s: %s all ones %s in %.1f s (two forwards under no_grad)",
                           type(model).__name__, ", ".join(new),
                           "treated as None: left out" if alike else "not treated as None: kept",

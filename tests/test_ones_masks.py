@@ -112,3 +112,28 @@ def test_a_mask_left_out_is_counted_as_the_callers():
     peak = monet_opt.measure_peak(lambda: opt(**batch).loss.backward(),
                                   monet_opt.resident_tensors(model, batch))
     assert peak <= limit and peak == opt.plan.predicted_peak_bytes
+
+
+def test_a_hook_added_since_sees_the_mask():
+    """A forward pre-hook added after optimize() that edits the mask (a masking augmentation)
+    was handed None on every all-ones batch (the decision, made with no hooks, held for good):
+    gradients 0.042 from eager's on GPT-2, silently. Decided under the hooks it was made with,
+    the mask reaches the hook, and with the hook removed it is left out again."""
+    model = _llama().train()
+    eager = copy.deepcopy(model)
+    torch.manual_seed(1)
+    batch = _batch(False)
+    opt = monet_opt.optimize(model, batch, 1 << 40, profile_dir=None, profile_repeats=1)
+
+    def hide_first(module, args, kwargs):
+        if kwargs.get("attention_mask") is not None:
+            kwargs["attention_mask"] = kwargs["attention_mask"].clone()
+            kwargs["attention_mask"][:, :4] = 0
+        return args, kwargs
+
+    handles = [m.model.register_forward_pre_hook(hide_first, with_kwargs=True)
+               for m in (model, eager)]
+    _as_eager(opt, model, eager, [batch])
+    for handle in handles:
+        handle.remove()
+    assert not _as_eager(opt, model, eager, [batch])  # the first plan's step again
