@@ -268,13 +268,15 @@ class _Planner:
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain
         told = progress.Progress(self.name, self.timed)  # NOTE [Progress]
-        within = self.limit - self.beside_pass if isinstance(self.limit, int) else None
+        # the gradients in place stay beside the pass (it measured them over the limit)
+        within = self.limit - self.beside_pass - self.resident_bytes \
+            if isinstance(self.limit, int) else None
         # NOTEs [Tracing without the collector], [Profiling within the limit], [Originals beside
         # the pass]: the pass held no lower than the size bound, computed only where profiled
         measure = told.profiling(capture.collecting(lambda: _measured(
             joint, lowered, self.primals, self.repeats, self.allow_lossy,
-            self.profile_time_limit_s, within if self.resident_bytes else
-            pass_limit(within, lowered.problem)))) if self.timed else lambda: lowered.problem
+            self.profile_time_limit_s, pass_limit(within, lowered.problem)))) \
+            if self.timed else lambda: lowered.problem
         solve = told.solving(capture.collecting(solvers.solve))
         with capture.planning():
             if self.cache is None:
