@@ -30,8 +30,9 @@ NOTE [Profiling within the limit]
   is less the generator states held beside the pass (NOTE [Generator states beside the pass]
   in monet_opt/profiler.py), the buffers it runs on clones of (NOTE [Originals beside the
   pass] in monet_opt/memory.py) and the gradients in place of a step planned with them (the
-  pass of an accumulation's second micro-batch measured 26,992 B over a CNN's limit, 2026-12-06). Every op still
-  runs in its place, on inputs of the same shapes, timed as before (an input
+  pass of an accumulation's second micro-batch measured 26,992 B over a CNN's limit,
+  2026-12-06). Every op still runs in its place, on inputs of the same shapes, timed as
+  before (an input
   made again just before is read warm, as the executor's recomputation reads it); what is
   made again runs untimed. A random op made again (dropout) draws anew: the pass runs under
   fork_rng, and a variant is compared with its op on the same inputs. Where nothing can be
