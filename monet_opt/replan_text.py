@@ -97,8 +97,13 @@ def too_many(plans: int, why: str) -> str:
     if why == "structure":
         return (f" {plans} plans: a number passed with other values makes one each; pass it "
                 "as a tensor.")
-    return (f" {plans} plans: inputs of varying length (dynamic padding) make one each; pad "
-            "them to a few fixed lengths (buckets) so that each is planned once.")
+    if why == "hooks":
+        return (f" {plans} plans: a hook registered anew makes one each time; register it "
+                "once and keep it.")
+    if why == "shapes":
+        return (f" {plans} plans: inputs of varying length (dynamic padding) make one each; "
+                "pad them to a few fixed lengths (buckets) so that each is planned once.")
+    return f" {plans} plans: each change of this kind makes one; change it less often."
 
 
 def call_hints(hints: str) -> str:

@@ -211,3 +211,19 @@ def test_saved_tensor_hooks_around_a_call_that_runs_the_model_say_nothing():
     with torch.autograd.graph.save_on_cpu(), warnings.catch_warnings():
         warnings.simplefilter("error", monet_opt.HookWarning)
         opt(x).sum().backward()
+
+
+def test_a_hook_registered_anew_every_step_is_told_to_be_kept():
+    """From the fifth plan on, a hook registered anew each step was told to pad its inputs to
+    a few fixed lengths (the advice for new shapes); its inputs never changed."""
+    torch.manual_seed(0)
+    model, x, loss_fn = models.mlp()
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    for _ in range(monet_opt.replan_text.MANY_SHAPES):
+        handle = model.net[0].register_forward_hook(_scale)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _step(opt, model, x, loss_fn)
+        handle.remove()
+    said = [str(w.message) for w in caught if w.category is monet_opt.ReplanWarning][-1]
+    assert "register it once and keep it" in said and "pad them" not in said
