@@ -156,11 +156,15 @@ class Watched:
                   for position, in_config, attrs in self.where if position < len(names)
                   for name in attrs]
         labels += [read.label for read in self.global_reads]
-        labels.append("a module's own forward")
+        own = len(labels)  # each module's own forward, set on it (None: its class's)
+        labels.append("")
         labels += [".".join(filter(None, (names[p] if p < len(names) else "?", name)))
                    for p, name in self.read_by_code]
         diffs = swapped + [f"{label} {_shown(b)} -> {_shown(n)}"
-                           for label, b, n in zip(labels, before, now) if b != n]
+                           for label, b, n in zip(labels, before, now) if b != n and label]
+        diffs[len(swapped):len(swapped)] = [
+            f"{who(name)}: forward " + ("set on it" if new is not None else "its class's again")
+            for name, old, new in zip(names, before[own], now[own]) if old is not new]
         diffs += [f"{cls.__name__}.{name} replaced" for (cls, name), b, n
                   in zip(self.methods, before[-1], now[-1]) if b is not n]
         return ", ".join(diffs[:4]) + (f" and {len(diffs) - 4} more" if len(diffs) > 4 else "")
