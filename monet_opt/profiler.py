@@ -310,8 +310,8 @@ def _workspaces(node: fx.Node, target, args, kwargs, env: dict, cuda: bool
     copies = sparse_copies(pytree.tree_leaves((args, kwargs)), inputs)
     taken = lambda run: counted(conv_split.as_traced(node, run), cuda,  # noqa: E731
                                 (args, kwargs))
-    first = taken(functools.partial(target, *args, **kwargs))[1] + copies \
-        if recompute.holds_state(node, kwargs) else None
+    first = taken(recompute.as_first_run(node, target, args, kwargs))[1] + copies \
+        if recompute.holds_state(node, kwargs) else None  # NOTE [The capture's copy]
     value, workspace = taken(recompute.as_run(node, target, args, kwargs))
     return value, (workspace + copies, first)
 
