@@ -62,18 +62,28 @@ def evict(problem: Problem, budget_bytes: int, options: EvictOptions) -> SolveRe
         seen.append((sched, sim))
         return sim
 
+    floor = schedule_from_kept(problem, least_kept)  # NOTE [The least peak's schedule]
     if budget_bytes < least_peak:
         return SolveResult(solver="evict", status=Status.INFEASIBLE, schedule=None,
                            objective_s=None, peak_bytes=None, bound_s=problem.no_recompute_time_s,
                            gap=None, solve_time_s=time.perf_counter() - start,
-                           min_feasible_bytes=least_peak)
+                           min_feasible_bytes=least_peak, floor_schedule=floor)
     deadline = start + options.time_limit_s
     kept = _search(problem, frozenset(problem.saved_for_backward), budget_bytes, judge, options,
                    deadline)
     _put_back(problem, kept, budget_bytes, judge, deadline)
     judge(least_kept)  # fits: budget_bytes >= least_peak
     return dataclasses.replace(best_of("evict", problem, budget_bytes, seen, start),
-                               min_feasible_bytes=least_peak)
+                               min_feasible_bytes=least_peak, floor_schedule=floor)
+
+
+# NOTE [The least peak's schedule]
+#   The least peak comes with the schedule that reaches it (floor_schedule), as the other
+#   solvers' do, so that a caller can keep it and meet that peak later (optimize() recalls it
+#   in the process, NOTE [Least peaks recalled in the process]). Eviction returned none: where
+#   its least peak was auto's, nothing was recalled, and a second optimize() at that least peak,
+#   on a profile taken again, was refused with a higher one (a tiny Swin V2: 747,980 B named,
+#   then refused at 757,196 B, 4 runs of 6; torchvision probe, 2026-12-06).
 
 
 # NOTE [Least peak over rankings]

@@ -38,6 +38,17 @@ def test_auto_returns_the_schedule_of_its_least_peak():
     assert result.min_feasible_bytes < result.peak_bytes  # store-all is not the least peak
 
 
+@pytest.mark.parametrize("name", ["evict", "dp", "milp"])
+@pytest.mark.parametrize("budget", [HUGE, 0])
+def test_each_solver_returns_the_schedule_of_its_least_peak(name, budget):
+    """NOTE [The least peak's schedule] (solvers/evict.py): eviction's least peak came with no
+    schedule, so auto's least peak, where it was eviction's, could not be recalled."""
+    problem = chain(8, size=10, fixed=100)
+    result = solvers.solve(problem, budget, name, time_limit_s=5)
+    assert result.floor_schedule is not None
+    assert simulate(problem, result.floor_schedule).peak_bytes == result.min_feasible_bytes
+
+
 def test_a_known_schedule_meets_its_own_peak_and_lowers_the_least_peak():
     problem = chain(8, size=10, fixed=100)
     floor = solvers.solve(problem, HUGE).floor_schedule
