@@ -10,8 +10,9 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import (capture, host_random, joint_passes, ones_masks, outside_grads, progress,
-                       recompute, refusals, rewrite, updated_buffers, variants_bn)
+from monet_opt import (capture, grouped_attention, host_random, joint_passes, ones_masks,
+                       outside_grads, progress, recompute, refusals, rewrite, updated_buffers,
+                       variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -206,6 +207,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     masks = ones_masks.dropped_bytes(kwargs)  # NOTE [Attention masks of all ones]
     planner.storage_extra, planner.beside_pass = beyond + masks, originals + masks
     planner.inputs = describe_inputs(args, kwargs)
+    planner.grouped = not grouped_attention.eager_masks(model)
     progress.tracing(planner.name, planner.inputs)  # NOTE [Progress]
     devices = cuda_devices(planner.primals)
     with torch.random.fork_rng(devices=devices):
@@ -253,6 +255,7 @@ class _Planner:
         self.plan: Plan | None = None
         self.slots: GradientSlots | None = None
         self.partitioned = False  # NOTE [The capture route] in monet_opt/capture.py
+        self.grouped = True  # NOTE [Masks eager builds too] in monet_opt/grouped_attention.py
 
     def partition(self, joint, joint_inputs, *, num_fwd_outputs: int,
                   held: tuple[int, ...] = (), returned: tuple[int, ...] = (), **kwargs):
@@ -263,7 +266,7 @@ class _Planner:
         host_random.refuse_drawn()  # NOTE [Random numbers drawn in Python]
         host_random.refuse_generators(joint)  # NOTE [Generators set in the forward]
         refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
-        joint_passes.rewrite(joint, num_fwd_outputs, self.primals, self.families)
+        joint_passes.rewrite(joint, num_fwd_outputs, self.primals, self.families, self.grouped)
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain

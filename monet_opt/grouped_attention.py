@@ -44,10 +44,22 @@ NOTE [Grouped-query attention]
   dropout the CPU runs SDPA's math path, which the trace decomposes into its ops, so there is no
   kernel call to rewrite here: NOTE [Grouped keys on the math path] (monet_opt/grouped_math.py)
   puts that path's casts where eager has them.
+
+NOTE [Masks eager builds too]
+  HF's attention hands SDPA grouped keys only where it hands it no mask (`use_gqa_in_sdpa`),
+  and a model that builds its causal mask whatever the padding (its code passes
+  `allow_is_causal_skip=False`: Falcon, to add ALiBi onto it) repeats its keys in eager too.
+  Rewritten, its step ran another call than eager's: Falcon with 2 key/value heads of 4 under
+  CPU bfloat16 autocast had 12 of 19 gradients up to 7e-4 from eager's (float32 happened to
+  agree; torch.compile's aot_eager is bitwise; HF zoo probe, 2026-12-06). Such a model's
+  attention is left as traced (`eager_masks`).
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import operator
+import sys
 
 import torch
 import torch.fx as fx
@@ -63,6 +75,21 @@ GROUPED = {aten._scaled_dot_product_flash_attention_for_cpu.default:
            aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
 _GRAD_KEY, _GRAD_VALUE = 1, 2
 RESHAPES = (aten._unsafe_view.default, aten.view.default, aten.reshape.default)
+
+
+def eager_masks(model: torch.nn.Module) -> bool:
+    """Whether an HF module of `model` builds its causal mask whatever the padding (NOTE [Masks
+    eager builds too])."""
+    return any(_builds_masks(name) for name in {type(m).__module__ for m in model.modules()}
+               if name.startswith("transformers."))
+
+
+@functools.cache
+def _builds_masks(module_name: str) -> bool:
+    try:
+        return "allow_is_causal_skip=False" in inspect.getsource(sys.modules[module_name])
+    except (KeyError, OSError, TypeError):  # no source to read: as HF's usual models
+        return False
 
 
 def use_grouped_keys(gm: fx.GraphModule, unmasked: list[fx.Node]) -> int:

@@ -13,11 +13,13 @@ from monet_opt import (attention_masks, bn_split, conv_split, dropout_scale, gra
 
 
 def rewrite(joint: fx.GraphModule, num_fwd_outputs: int, primals: list[torch.Tensor],
-            families: Collection[str]) -> None:
+            families: Collection[str], grouped: bool = True) -> None:
     """Rewrite `joint` in place: `primals` are the tensors its primal placeholders stand for,
-    `families` the variant families offered (two of them rewrite the graph)."""
+    `families` the variant families offered (two of them rewrite the graph); `grouped` False:
+    the model's attention repeats its keys in eager (NOTE [Masks eager builds too])."""
     unmasked = attention_masks.drop_constant_masks(joint)  # NOTE [Constant attention masks]
-    grouped_attention.use_grouped_keys(joint, unmasked)  # NOTE [Grouped-query attention]
+    if grouped:
+        grouped_attention.use_grouped_keys(joint, unmasked)  # NOTE [Grouped-query attention]
     grouped_math.cast_before_repeat(joint)  # NOTE [Grouped keys on the math path]
     saved_clones.drop_saved_clones(joint)  # NOTE [Saved clones]
     dropout_scale.round_dropout_scales(joint)  # NOTE [Dropout's scale]
