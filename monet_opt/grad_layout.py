@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from monet_opt import phase
-from monet_opt.lower import primal_placeholders
+from monet_opt.placeholders import primal_placeholders
 
 aten = torch.ops.aten
 

@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from monet_opt.errors import CaptureError
-from monet_opt.lower import primal_placeholders
+from monet_opt.placeholders import primal_placeholders
 from monet_opt.memory import storage_groups
 from monet_opt.updated_buffers import updated_inputs
 

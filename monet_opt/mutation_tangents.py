@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 import torch.fx as fx
 
-from monet_opt.lower import primal_placeholders
+from monet_opt.placeholders import primal_placeholders
 
 _ADD = torch.ops.aten.add.Tensor
 

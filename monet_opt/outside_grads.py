@@ -25,7 +25,8 @@ from collections.abc import Collection, Sequence
 import torch
 import torch.fx as fx
 
-from monet_opt.lower import is_view_node, primal_placeholders
+from monet_opt.lower import is_view_node
+from monet_opt.placeholders import primal_placeholders
 from monet_opt.memory import allocated_bytes, dense_parts
 
 

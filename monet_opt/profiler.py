@@ -38,7 +38,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
 from monet_opt import alloc_events, conv_split, cudnn_bn, output_bytes, recompute
-from monet_opt.lower import Lowered, is_effect_token
+from monet_opt.lower import Lowered
+from monet_opt.placeholders import is_effect_token
 from monet_opt.misread_layouts import Layouts
 from monet_opt.memory import counted, cuda_devices, sparse_copies
 from monet_opt.profile_budget import Budget, estimates
