@@ -289,8 +289,10 @@ class _Planner:
                 problem = variants_bn.guarded(self.profile.problem, joint, self.primals)
             # NOTEs [Inputs that share a storage], [Sparse inputs], [Buffers the step updates],
             # [The step's generator states] (recompute.py), [Gradients made outside the step]
-            extra = lowered.snapshot_bytes + sparse_bytes(self.primals) - shared_bytes(self.primals)
-            extra += recompute.state_bytes(joint, lowered) + self.storage_extra + \
+            lowered = dataclasses.replace(lowered, states=recompute.states(joint, lowered))
+            extra = lowered.conditional_bytes + sparse_bytes(self.primals) - \
+                shared_bytes(self.primals)
+            extra += self.storage_extra + \
                 outside_grads.outside_bytes(joint, num_fwd_outputs, self.primals, self.resident)
             if extra:
                 problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + extra)
@@ -320,7 +322,7 @@ class _Planner:
             recall(self.solver, problem, result)
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
             result = solvers.without_unread(problem, result, limit)
-            if not result.feasible and lowered.snapshot_bytes:  # NOTE [Copies counted as made]
+            if not result.feasible and lowered.conditional_bytes:  # NOTE [Copies counted as made]
                 result = updated_buffers.retried(problem, limit, lowered, result, lambda p: solve(
                     p, limit, self.solver, time_limit_s=seconds, known=known), lambda s: (
                     rewrite.partition(joint, joint_inputs, lowered, s, num_fwd_outputs, **kwargs)))

@@ -72,10 +72,18 @@ class Lowered:
     # updates] in monet_opt/updated_buffers.py
     snapshots: tuple[str, ...] = ()
     snapshot_sizes: tuple[int, ...] = ()
+    # (random op node, bytes) of the generator states the step may keep, fixed memory only where
+    # a schedule recomputes or replays the op: NOTE [States kept only where used] (recompute.py)
+    states: tuple[tuple[str, int], ...] = ()
 
     @property
     def snapshot_bytes(self) -> int:
         return sum(self.snapshot_sizes)
+
+    @property
+    def conditional_bytes(self) -> int:
+        """Fixed bytes a schedule may not make: the copies and the generator states."""
+        return self.snapshot_bytes + sum(size for _, size in self.states)
 
 
 def is_view_node(node: fx.Node) -> bool:

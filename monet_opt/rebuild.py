@@ -43,16 +43,15 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     for name in lowered.snapshots:  # NOTE [Buffers the step updates]
         e.snapshots[name] = e.emit_clone(nodes[name])
         e.snapshots[name].meta[updated_buffers.MADE] = name  # NOTE [Copies nothing reads]
-    # NOTE [The step's generator states]
-    e.make_states(recompute.random_forward_ops(joint, lowered))
+    # NOTEs [The step's generator states], [States kept only where used], [A replay's state]
+    captured = replayed | {lowered.op_nodes[i] for i in recomputed if problem.ops[i].is_random}
+    e.make_states([n for n in recompute.random_forward_ops(joint, lowered) if n.name in captured])
     for k, i in enumerate(problem.forward_ops):
         if i in encodes:
             e.emit_encode(encodes[i], lowered.op_nodes[i])
         elif lowered.op_nodes[i] in nodes:  # not an unchosen variant's encode op
             node = nodes[lowered.op_nodes[i]]
-            e.emit(node, capture_slot=node.name in replayed or  # NOTE [A replay's state]
-                   (i in recomputed and problem.ops[i].is_random),
-                   overwrite=overwrites.get(k))
+            e.emit(node, capture_slot=node.name in captured, overwrite=overwrites.get(k))
     output = next(iter(joint.graph.find_nodes(op="output")))
     outs = list(output.args[0])
     fwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[:num_fwd_outputs]]
@@ -146,6 +145,7 @@ class _Emitter:
         """NOTE [The step's generator states]: a slot for each random op's, made first."""
         for op in random_ops:
             self.slots[op.name] = self._state_node(recompute.new_state, None, op)
+            self.slots[op.name].meta[recompute.SLOT_OF] = op.name
 
     def release_states(self) -> None:
         if self.slots:

@@ -29,7 +29,7 @@ NOTE [The step's generator states]
   recomputed). So every step that has random ops makes a slot for each one's state, first
   thing in its forward, and holds them to the end of its backward; a recomputed op's state is
   copied into its slot. Their bytes do not depend on the schedule, so the plan counts them
-  with the parameters (state_bytes, on CPU; on CUDA they are host memory, not the device's),
+  with the parameters (`states`, on CPU; on CUDA they are host memory, not the device's),
   and the solvers need nothing new. The cost: on CPU 5 KB per random op for the step, recomputed or
   not (GPT-2's 37 dropouts: 185 KB, against a peak of hundreds of MB). One tensor per slot:
   Generator.set_state crashed (segfault) on a slice of one larger buffer.
@@ -282,15 +282,31 @@ def random_forward_ops(joint: fx.GraphModule, lowered) -> list[fx.Node]:
     return [nodes[lowered.op_nodes[i]] for i in problem.forward_ops if problem.ops[i].is_random]
 
 
-def state_bytes(joint: fx.GraphModule, lowered) -> int:
-    """What the step's generator states add to its plan (NOTE [The step's generator states] in
-    monet_opt/recompute.py): their bytes where the plan counts host memory (every random op
-    runs on the CPU: a CPU step), else 0."""
-    devices = [device_of(op) for op in random_forward_ops(joint, lowered)]
-    if any(torch.device(d).type != "cpu" for d in devices):
-        return 0
-    sizes = {d: rng_state_nbytes(d) for d in set(devices)}
-    return sum(sizes[d] for d in devices)
+def states(joint: fx.GraphModule, lowered) -> tuple[tuple[str, int], ...]:
+    """(random op node, bytes) of each generator state the step may keep (NOTE [The step's
+    generator states]), where the plan counts host memory (every random op runs on the CPU: a
+    CPU step), else none."""
+    ops = random_forward_ops(joint, lowered)
+    if any(torch.device(device_of(op)).type != "cpu" for op in ops):
+        return ()
+    return tuple((op.name, rng_state_nbytes(device_of(op))) for op in ops)
+
+
+SLOT_OF = "monet_slot_of"  # meta of a state slot's node: its random op's name
+
+
+# NOTE [States kept only where used]
+#   Every random op had a slot made for its state and held through the step, whether or not
+#   the schedule recomputed it, and the plan counted them all as fixed memory (5,056 B each on
+#   CPU): a step that recomputes nothing held 111,232 B more than eager's on a tiny Whisper (22
+#   dropouts, 23 % over its peak; DistilBERT, RoBERTa, Phi 6-7 %), and a limit at eager's own
+#   peak was refused (HF zoo probe, 2026-12-06). Now only the ops a schedule recomputes or
+#   replays get a slot; the others capture nothing. The solvers still count every state (a
+#   schedule's choice of what to recompute would have to price them), so the states are
+#   fixed bytes a schedule may not make, as the copies of buffers the step updates are (NOTE
+#   [Copies counted as made] in monet_opt/updated_buffers.py): the plan's prediction counts
+#   those its forward makes, a share of the activations is of the step without them, and
+#   where no schedule fits with them all, the problem is solved again without them.
 
 
 def device_of(node: fx.Node) -> str:

@@ -55,8 +55,9 @@ def as_made(problem: Problem, result: SolveResult, forward: fx.GraphModule,
     """`problem` and `result` with the fixed bytes of the copies `forward` does not make (NOTE
     [Copies nothing reads]); as they are where it makes every one."""
     made = {node.meta[MADE] for node in forward.graph.nodes if MADE in node.meta}
-    unmade = sum(size for name, size in zip(lowered.snapshots, lowered.snapshot_sizes)
-                 if name not in made)
+    made |= {n.meta[recompute.SLOT_OF] for n in forward.graph.nodes if recompute.SLOT_OF in n.meta}
+    unmade = sum(size for name, size in (*zip(lowered.snapshots, lowered.snapshot_sizes),
+                                         *lowered.states) if name not in made)
     if not unmade:
         return problem, result
     problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes - unmade)
@@ -70,7 +71,8 @@ def uncopied(problem: Problem, lowered) -> Problem:
     """`problem` without the copies' fixed bytes: the store-all step, which makes none, that a
     share of the activations is of, and what bounds every schedule's peak from below (NOTE
     [Copies counted as made])."""
-    return dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes - lowered.snapshot_bytes)
+    return dataclasses.replace(problem,
+                               fixed_bytes=problem.fixed_bytes - lowered.conditional_bytes)
 
 
 # NOTE [Copies counted as made]
