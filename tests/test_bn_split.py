@@ -151,3 +151,16 @@ def test_a_recomputed_normalization_is_timed_with_its_input_cold(monkeypatch):
     assert reruns and all(op.recompute_time_s == 1.0 for op in reruns)
     assert all(op.time_s < 1.0 for op in problem.ops)
     assert not profiler._flush
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_the_normalizations_workspace_is_what_it_allocates(affine):
+    """The workspace counted for a recomputed normalization missed the inference kernel's alpha
+    and beta (and, without a weight, counted a scale it never makes): 24 B short of the 48 it
+    allocates on 3 channels, and a fuzzed CNN's least plan passed its limit by 12 B."""
+    from monet_opt.alloc_events import Allocations
+    x, mean, rstd = torch.randn(2, 3, 16, 12), torch.randn(3), torch.rand(3) + 0.5
+    weight, bias = (torch.randn(3), torch.randn(3)) if affine else (None, None)
+    with Allocations([x, mean, rstd] + [t for t in (weight, bias) if t is not None]) as seen:
+        y = bn_split.apply_stats(x, weight, bias, mean, rstd, 1e-5)
+    assert seen.peak - y.untyped_storage().nbytes() == bn_split._workspace(rstd, weight)
