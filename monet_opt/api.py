@@ -322,7 +322,8 @@ class _Planner:
             recall(self.solver, problem, result)
             # a schedule remembered in the directory may predate it: NOTE [Unread recomputation]
             result = solvers.without_unread(problem, result, limit)
-            if not result.feasible and lowered.conditional_bytes:  # NOTE [Copies counted as made]
+            # NOTEs [Copies counted as made], [States kept only where used]
+            if not result.feasible and updated_buffers.may_fit(lowered, result, limit):
                 result = updated_buffers.retried(problem, limit, lowered, result, lambda p: solve(
                     p, limit, self.solver, time_limit_s=seconds, known=known), lambda s: (
                     rewrite.partition(joint, joint_inputs, lowered, s, num_fwd_outputs, **kwargs)))

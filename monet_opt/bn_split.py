@@ -29,9 +29,10 @@ NOTE [BatchNorm recomputed from its statistics]
   kernels differ) the BatchNorm stays one op and recomputes whole.
 
   The normalization allocates rstd * weight, the 1 - eps vector and the kernel's alpha and
-  beta for a moment: the second op's workspace. The pass-through in the forward allocates as many bytes (one empty tensor, one
-  ATen call where making them took nine: NOTE [Direct calls] in monet_opt/direct_calls.py), so
-  the forward's memory is what the simulator says at that op, to the byte.
+  beta for a moment: the second op's workspace. The pass-through in the forward allocates as
+  many bytes (one empty tensor, one ATen call where making them took nine: NOTE [Direct
+  calls] in monet_opt/direct_calls.py), so the forward's memory is what the simulator says at
+  that op, to the byte.
 """
 from __future__ import annotations
 

@@ -95,6 +95,17 @@ def uncopied(problem: Problem, lowered) -> Problem:
 #   alone need 125.80 KiB" and to raise the limit "to at least 97.07 KiB", which then planned
 #   and measured 97.07 KiB; and "10% of activations" of an EmbeddingBag with max_norm came to
 #   57,915 B, above its store-all step (53,000 B), so every share planned store-all.
+def may_fit(lowered, result: SolveResult, limit: int) -> bool:
+    """Whether an infeasible `result` is worth solving again without the fixed bytes a schedule
+    may not make (NOTE [Copies counted as made]): where there are copies, or where the least
+    peak less the generator states (NOTE [States kept only where used] in recompute.py) is
+    within the limit (they are on every CPU step with dropout: a second solve each time an
+    infeasible limit is asked for, as largest_batch asks, only where it can help)."""
+    least = result.min_feasible_bytes
+    return bool(lowered.snapshot_bytes) or bool(lowered.states) and least is not None and \
+        least - lowered.conditional_bytes <= limit
+
+
 def retried(problem: Problem, limit: int, lowered, result: SolveResult,
             solve: Callable[[Problem], SolveResult],
             partition: Callable[[Schedule], tuple[fx.GraphModule, fx.GraphModule]]
