@@ -91,19 +91,15 @@ def too_many(plans: int, why: str) -> str:
     """Advice once a module has planned more shapes than a last batch explains."""
     if plans <= MANY_SHAPES:
         return ""
-    if why == "attributes":
-        return (f" {plans} plans: a value changed every step makes one each; keep it in a "
-                "buffer.")
-    if why == "structure":
-        return (f" {plans} plans: a number passed with other values makes one each; pass it "
-                "as a tensor.")
-    if why == "hooks":
-        return (f" {plans} plans: a hook registered anew makes one each time; register it "
-                "once and keep it.")
-    if why == "shapes":
-        return (f" {plans} plans: inputs of varying length (dynamic padding) make one each; "
-                "pad them to a few fixed lengths (buckets) so that each is planned once.")
-    return f" {plans} plans: each change of this kind makes one; change it less often."
+    return f" {plans} plans: " + _MANY.get(why, "each change of this kind makes one; change it "
+                                                "less often.")
+
+
+_MANY = {"attributes": "a value changed every step makes one each; keep it in a buffer.",
+         "structure": "a number passed with other values makes one each; pass it as a tensor.",
+         "hooks": "a hook registered anew makes one each time; register it once and keep it.",
+         "shapes": "inputs of varying length (dynamic padding) make one each; pad them to a few "
+                   "fixed lengths (buckets) so that each is planned once."}
 
 
 def call_hints(hints: str) -> str:
