@@ -211,10 +211,12 @@ _PACKING = {"aten._pack_padded_sequence.default"}
 
 
 def generic(model) -> str:
-    """What to try where no hint says more: the line named, and for an HF model its cache."""
-    hf = type(model).__module__.startswith("transformers.")
+    """What to try where no hint says more: the line named, and for an HF model that keeps a
+    generation cache, that cache (not for one without: Wav2Vec2 was told so)."""
+    cache = type(model).__module__.startswith("transformers.") and \
+        bool(getattr(getattr(model, "config", None), "use_cache", False))
     return ("\nWhat to try: avoid data-dependent Python on tensor values at that line (.item(), "
-            "if on a tensor, .tolist())" + (", pass use_cache=False" if hf else "") +
+            "if on a tensor, .tolist())" + (", pass use_cache=False" if cache else "") +
             ", or check that the model runs eagerly on sample_input.")
 
 

@@ -70,3 +70,14 @@ def test_the_generic_hint_names_hf_caches_for_hf_models_only():
         monet_opt.optimize(_Branching(), torch.ones(2, 4), HUGE, profile_dir=None)
     assert "avoid data-dependent Python" in str(info.value)
     assert "use_cache" not in str(info.value)
+
+
+def test_the_cache_is_named_only_to_models_that_keep_one():
+    """The generic line told every HF model to pass use_cache=False, Wav2Vec2 (no cache) too."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Wav2Vec2Config, Wav2Vec2ForCTC
+    from monet_opt.capture_hints import generic
+    speech = Wav2Vec2ForCTC(Wav2Vec2Config(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), vocab_size=10))
+    decoder = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
+    assert "use_cache" not in generic(speech) and "use_cache=False" in generic(decoder)
