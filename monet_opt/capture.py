@@ -67,10 +67,13 @@ def state_names(model: torch.nn.Module) -> tuple[list[str], list[str], list[str]
 
 
 def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable,
-                 export_example: tuple[tuple, dict] | None = None) -> Callable:
+                 export_example: tuple[tuple, dict] | None = None,
+                 leaves: frozenset[int] = frozenset()) -> Callable:
     """A function of (*params, *buffers, *attributes, *inputs) that runs the model under our
     partition.
-    With `export_example` = (args, kwargs), the model is exported first (non-strict)."""
+    With `export_example` = (args, kwargs), the model is exported first (non-strict).
+    leaves: the inputs (positions) that are leaves requiring grad (NOTE [Inputs written in
+    place] in monet_opt/input_spec.py)."""
     target = model
     if export_example is not None:
         args, kwargs = export_example
@@ -91,7 +94,9 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
         args, kwargs = spec.rebuild(list(flat[n_state:]))
         # NOTE [Parameters assigned through .data] in monet_opt/data_assigned.py
         with data_assigned.as_updates(flat[:n_state], names), \
-                input_spec.grad_left_off(flat[n_state:]):  # NOTE [Inputs turned to need grad]
+                input_spec.grad_left_off(flat[n_state:]), \
+                input_spec.leaves_written(flat[n_state:], leaves):  # NOTEs [Inputs turned to
+            # need grad], [Inputs written in place] in monet_opt/input_spec.py
             outputs = kept.call(target, lambda: attribute_tensors.call_with(
                 target, state, args, kwargs, attributes))
         forward_state.write_back(model, names, len(params), flat[:n_state], shapes, state,
@@ -183,6 +188,8 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
     causal = False  # a transformer's check of its mask's values failed to trace
     known = export_route.known(model, _ROUTE)
     routes = ROUTES if known is None else (known, *(r for r in ROUTES if r != known))
+    inputs = primals[len(primals) - len(spec.leaves):]
+    leaves = frozenset(k for k, t in enumerate(inputs) if t.requires_grad and t.is_leaf)
     for route in routes:
         export_example = (args, kwargs) if route == "export" else None
         try:
@@ -193,7 +200,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
                 with _tracing(as_compiling=route == "as compiling"), \
                         host_random.watching(model), saved_hooks.watching(model), \
                         module_paths.noted(model):  # NOTE [Module paths of ops]
-                    fn = compile_step(model, spec, partition_fn, export_example)
+                    fn = compile_step(model, spec, partition_fn, export_example, leaves)
                     _compile_on_fakes(fn, primals)
             finally:
                 forward_state.put_back_traced(model, before)  # NOTE [Traced tensors left]

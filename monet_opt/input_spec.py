@@ -227,3 +227,32 @@ def _call_text(args: tuple, kwargs: dict) -> str:
     """'float32[4x8], 2.0, mask=None': a call's arguments, their tensors as _Shown."""
     return ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
 
+
+
+# NOTE [Inputs written in place]
+#   Eager refuses a forward that writes in place into its input where that input is a leaf that
+#   requires a gradient (`x.relu_()` on an adversarial batch: "a leaf Variable that requires
+#   grad is being used in an in-place operation"). The traced step wrote into the caller's
+#   tensor and handed back the gradient of the value before the write, with nothing said
+#   (dtype probe, 2026-12-06). The trace now refuses it the same way, naming the input and what
+#   to do; a write autograd does not see (under no_grad) or into an input that is not a leaf
+#   is traced as eager runs it.
+@contextlib.contextmanager
+def leaves_written(inputs: Sequence[Any], leaves: frozenset[int]):
+    """Raise CaptureError where the code run inside writes, where autograd sees it, into one of
+    `inputs` at the positions `leaves` (the step's inputs that are leaves requiring grad)."""
+    yield
+    for k in sorted(leaves):
+        t = inputs[k]
+        if type(t).__name__ == "FunctionalTensor" and \
+                torch._functionalize_has_data_mutation(t.elem) and \
+                not torch._functionalize_are_all_mutations_hidden_from_autograd(t.elem) and \
+                not torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(t.elem):
+            raise CaptureError(
+                f"monet_opt.optimize: the model's forward writes in place into its input tensor "
+                f"#{k} (counted among its tensor arguments), a leaf that requires grad; eager "
+                "raises \"a leaf Variable that requires grad is being used in an in-place "
+                "operation\", and the step would write into your tensor and give it the "
+                "gradient of its value before the write. Write out of place (x = x.relu() for "
+                "x.relu_()), or write under torch.no_grad() if autograd must not see it (NOTE "
+                "[Inputs written in place] in monet_opt/input_spec.py).")

@@ -1,6 +1,7 @@
 """Models a traced step cannot hold are refused before tracing, saying what to do."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import re
@@ -349,3 +350,39 @@ def test_a_dataclass_output_says_to_register_it_and_so_registered_trains_like_ea
         (out.logits.sum() * 1.3 + out.hidden.sum()).backward()
     for p, q in zip(model.parameters(), eager.parameters()):
         assert torch.equal(p.grad, q.grad)
+
+
+class _WritesIntoX(nn.Module):
+    def __init__(self, hidden: bool) -> None:
+        super().__init__()
+        self.a, self.hidden = nn.Linear(16, 8), hidden
+
+    def forward(self, x):
+        with torch.no_grad() if self.hidden else contextlib.nullcontext():
+            x.clamp_(-1.0, 1.0)
+        return self.a(x) * x.mean()
+
+
+def test_a_leaf_input_written_in_place_is_refused_as_eager_refuses():
+    """NOTE [Inputs written in place]: eager refuses `x.clamp_()` on a leaf input requiring grad;
+    the step wrote into it and gave it the gradient of its value before the write, silently.
+    Under no_grad (eager runs it) and on a non-leaf input the step trains as eager does."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        _WritesIntoX(hidden=False)(x.clone().detach().requires_grad_())
+    with pytest.raises(monet_opt.CaptureError, match="#0 .*a leaf that requires grad"):
+        monet_opt.optimize(_WritesIntoX(hidden=False), x, HUGE, profile_dir=None)
+    assert torch.equal(x, x.detach())  # untouched
+    for hidden, make in ((True, lambda: x.detach().clone().requires_grad_()),
+                         (False, lambda: x.detach().clone().requires_grad_() * 3.0)):
+        model = _WritesIntoX(hidden)
+        eager = copy.deepcopy(model)
+        opt = monet_opt.optimize(model, make(), HUGE, profile_dir=None)
+        grads = []
+        for module in (opt, eager):
+            given = make()
+            module(given).sum().backward()
+            grads.append([given.grad if given.is_leaf else None, model.a.weight.grad
+                          if module is opt else eager.a.weight.grad])
+        assert all(a is None and b is None or torch.equal(a, b) for a, b in zip(*grads))
