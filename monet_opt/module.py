@@ -360,7 +360,8 @@ class OptimizedModule(ModelState):
             f"{time.perf_counter() - start:.1f} s: predicted peak "
             f"{format_bytes(step.plan.predicted_peak_bytes)}, {len(self._steps) + 1} plans so "
             "far. Each is planned once. " + WHAT_TO_DO[why]
-            + too_many(len(self._steps) + 1, why)),
+            + too_many(len(self._steps) + 1, "shapes" if [s.shape for s in step.spec.leaves]
+                       != [s.shape for s in self._first.spec.leaves] else why)),
             stacklevel=user_stacklevel())  # the caller of opt(...)
         return step
 
