@@ -121,7 +121,8 @@ def retried(problem: Problem, limit: int, lowered, result: SolveResult,
         peak = simulate(made, again.schedule).peak_bytes
         if peak <= limit:
             return dataclasses.replace(again, peak_bytes=peak, min_feasible_bytes=min(peak, least))
-    elif again.floor_schedule is not None:  # its least-peak schedule, with the copies it makes
+        least = min(least, peak)
+    if again.floor_schedule is not None:  # its least-peak schedule, with the copies it makes
         floor = again.floor_schedule
         made, _ = as_made(problem, dataclasses.replace(again, schedule=floor),
                           partition(floor)[0], lowered)

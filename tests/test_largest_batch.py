@@ -191,9 +191,13 @@ def test_not_even_one_fits():
     torch.manual_seed(0)
     model = SmallCNN().train()
     least = _least_at(model, 1)
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as alone:
+        monet_opt.optimize(model, _images(1), least - 1, **OPTIONS)
     with pytest.raises(monet_opt.InfeasibleBudgetError) as caught:
         lb.largest_batch(model, _images, least - 1, start=2, **OPTIONS)
-    assert caught.value.min_feasible_bytes == least
+    # optimize()'s own least there (above `least` by the state of a dropout it would recompute,
+    # counted in every solve: NOTE [States kept only where used])
+    assert caught.value.min_feasible_bytes == alone.value.min_feasible_bytes >= least
     assert "not even a batch of 1" in "".join(caught.value.__notes__)
     assert "solver 'auto'" in str(caught.value)  # it named a solver 'largest_batch'
     assert "smaller batch" not in str(caught.value)  # it said to use one
