@@ -327,6 +327,7 @@ class _Planner:
                 result = updated_buffers.retried(problem, limit, lowered, result, lambda p: solve(
                     p, limit, self.solver, time_limit_s=seconds, known=known), lambda s: (
                     rewrite.partition(joint, joint_inputs, lowered, s, num_fwd_outputs, **kwargs)))
+            result = updated_buffers.store_all_if_fits(problem, limit, lowered, result)
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds
             raise InfeasibleBudgetError(limit, result.min_feasible_bytes, self.solver, self.limit,
                                         least_held(problem, result), least_peak_bound(lighter),

@@ -137,10 +137,10 @@ def test_second_capture_takes_the_route_that_worked(monkeypatch):
     routes = []
     compile_step = capture.compile_step
 
-    def counting(model, spec, partition_fn, export_example=None):
+    def counting(model, spec, partition_fn, export_example=None, *more):
         routes.append("export" if export_example is not None else
                       "as compiling" if torch.compiler.is_compiling() else "direct")
-        return compile_step(model, spec, partition_fn, export_example)
+        return compile_step(model, spec, partition_fn, export_example, *more)
 
     monkeypatch.setattr(capture, "compile_step", counting)
     monkeypatch.setattr(capture, "_ROUTE", {})

@@ -66,9 +66,9 @@ def test_the_export_route_is_remembered_for_the_model_not_its_class(monkeypatch)
     routes = []
     compile_step = capture.compile_step
 
-    def counting(model, spec, partition_fn, export_example=None):
+    def counting(model, spec, partition_fn, export_example=None, *more):
         routes.append("export" if export_example is not None else "other")
-        return compile_step(model, spec, partition_fn, export_example)
+        return compile_step(model, spec, partition_fn, export_example, *more)
 
     monkeypatch.setattr(capture, "compile_step", counting)
     monkeypatch.setattr(capture, "_ROUTE", {})
