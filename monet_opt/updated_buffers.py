@@ -31,6 +31,8 @@ from typing import Callable
 import torch.fx as fx
 
 import solvers
+from solvers import baselines
+from solvers.baselines import BaselineOptions
 from monet_opt import phase, recompute
 from solvers import Problem, Schedule, SolveResult, simulate
 
@@ -116,7 +118,7 @@ def store_all_if_fits(problem: Problem, limit: int, lowered,
     if not lowered.conditional_bytes or result.feasible and not result.schedule.variants and \
             all(problem.ops[i].is_backward for i in result.schedule.backward):
         return result
-    store_all = solvers.solve(uncopied(problem, lowered), 2**62, "store_all")
+    store_all = baselines.store_all(uncopied(problem, lowered), 2**62, BaselineOptions())
     least = min(store_all.peak_bytes, result.min_feasible_bytes or store_all.peak_bytes)
     if store_all.peak_bytes <= limit:
         return dataclasses.replace(store_all, min_feasible_bytes=least,
