@@ -111,20 +111,24 @@ def may_fit(lowered, result: SolveResult, limit: int) -> bool:
 def store_all_if_fits(problem: Problem, limit: int, lowered,
                       result: SolveResult) -> SolveResult:
     """Store-all where it fits `limit` without the fixed bytes a schedule may not make (it
-    makes none of them) and `result` recomputes or found nothing: the fastest schedule, which
-    the solvers, counting every copy and state, refused or passed over (auto recomputed 4 ops,
-    4.5 % slower, at store-all's own peak; fuzz, 2026-12-06); and its peak among the least
-    peaks an infeasible `result` reports (it reported one over store-all's by a state)."""
-    if not lowered.conditional_bytes or result.feasible and not result.schedule.variants and \
-            all(problem.ops[i].is_backward for i in result.schedule.backward):
-        return result
+    makes none of them) and `result` is auto's and recomputes, or found nothing: the fastest
+    schedule, which the solvers, counting every copy and state, refused or passed over (auto
+    recomputed 4 ops, 4.5 % slower, at store-all's own peak; fuzz, 2026-12-06); and its peak
+    among the least peaks an infeasible `result` reports (it reported one over store-all's by
+    a state)."""
+    if not lowered.conditional_bytes or result.feasible and (
+            not result.solver.startswith("auto") or not result.schedule.variants and
+            all(problem.ops[i].is_backward for i in result.schedule.backward)):
+        return result  # a solver named is answered with its own schedule
     store_all = baselines.store_all(uncopied(problem, lowered), 2**62, BaselineOptions())
     least = min(store_all.peak_bytes, result.min_feasible_bytes or store_all.peak_bytes)
     if store_all.peak_bytes <= limit:
         return dataclasses.replace(store_all, min_feasible_bytes=least,
                                    solver=f"{result.solver.split(':')[0]}:store_all",
                                    peak_bytes=simulate(problem, store_all.schedule).peak_bytes)
-    return result if result.feasible else dataclasses.replace(result, min_feasible_bytes=least)
+    if result.feasible or result.min_feasible_bytes is None:  # none found: said so
+        return result
+    return dataclasses.replace(result, min_feasible_bytes=least)
 
 
 def retried(problem: Problem, limit: int, lowered, result: SolveResult,

@@ -62,7 +62,9 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     activations = m.eager_peak_bytes - m.floor_bytes
     assert most.limit_bytes == m.floor_bytes + int(activations * 90.0 / 100)
     least, above = by_family["ours"][2:]
-    assert above.limit_bytes == int(least.limit_bytes * 1.2)
+    # 20 % above the least reported so far: the "min" plan's own may be lower than the limit
+    # it was asked at (the generator states it does not keep: NOTE [States kept only where used])
+    assert least.limit_bytes < above.limit_bytes <= int(least.limit_bytes * 1.2)
     for p in by_family["ours"]:
         assert p.status == "ok", p.note
         assert p.peak_bytes <= p.limit_bytes
