@@ -122,10 +122,10 @@ def store_all_if_fits(problem: Problem, limit: int, lowered,
         return result  # a solver named is answered with its own schedule
     store_all = baselines.store_all(uncopied(problem, lowered), 2**62, BaselineOptions())
     least = min(store_all.peak_bytes, result.min_feasible_bytes or store_all.peak_bytes)
-    if store_all.peak_bytes <= limit:
-        return dataclasses.replace(store_all, min_feasible_bytes=least,
-                                   solver=f"{result.solver.split(':')[0]}:store_all",
-                                   peak_bytes=simulate(problem, store_all.schedule).peak_bytes)
+    counted = simulate(problem, store_all.schedule).peak_bytes  # as the solvers saw it
+    if store_all.peak_bytes <= limit < counted:  # refused only for what it does not make
+        return dataclasses.replace(store_all, min_feasible_bytes=least, peak_bytes=counted,
+                                   solver=f"{result.solver.split(':')[0]}:store_all")
     if result.feasible or result.min_feasible_bytes is None:  # none found: said so
         return result
     return dataclasses.replace(result, min_feasible_bytes=least)
