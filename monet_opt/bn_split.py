@@ -132,8 +132,13 @@ def _check(x, weight, bias, momentum: float, eps: float) -> bool:
         def real(v):
             if v is None:
                 return None
-            t = torch.empty_strided(tuple(v.shape), v.stride(), dtype=v.dtype, device=v.device)
-            return t.copy_(torch.randn(tuple(v.shape), generator=gen, device=v.device) * 2 + 0.5)
+            # random storage seen through the fake's strides: an expanded view's 0 strides
+            # cannot be written through (copy_ refuses), its storage can
+            size = 1 + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if n > 0)
+            if 0 in v.shape:
+                size = 0
+            base = torch.randn(size, generator=gen, device=v.device) * 2 + 0.5
+            return base.to(v.dtype).as_strided(tuple(v.shape), v.stride())
 
         xr, w, b = real(x), real(weight), real(bias)
         out, mean, rstd = train(xr, w, b, True, momentum, eps)

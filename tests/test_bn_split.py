@@ -41,6 +41,29 @@ def test_normalization_is_bitwise_the_training_output(shape, channels_last, affi
     assert bn_split.apply_stats(x, w, b, mean, rstd, eps, fused=out) is out
 
 
+class ExpandedBN(nn.Module):
+    """A BatchNorm reading an expanded (stride-0) view of its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(2)
+
+    def forward(self, x):
+        return self.bn(x.unsqueeze(1).expand(2, 2, 8, 8)).pow(2).mean()
+
+
+def test_a_normalization_of_an_expanded_view_trains_as_eager():
+    """The exactness check builds its random input through the fake's strides; an expanded
+    view's 0 strides cannot be written through (it raised inside optimize())."""
+    torch.manual_seed(0)
+    base, x = ExpandedBN().train(), torch.randn(2, 8, 8, requires_grad=True)
+    eager = copy.deepcopy(base)
+    optimized = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1)
+    ref = run_steps(eager, eager, x, lambda out: out)
+    assert_same(run_steps(optimized, optimized.model, x, lambda out: out), ref, exact=False,
+                what="expanded-view BatchNorm vs eager")
+
+
 class BNNet(nn.Module):
     """Conv-BN-ReLU blocks large enough that the normalization, timed warm, costs a fraction
     of the training BatchNorm on CPU."""
