@@ -4,10 +4,28 @@ used] in monet_opt/recompute.py), for what shows a stored schedule (`monet-opt p
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, AbstractSet
 
 from monet_opt import recompute, variants
-from monet_opt.cache import Profile
-from solvers import Problem, SolveResult, simulate
+from solvers import Problem, Schedule, SolveResult, simulate
+
+if TYPE_CHECKING:
+    from monet_opt.cache import Profile
+
+
+def captured(problem: Problem, schedule: Schedule, made: AbstractSet[int] = frozenset()
+             ) -> set[int]:
+    """The random forward ops whose generator state `schedule`'s step keeps (NOTEs [States
+    kept only where used], [A replay's state] in monet_opt/recompute.py): those it recomputes
+    and those a chosen replaying variant draws again. A recomputed op whose outputs are all in
+    `made` (tensors the step holds anyway: NOTE [Held tensors made again] in
+    monet_opt/held_outputs.py) is read, not run again, and keeps none."""
+    ops = problem.ops
+    kept = {i for i in schedule.backward if ops[i].is_random and not ops[i].is_backward and
+            not (ops[i].outputs and set(ops[i].outputs) <= made)}
+    return kept | {problem.tensors[problem.variants[v].replaces].producer
+                   for v in schedule.variants
+                   if variants.family(problem.variants[v].name.split(":")[0]).draw is not None}
 
 
 def as_kept(profile: Profile, result: SolveResult) -> tuple[Problem, SolveResult]:
@@ -15,15 +33,12 @@ def as_kept(profile: Profile, result: SolveResult) -> tuple[Problem, SolveResult
     does not keep left out, and `result` with its peak on it: a CPU step's problem as
     optimize() derives it counts one per random forward op; the step makes those it recomputes
     or replays alone. A recomputed op whose outputs the step holds anyway is counted as kept
-    (the step reads them, making no state: the safe side)."""
+    (which the step holds is known only as it runs: the safe side)."""
     problem, schedule = profile.problem, result.schedule
     if schedule is None or not profile.derived or not profile.key.device.startswith("cpu"):
         return problem, result
-    ops = problem.ops
-    kept = {i for i in schedule.backward if ops[i].is_random and not ops[i].is_backward}
-    kept |= {problem.tensors[problem.variants[v].replaces].producer for v in schedule.variants
-             if variants.family(problem.variants[v].name.split(":")[0]).draw is not None}
-    unkept = sum(ops[i].is_random and i not in kept for i in problem.forward_ops)
+    kept = captured(problem, schedule)
+    unkept = sum(problem.ops[i].is_random and i not in kept for i in problem.forward_ops)
     if not unkept:
         return problem, result
     problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes -

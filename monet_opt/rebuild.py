@@ -9,7 +9,7 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _make_graph_module
 
-from monet_opt import grad_in_place, recompute, updated_buffers, variants
+from monet_opt import grad_in_place, kept_states, recompute, updated_buffers, variants
 from monet_opt.errors import internal_assert
 from monet_opt.lower import Lowered
 from monet_opt.phase import BACKWARD, FORWARD, TAG, mark_backward
@@ -29,22 +29,19 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     reread = {i for i in recomputed if problem.ops[i].outputs and  # NOTE [Held tensors made
               set(problem.ops[i].outputs) <= made}  # again] in monet_opt/held_outputs.py
     recomputed -= reread  # read from the forward, not run again
+    # NOTEs [The step's generator states], [States kept only where used], [A replay's state]
+    captured = {lowered.op_nodes[i] for i in kept_states.captured(problem, schedule, made)}
     chosen = [lowered.variant_sites[v] for v in schedule.variants]
     encodes = {site.encode_op: site for site in chosen if site.encode_op is not None}
     runs: dict[str, list] = {}  # backward node -> its chosen variants (NOTE [Combining variants])
     for site in chosen:
         runs.setdefault(site.backward_node, []).append(site)
-    # producers whose generator state a chosen variant keeps (NOTE [Generator-state replay])
-    replayed = {_producer(nodes[site.backward_node].args[site.arg]) for site in chosen
-                if variants.family(site.family).draw is not None}
     for n in joint.graph.nodes:
         if n.op in ("placeholder", "get_attr"):
             e.bind(n, e.g.node_copy(n))
     for name in lowered.snapshots:  # NOTE [Buffers the step updates]
         e.snapshots[name] = e.emit_clone(nodes[name])
         e.snapshots[name].meta[updated_buffers.MADE] = name  # NOTE [Copies nothing reads]
-    # NOTEs [The step's generator states], [States kept only where used], [A replay's state]
-    captured = replayed | {lowered.op_nodes[i] for i in recomputed if problem.ops[i].is_random}
     e.make_states([n for n in recompute.random_forward_ops(joint, lowered) if n.name in captured])
     for k, i in enumerate(problem.forward_ops):
         if i in encodes:
