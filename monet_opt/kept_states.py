@@ -4,28 +4,14 @@ used] in monet_opt/recompute.py), for what shows a stored schedule (`monet-opt p
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, AbstractSet
+from typing import TYPE_CHECKING
 
-from monet_opt import recompute, variants
-from solvers import Problem, Schedule, SolveResult, simulate
+from monet_opt import recompute
+from solvers import Problem, SolveResult, simulate
+from solvers.simulate import captured
 
 if TYPE_CHECKING:
     from monet_opt.cache import Profile
-
-
-def captured(problem: Problem, schedule: Schedule, made: AbstractSet[int] = frozenset()
-             ) -> set[int]:
-    """The random forward ops whose generator state `schedule`'s step keeps (NOTEs [States
-    kept only where used], [A replay's state] in monet_opt/recompute.py): those it recomputes
-    and those a chosen replaying variant draws again. A recomputed op whose outputs are all in
-    `made` (tensors the step holds anyway: NOTE [Held tensors made again] in
-    monet_opt/held_outputs.py) is read, not run again, and keeps none."""
-    ops = problem.ops
-    kept = {i for i in schedule.backward if ops[i].is_random and not ops[i].is_backward and
-            not (ops[i].outputs and set(ops[i].outputs) <= made)}
-    return kept | {problem.tensors[problem.variants[v].replaces].producer
-                   for v in schedule.variants
-                   if variants.family(problem.variants[v].name.split(":")[0]).draw is not None}
 
 
 def as_kept(profile: Profile, result: SolveResult) -> tuple[Problem, SolveResult]:

@@ -117,7 +117,7 @@ def attach_variants(lowered: Lowered, joint: fx.GraphModule,
         reads = ops[enc].outputs if enc is not None else () if instead is None else (instead,)
         problem_variants.append(Variant(
             f"{fam.name}:{node.name}", new_id[b], t, reads=reads,
-            encode_ops=(enc,) if enc is not None else ()))
+            encode_ops=(enc,) if enc is not None else (), replays=fam.draw is not None))
     problem = Problem(tuple(ops), tuple(tensors), p.fixed_bytes, p.forward_outputs,
                       p.backward_outputs, tuple(problem_variants), name=p.name)
     return dataclasses.replace(lowered, problem=problem, op_nodes=tuple(op_nodes),

@@ -50,7 +50,7 @@ from monet_opt.variant_probe import VariantProbe, timed_call as _call
 # What a profile holds, in the profile directory's keys: a profile an older profiler made is
 # not served to this one (each revision and what it changed: profiles/README.md). Raise it
 # when what the profiler measures changes meaning.
-PROFILER_REVISION = 22
+PROFILER_REVISION = 23
 
 
 class ProfileTimeLimitWarning(RuntimeWarning):
@@ -80,6 +80,9 @@ class ProfileResult:
     op_workspace_bytes: tuple[int, ...] = ()  # per op (NOTE [Workspace] in monet_opt/memory.py)
     # per op, its forward run's where less (NOTE [A first run's workspace] in solvers/simulate.py)
     op_first_workspace_bytes: tuple[int | None, ...] = ()
+    # per random op, its forward run's with its generator state captured (NOTE [The capture's
+    # copy] in monet_opt/recompute.py)
+    op_captured_workspace_bytes: tuple[int | None, ...] = ()
     # per op, what its tensor outputs' storages hold (NOTE [Outputs larger than their shapes])
     op_output_bytes: tuple[tuple[int, ...] | None, ...] = ()
     made_again: int = 0  # values dropped and made again to keep within the memory limit
@@ -141,6 +144,8 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         op_workspace_bytes=tuple(workspace.get(name, (0,))[0] for name in lowered.op_nodes),
         op_first_workspace_bytes=tuple(workspace.get(name, (0, None))[1]
                                        for name in lowered.op_nodes),
+        op_captured_workspace_bytes=tuple(workspace.get(name, (0, None, None))[2]
+                                          for name in lowered.op_nodes),
         op_output_bytes=tuple(held.get(name) for name in lowered.op_nodes),
         made_again=made_again, relaid=tuple(relaid.items()))
 
@@ -302,19 +307,22 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
 
 
 def _workspaces(node: fx.Node, target, args, kwargs, env: dict, cuda: bool
-                ) -> tuple[Any, tuple[int, int | None]]:
+                ) -> tuple[Any, tuple[int, int | None, int | None]]:
     """`node`'s value, from the run that takes its workspace as the executor recomputes it;
     and that workspace with its forward run's where that differs (NOTE [A first run's
-    workspace] in solvers/simulate.py), else None; each with what a sparse input's transposed
-    copy adds (NOTE [Sparse inputs])."""
+    workspace] in solvers/simulate.py) and that run's with its state captured (NOTE [The
+    capture's copy]), else None; each with what a sparse input's transposed copy adds (NOTE
+    [Sparse inputs])."""
     inputs = (env[n.name] for n in node.graph.nodes if n.op == "placeholder" and n.name in env)
     copies = sparse_copies(pytree.tree_leaves((args, kwargs)), inputs)
     taken = lambda run: counted(conv_split.as_traced(node, run), cuda,  # noqa: E731
                                 (args, kwargs))
-    first = taken(recompute.as_first_run(node, target, args, kwargs))[1] + copies \
-        if recompute.holds_state(node, kwargs) else None  # NOTE [The capture's copy]
+    first = captured = None
+    if recompute.holds_state(node, kwargs):
+        first = taken(functools.partial(target, *args, **kwargs))[1] + copies
+        captured = taken(recompute.as_first_run(node, target, args, kwargs))[1] + copies
     value, workspace = taken(recompute.as_run(node, target, args, kwargs))
-    return value, (workspace + copies, first)
+    return value, (workspace + copies, first, captured)
 
 
 # NOTE [Noisy samples]

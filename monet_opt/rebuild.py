@@ -9,11 +9,12 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _make_graph_module
 
-from monet_opt import grad_in_place, kept_states, recompute, updated_buffers, variants
+from monet_opt import grad_in_place, recompute, updated_buffers, variants
 from monet_opt.errors import internal_assert
 from monet_opt.lower import Lowered
 from monet_opt.phase import BACKWARD, FORWARD, TAG, mark_backward
 from solvers import Schedule, simulate
+from solvers.simulate import captured as captured_ops
 
 _ADD_INPLACE = torch.ops.aten.add_.Tensor
 OVERWRITES = "monet_overwrites"  # node meta: (phase, the argument it writes into)
@@ -30,7 +31,7 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
               set(problem.ops[i].outputs) <= made}  # again] in monet_opt/held_outputs.py
     recomputed -= reread  # read from the forward, not run again
     # NOTEs [The step's generator states], [States kept only where used], [A replay's state]
-    captured = {lowered.op_nodes[i] for i in kept_states.captured(problem, schedule, made)}
+    captured = {lowered.op_nodes[i] for i in captured_ops(problem, schedule, made)}
     chosen = [lowered.variant_sites[v] for v in schedule.variants]
     encodes = {site.encode_op: site for site in chosen if site.encode_op is not None}
     runs: dict[str, list] = {}  # backward node -> its chosen variants (NOTE [Combining variants])

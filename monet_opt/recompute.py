@@ -237,9 +237,13 @@ def as_first_run(node: fx.Node, target, args: tuple, kwargs: dict) -> Callable[[
 #   the forward holds is alive, and it is freed before the op runs. The first run's workspace
 #   was the op's alone, so where a dropout's output and workspace came to less than a state,
 #   its least plan passed the limit by the difference (a 6-op fuzzed model: 1,964 B, 16 %
-#   over; fuzz probe, 2026-12-06). The profiler now takes the first run with the capture; a
-#   random op never recomputed, which captures nothing, is priced so too: at most a state's
-#   bytes over, and only where its output is smaller than a state.
+#   over; fuzz probe, 2026-12-06). The profiler takes the first run both ways, and the
+#   problem holds both (`Op.first_workspace_bytes`, `captured_workspace_bytes`): the simulator
+#   prices the run with the capture only where the schedule recomputes or replays the op
+#   (`solvers.simulate.captured`, the rule the executor's rebuild applies); the solvers, which
+#   do not tell, price every forward run with it (the safe side). Priced with it everywhere, a
+#   store-all step of a Linear and a dropout predicted 7,256 B where it measured 2,768 B, and a
+#   limit at its own measured peak was refused.
 
 
 def holds_state(node: fx.Node, kwargs: dict) -> bool:

@@ -71,11 +71,9 @@ def _while_running(problem: Problem, i: int, sizes: list[int], replaceable: set[
     op = problem.ops[i]
     open_ = replaceable | set(op.overwrites)
     inputs = sum(sizes[t] for t in set(op.inputs) - open_)
-    # a random op's first run may be priced with a copy of its generator state, made only
-    # where a schedule recomputes it (NOTE [The capture's copy] in monet_opt/recompute.py):
-    # none is a bound (the bound had said "no schedule can fit" of store-all's own peak)
-    extra = 0 if op.is_random else \
-        min(op.first_extra_bytes, problem.least_workspaces[i] - op.inplace_bytes)
+    # a random op's first run copies its generator state only where a schedule keeps it
+    # (NOTE [The capture's copy] in monet_opt/recompute.py): the run without is the bound
+    extra = min(op.run_workspace_bytes(True), problem.least_workspaces[i]) - op.inplace_bytes
     return inputs + sum(sizes[t] for t in set(op.outputs)) + extra
 
 

@@ -40,7 +40,10 @@ class Op:
     differs from its first run (None: time_s); see `rerun_s`. overwrites: forward tensors the
     op reads that it writes its output into where that input dies at it (NOTE [Writing into a
     dying input] in solvers/simulate.py). first_workspace_bytes: its forward run's workspace
-    where less than its recomputations' (NOTE [A first run's workspace] in simulate.py)."""
+    where less than its recomputations' (NOTE [A first run's workspace] in simulate.py).
+    captured_workspace_bytes: a random op's forward run's where the schedule recomputes or
+    replays it, its generator state copied in first (NOTE [The capture's copy] in
+    monet_opt/recompute.py); None: as any forward run's."""
 
     name: str
     is_backward: bool
@@ -53,6 +56,7 @@ class Op:
     recompute_time_s: float | None = None
     overwrites: tuple[int, ...] = ()
     first_workspace_bytes: int | None = None
+    captured_workspace_bytes: int | None = None
 
     @property
     def rerun_s(self) -> float:
@@ -67,17 +71,22 @@ class Op:
         the storage of an input it writes its output into (NOTE [In-place accumulation])."""
         return self.workspace_bytes - self.inplace_bytes
 
-    def run_workspace_bytes(self, first: bool) -> int:
-        """Its workspace in its forward run (`first`) or in any other: a recomputation, the
-        backward (NOTE [A first run's workspace] in simulate.py)."""
+    def run_workspace_bytes(self, first: bool, captured: bool = False) -> int:
+        """Its workspace in its forward run (`first`; `captured`: its state copied in first)
+        or in any other: a recomputation, the backward (NOTE [A first run's workspace] in
+        simulate.py)."""
+        if first and captured and self.captured_workspace_bytes is not None:
+            return self.captured_workspace_bytes
         if first and self.first_workspace_bytes is not None:
             return self.first_workspace_bytes
         return self.workspace_bytes
 
     @property
     def first_extra_bytes(self) -> int:
-        """`extra_bytes` of its forward run."""
-        return self.run_workspace_bytes(first=True) - self.inplace_bytes
+        """`extra_bytes` of its forward run, captured or not (what the solvers price it at:
+        they do not tell which ops a schedule captures)."""
+        return max(self.run_workspace_bytes(True), self.run_workspace_bytes(True, True)) - \
+            self.inplace_bytes
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,9 @@ class Variant:
     ops that run only when the variant is chosen, or tensors the forward makes anyway), and its
     time and workspace change by `extra_time_s` and `extra_workspace_bytes` (either sign: NOTE
     [A variant's workspace below its op's] in solvers/variant_checks.py).
-    Variants of the same (op, replaces) exclude each other; the others combine."""
+    Variants of the same (op, replaces) exclude each other; the others combine. replays: it
+    draws `replaces` again from the generator state its producer's forward run kept (NOTE
+    [Generator-state replay] in monet_opt/variants.py): chosen, that run is captured."""
 
     name: str
     op: int
@@ -98,6 +109,7 @@ class Variant:
     encode_ops: tuple[int, ...] = ()
     extra_time_s: float = 0.0
     extra_workspace_bytes: int = 0
+    replays: bool = False
 
     @property
     def group(self) -> tuple[int, int]:

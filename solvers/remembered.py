@@ -78,11 +78,12 @@ def _memory_of(solver: str, problem: Problem) -> int:
     """A hash of `solver` and what a schedule's simulated peak depends on (not the times)."""
     return hash((solver,
                  tuple((o.is_backward, o.inputs, o.outputs, o.workspace_bytes, o.inplace_bytes,
-                        o.overwrites, o.first_workspace_bytes) for o in problem.ops),
+                        o.overwrites, o.first_workspace_bytes, o.captured_workspace_bytes)
+                       for o in problem.ops),
                  tuple((t.bytes, t.producer) for t in problem.tensors), problem.fixed_bytes,
                  problem.forward_outputs, problem.backward_outputs,
-                 tuple((v.op, v.replaces, v.reads, v.encode_ops, v.extra_workspace_bytes)
-                       for v in problem.variants)))
+                 tuple((v.op, v.replaces, v.reads, v.encode_ops, v.extra_workspace_bytes,
+                        v.replays) for v in problem.variants)))
 
 
 def _graph_of(solver: str, problem: Problem) -> int:

@@ -27,10 +27,10 @@ def check_numbers(p: Any, fail: Callable[[str], None]) -> None:
                 and _bytes_ok(op.workspace_bytes)):
             fail(f"op {op.name!r} has a negative, infinite or absurd time or workspace "
                  f"({op.time_s!r} s, rerun {op.rerun_s!r} s, {op.workspace_bytes!r} B)")
-        first = op.first_workspace_bytes
-        if first is not None and not (_bytes_ok(first) and first <= op.workspace_bytes):
-            fail(f"op {op.name!r} has a first run's workspace ({first!r} B) that is not a "
-                 f"whole number of bytes at most its workspace ({op.workspace_bytes!r} B)")
+        for first in (op.first_workspace_bytes, op.captured_workspace_bytes):
+            if first is not None and not (_bytes_ok(first) and first <= op.workspace_bytes):
+                fail(f"op {op.name!r} has a first run's workspace ({first!r} B) that is not a "
+                     f"whole number of bytes at most its workspace ({op.workspace_bytes!r} B)")
     for ten in p.tensors:
         if not _bytes_ok(ten.bytes):
             fail(f"tensor {ten.name!r} has bytes not a whole number, negative or absurd "

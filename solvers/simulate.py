@@ -59,6 +59,7 @@ def simulate(problem: Problem, schedule: Schedule) -> Simulation:
     """Replay `schedule` on `problem` (with the schedule's variants in use). Raises
     InvalidScheduleError if it cannot run."""
     unrun = _unrun_encodes(problem, schedule)
+    kept_states = captured(problem, schedule)
     problem = problem.with_variants(schedule.variants)
     _check_backward_order(problem, schedule)
     steps = problem.forward_ops + schedule.backward
@@ -70,7 +71,7 @@ def simulate(problem: Problem, schedule: Schedule) -> Simulation:
     overwrites = _overwrites(problem, born, last, tensor_of, candidates)
     reused = {k: sizes[c] for k, c in overwrites}
     live_bytes, peak, peak_step = _memory_timeline(problem, steps, born, last, sizes, reused,
-                                                   unrun)
+                                                   unrun, kept_states)
     counts = [0] * len(problem.ops)
     for i in schedule.backward:
         if not problem.ops[i].is_backward:
@@ -89,7 +90,8 @@ def alive_at(problem: Problem, schedule: Schedule, step: int) -> tuple[tuple[int
     `steps`): (tensor, step that made this copy of it) per copy, fixed memory and the op's
     workspace aside. An input the step writes its output into is held as that output (NOTE
     [Writing into a dying input]). With them the step's `live_bytes` is fixed memory plus
-    these copies' bytes plus the op's `extra_bytes` (`first_extra_bytes` in the forward)."""
+    these copies' bytes plus the op's `extra_bytes` (in the forward, its first run's: NOTE [A
+    first run's workspace])."""
     unrun = _unrun_encodes(problem, schedule)
     problem = problem.with_variants(schedule.variants)
     _check_backward_order(problem, schedule)
@@ -101,6 +103,21 @@ def alive_at(problem: Problem, schedule: Schedule, step: int) -> tuple[tuple[int
                if k == step}
     return tuple((tensor_of[c], born[c]) for c in range(len(born))
                  if born[c] <= step <= last[c] and c not in written)
+
+
+def captured(problem: Problem, schedule: Schedule, made: frozenset[int] = frozenset()
+             ) -> frozenset[int]:
+    """The random forward ops whose generator state `schedule`'s step keeps (NOTE [The
+    capture's copy] in monet_opt/recompute.py): those it recomputes and those a chosen
+    variant replays. A recomputed op whose outputs are all in `made` (tensors the step holds
+    anyway: NOTE [Held tensors made again] in monet_opt/held_outputs.py) is read, not run
+    again, and keeps none."""
+    ops = problem.ops
+    kept = {i for i in schedule.backward if 0 <= i < len(ops) and ops[i].is_random and
+            not ops[i].is_backward and not (ops[i].outputs and set(ops[i].outputs) <= made)}
+    return frozenset(kept | {problem.tensors[problem.variants[v].replaces].producer
+                             for v in schedule.variants
+                             if 0 <= v < len(problem.variants) and problem.variants[v].replays})
 
 
 def _check_backward_order(problem: Problem, schedule: Schedule) -> None:
@@ -235,10 +252,13 @@ def _enter_backward(problem, schedule, current, last, n_fwd):
 #   its runs at: an upper bound for the first. The simulator, which says what a schedule peaks
 #   at, prices the forward run at `first_workspace_bytes` where that is set (at most
 #   workspace_bytes), so a plan whose peak is at such an op's forward run predicts what the
-#   step holds (a small RNN's dropout: 5,056 B over before). The least-peak bound
-#   (solvers/peak_bound.py) takes the first run's too: every op runs at least once.
+#   step holds (a small RNN's dropout: 5,056 B over before); and where the schedule keeps the
+#   op's state (`captured`), at `captured_workspace_bytes`, with the state's copy (NOTE [The
+#   capture's copy] in monet_opt/recompute.py). The solvers take the larger of the two
+#   (`Op.first_extra_bytes`). The least-peak bound (solvers/peak_bound.py) takes the first
+#   run's uncaptured: every op runs at least once.
 def _memory_timeline(problem: Problem, steps, born, last, sizes, reused: dict[int, int],
-                     unrun: frozenset[int] = frozenset()):
+                     unrun: frozenset[int], kept_states: frozenset[int]):
     n = len(steps)
     n_fwd = len(problem.forward_ops)
     alloc = [0] * (n + 1)
@@ -251,7 +271,8 @@ def _memory_timeline(problem: Problem, steps, born, last, sizes, reused: dict[in
     timeline = []
     for k, i in enumerate(steps):
         op = problem.ops[i]  # NOTE [A first run's workspace]
-        extra = (0 if i in unrun else op.first_extra_bytes) if k < n_fwd else op.extra_bytes
+        extra = op.extra_bytes if k >= n_fwd else 0 if i in unrun else \
+            op.run_workspace_bytes(True, i in kept_states) - op.inplace_bytes
         during = live + alloc[k] - reused.get(k, 0) + extra
         timeline.append(during)
         if during > peak:
