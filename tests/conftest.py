@@ -8,6 +8,11 @@ import os
 import pytest
 from hypothesis import settings
 
+# xdist's controller imports a warning's module to show it: importing monet_opt.step there
+# failed on monet_opt.plan half made (a circular ImportError that took both workers down,
+# where a plain `import monet_opt.step` does not); loaded here, it is whole before any test
+import monet_opt  # noqa: F401, E402
+
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
