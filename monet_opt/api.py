@@ -10,9 +10,9 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import (capture, grouped_attention, host_random, joint_passes, ones_masks,
-                       outside_grads, progress, recompute, refusals, rewrite, updated_buffers,
-                       variants_bn)
+from monet_opt import (capture, grouped_attention, host_random, joint_passes, kept_states,
+                       ones_masks, outside_grads, progress, recompute, refusals, rewrite,
+                       updated_buffers, variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -296,10 +296,12 @@ class _Planner:
                 outside_grads.outside_bytes(joint, num_fwd_outputs, self.primals, self.resident)
             if extra:
                 problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + extra)
+            problem = kept_states.with_states(problem, lowered)  # counted in `extra`
             held = held + returned if self.outputs_held else held
             problem, made = held_problem(problem, {t for k in held for t in
                                                    lowered.output_tensors[k]},
                                          held_loss(joint, lowered, problem, returned))
+            problem = kept_states.held(problem, made)
             self.problem = problem
             lowered = matching(lowered, problem)
             slots = GradientSlots(self.resident, self.primals) if self.resident else None

@@ -107,8 +107,8 @@ def check_result(result: SolveResult, problem: Problem, limit_bytes: int) -> Non
 def _check_facts(result: SolveResult, problem: Problem) -> None:
     """What plan.explain() and InfeasibleBudgetError show of a solve: a gap "x" made explain()
     raise, a least peak of 1 B or a solve of -5 s were shown as measured."""
-    least = problem.fixed_bytes + sum(problem.tensors[t].bytes
-                                      for t in set(problem.backward_outputs))
+    least = problem.fixed_bytes - sum(op.state_bytes for op in problem.ops) + \
+        sum(problem.tensors[t].bytes for t in set(problem.backward_outputs))
     if not (isinstance(result.solver, str) and isinstance(result.note, str)
             and _number(result.solve_time_s) and (result.gap is None or _number(result.gap))
             and (result.bound_s is None or _number(abs(result.bound_s)))

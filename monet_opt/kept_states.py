@@ -1,32 +1,49 @@
-"""The generator states a schedule keeps, read from its problem (NOTE [States kept only where
-used] in monet_opt/recompute.py), for what shows a stored schedule (`monet-opt precompute`,
-`explain`): its step's prediction, as optimize() plans it."""
+"""The generator states of a step's problem (NOTE [States kept only where used] in
+monet_opt/recompute.py): each random op's, on the op as `Op.state_bytes` and in the fixed
+memory, which the simulator leaves out where the schedule keeps none of it."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from monet_opt import recompute
-from solvers import Problem, SolveResult, simulate
-from solvers.simulate import captured
-
-if TYPE_CHECKING:
-    from monet_opt.cache import Profile
+from solvers import Problem
 
 
-def as_kept(profile: Profile, result: SolveResult) -> tuple[Problem, SolveResult]:
-    """`profile`'s problem with the fixed bytes of the generator states `result`'s schedule
-    does not keep left out, and `result` with its peak on it: a CPU step's problem as
-    optimize() derives it counts one per random forward op; the step makes those it recomputes
-    or replays alone. A recomputed op whose outputs the step holds anyway is counted as kept
-    (which the step holds is known only as it runs: the safe side)."""
-    problem, schedule = profile.problem, result.schedule
-    if schedule is None or not profile.derived or not profile.key.device.startswith("cpu"):
-        return problem, result
-    kept = captured(problem, schedule)
-    unkept = sum(problem.ops[i].is_random and i not in kept for i in problem.forward_ops)
-    if not unkept:
-        return problem, result
-    problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes -
-                                  unkept * recompute.rng_state_nbytes("cpu"))
-    return problem, dataclasses.replace(result, peak_bytes=simulate(problem, schedule).peak_bytes)
+def with_states(problem: Problem, lowered) -> Problem:
+    """`problem` with the states `lowered.states` names on their random ops (the caller
+    counts them in the fixed memory)."""
+    if not lowered.states:
+        return problem
+    index = {name: i for i, name in enumerate(lowered.op_nodes)}
+    sizes = {index[name]: size for name, size in lowered.states}
+    return dataclasses.replace(problem, ops=tuple(
+        dataclasses.replace(op, state_bytes=sizes[i]) if i in sizes else op
+        for i, op in enumerate(problem.ops)))
+
+
+def stateless(problem: Problem, ops: set[int] | None = None) -> Problem:
+    """`problem` where `ops` (None: every op) keep no state: their states out of the fixed
+    memory, and their first runs without the capture (NOTE [The capture's copy])."""
+    gone = [i for i, op in enumerate(problem.ops)
+            if op.state_bytes and (ops is None or i in ops)]
+    if not gone:
+        return problem
+    new = list(problem.ops)
+    for i in gone:
+        new[i] = dataclasses.replace(new[i], state_bytes=0, captured_workspace_bytes=None)
+    return dataclasses.replace(problem, ops=tuple(new), fixed_bytes=problem.fixed_bytes - sum(
+        problem.ops[i].state_bytes for i in gone))
+
+
+def held(problem: Problem, made: frozenset[int]) -> Problem:
+    """`problem` where the random ops whose outputs the step holds anyway (`made`: NOTE [Held
+    tensors made again] in monet_opt/held_outputs.py) keep no state: recomputed, they are read,
+    not run again; one whose output a chosen variant draws again keeps its state."""
+    replayed = {problem.tensors[v.replaces].producer for v in problem.variants if v.replays}
+    return stateless(problem, {i for i, op in enumerate(problem.ops) if op.state_bytes and
+                               i not in replayed and op.outputs and set(op.outputs) <= made})
+
+
+def all_counted(problem: Problem) -> Problem:
+    """`problem` as the solvers count it: every state held whatever the schedule."""
+    return dataclasses.replace(problem, ops=tuple(
+        dataclasses.replace(op, state_bytes=0) if op.state_bytes else op for op in problem.ops))

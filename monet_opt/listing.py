@@ -14,7 +14,6 @@ from pathlib import Path
 import solvers
 from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
 from monet_opt.errors import UsageError
-from monet_opt.kept_states import as_kept
 from monet_opt.plan import limit_bytes, make_plan
 from monet_opt.cli_inputs import profile_root
 from monet_opt.units import format_bytes, parse_limit
@@ -173,8 +172,7 @@ def run_explain(args: argparse.Namespace) -> int:
                          f"({result.min_feasible_bytes} B); explain a larger limit")
     print(f"{profile.folder.name}: {profile.name}, inputs {profile.key.inputs}, "
           f"{profile.key.device}")
-    problem, result = as_kept(planned, result)  # NOTE [States kept only where used]
-    print(make_plan(problem, planned.op_labels, result, limit).explain())
+    print(make_plan(planned.problem, planned.op_labels, result, limit).explain())
     return 0
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from monet_opt.units import format_bytes
 from solvers import NO_PRODUCER, Problem, Schedule, Simulation, alive_at, simulate
+from solvers.simulate import captured
 
 LARGEST = 3  # tensors named, largest first
 _KINDS = {"gradients": "a gradient returned", "kept": "from the forward",
@@ -97,9 +98,10 @@ def held_at(problem: Problem, schedule: Schedule, labels: tuple[str, ...] = (),
         sizes.append((tensor.name, tensor.bytes, _KINDS[kind] + where))
     op = plain.ops[sim.steps[sim.peak_step]]
     phase = "forward" if sim.peak_step < n_fwd else "backward"
-    workspace = op.run_workspace_bytes(first=phase == "forward")
+    workspace = op.run_workspace_bytes(first=phase == "forward", captured=sim.steps[
+        sim.peak_step] in captured(problem, schedule))  # NOTE [The capture's copy]
     largest = tuple(sorted(sizes, key=lambda s: -s[1])[:LARGEST])
-    return HeldAtPeak(op=f"{op.name}, {phase}", fixed_bytes=problem.fixed_bytes,
+    return HeldAtPeak(op=f"{op.name}, {phase}", fixed_bytes=sim.fixed_bytes,
                       **{k: Part(*v) for k, v in parts.items()},
                       workspace_bytes=workspace, largest=largest,
                       in_place_bytes=op.inplace_bytes)

@@ -133,7 +133,7 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
     return Plan(memory_limit_bytes=limit, predicted_peak_bytes=sim.peak_bytes,
                 predicted_step_time_s=sim.time_s, solver=result.solver,
                 status=result.status.value, solve_time_s=result.solve_time_s, gap=result.gap,
-                fixed_bytes=problem.fixed_bytes, gradient_bytes=grads,
+                fixed_bytes=sim.fixed_bytes, gradient_bytes=grads,
                 store_all_peak_bytes=store_all.peak_bytes, store_all_step_time_s=store_all.time_s,
                 min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
                 variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
@@ -169,7 +169,7 @@ def limit_bytes(limit: int | Share, problem: Problem) -> int:
     if not isinstance(limit, Share):
         return limit
     store_all, grads = _store_all(problem)
-    return limit.bytes_of(problem.fixed_bytes + grads, store_all.peak_bytes)
+    return limit.bytes_of(store_all.fixed_bytes + grads, store_all.peak_bytes)
 
 
 def _store_all(problem: Problem) -> tuple[Simulation, int]:

@@ -27,7 +27,6 @@ from monet_opt.cache import Profile, ProfileCache
 from monet_opt.cli_inputs import (device_of, load_factory, parse_shape, positive_seconds,
                                   profile_root)
 from monet_opt.errors import UsageError, internal_assert
-from monet_opt.kept_states import as_kept
 from monet_opt.plan import Plan, make_plan
 from monet_opt.units import Share, format_bytes, parse_limit
 
@@ -267,8 +266,7 @@ def _outcome(profile: Profile, result: solvers.SolveResult, limit: int,
              cached: bool = False) -> str:
     """The rest of a precompute line: peak, overhead, solver, status, time; or why none."""
     if result.feasible:
-        problem, result = as_kept(profile, result)  # NOTE [States kept only where used]
-        plan = make_plan(problem, profile.op_labels, result, limit)
+        plan = make_plan(profile.problem, profile.op_labels, result, limit)
         return (f"{format_bytes(plan.predicted_peak_bytes):>11} {plan.predicted_overhead:>+9.1%}  "
                 f"{result.solver:<17} {result.status.value:<10} "
                 + (f"{'cached':>7}" if cached else f"{result.solve_time_s:>7.2f}"))

@@ -305,12 +305,18 @@ SLOT_OF = "monet_slot_of"  # meta of a state slot's node: its random op's name
 #   CPU): a step that recomputes nothing held 111,232 B more than eager's on a tiny Whisper (22
 #   dropouts, 23 % over its peak; DistilBERT, RoBERTa, Phi 6-7 %), and a limit at eager's own
 #   peak was refused (HF zoo probe, 2026-12-06). Now only the ops a schedule recomputes or
-#   replays get a slot; the others capture nothing. The solvers still count every state (a
-#   schedule's choice of what to recompute would have to price them), so the states are
-#   fixed bytes a schedule may not make, as the copies of buffers the step updates are (NOTE
-#   [Copies counted as made] in monet_opt/updated_buffers.py): the plan's prediction counts
-#   those its forward makes, a share of the activations is of the step without them, and
-#   where no schedule fits with them all, the problem is solved again without them.
+#   replays get a slot; the others capture nothing. Each state is on its op in the problem
+#   (`Op.state_bytes`, monet_opt/kept_states.py) and in the fixed memory: the solvers count
+#   every state (a schedule's choice of what to recompute would have to price them), the
+#   simulator only those the schedule keeps (`solvers.simulate.captured`, the rule rebuild.py
+#   applies), so a plan's prediction, its store-all figures, a share of the activations and
+#   a stored schedule's peak shown by `explain` are of the states the step makes; an op whose
+#   outputs the step holds anyway keeps none (kept_states.held). Where no schedule fits with
+#   every state counted, the problem is solved again without them, as without the copies of
+#   buffers the step updates (NOTE [Copies counted as made] in monet_opt/updated_buffers.py).
+#   A store-all step with 3 RReLUs, planned at a limit its least plan met with 2 states,
+#   reported its store-all peak 10,112 B over the store-all step's (module probe,
+#   2026-12-06); `list` and `explain` showed one schedule's peak 2.56 and 2.53 MiB.
 
 
 def device_of(node: fx.Node) -> str:

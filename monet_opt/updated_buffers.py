@@ -33,7 +33,7 @@ import torch.fx as fx
 import solvers
 from solvers import baselines
 from solvers.baselines import BaselineOptions
-from monet_opt import phase, recompute
+from monet_opt import kept_states, phase, recompute
 from solvers import Problem, Schedule, SolveResult, simulate
 
 # NOTE [Copies nothing reads]
@@ -55,15 +55,14 @@ MADE = "monet_snapshot"  # node meta: the placeholder whose copy this forward no
 def as_made(problem: Problem, result: SolveResult, forward: fx.GraphModule,
             lowered) -> tuple[Problem, SolveResult]:
     """`problem` and `result` with the fixed bytes of the copies `forward` does not make (NOTE
-    [Copies nothing reads]); as they are where it makes every one."""
+    [Copies nothing reads]); as they are where it makes every one. The generator states the
+    step makes are the simulator's to tell (NOTE [States kept only where used] in
+    monet_opt/recompute.py). Its least peak is at most its own."""
     made = {node.meta[MADE] for node in forward.graph.nodes if MADE in node.meta}
-    made |= {n.meta[recompute.SLOT_OF] for n in forward.graph.nodes if recompute.SLOT_OF in n.meta}
-    unmade = sum(size for name, size in (*zip(lowered.snapshots, lowered.snapshot_sizes),
-                                         *lowered.states) if name not in made)
-    if not unmade:
-        return problem, result
+    unmade = sum(size for name, size in zip(lowered.snapshots, lowered.snapshot_sizes)
+                 if name not in made)
     problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes - unmade)
-    peak = simulate(problem, result.schedule).peak_bytes  # below the least counted, it is less
+    peak = simulate(problem, result.schedule).peak_bytes  # less than counted, where unmade
     least = result.min_feasible_bytes
     return problem, dataclasses.replace(result, peak_bytes=peak, min_feasible_bytes=peak
                                         if least is None else min(least, peak))
@@ -73,8 +72,8 @@ def uncopied(problem: Problem, lowered) -> Problem:
     """`problem` without the copies' fixed bytes: the store-all step, which makes none, that a
     share of the activations is of, and what bounds every schedule's peak from below (NOTE
     [Copies counted as made])."""
-    return dataclasses.replace(problem,
-                               fixed_bytes=problem.fixed_bytes - lowered.conditional_bytes)
+    lighter = kept_states.stateless(problem)
+    return dataclasses.replace(lighter, fixed_bytes=lighter.fixed_bytes - lowered.snapshot_bytes)
 
 
 # NOTE [Copies counted as made]
@@ -122,7 +121,8 @@ def store_all_if_fits(problem: Problem, limit: int, lowered,
         return result  # a solver named is answered with its own schedule
     store_all = baselines.store_all(uncopied(problem, lowered), 2**62, BaselineOptions())
     least = min(store_all.peak_bytes, result.min_feasible_bytes or store_all.peak_bytes)
-    counted = simulate(problem, store_all.schedule).peak_bytes  # as the solvers saw it
+    # as the solvers saw it: every state counted
+    counted = simulate(kept_states.all_counted(problem), store_all.schedule).peak_bytes
     if store_all.peak_bytes <= limit < counted:  # refused only for what it does not make
         return dataclasses.replace(store_all, min_feasible_bytes=least, peak_bytes=counted,
                                    solver=f"{result.solver.split(':')[0]}:store_all")

@@ -27,7 +27,7 @@ def counted_above(problem: Problem, first_runs: bool) -> str:
                               op.first_workspace_bytes < op.workspace_bytes
                               for op in problem.ops):
         said.append("smaller first-run workspaces")
-    if any(op.run_workspace_bytes(True) != op.run_workspace_bytes(True, True)
-           for op in problem.ops):  # NOTE [The capture's copy] in monet_opt/recompute.py
-        said.append("first runs that copy no generator state")
+    if any(op.state_bytes or op.run_workspace_bytes(True) != op.run_workspace_bytes(True, True)
+           for op in problem.ops):  # NOTEs [The capture's copy], [States kept only where used]
+        said.append("generator states a schedule keeps none of")  # in monet_opt/recompute.py
     return " and ".join(said)

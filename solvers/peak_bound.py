@@ -42,8 +42,9 @@ def least_peak_bound(problem: Problem) -> PeakBound:
     `problem`, whatever its variants."""
     sizes = [t.bytes for t in problem.tensors]
     grads = _gradient_makers(problem)
-    best = PeakBound(problem.fixed_bytes + sum(sizes[t] for t in set(problem.backward_outputs)),
-                     "")
+    # a schedule may keep no generator state (NOTE [States kept only where used])
+    fixed = problem.fixed_bytes - sum(op.state_bytes for op in problem.ops)
+    best = PeakBound(fixed + sum(sizes[t] for t in set(problem.backward_outputs)), "")
     replaceable: dict[int, set[int]] = {}
     for var in problem.variants:
         replaceable.setdefault(var.op, set()).add(var.replaces)
@@ -52,12 +53,12 @@ def least_peak_bound(problem: Problem) -> PeakBound:
     all_grads = sum(sizes[t] for made in grads.values() for t in made)
     ancestors = _backward_ancestors(problem) if grads else {}
     for held, i in sorted(local, key=lambda entry: (-entry[0], entry[1])):  # ties: first op
-        if problem.fixed_bytes + held + all_grads <= best.bytes:
+        if fixed + held + all_grads <= best.bytes:
             break  # sorted: no later op can set it
         made, own = ancestors.get(i, 0), set(problem.ops[i].inputs)
         before = sum(sizes[t] for j, ts in grads.items() if made >> j & 1 for t in ts
                      if t not in own)
-        total = problem.fixed_bytes + held + before
+        total = fixed + held + before
         if total > best.bytes:
             best = PeakBound(total, problem.ops[i].name)
     return best

@@ -43,7 +43,10 @@ class Op:
     where less than its recomputations' (NOTE [A first run's workspace] in simulate.py).
     captured_workspace_bytes: a random op's forward run's where the schedule recomputes or
     replays it, its generator state copied in first (NOTE [The capture's copy] in
-    monet_opt/recompute.py); None: as any forward run's."""
+    monet_opt/recompute.py); None: as any forward run's. state_bytes: that state's slot, held
+    from the step's start to its end where the schedule keeps the state (NOTE [States kept
+    only where used] in monet_opt/recompute.py): counted in `Problem.fixed_bytes`, which the
+    solvers take whole, and left out by the simulator where the schedule keeps none."""
 
     name: str
     is_backward: bool
@@ -57,6 +60,7 @@ class Op:
     overwrites: tuple[int, ...] = ()
     first_workspace_bytes: int | None = None
     captured_workspace_bytes: int | None = None
+    state_bytes: int = 0
 
     @property
     def rerun_s(self) -> float:
@@ -321,6 +325,10 @@ def _apply_variants(p: Problem, chosen: frozenset[int]) -> Problem:
                                   workspace_bytes=workspace,
                                   first_workspace_bytes=None if first is None
                                   else min(first, workspace))
+            if var.replays:  # its producer keeps its state, whatever the schedule recomputes
+                j = p.tensors[var.replaces].producer  # (NOTE [The capture's copy])
+                ops[j] = replace(ops[j], state_bytes=0, captured_workspace_bytes=None,
+                                 first_workspace_bytes=ops[j].run_workspace_bytes(True, True))
             continue
         for i in var.encode_ops:
             ops[i] = replace(ops[i], time_s=0.0, workspace_bytes=0, first_workspace_bytes=None,

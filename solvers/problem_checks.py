@@ -19,6 +19,8 @@ def validate(p) -> None:
         seen_backward |= op.is_backward
         if seen_backward and not op.is_backward:
             fail(f"forward op {op.name!r} (#{i}) comes after a backward op")
+        if op.state_bytes and (op.is_backward or not op.is_random):
+            fail(f"op {op.name!r} keeps a generator state but is not a random forward op")
         if len(set(op.outputs)) != len(op.outputs):
             fail(f"op {op.name!r} lists an output twice ({list(op.outputs)})")
         for t in op.outputs:

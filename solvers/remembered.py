@@ -78,7 +78,8 @@ def _memory_of(solver: str, problem: Problem) -> int:
     """A hash of `solver` and what a schedule's simulated peak depends on (not the times)."""
     return hash((solver,
                  tuple((o.is_backward, o.inputs, o.outputs, o.workspace_bytes, o.inplace_bytes,
-                        o.overwrites, o.first_workspace_bytes, o.captured_workspace_bytes)
+                        o.overwrites, o.first_workspace_bytes, o.captured_workspace_bytes,
+                        o.state_bytes)
                        for o in problem.ops),
                  tuple((t.bytes, t.producer) for t in problem.tensors), problem.fixed_bytes,
                  problem.forward_outputs, problem.backward_outputs,

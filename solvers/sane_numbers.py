@@ -31,6 +31,11 @@ def check_numbers(p: Any, fail: Callable[[str], None]) -> None:
             if first is not None and not (_bytes_ok(first) and first <= op.workspace_bytes):
                 fail(f"op {op.name!r} has a first run's workspace ({first!r} B) that is not a "
                      f"whole number of bytes at most its workspace ({op.workspace_bytes!r} B)")
+    states = [op.state_bytes for op in p.ops]
+    if not all(_bytes_ok(b) for b in states) or sum(states) > p.fixed_bytes:
+        fail("an op's generator state is not a whole number of bytes, or the states come to "
+             f"more than fixed_bytes ({sum(states)!r} B of {p.fixed_bytes!r}): they are part "
+             "of it (NOTE [States kept only where used] in monet_opt/recompute.py)")
     for ten in p.tensors:
         if not _bytes_ok(ten.bytes):
             fail(f"tensor {ten.name!r} has bytes not a whole number, negative or absurd "

@@ -43,7 +43,8 @@ class Simulation:
     resident while step k runs (fixed included). recompute_counts[i]: how often forward op i
     runs in the backward phase. step_time_s[k]: the time of step k (a recomputation's rerun_s).
     overwrites: (step, tensor) where the step writes its output into that input (NOTE [Writing
-    into a dying input])."""
+    into a dying input]). fixed_bytes: the problem's, less the generator states the schedule
+    keeps none of (`Op.state_bytes`)."""
 
     peak_bytes: int
     time_s: float
@@ -53,6 +54,7 @@ class Simulation:
     recompute_counts: tuple[int, ...]
     step_time_s: tuple[float, ...] = ()
     overwrites: tuple[tuple[int, int], ...] = ()
+    fixed_bytes: int = 0
 
 
 def simulate(problem: Problem, schedule: Schedule) -> Simulation:
@@ -60,18 +62,20 @@ def simulate(problem: Problem, schedule: Schedule) -> Simulation:
     InvalidScheduleError if it cannot run."""
     unrun = _unrun_encodes(problem, schedule)
     kept_states = captured(problem, schedule)
+    fixed = problem.fixed_bytes - sum(op.state_bytes for i, op in enumerate(problem.ops)
+                                      if i not in kept_states)
     problem = problem.with_variants(schedule.variants)
     _check_backward_order(problem, schedule)
     steps = problem.forward_ops + schedule.backward
     if not steps:
-        return Simulation(peak_bytes=problem.fixed_bytes, time_s=0.0, peak_step=0, steps=(),
-                          live_bytes=(), recompute_counts=())
+        return Simulation(peak_bytes=fixed, time_s=0.0, peak_step=0, steps=(),
+                          live_bytes=(), recompute_counts=(), fixed_bytes=fixed)
     born, last, tensor_of, candidates = _copy_lifetimes(problem, schedule, steps, unrun)
     sizes = [problem.tensors[t].bytes for t in tensor_of]
     overwrites = _overwrites(problem, born, last, tensor_of, candidates)
     reused = {k: sizes[c] for k, c in overwrites}
     live_bytes, peak, peak_step = _memory_timeline(problem, steps, born, last, sizes, reused,
-                                                   unrun, kept_states)
+                                                   unrun, kept_states, fixed)
     counts = [0] * len(problem.ops)
     for i in schedule.backward:
         if not problem.ops[i].is_backward:
@@ -82,7 +86,8 @@ def simulate(problem: Problem, schedule: Schedule) -> Simulation:
     return Simulation(peak_bytes=peak, time_s=sum(step_time_s), peak_step=peak_step,
                       steps=steps, live_bytes=tuple(live_bytes),
                       recompute_counts=tuple(counts), step_time_s=step_time_s,
-                      overwrites=tuple((k, tensor_of[c]) for k, c in overwrites))
+                      overwrites=tuple((k, tensor_of[c]) for k, c in overwrites),
+                      fixed_bytes=fixed)
 
 
 def alive_at(problem: Problem, schedule: Schedule, step: int) -> tuple[tuple[int, int], ...]:
@@ -258,7 +263,7 @@ def _enter_backward(problem, schedule, current, last, n_fwd):
 #   (`Op.first_extra_bytes`). The least-peak bound (solvers/peak_bound.py) takes the first
 #   run's uncaptured: every op runs at least once.
 def _memory_timeline(problem: Problem, steps, born, last, sizes, reused: dict[int, int],
-                     unrun: frozenset[int], kept_states: frozenset[int]):
+                     unrun: frozenset[int], kept_states: frozenset[int], fixed: int):
     n = len(steps)
     n_fwd = len(problem.forward_ops)
     alloc = [0] * (n + 1)
@@ -266,7 +271,7 @@ def _memory_timeline(problem: Problem, steps, born, last, sizes, reused: dict[in
     for c, b in enumerate(born):
         alloc[b] += sizes[c]
         free_after[last[c]] += sizes[c]
-    live = problem.fixed_bytes
+    live = fixed
     peak, peak_step = live, 0
     timeline = []
     for k, i in enumerate(steps):

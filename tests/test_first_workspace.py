@@ -44,16 +44,16 @@ def test_a_first_run_holding_more_than_the_op_is_refused():
     assert Problem.from_json(_chain(None).to_json()) == _chain(None)
 
 
-def _replayed(captured: int) -> Problem:
+def _replayed(captured: int, state: int = 0) -> Problem:
     """_chain(30) with `drop`'s first run holding `captured` where it copies its state, and
     a variant of `bwd` drawing `b` again from that state (an encode op making nothing)."""
     tensors = (Tensor("a", 10, 0), Tensor("b", 10, 1), Tensor("drawn", 0, 2), Tensor("g", 10, 3))
     ops = (Op("f", False, 1.0, (), (0,)),
            Op("drop", False, 1.0, (0,), (1,), workspace_bytes=100, is_random=True,
-              first_workspace_bytes=30, captured_workspace_bytes=captured),
+              first_workspace_bytes=30, captured_workspace_bytes=captured, state_bytes=state),
            Op("enc", False, 0.0, (), (2,)),
            Op("bwd", True, 1.0, (1,), (3,)))
-    return Problem(ops=ops, tensors=tensors, fixed_bytes=0, backward_outputs=(3,),
+    return Problem(ops=ops, tensors=tensors, fixed_bytes=state, backward_outputs=(3,),
                    variants=(Variant("replay", 3, 1, reads=(2,), encode_ops=(2,),
                                      replays=True),))
 
@@ -73,6 +73,26 @@ def test_a_first_run_is_priced_with_its_capture_only_where_the_state_is_kept():
     assert Problem.from_json(p.to_json()) == p
     with pytest.raises(InvalidProblemError, match="first run's workspace"):
         _replayed(101)
+
+
+def test_a_state_is_held_only_where_the_schedule_keeps_it():
+    """NOTE [States kept only where used] (monet_opt/recompute.py): a random op's state is in
+    the fixed memory, which the solvers take whole; the simulator, and the bound from sizes,
+    leave it out where the schedule keeps none, and a chosen replaying variant keeps it in
+    the problem it makes too."""
+    p = _replayed(80, state=1000)
+    kept = Schedule(kept=frozenset({1}), backward=(3,))
+    again = Schedule(kept=frozenset({0}), backward=(1, 3))
+    replay = Schedule(kept=frozenset({2}), backward=(3,), variants=frozenset({0}))
+    assert simulate(p, kept).fixed_bytes == 0 and simulate(p, kept).peak_bytes == 50
+    assert simulate(p, again).fixed_bytes == 1000 and simulate(p, again).live_bytes[1] == 1100
+    plain = p.with_variants(frozenset({0}))
+    assert simulate(p, replay).peak_bytes == 1100 == \
+        simulate(plain, Schedule(kept=frozenset({2}), backward=(3,))).peak_bytes
+    assert least_peak_bound(p).bytes <= 50
+    assert solve(p, 10**9, "store_all").peak_bytes == 50
+    with pytest.raises(InvalidProblemError, match="generator state"):
+        replace(p, fixed_bytes=999)
 
 
 def _random(seed: int) -> Problem:
