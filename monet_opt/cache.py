@@ -92,7 +92,18 @@ class ProfileCache:
         if not isinstance(root, (str, os.PathLike)) or not str(root).strip():
             raise TypeError("monet_opt: profile_dir must be a path (a str or os.PathLike, "
                             f"not empty), or None for no profile directory; got {root!r}")
-        self.root = Path(root).expanduser()  # "~/profiles" is the home's, as a shell has it
+        self.root = home_expanded(root)
+
+
+def home_expanded(root: str | os.PathLike) -> Path:
+    """`root` as a path, "~" and "~user" as a shell has them; ValueError, saying so, where
+    the home is unknown (Path.expanduser's RuntimeError reached the caller bare)."""
+    try:
+        return Path(root).expanduser()
+    except RuntimeError:
+        raise ValueError(f"monet_opt: the profile directory {str(root)!r} begins with the home "
+                         f"of {str(root).split('/')[0]!r}, which this machine does not know: "
+                         "give a path without it, or a user's that exists") from None
 
     def profile(self, key: ProfileKey, name: str, lowered: Lowered,
                 measure: Callable[[], Problem]) -> Profile:

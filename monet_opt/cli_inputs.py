@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from monet_opt.cache import home_expanded
 from monet_opt.errors import UsageError
 
 
@@ -91,7 +92,10 @@ def device_of(name: str) -> torch.device:
 def profile_root(text: str, what: str, writing: bool = False) -> Path:
     """The profile directory `text` names, refused where it cannot serve `what` (said in the
     message): a file, a link to nothing, and if `writing`, a place nothing can be made in."""
-    root = Path(text).expanduser()
+    try:
+        root = home_expanded(text)
+    except ValueError as e:
+        raise UsageError(f"--profile-dir: {str(e).removeprefix('monet_opt: ')}") from None
     if root.is_symlink() and not root.exists():  # an unmounted share: it profiled, then failed
         raise UsageError(f"--profile-dir {text} is a link to {os.readlink(root)}, which does "
                          f"not exist (or links in a loop); {what} in a directory: mount or "

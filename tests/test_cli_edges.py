@@ -7,7 +7,10 @@ import io
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
+import monet_opt
 from monet_opt import cache, cli
 from tests.test_cli import FACTORY, precompute, run_cli
 
@@ -47,6 +50,18 @@ def test_a_profile_dir_that_is_a_file_or_a_dead_link_is_said_so(tmp_path):
                      ("largest-batch", FACTORY, "--input-shape", "2x8", "--limit", "1MiB")):
             code, out, err = run_cli(*argv, "--profile-dir", str(spot))
             assert code == 2 and said in err and out == "", (argv, err)
+
+
+def test_a_profile_dir_in_an_unknown_users_home_is_said_so():
+    """"~nosuchuser/x" printed Path.expanduser's traceback from every subcommand and reached
+    optimize()'s caller as a bare RuntimeError."""
+    spot = "~monet-opt-no-such-user/profiles"
+    for argv in (("list",), ("explain", "Sequential"),
+                 ("precompute", FACTORY, "--input-shape", "2x8")):
+        code, out, err = run_cli(*argv, "--profile-dir", spot)
+        assert code == 2 and "which this machine does not know" in err and out == "", argv
+    with pytest.raises(ValueError, match="home of '~monet-opt-no-such-user'"):
+        monet_opt.optimize(nn.Linear(2, 2), torch.randn(1, 2), 1 << 30, profile_dir=spot)
 
 
 def test_explain_needs_a_profile_name(tmp_path):
