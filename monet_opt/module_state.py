@@ -13,12 +13,17 @@ class ModelState(ToModel):
     compiled steps, and no pickling. `_fresh()` is the module's: a copy's own records."""
 
     def __reduce_ex__(self, protocol):  # NOTE [Compiled around]
+        from monet_opt.output_grad import WithLoss
+        # a WithLoss's keys are its network's under "model.": they load into no plain network
+        weights = "torch.save(opt.model.model.state_dict(), path) (the network's own keys; " \
+            "opt.state_dict() has the WithLoss's, prefixed \"model.\")" \
+            if isinstance(self.model, WithLoss) else \
+            "torch.save(opt.state_dict(), path) (the model's own keys)"
         raise TypeError(
             "monet_opt: an optimized module cannot be pickled (torch.save(opt), pickle): its "
-            "steps are graphs compiled in this process. Save the model's weights, "
-            "torch.save(opt.state_dict(), path) (the model's own keys), or the model, opt.model; "
-            "after loading, call monet_opt.optimize() again: with its profile directory (the "
-            "default) it neither profiles nor solves again.")
+            f"steps are graphs compiled in this process. Save the model's weights, {weights}, "
+            "or the model, opt.model; after loading, call monet_opt.optimize() again: with its "
+            "profile directory (the default) it neither profiles nor solves again.")
 
     def __copy__(self) -> ModelState:
         twin = type(self).__new__(type(self))

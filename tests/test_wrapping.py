@@ -82,6 +82,12 @@ def test_pickling_says_what_to_save():
     torch.save(opt.state_dict(), buffer)  # what it says to save instead
     buffer.seek(0)
     assert torch.load(buffer).keys() == base.state_dict().keys()
+    # a WithLoss's keys are its network's under "model.": it said to save those all the same
+    wrapped = monet_opt.optimize(monet_opt.WithLoss(base, lambda out, y: loss_fn(out)),
+                                 (x, x), HUGE, profile_dir=None, profile_repeats=1)
+    with pytest.raises(TypeError, match=r"opt\.model\.model\.state_dict\(\), path\) \(the network"):
+        pickle.dumps(wrapped)
+    assert wrapped.model.model.state_dict().keys() == base.state_dict().keys()
 
 
 def test_shallow_copy_shares_the_model():
