@@ -84,17 +84,6 @@ from solvers import Problem, Schedule, SolveResult, Status
 from solvers.remembered import with_known
 
 
-class ProfileCache:
-    """The profile directory `root`. optimize() asks it for a profile and for each schedule;
-    it answers from a valid file or builds (measures, solves) and writes one."""
-
-    def __init__(self, root: str | os.PathLike) -> None:
-        if not isinstance(root, (str, os.PathLike)) or not str(root).strip():
-            raise TypeError("monet_opt: profile_dir must be a path (a str or os.PathLike, "
-                            f"not empty), or None for no profile directory; got {root!r}")
-        self.root = home_expanded(root)
-
-
 def home_expanded(root: str | os.PathLike) -> Path:
     """`root` as a path, "~" and "~user" as a shell has them; ValueError, saying so, where
     the home is unknown (Path.expanduser's RuntimeError reached the caller bare)."""
@@ -104,6 +93,17 @@ def home_expanded(root: str | os.PathLike) -> Path:
         raise ValueError(f"monet_opt: the profile directory {str(root)!r} begins with the home "
                          f"of {str(root).split('/')[0]!r}, which this machine does not know: "
                          "give a path without it, or a user's that exists") from None
+
+
+class ProfileCache:
+    """The profile directory `root`. optimize() asks it for a profile and for each schedule;
+    it answers from a valid file or builds (measures, solves) and writes one."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        if not isinstance(root, (str, os.PathLike)) or not str(root).strip():
+            raise TypeError("monet_opt: profile_dir must be a path (a str or os.PathLike, "
+                            f"not empty), or None for no profile directory; got {root!r}")
+        self.root = home_expanded(root)
 
     def profile(self, key: ProfileKey, name: str, lowered: Lowered,
                 measure: Callable[[], Problem]) -> Profile:
@@ -187,7 +187,8 @@ def home_expanded(root: str | os.PathLike) -> Path:
         result = solve(profile.problem, limit_bytes, solver, time_limit_s=time_limit_s,
                        known=known, candidates=self._held(profile, solver) + list(candidates))
         if result.floor_schedule is not None and not _unreadable(floor_failed) and (
-                floor is None or result.min_feasible_bytes < floor[0]):
+                floor is None or result.min_feasible_bytes < floor[0]) and \
+                self._lowers(floor_path, profile, result.min_feasible_bytes):
             _write(floor_path, {"kind": FLOOR_KIND, "schema_version": SCHEMA_VERSION,
                                 "key": {"profile_sha256": profile.content_sha256,
                                         "solver": solver},
@@ -200,6 +201,17 @@ def home_expanded(root: str | os.PathLike) -> Path:
                           "schedule": None if result.schedule is None
                           else json.loads(result.schedule.to_json())})
         return result
+
+    @staticmethod
+    def _lowers(floor_path: Path, profile: Profile, peak: int) -> bool:
+        """Whether `peak` is below the least peak `floor_path` holds now: another process
+        sharing the directory may have written a lower one while this one solved (its file,
+        read before the solve, was overwritten with a higher least: a later call at the
+        least peak that process reported was refused; cache probe, 2026-12-06)."""
+        with _reported(floor_path, "to be written again", remove=True):
+            if _stat(floor_path) is not None:
+                return peak < _read_floor(floor_path, profile)[0]
+        return True
 
     def _keep_problem(self, profile: Profile) -> None:
         """Write the derived problem `profile` solves beside its schedules, where it is missing

@@ -2,6 +2,7 @@
 tests/test_cache.py)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import threading
@@ -10,7 +11,9 @@ import warnings
 import torch
 
 import monet_opt
+import solvers
 from monet_opt import cache
+from monet_opt.api import profile_model
 from monet_opt.cache import ProfileCache
 from tests.test_cache import HUGE, _files, tiny
 
@@ -74,3 +77,26 @@ def test_two_processes_share_one_directory(tmp_path):
         warnings.simplefilter("error")
         profile, = ProfileCache(tmp_path).profiles()
         assert len(ProfileCache(tmp_path).schedules(profile)) == 1
+
+
+def test_a_lower_least_peak_written_meanwhile_is_kept(tmp_path):
+    """Two callers sharing the directory: one that read the least-peak file before the other
+    wrote a lower one overwrote it with its own higher least, so a call at the least peak the
+    other reported was refused (cache probe). The file is read again before it is written."""
+    model, x = tiny()
+    profile, _ = profile_model(model, x, profile_dir=tmp_path, profile_repeats=1)
+    store = ProfileCache(tmp_path)
+    lower = []
+
+    def meanwhile(problem, limit, solver, **kw):  # the other caller runs its whole solve here
+        lower.append(store.solve(profile, 1, "milp", 5.0))
+        got = solvers.solve(problem, limit, solver, **kw)
+        store_all = solvers.solve(problem, 2**62, "store_all")
+        return dataclasses.replace(got, min_feasible_bytes=store_all.peak_bytes,
+                                   floor_schedule=store_all.schedule)
+
+    store.solve(profile, 2, "milp", 5.0, solve=meanwhile)
+    path, = tmp_path.glob("*/least-peak-milp*.json")
+    assert json.loads(path.read_text())["peak_bytes"] == lower[0].min_feasible_bytes
+    assert lower[0].min_feasible_bytes < solvers.solve(profile.problem, 2**62,
+                                                       "store_all").peak_bytes
