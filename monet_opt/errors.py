@@ -55,13 +55,13 @@ class InfeasibleBudgetError(MonetError):
         what the least peak's schedule holds there (a HeldAtPeak: NOTE [Held at the peak]);
         bound: a PeakBound no schedule peaks below (NOTE [Proven or not found]); time_limit_s:
         the solver's."""
-        from monet_opt.units import Share, format_bytes
+        from monet_opt.units import Share, exact_bytes, format_bytes
 
         self.memory_limit_bytes = int(memory_limit_bytes)
         self.min_feasible_bytes = None if min_feasible_bytes is None else int(min_feasible_bytes)
         self.lower_bound_bytes = None if bound is None else int(bound.bytes)
         self.held = held
-        size = f"{format_bytes(memory_limit_bytes)} ({memory_limit_bytes} B)"
+        size = exact_bytes(memory_limit_bytes)
         if isinstance(asked, Share):
             size = f"{str(asked)!r} ({format_bytes(memory_limit_bytes)}, {memory_limit_bytes} B)"
         if min_feasible_bytes is None:  # stopped before any schedule (dp at time_limit_s=1e-3)
@@ -71,7 +71,7 @@ class InfeasibleBudgetError(MonetError):
                                  "its time") + ", nor any least peak to report: give it a "
                 "longer time_limit_s, or use solver='auto'.")
             return
-        least = f"{format_bytes(min_feasible_bytes)} ({min_feasible_bytes} B)"
+        least = exact_bytes(min_feasible_bytes)
         super().__init__(
             f"monet_opt.optimize: memory_limit {size} is below the least peak solver "
             f"{solver!r} can reach, {least}." + _held_text(held) +
@@ -94,14 +94,14 @@ def _bound_text(err: InfeasibleBudgetError, bound: Any, least: str,
       and the error says so (only a smaller batch or model helps). A limit between it and the
       least peak reached may be met by a schedule the solver did not find in time: the error
       says a longer time_limit_s may find one, before saying to raise the limit."""
-    from monet_opt.units import format_bytes
+    from monet_opt.units import exact_bytes
 
     act = f"memory_limit to at least {least}, or use a smaller batch."
     if bound is None:
         return " Raise " + act
     where = f" (what {bound.op} holds while it runs)" if bound.op else \
         " (the fixed memory and every gradient)"
-    sizes = f"{format_bytes(bound.bytes)} ({bound.bytes} B){where}"
+    sizes = f"{exact_bytes(bound.bytes)}{where}"
     if err.proven:
         return (f" No schedule can fit the limit: the step's sizes alone need {sizes}. Use a "
                 f"smaller batch, or raise memory_limit to at least {least}.")

@@ -16,7 +16,7 @@ from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheW
 from monet_opt.errors import UsageError
 from monet_opt.plan import limit_bytes, make_plan
 from monet_opt.cli_inputs import profile_root
-from monet_opt.units import format_bytes, parse_limit
+from monet_opt.units import exact_bytes, format_bytes, parse_limit
 
 
 def _read(root: Path) -> list[tuple[Profile, list[CachedSchedule]]]:
@@ -161,12 +161,12 @@ def run_explain(args: argparse.Namespace) -> int:
     at = sorted(found, key=lambda e: (not e[1].result.feasible, e[1].result.objective_s or 0.0))
     if not at:
         cached = ", ".join(str(s.key.memory_limit_bytes) for _, s in mine) or "none"
-        raise UsageError(f"no cached {args.solver} schedule at {format_bytes(limit)} ({limit} B) "
+        raise UsageError(f"no cached {args.solver} schedule at {exact_bytes(limit)} "
                          f"for {profile.folder.name} (cached limits in bytes: {cached}); "
                          f"precompute it: monet-opt precompute MODULE:FACTORY --limits {limit}")
     planned, result, limit = at[0][0], at[0][1].result, at[0][1].key.memory_limit_bytes
     if not result.feasible:
-        raise UsageError(f"{format_bytes(limit)} ({limit} B) is infeasible for "
+        raise UsageError(f"{exact_bytes(limit)} is infeasible for "
                          f"{profile.folder.name}: the least feasible peak is "
                          f"{format_bytes(result.min_feasible_bytes)} "
                          f"({result.min_feasible_bytes} B); explain a larger limit")

@@ -28,7 +28,7 @@ from monet_opt.cli_inputs import (device_of, load_factory, parse_shape, positive
                                   profile_root)
 from monet_opt.errors import UsageError, internal_assert
 from monet_opt.plan import Plan, make_plan
-from monet_opt.units import Share, format_bytes, parse_limit
+from monet_opt.units import Share, exact_bytes, format_bytes, parse_limit
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
@@ -197,8 +197,10 @@ def run_precompute(args: argparse.Namespace) -> int:
     """Profile once, solve every limit into the profile directory, one line per limit."""
     if args.profile_time_limit_s is not None and not args.profile_time_limit_s > 0:
         raise UsageError("--profile-time-limit-s must be positive (or left out: no limit)")
-    if not args.time_limit_s > 0 or args.profile_repeats < 1:
-        raise UsageError("--time-limit-s must be positive and --profile-repeats at least 1")
+    if not args.time_limit_s > 0:
+        raise UsageError(f"--time-limit-s must be positive, not {args.time_limit_s}")
+    if args.profile_repeats < 1:
+        raise UsageError(f"--profile-repeats must be at least 1, not {args.profile_repeats}")
     requested = requested_limits(args)
     root = profile_root(args.profile_dir, "precompute caches its profile and schedules",
                         writing=True)
@@ -275,10 +277,10 @@ def _outcome(profile: Profile, result: solvers.SolveResult, limit: int,
                 f"{result.solve_time_s:.1f} s): raise --time-limit-s")
     least, bound = result.min_feasible_bytes, least_peak_bound(profile.problem).bytes
     if limit < bound:  # NOTE [Proven or not found] in monet_opt/errors.py
-        return (f"infeasible: the least feasible peak is {format_bytes(least)} ({least} B), "
+        return (f"infeasible: the least feasible peak is {exact_bytes(least)}, "
                 f"and the step's sizes alone need {format_bytes(bound)}; ask for at least "
                 f"{format_bytes(least)}")
-    return (f"infeasible: the least feasible peak is {format_bytes(least)} ({least} B); ask "
+    return (f"infeasible: the least feasible peak is {exact_bytes(least)}; ask "
             f"for at least that, or a longer --time-limit-s may find one down to "
             f"{format_bytes(bound)} (the step's sizes)")
 

@@ -94,3 +94,9 @@ def format_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def exact_bytes(n: int) -> str:
+    """`format_bytes(n)` with the bytes themselves beside it, where it rounds them."""
+    short = format_bytes(n)
+    return short if short == f"{n} B" else f"{short} ({n} B)"

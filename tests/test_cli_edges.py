@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 from torch import nn
 
 import monet_opt
-from monet_opt import cache, cli
+from monet_opt import cache, cli, units
 from tests.test_cli import FACTORY, precompute, run_cli
 
 
@@ -172,3 +174,17 @@ def test_an_infinite_solver_time_is_refused(tmp_path):
         cli.main(["precompute", FACTORY, "--input-shape", "2x8", "--time-limit-s", "inf",
                   "--profile-dir", str(tmp_path)])
     assert raised.value.code == 2 and "above 0, got 'inf'" in err.getvalue()
+
+
+def test_the_cli_says_only_what_was_wrong(tmp_path):
+    """--profile-repeats 0 was told with --time-limit-s beside it; a limit under 1 KiB was said
+    "999 B (999 B)"; `python -m monet_opt` had no __main__."""
+    code, _, err = run_cli("precompute", FACTORY, "--input-shape", "2x8", "--profile-dir",
+                           str(tmp_path), "--profile-repeats", "0")
+    assert code == 2 and "--profile-repeats must be at least 1, not 0" in err
+    assert "time-limit-s" not in err
+    assert units.exact_bytes(999) == "999 B"
+    assert units.exact_bytes(4096) == "4.00 KiB (4096 B)"
+    done = subprocess.run([sys.executable, "-m", "monet_opt", "list", "--profile-dir",
+                           str(tmp_path / "none")], capture_output=True, text=True)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
