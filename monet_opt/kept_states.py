@@ -20,26 +20,12 @@ def with_states(problem: Problem, lowered) -> Problem:
         for i, op in enumerate(problem.ops)))
 
 
-def stateless(problem: Problem, ops: set[int] | None = None) -> Problem:
-    """`problem` where `ops` (None: every op) keep no state: their states out of the fixed
-    memory, and their first runs without the capture (NOTE [The capture's copy])."""
-    gone = [i for i, op in enumerate(problem.ops)
-            if op.state_bytes and (ops is None or i in ops)]
-    if not gone:
-        return problem
-    new = list(problem.ops)
-    for i in gone:
-        new[i] = dataclasses.replace(new[i], state_bytes=0, captured_workspace_bytes=None)
-    return dataclasses.replace(problem, ops=tuple(new), fixed_bytes=problem.fixed_bytes - sum(
-        problem.ops[i].state_bytes for i in gone))
-
-
 def held(problem: Problem, made: frozenset[int]) -> Problem:
     """`problem` where the random ops whose outputs the step holds anyway (`made`: NOTE [Held
     tensors made again] in monet_opt/held_outputs.py) keep no state: recomputed, they are read,
     not run again; one whose output a chosen variant draws again keeps its state."""
     replayed = {problem.tensors[v.replaces].producer for v in problem.variants if v.replays}
-    return stateless(problem, {i for i, op in enumerate(problem.ops) if op.state_bytes and
+    return problem.stateless({i for i, op in enumerate(problem.ops) if op.state_bytes and
                                i not in replayed and op.outputs and set(op.outputs) <= made})
 
 

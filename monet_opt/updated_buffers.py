@@ -72,7 +72,7 @@ def uncopied(problem: Problem, lowered) -> Problem:
     """`problem` without the copies' fixed bytes: the store-all step, which makes none, that a
     share of the activations is of, and what bounds every schedule's peak from below (NOTE
     [Copies counted as made])."""
-    lighter = kept_states.stateless(problem)
+    lighter = problem.stateless()
     return dataclasses.replace(lighter, fixed_bytes=lighter.fixed_bytes - lowered.snapshot_bytes)
 
 

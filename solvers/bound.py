@@ -59,6 +59,8 @@ def boundary_bound(problem: Problem, budget_bytes: int, time_limit_s: float = 5.
     time is left and HiGHS finishes, and the highest bound of them."""
     deadline = time.monotonic() + time_limit_s
     best, last = None, None
+    key, problem = problem, problem.stateless()  # a bound for every schedule: NOTE [Bounds
+    #                                              without the states] in solvers/counted.py
     for k in ([cuts] if cuts is not None else _doubling()):
         left = deadline - time.monotonic()
         positions = cut_positions(problem, k)
@@ -74,8 +76,8 @@ def boundary_bound(problem: Problem, budget_bytes: int, time_limit_s: float = 5.
             break
         last = positions
     if best is not None:
-        before = _PROVED.pop((problem, budget_bytes), best)  # then made the newest
-        _PROVED[problem, budget_bytes] = max(best, before)
+        before = _PROVED.pop((key, budget_bytes), best)  # then made the newest
+        _PROVED[key, budget_bytes] = max(best, before)
         while len(_PROVED) > _PROVED_KEPT:
             del _PROVED[next(iter(_PROVED))]
     return best

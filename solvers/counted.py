@@ -11,6 +11,15 @@ NOTE [Counted above the step]
   the MILP called 42 s optimal at 132 B where "auto" found 36.25 s, a recomputed op writing
   into a recomputed input (solvers fuzzing, 2026-12-05). Where a problem has such an op, they
   report FEASIBLE and a bound that holds for every schedule.
+
+NOTE [Bounds without the states]
+  A CPU step's generator states (`Op.state_bytes`) and their copies at forward runs
+  (`Op.captured_workspace_bytes`) are counted by every program whatever the schedule keeps, and
+  by the simulator only where it keeps them. A bound proved counting them is no bound: on a
+  small CNN with dropout the boundary bound said +32.4 % where "auto" found +24.6 % (bench
+  test, 2026-12-06). The boundary bound is proved on the problem without them
+  (`Problem.stateless`), on which every schedule peaks at most as it does, and the cut
+  program's dual bound is taken only where there are none.
 """
 from __future__ import annotations
 

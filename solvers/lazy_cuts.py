@@ -87,7 +87,8 @@ def lazy_cuts(problem: Problem, budget_bytes: int, time_limit_s: float) -> Solve
         res, schedule, sim = rounds.solve(min(left, time_limit_s * ROUND_SHARE))
         if res is None:
             break
-        if rounds.exact and res.bound is not None:  # HiGHS's dual bound, optimal or not
+        if rounds.exact and res.bound is not None and problem.stateless() is problem:
+            # HiGHS's dual bound, optimal or not (NOTE [Bounds without the states] in counted.py)
             bound = res.bound if bound is None else max(bound, res.bound)
         if sim.peak_bytes <= budget_bytes:
             found = (schedule, sim)

@@ -223,6 +223,21 @@ class Problem:
         var = self.variants[v]
         return var.extra_time_s + sum(self.ops[i].time_s for i in var.encode_ops)
 
+    def stateless(self, ops: set[int] | frozenset[int] | None = None) -> Problem:
+        """This problem where `ops` (None: every op) keep no generator state: their states out
+        of the fixed memory, their forward runs without the copy of one. Every schedule's peak
+        on it is at most its own, so a bound on it holds for every schedule (NOTE [States kept
+        only where used] in monet_opt/recompute.py)."""
+        gone = [i for i, op in enumerate(self.ops) if (op.state_bytes or
+                op.captured_workspace_bytes is not None) and (ops is None or i in ops)]
+        if not gone:
+            return self
+        new = list(self.ops)
+        for i in gone:
+            new[i] = replace(new[i], state_bytes=0, captured_workspace_bytes=None)
+        return replace(self, ops=tuple(new), fixed_bytes=self.fixed_bytes - sum(
+            self.ops[i].state_bytes for i in gone))
+
     def only_variants(self, keep: set[int] | frozenset[int]) -> Problem:
         """The same problem offering only the variants in `keep` (renumbered in order); the
         others' encode ops cost nothing and make empty tensors, as if never chosen."""
