@@ -3,4 +3,5 @@ import sys
 
 from monet_opt.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # imported (a walk over the package's modules), it runs nothing
+    sys.exit(main())
