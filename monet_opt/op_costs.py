@@ -27,6 +27,8 @@ def measured_ops(lowered: Lowered, measured, joint: fx.GraphModule) -> Lowered:
         workspace = max(op.workspace_bytes, w)
         first, captured = (None if v is None else min(workspace, max(op.workspace_bytes, v))
                            for v in (f, c))
+        if first is not None and captured is not None:  # the capture runs the op too: what
+            captured = max(captured, first)  # it measured less is noise (the bound takes both)
         ops.append(dataclasses.replace(op, time_s=t, recompute_time_s=r,
                                        workspace_bytes=workspace, first_workspace_bytes=first,
                                        captured_workspace_bytes=captured))

@@ -58,6 +58,8 @@ def anneal(problem: Problem, budget_bytes: int, starts: list[Schedule], deadline
     plain = problem.with_variants(chosen)
     forward = frozenset(plain.forward_tensors)
     items = sorted((frozenset(plain.saved_for_backward) | kept) & forward)
+    if not items:  # the chosen variants leave the backward reading no forward tensor
+        return best
     rng = random.Random(seed)
     t0 = time.perf_counter()
     span = max(deadline - t0, 1e-9)

@@ -103,7 +103,8 @@ def checkmate_milp(problem: Problem, budget_bytes: int, options: CheckmateOption
     return SolveResult(solver="checkmate", status=status, schedule=sched, objective_s=sim.time_s,
                        peak_bytes=sim.peak_bytes, bound_s=bound, gap=gap, solve_time_s=elapsed,
                        min_feasible_bytes=min(least.peak_bytes, sim.peak_bytes),
-                       note="; ".join(notes))
+                       note="; ".join(notes), floor_schedule=sched  # its least, met again
+                       if sim.peak_bytes < least.peak_bytes else None)
 
 
 def _run(program: CheckmateProgram, options: CheckmateOptions, deadline: float,

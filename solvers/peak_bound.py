@@ -74,7 +74,8 @@ def _while_running(problem: Problem, i: int, sizes: list[int], replaceable: set[
     inputs = sum(sizes[t] for t in set(op.inputs) - open_)
     # a random op's first run copies its generator state only where a schedule keeps it
     # (NOTE [The capture's copy] in monet_opt/recompute.py): the run without is the bound
-    extra = min(op.run_workspace_bytes(True), problem.least_workspaces[i]) - op.inplace_bytes
+    extra = min(op.run_workspace_bytes(True), op.run_workspace_bytes(True, True),
+                problem.least_workspaces[i]) - op.inplace_bytes
     return inputs + sum(sizes[t] for t in set(op.outputs)) + extra
 
 

@@ -115,13 +115,16 @@ def without_unread(problem: Problem, result: SolveResult,
             gap = None if result.gap is None else gap_of(sim.time_s, result.bound_s)
             changes.update(schedule=schedule, objective_s=sim.time_s, peak_bytes=sim.peak_bytes,
                            gap=gap, note=f"{result.note}; {note}" if result.note else note)
+            if result.min_feasible_bytes is not None and sim.peak_bytes < \
+                    result.min_feasible_bytes:  # no least above its own peak (checkmate's)
+                changes.update(min_feasible_bytes=sim.peak_bytes, floor_schedule=schedule)
     if result.floor_schedule is not None:
         floor = drop_unread(problem, result.floor_schedule)
         if floor != result.floor_schedule:
             peak = simulate(problem, floor).peak_bytes
-            least = result.min_feasible_bytes
-            changes.update(floor_schedule=floor,
-                           min_feasible_bytes=peak if least is None else min(least, peak))
+            least = changes.get("min_feasible_bytes", result.min_feasible_bytes)
+            if least is None or peak <= least:
+                changes.update(floor_schedule=floor, min_feasible_bytes=peak)
     result = dataclasses.replace(result, **changes) if changes else result
     if result.feasible or budget_bytes is None or result.floor_schedule is None or \
             result.min_feasible_bytes is None or result.min_feasible_bytes > budget_bytes:
