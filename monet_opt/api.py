@@ -330,6 +330,7 @@ class _Planner:
                     p, limit, self.solver, time_limit_s=seconds, known=known), lambda s: (
                     rewrite.partition(joint, joint_inputs, lowered, s, num_fwd_outputs, **kwargs)))
             result = updated_buffers.store_all_if_fits(problem, limit, lowered, result)
+            recall(self.solver, problem, result)  # with the least the retries found
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds
             raise InfeasibleBudgetError(limit, result.min_feasible_bytes, self.solver, self.limit,
                                         least_held(problem, result), least_peak_bound(lighter),

@@ -120,15 +120,27 @@ def store_all_if_fits(problem: Problem, limit: int, lowered,
             all(problem.ops[i].is_backward for i in result.schedule.backward)):
         return result  # a solver named is answered with its own schedule
     store_all = baselines.store_all(uncopied(problem, lowered), 2**62, BaselineOptions())
-    least = min(store_all.peak_bytes, result.min_feasible_bytes or store_all.peak_bytes)
+    least, floor = _least_of(result, [(store_all.peak_bytes, store_all.schedule)])
     # as the solvers saw it: every state counted
     counted = simulate(kept_states.all_counted(problem), store_all.schedule).peak_bytes
     if store_all.peak_bytes <= limit < counted:  # refused only for what it does not make
         return dataclasses.replace(store_all, min_feasible_bytes=least, peak_bytes=counted,
-                                   solver=f"{result.solver.split(':')[0]}:store_all")
+                                   solver=f"{result.solver.split(':')[0]}:store_all",
+                                   floor_schedule=floor)
     if result.feasible or result.min_feasible_bytes is None:  # none found: said so
         return result
-    return dataclasses.replace(result, min_feasible_bytes=least)
+    return dataclasses.replace(result, min_feasible_bytes=least, floor_schedule=floor)
+
+
+def _least_of(result: SolveResult, found: list[tuple[int, Schedule]]
+              ) -> tuple[int, Schedule | None]:
+    """The least of `result`'s least peak and `found` (peak, schedule) pairs, with the
+    schedule that meets it (None: `result`'s, unknown), so that a later call at it is met
+    (NOTE [Least peaks recalled in the process] in solvers/remembered.py; a retry's least was
+    said without it, and a call at it refused again: state accounting probe, 2026-12-06)."""
+    if result.min_feasible_bytes is not None:  # ties go to it
+        found = [(result.min_feasible_bytes, result.floor_schedule), *found]
+    return min(found, key=lambda pair: pair[0])
 
 
 def retried(problem: Problem, limit: int, lowered, result: SolveResult,
@@ -140,21 +152,24 @@ def retried(problem: Problem, limit: int, lowered, result: SolveResult,
     again = solve(uncopied(problem, lowered))
     store_all = solvers.solve(problem, 2**62, "store_all")  # it makes no copy
     store_all = as_made(problem, store_all, partition(store_all.schedule)[0], lowered)[1]
-    least = min(store_all.peak_bytes, result.min_feasible_bytes or store_all.peak_bytes)
+    found = [(store_all.peak_bytes, store_all.schedule)]
     if again.feasible:
         made, _ = as_made(problem, again, partition(again.schedule)[0], lowered)
         peak = simulate(made, again.schedule).peak_bytes
+        least, floor = _least_of(result, found + [(peak, again.schedule)])
         if peak <= limit:
-            return dataclasses.replace(again, peak_bytes=peak, min_feasible_bytes=min(peak, least))
-        least = min(least, peak)
+            return dataclasses.replace(again, peak_bytes=peak, min_feasible_bytes=least,
+                                       floor_schedule=floor)
+        found.append((peak, again.schedule))
     if again.floor_schedule is not None:  # its least-peak schedule, with the copies it makes
         floor = again.floor_schedule
         made, _ = as_made(problem, dataclasses.replace(again, schedule=floor),
                           partition(floor)[0], lowered)
-        least = min(least, simulate(made, floor).peak_bytes)
+        found.append((simulate(made, floor).peak_bytes, floor))
+    least, floor = _least_of(result, found)
     if store_all.peak_bytes <= limit:
-        return dataclasses.replace(store_all, min_feasible_bytes=least)
-    return dataclasses.replace(result, min_feasible_bytes=least)
+        return dataclasses.replace(store_all, min_feasible_bytes=least, floor_schedule=floor)
+    return dataclasses.replace(result, min_feasible_bytes=least, floor_schedule=floor)
 
 
 def snapshots(joint: fx.GraphModule, is_view) -> list[fx.Node]:
