@@ -65,9 +65,12 @@ def run_list(args: argparse.Namespace) -> int:
             if not schedules and k + 1 < len(found) and found[k + 1][0].derived:
                 continue  # its schedules are the planned problems'
         else:
-            extra = profile.problem.fixed_bytes - measured.problem.fixed_bytes
+            states = sum(op.state_bytes for op in profile.problem.ops)
+            extra = profile.problem.fixed_bytes - states - measured.problem.fixed_bytes
+            kept = f", and {states:,} B of generator states where a plan keeps them (NOTE " \
+                "[States kept only where used])" if states else ""
             print(f"  as optimize() plans the step ({extra:+,} B fixed: what it holds beyond the "
-                  "measured ops), problem " + profile.content_sha256[:12])
+                  f"measured ops{kept}), problem " + profile.content_sha256[:12])
         print(f"  store-all: peak {format_bytes(store_all.peak_bytes)}, step "
               f"{store_all.time_s * 1e3:.2f} ms")
         if not schedules:
