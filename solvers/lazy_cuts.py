@@ -83,12 +83,14 @@ def lazy_cuts(problem: Problem, budget_bytes: int, time_limit_s: float) -> Solve
     deadline = start + time_limit_s
     rounds = _Rounds(problem, budget_bytes)
     found, bound = None, None
+    # HiGHS's dual bound, optimal or not, where no state is counted above the simulator (NOTE
+    # [Bounds without the states] in solvers/counted.py)
+    bounds = problem.stateless() is problem
     while found is None and (left := deadline - time.perf_counter()) > 0:
         res, schedule, sim = rounds.solve(min(left, time_limit_s * ROUND_SHARE))
         if res is None:
             break
-        if rounds.exact and res.bound is not None and problem.stateless() is problem:
-            # HiGHS's dual bound, optimal or not (NOTE [Bounds without the states] in counted.py)
+        if rounds.exact and res.bound is not None and bounds:
             bound = res.bound if bound is None else max(bound, res.bound)
         if sim.peak_bytes <= budget_bytes:
             found = (schedule, sim)
