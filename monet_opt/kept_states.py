@@ -23,7 +23,7 @@ def with_states(problem: Problem, lowered) -> Problem:
 def held(problem: Problem, made: frozenset[int]) -> Problem:
     """`problem` where the random ops whose outputs the step holds anyway (`made`: NOTE [Held
     tensors made again] in monet_opt/held_outputs.py) keep no state: recomputed, they are read,
-    not run again; one whose output a chosen variant draws again keeps its state."""
+    not run again; one whose output a variant may draw again keeps its state."""
     replayed = {problem.tensors[v.replaces].producer for v in problem.variants if v.replays}
     return problem.stateless({i for i, op in enumerate(problem.ops) if op.state_bytes and
                                i not in replayed and op.outputs and set(op.outputs) <= made})
