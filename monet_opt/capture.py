@@ -14,6 +14,7 @@ import contextlib
 import gc
 import io
 import sys
+import threading
 from typing import Any, Callable
 
 import torch
@@ -137,14 +138,21 @@ class _Compiled(Exception):
     running])."""
 
 
-_only_compiling = {"on": False}
+class _OnlyCompiling(threading.local):
+    """Per thread: another thread's step, run while this one compiles on fakes, raised
+    _Compiled out of its forward (two threads stepping a module, one of them planning anew:
+    CI, 2026-12-06)."""
+    on = False
+
+
+_only_compiling = _OnlyCompiling()
 
 
 def _boxed(gm: torch.fx.GraphModule):
     """Our partition emits graphs with the boxed calling convention: they take a list and clear
     it, so the backward can free saved tensors as it goes."""
     def run(args):
-        if _only_compiling["on"]:
+        if _only_compiling.on:
             args.clear()
             raise _Compiled
         return gm(args)
@@ -292,13 +300,13 @@ def planning():
     torch.compiler.is_compiling() false and compiled graphs running (NOTE [Tracing without the
     collector], NOTE [Compiling, not running])."""
     compiling = torch.compiler._is_compiling_flag
-    only_compiling = _only_compiling["on"]
+    only_compiling = _only_compiling.on
     torch.compiler._is_compiling_flag = _outside["compiling"]
-    _only_compiling["on"] = False
+    _only_compiling.on = False
     try:
         yield
     finally:
-        _only_compiling["on"] = only_compiling
+        _only_compiling.on = only_compiling
         torch.compiler._is_compiling_flag = compiling
 
 
@@ -328,13 +336,13 @@ def _compile_on_fakes(fn: Callable, primals: list[torch.Tensor]) -> None:
       it calls the forward, so the next call runs it."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(t) for t in primals]
-    _only_compiling["on"] = True
+    _only_compiling.on = True
     try:
         with mode:
             fn(*fakes)
     except _Compiled:
         return
     finally:
-        _only_compiling["on"] = False
+        _only_compiling.on = False
     internal_assert(False, "the compiled step ran no forward graph of ours; the capture no "
                     "longer matches this torch's AOTAutograd")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import monet_opt
+from monet_opt import capture
 from tests.models import small_cnn
 
 HUGE = 1 << 40
@@ -121,3 +122,28 @@ def test_a_batch_made_in_inference_mode_says_what_to_do():
     with warnings.catch_warnings():
         warnings.simplefilter("error", monet_opt.StepsInFlightWarning)
         loss_fn(opt(x)).backward()  # the failed forward is in flight no more
+
+
+def test_a_step_runs_while_another_thread_compiles():
+    """Compiling on fakes sets a flag that makes compiled forwards stop; it was the process's,
+    so a step run in another thread meanwhile raised capture._Compiled (CI, two threads
+    stepping one module while one planned anew)."""
+    torch.manual_seed(0)
+    model, x, loss_fn = small_cnn()
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    entered, release = threading.Event(), threading.Event()
+
+    def compiling(*fakes):
+        entered.set()
+        release.wait(timeout=30)
+        raise capture._Compiled
+
+    other = threading.Thread(target=capture._compile_on_fakes, args=(compiling, [x]))
+    other.start()
+    try:
+        assert entered.wait(timeout=30)
+        loss_fn(opt(x)).backward()  # runs, here, while the other thread compiles
+    finally:
+        release.set()
+        other.join(timeout=30)
+    assert all(p.grad is not None for p in model.parameters())
