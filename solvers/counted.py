@@ -28,7 +28,8 @@ from solvers.problem import Problem
 
 def counted_above(problem: Problem, first_runs: bool) -> str:
     """What a program counts above the simulator on `problem` ("" where nothing): in-place
-    writes always; smaller first-run workspaces unless the program counts them (`first_runs`)."""
+    writes and generator states (NOTE [Bounds without the states]) always; smaller first-run
+    workspaces unless the program counts them (`first_runs`)."""
     said = []
     if any(op.overwrites for op in problem.ops):
         said.append("outputs written into dying inputs")

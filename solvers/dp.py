@@ -328,7 +328,8 @@ LEAST_PROBES = (5, 10, 25)  # percent above the least cap
 def dp(problem: Problem, budget_bytes: int, options: DpOptions) -> SolveResult:
     """Kusumoto's lower-set program: the fastest (mode "time") or least-peak (mode "memory")
     canonical strategy whose simulated peak fits the budget. min_feasible_bytes: the least
-    simulated peak of the memory-centric pass (its schedule: floor_schedule). Optimal only
+    simulated peak of every chain it ran, the memory-centric pass's and those above its cap
+    (NOTE [Caps above the least]; its schedule: floor_schedule). Optimal only
     within canonical strategies, so OPTIMAL only when nothing is recomputed."""
     if options.mode not in ("time", "memory"):
         raise SolverError(f"dp: mode must be 'time' or 'memory', got {options.mode!r}")
