@@ -254,20 +254,43 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
 _outside = {"collector": True, "compiling": False}
 
 
+# NOTE [One trace at a time]
+#   What a trace sets is the process's, not the thread's: the collector, torch.compiler's
+#   compiling flag, the functions it patches for the trace's length (donated buffers, eager
+#   kernels, checkpoints) and the values they put back. Two threads tracing at once each saved
+#   the other's settings as "outside" and put those back: two optimize() calls in two threads
+#   left the collector off for good (2 of 2 runs; cycles then never freed in a long training
+#   run), and a patch could stay in place. So a trace holds one lock from start to end (a
+#   second thread's trace waits for it: they share the GIL and the cores anyway, and its
+#   profiling's timings are the truer for it), and a trace inside a trace (a model calling an
+#   optimized module that plans anew) keeps what the outermost one saved. Meanwhile every
+#   thread runs without the collector and sees is_compiling() as the trace sets it, as with
+#   torch.export; steps already planned do not trace.
+_one_trace = threading.RLock()
+_depth = [0]  # traces entered and not left, under _one_trace
+
+
 @contextlib.contextmanager
 def _tracing(as_compiling: bool = False):
-    _outside.update(collector=gc.isenabled(), compiling=torch.compiler._is_compiling_flag)
-    gc.disable()
-    torch.compiler._is_compiling_flag = as_compiling or _outside["compiling"]
-    try:
-        with _use_lazy_graph_module(True), eager_kernels(), _no_donated_buffers(), \
-                plain_checkpoints(), capture_hints.meta_failures_unlogged(), own_cache(), \
-                functorch_config.patch(backward_pass_autocast="off"):  # NOTE [Autocast is traced]
-            yield
-    finally:
-        torch.compiler._is_compiling_flag = _outside["compiling"]
-        if _outside["collector"]:
-            gc.enable()
+    with _one_trace:
+        if not _depth[0]:
+            _outside.update(collector=gc.isenabled(),
+                            compiling=torch.compiler._is_compiling_flag)
+        _depth[0] += 1
+        before = torch.compiler._is_compiling_flag
+        gc.disable()
+        torch.compiler._is_compiling_flag = as_compiling or _outside["compiling"]
+        try:
+            # NOTE [Autocast is traced]: the backward is traced without autocast
+            with _use_lazy_graph_module(True), eager_kernels(), _no_donated_buffers(), \
+                    plain_checkpoints(), capture_hints.meta_failures_unlogged(), own_cache(), \
+                    functorch_config.patch(backward_pass_autocast="off"):
+                yield
+        finally:
+            torch.compiler._is_compiling_flag = before
+            _depth[0] -= 1
+            if not _depth[0] and _outside["collector"]:
+                gc.enable()
 
 
 # NOTE [Retained graphs]
