@@ -33,6 +33,7 @@ from monet_opt.lower_variants import attach_variants, matching, with_costs
 from monet_opt.model_signature import for_model
 from monet_opt.module import OptimizedModule, Step
 from monet_opt.op_costs import measured_ops
+from monet_opt.pass_inputs import pass_copies
 from monet_opt.plan import Plan, least_held, limit_bytes, make_plan
 from monet_opt.profile_memory import pass_limit
 from monet_opt.profiler import PROFILER_REVISION, profile
@@ -133,6 +134,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
         run, spec = _trace(model, args, kwargs, planner)
         internal_assert(planner.plan is not None, "the partition function was never called")
         inputs = planner.primals[len(planner.primals) - len(spec.leaves):]
+        planner.primals = []  # NOTE [What a plan keeps of its trace]
         return Step(run, spec, planner.plan, planner.inputs, resident, resident_bytes,
                     planner.slots, frozen=sum(not p.requires_grad for p in model.parameters()),
                     shared=storage_groups(inputs),  # NOTE [Inputs that share a storage]
@@ -199,11 +201,12 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     param_names, buffer_names, attributes = capture.state_names(model)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
-    # cloned for the first run (it applies their updates): NOTE [Buffers viewing a larger storage]
     state = [buffers[n] for n in buffer_names] + attribute_values(model, tuple(attributes))
-    clones, weights = [t.clone() for t in state], [params[n] for n in param_names]
+    weights = [params[n] for n in param_names]
+    clones = pass_copies(state, weights + list(inputs))  # NOTE [Buffers the pass reads]
     planner.primals, planner.num_inputs = weights + clones + list(inputs), len(inputs)
-    beyond, originals = held_beyond(state, clones, counted=weights + list(inputs))
+    beyond, originals = held_beyond(state, clones, counted=weights + list(inputs) + [
+        t for t, c in zip(state, clones) if t is c])
     masks = ones_masks.dropped_bytes(kwargs)  # NOTE [Attention masks of all ones]
     planner.storage_extra, planner.beside_pass = beyond + masks, originals + masks
     planner.inputs = describe_inputs(args, kwargs)

@@ -37,7 +37,8 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as dense_l
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from monet_opt import alloc_events, conv_split, cudnn_bn, output_bytes, recompute
+from monet_opt import (alloc_events, conv_split, cudnn_bn, output_bytes, pass_inputs,
+                       recompute)
 from monet_opt.lower import Lowered
 from monet_opt.placeholders import is_effect_token
 from monet_opt.misread_layouts import Layouts
@@ -112,7 +113,8 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
     # current device (a DDP rank's model.to(rank) without set_device timed GPU 0's idle stream)
     on_device = torch.cuda.device(devices[0]) if devices else contextlib.nullcontext()
     with unset_fake_temporarily(), torch.no_grad(), recompute.kept_generators(joint), \
-            torch.random.fork_rng(devices=devices, enabled=True), on_device:
+            torch.random.fork_rng(devices=devices, enabled=True), on_device, \
+            pass_inputs.unwritten(primals):
         given = iter(primals)  # in placeholder order, effect tokens put in
         inputs = [torch.empty(0) if is_effect_token(n) else
                   functools.partial(_random_like, n.meta["val"], primals)  # NOTE [Output

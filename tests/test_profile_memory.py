@@ -40,13 +40,12 @@ def walks(monkeypatch):
     return seen
 
 
-def _beside(limit: int, model: torch.nn.Module | None = None) -> int:
+def _beside(limit: int) -> int:
     """What the pass itself may hold under `limit`, on CPU: less three generator states (NOTE
-    [Generator states beside the pass] in monet_opt/profiler.py) and the model's buffers, which
-    it runs on clones of (NOTE [Originals beside the pass] in monet_opt/memory.py)."""
-    buffers = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes()
-               for b in (model.buffers() if model is not None else ())}
-    return limit - 3 * torch.get_rng_state().untyped_storage().nbytes() - sum(buffers.values())
+    [Generator states beside the pass] in monet_opt/profiler.py). The model's buffers, each
+    alone on its storage, are the pass's own inputs (NOTE [Buffers the pass reads] in
+    monet_opt/pass_inputs.py)."""
+    return limit - 3 * torch.get_rng_state().untyped_storage().nbytes()
 
 
 def _own_peak(model, x, limit: int | None = None) -> tuple[int, int]:
@@ -80,7 +79,7 @@ def test_profiling_holds_no_more_than_the_limit_and_trains_like_eager(walks):
     opt = monet_opt.optimize(model, x, limit, profile_dir=None, time_limit_s=5)
     assert len(walks) == 2
     for (env, peak), eager_like in zip(walks, unbounded):
-        assert env is not None and env.limit == _beside(limit, model)
+        assert env is not None and env.limit == _beside(limit)
         # the pass keeps the graph's own order, where making a BatchNorm's input again holds
         # its chain and the gradient in flight: a little over a plan's (NOTE [Profiling within
         # the limit])
