@@ -185,6 +185,8 @@ def _kept_bytes(node: fx.Node, until: int, order: dict[fx.Node, int],
 
 
 def _base(node: fx.Node) -> fx.Node:
-    while _is_view(node):
+    """The node whose storage `node` views (a view of a Python number, as the backward of a
+    product with `1j` conjugates it, is its own: complex ops probe, 2026-12-06)."""
+    while _is_view(node) and isinstance(node.args[0], fx.Node):
         node = node.args[0]
     return node

@@ -180,8 +180,8 @@ def snapshots(joint: fx.GraphModule, is_view) -> list[fx.Node]:
         return []
 
     def base(node: fx.Node) -> fx.Node:
-        while node.op == "call_function" and is_view(node):
-            node = node.args[0]
+        while node.op == "call_function" and is_view(node) and isinstance(node.args[0], fx.Node):
+            node = node.args[0]  # not a view of a number (`1j`'s conjugate)
         return node
 
     read = {base(a) for n in _rerunnable(joint) for a in rerun_reads(n)}
