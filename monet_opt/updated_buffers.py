@@ -34,7 +34,7 @@ import solvers
 from solvers import baselines
 from solvers.baselines import BaselineOptions
 from monet_opt import kept_states, phase, recompute
-from solvers import Problem, Schedule, SolveResult, simulate
+from solvers import Problem, Schedule, SolveResult, Status, simulate
 
 # NOTE [Copies nothing reads]
 #   A copy of an updated buffer is read only by what the schedule runs in the backward on the
@@ -169,6 +169,11 @@ def retried(problem: Problem, limit: int, lowered, result: SolveResult,
     least, floor = _least_of(result, found)
     if store_all.peak_bytes <= limit:
         return dataclasses.replace(store_all, min_feasible_bytes=least, floor_schedule=floor)
+    if floor is not None and least <= limit:  # a call at the least this names (QAT, 2026-12-06)
+        return dataclasses.replace(result, status=Status.FEASIBLE, schedule=floor,
+                                   objective_s=simulate(problem, floor).time_s, peak_bytes=least,
+                                   bound_s=None, gap=None, min_feasible_bytes=least,
+                                   floor_schedule=floor, solver=f"{result.solver}:least")
     return dataclasses.replace(result, min_feasible_bytes=least, floor_schedule=floor)
 
 
