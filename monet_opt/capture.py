@@ -233,7 +233,8 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         + (capture_hints.VALIDATING if checked else "") \
         + (capture_hints.CAUSAL_CHECK if causal else "") \
         + (capture_hints.TORCH_CHECK if any(capture_hints.IN_TORCH in e for e in errors) else "") \
-        + host_random.drawn_hint() + host_random.layerdrop_hint(model)
+        + host_random.drawn_hint() + host_random.layerdrop_hint(model) \
+        + capture_hints.fake_quantize(model)
     # NOTE [What to try] in monet_opt/capture_hints.py
     raise CaptureError(failed + ("\nWhat to try:" + named if named else
                                  capture_hints.generic(model)))

@@ -232,6 +232,26 @@ def detection(errors: list[str]) -> str:
             "model.transform(images, targets)[0].tensors, limit)), and train the model as it is.")
 
 
+def fake_quantize(model) -> str:
+    """What to use where the model has torch.ao.quantization.FakeQuantize modules (version 0
+    of the QAT qconfig), whose forward tests its flags' values in Python (`if
+    self.observer_enabled[0] == 1`): the error named the user's line that called the module
+    (module probe, 2026-12-06)."""
+    try:
+        from torch.ao.quantization import FakeQuantize
+    except ImportError:  # a torch without torch.ao
+        return ""
+    named = [name for name, m in model.named_modules() if type(m) is FakeQuantize]
+    if not named:
+        return ""
+    return (f"\nIts torch.ao.quantization.FakeQuantize modules ({', '.join(named[:3])}"
+            f"{', ...' if len(named) > 3 else ''}) test their observer_enabled and "
+            "fake_quant_enabled flags' values in Python, which a traced step cannot follow: "
+            "prepare the model with the default QAT qconfig "
+            "(torch.ao.quantization.get_default_qat_qconfig(backend), version 1), whose "
+            "FusedMovingAvgObsFakeQuantize takes them as tensors and trains bitwise.")
+
+
 # NOTE [What to try]
 #   A CaptureError ends with what to try: where a hint names the cause (an HF cache returned, a
 #   value-dependent shape, a detection model), that alone; else the generic line. The generic

@@ -81,3 +81,19 @@ def test_the_cache_is_named_only_to_models_that_keep_one():
         conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), vocab_size=10))
     decoder = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
     assert "use_cache" not in generic(speech) and "use_cache=False" in generic(decoder)
+
+
+def test_fake_quantize_modules_say_which_qconfig_traces():
+    """torch.ao.quantization.FakeQuantize (the QAT qconfig's version 0) tests its flags' values
+    in Python: the error named only the user's line calling the module, advising against
+    .item() there; it names the modules and the qconfig whose fake quantization traces."""
+    quant = pytest.importorskip("torch.ao.quantization")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 36, 4))
+    model.qconfig = quant.get_default_qat_qconfig("fbgemm", version=0)
+    model = quant.prepare_qat(model.train())
+    x = torch.randn(2, 3, 8, 8)
+    model(x)  # sizes the observers
+    with pytest.raises(monet_opt.CaptureError, match=r"(?s)What to try:\nIts torch\.ao\."
+                       r"quantization\.FakeQuantize modules \(0\.weight_fake_quant.*version 1"):
+        monet_opt.optimize(model, x, HUGE, profile_dir=None)
