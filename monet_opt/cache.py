@@ -210,7 +210,8 @@ class ProfileCache:
         least peak that process reported was refused; cache probe, 2026-12-06)."""
         with _reported(floor_path, "to be written again", remove=True):
             if _stat(floor_path) is not None:
-                return peak < _read_floor(floor_path, profile)[0]
+                held = _read_floor(floor_path, profile)
+                return held is None or peak < held[0]
         return True
 
     def _keep_problem(self, profile: Profile) -> None:

@@ -111,12 +111,16 @@ def _read_schedule(path: Path, profile: Profile, key: ScheduleKey | None) -> Cac
     return CachedSchedule(stored, result, path)
 
 
-def _read_floor(path: Path, profile: Profile) -> tuple[int, Schedule]:
-    """The least-peak schedule stored in `path` and its peak, checked by the simulator."""
+def _read_floor(path: Path, profile: Profile) -> tuple[int, Schedule] | None:
+    """The least-peak schedule stored in `path` and its peak, checked by the simulator; None
+    where it is of another profile of the same key, which a caller sharing the directory wrote
+    (two DDP ranks profiling one model at once: the second's profile.json replaced the first's,
+    and each of the first's later solves warned the file "mismatched" and removed it; DDP
+    probe, 2026-12-06): passed over, and replaced by the next least found."""
     data = _load(path, FLOOR_KIND)
     try:
         if data["key"]["profile_sha256"] != profile.content_sha256:
-            raise Unusable("mismatched: it was made on another profile")
+            return None
         peak = int(data["peak_bytes"])
         schedule = Schedule.from_json(json.dumps(data["schedule"]))
     except Unusable:
