@@ -134,7 +134,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
         run, spec = _trace(model, args, kwargs, planner)
         internal_assert(planner.plan is not None, "the partition function was never called")
         inputs = planner.primals[len(planner.primals) - len(spec.leaves):]
-        planner.primals = []  # NOTE [What a plan keeps of its trace]
+        planner.primals = []  # the step keeps the planner: NOTE [Buffers the pass reads]
         return Step(run, spec, planner.plan, planner.inputs, resident, resident_bytes,
                     planner.slots, frozen=sum(not p.requires_grad for p in model.parameters()),
                     shared=storage_groups(inputs),  # NOTE [Inputs that share a storage]

@@ -158,7 +158,8 @@ def resident_bytes(tensors: Iterable[torch.Tensor]) -> int:
 # NOTE [Buffers viewing a larger storage]
 #   optimize() traces the first step on clones of the model's buffers and tensor attributes
 #   not alone on a storage of their own size (NOTE [Buffers the pass reads]), so the fixed
-#   memory counted from the trace's inputs held each one's own elements. A buffer viewing part of a larger storage keeps all of it on the
+#   memory counted from the trace's inputs held each one's own elements. A buffer viewing
+#   part of a larger storage keeps all of it on the
 #   device: `register_buffer("pe", table[:4])` of a 1,000 x 10 table measured 39,840 B over
 #   its store-all prediction (41,328 B for 1,488: a plan at its limit passed it by that much),
 #   torch's periodic hann_window (64 of 65 values) 4 B. The plan now adds what each such
@@ -169,11 +170,12 @@ def resident_bytes(tensors: Iterable[torch.Tensor]) -> int:
 #   tests/test_buffer_storage.py.
 # NOTE [Originals beside the pass]
 #   The profiling pass runs the joint graph on those clones (NOTE [Buffers the pass reads] in
-#   monet_opt/pass_inputs.py), while the model holds the originals, and an all-ones attention mask left out of the step (NOTE [Attention masks of
-#   all ones]) is held by the caller: none is among the pass's values, so a pass held to a
-#   byte limit kept its values within it and the process passed it by these bytes (a small
-#   BERT: its position_ids and token_type_ids buffers, 4,096 B each, and a 1,536 B mask,
-#   3,682 B over the limit while profiling). The pass keeps within the limit less them.
+#   monet_opt/pass_inputs.py), while the model holds the originals, and an all-ones
+#   attention mask left out of the step (NOTE [Attention masks of all ones]) is held by the
+#   caller: none is among the pass's values, so a pass held to a byte limit kept its values
+#   within it and the process passed it by these bytes (a small BERT: its position_ids and
+#   token_type_ids buffers, 4,096 B each, and a 1,536 B mask, 3,682 B over the limit while
+#   profiling). The pass keeps within the limit less them.
 def held_beyond(originals: Sequence[torch.Tensor], clones: Sequence[torch.Tensor],
                 counted: Iterable[torch.Tensor] = ()) -> tuple[int, int]:
     """The bytes the storages under `originals` hold beyond their `clones` (NOTE [Buffers

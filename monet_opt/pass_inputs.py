@@ -13,7 +13,9 @@ NOTE [Buffers the pass reads]
   clone's layout: dense and contiguous, alone on a storage of its own size that no other
   tensor of the step is on. A view of a larger storage, a strided buffer, or one sharing a
   storage is still cloned (NOTE [Buffers viewing a larger storage] in monet_opt/memory.py;
-  aliases the trace would see as one).
+  aliases the trace would see as one). And the compiled step holds its planner (AOTAutograd
+  keeps the partition function), which held those clones and the batch traced on for the
+  module's life, one set per shape planned: it lets them go once the step is built.
 """
 from __future__ import annotations
 

@@ -39,9 +39,10 @@ NOTE [Profiling within the limit]
   dropped the pass goes on over the limit (the graph's own order may need more than a plan,
   which reorders and uses variants): a LoRA MLP 12 % over, near its least peak; a
   two-convolution net asked for its store-all peak 29 % over, a ReLU backward's result, its
-  bool-mask variant's and the mask held beside its inputs (probes, 2026-12-06). A limit given as a share of the step is not known before
-  the step is profiled: such a pass is eager's. A limit below what the step's sizes alone
-  show no plan can reach (NOTE [A least peak from sizes] in solvers/peak_bound.py) is raised
+  bool-mask variant's and the mask held beside its inputs (probes, 2026-12-06). A limit given
+  as a share of the step is not known before the step is profiled: such a pass is eager's. A
+  limit below what the step's sizes alone show no plan can reach (NOTE [A least peak from
+  sizes] in solvers/peak_bound.py) is raised
   to that bound for the pass (`pass_limit`): no plan will run below it, and held far below it
   the pass remakes nearly every value before every op (a small MobileNetV2, batch 2 at 64²
   on the CPU, asked for 1 byte: 328 s of profiling, where its pass takes 0.4 s).
