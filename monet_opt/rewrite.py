@@ -10,6 +10,8 @@ so values live exactly as long as the simulator says (NOTE [Lifetimes] in solver
 """
 from __future__ import annotations
 
+import operator
+
 import torch.fx as fx
 from functorch.compile import default_partition
 
@@ -32,6 +34,7 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
     made: the held tensors the step itself makes (NOTE [Held tensors made again] in
     monet_opt/held_outputs.py)."""
     rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs, made)
+    _read_unread_results(rebuilt)
     for node in rebuilt.graph.nodes:  # NOTE [Selective checkpointing's tags]
         node.meta = {k: v for k, v in node.meta.items() if k not in _AC_TAGS}
     fw, bw = default_partition(rebuilt, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
@@ -64,6 +67,20 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
 #   'NoneType'). The plan has chosen what to recompute, as for any checkpoint the model makes
 #   (NOTE [Reentrant checkpoints] in monet_opt/reentrant.py), so the tags are dropped.
 _AC_TAGS = ("recompute", "ac_graph_id")
+
+
+def _read_unread_results(gm: fx.GraphModule) -> None:
+    """A random op of several results that nothing reads (a dropout in a branch the loss does not
+    use: eager draws its mask all the same, and so does the step) is kept with no getitem of
+    its results, and default_partition refused the graph ("Expected native_dropout_default to
+    be a tensor"; every optimize() of such a model failed: layers probe, 2026-12-06). Each gets
+    a getitem of its first result, which nothing reads either: the forward drops it and keeps
+    the draw (NOTE [Random ops of the backward])."""
+    for node in list(gm.graph.nodes):
+        val = node.meta.get("val")
+        if node.op == "call_function" and not node.users and isinstance(val, (tuple, list)):
+            with gm.graph.inserting_after(node):
+                gm.graph.call_function(operator.getitem, (node, 0)).meta["val"] = val[0]
 
 
 def _drop_dead_code(gm: fx.GraphModule) -> None:
