@@ -227,8 +227,9 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         "forward+backward graph.\n  " + "\n  ".join(errors)
     if hint is not None:  # it fails eagerly too: tracing's hints are beside it
         raise CaptureError(failed + hint)
+    adaptive = capture_hints.adaptive_softmax(model)  # its shapes are torch's, not the user's
     named = capture_hints.hf_cache(errors) + capture_hints.hf_experts(errors) \
-        + capture_hints.unknown_output(errors) + capture_hints.shapes(errors) \
+        + capture_hints.unknown_output(errors) + (adaptive or capture_hints.shapes(errors)) \
         + capture_hints.in_the_backward(errors) + capture_hints.detection(errors) \
         + (capture_hints.VALIDATING if checked else "") \
         + (capture_hints.CAUSAL_CHECK if causal else "") \

@@ -252,6 +252,20 @@ def fake_quantize(model) -> str:
             "FusedMovingAvgObsFakeQuantize takes them as tensors and trains bitwise.")
 
 
+def adaptive_softmax(model) -> str:
+    """What to use where the model has nn.AdaptiveLogSoftmaxWithLoss, whose forward picks each
+    cluster's rows by the targets' values: the error advised against boolean masks the user's
+    code has none of (layers probe, 2026-12-06)."""
+    named = [name for name, m in model.named_modules()
+             if isinstance(m, torch.nn.AdaptiveLogSoftmaxWithLoss)]
+    if not named:
+        return ""
+    return (f"\nIts nn.AdaptiveLogSoftmaxWithLoss ({', '.join(named[:3])}) picks each "
+            "cluster's rows by the targets' values in its forward, which a traced step cannot "
+            "follow: train on `head.log_prob(hidden)` and take the targets' entries "
+            "(`-head.log_prob(hidden).gather(1, target[:, None]).mean()`), which traces.")
+
+
 # NOTE [What to try]
 #   A CaptureError ends with what to try: where a hint names the cause (an HF cache returned, a
 #   value-dependent shape, a detection model), that alone; else the generic line. The generic

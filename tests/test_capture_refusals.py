@@ -97,3 +97,25 @@ def test_fake_quantize_modules_say_which_qconfig_traces():
     with pytest.raises(monet_opt.CaptureError, match=r"(?s)What to try:\nIts torch\.ao\."
                        r"quantization\.FakeQuantize modules \(0\.weight_fake_quant.*version 1"):
         monet_opt.optimize(model, x, HUGE, profile_dir=None)
+
+
+def test_an_adaptive_softmax_says_what_traces():
+    """nn.AdaptiveLogSoftmaxWithLoss picks rows by the targets' values: the error advised
+    against boolean masks the user's code has none of; it says to gather from log_prob."""
+    model = nn.ModuleDict({"lin": nn.Linear(16, 32),
+                           "head": nn.AdaptiveLogSoftmaxWithLoss(32, 200, cutoffs=[20, 80])})
+
+    class _Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.parts = model
+
+        def forward(self, x, y):
+            return self.parts["head"](self.parts["lin"](x), y).loss
+
+    x, y = torch.randn(12, 16), torch.randint(0, 200, (12,))
+    with pytest.raises(monet_opt.CaptureError) as caught:
+        monet_opt.optimize(_Net(), (x, y), HUGE, profile_dir=None)
+    said = str(caught.value)
+    assert "AdaptiveLogSoftmaxWithLoss (parts.head)" in said and ".gather(1, target" in said
+    assert "x[mask]" not in said
