@@ -104,7 +104,9 @@ def _bound_text(err: InfeasibleBudgetError, bound: Any, least: str,
     sizes = f"{exact_bytes(bound.bytes)}{where}"
     if err.proven:
         return (f" No schedule can fit the limit: the step's sizes alone need {sizes}. Use a "
-                f"smaller batch, or raise memory_limit to at least {least}.")
+                f"smaller batch, or raise memory_limit above that: {least} is the least peak "
+                "this solve reached, and fits.")  # not the least there is: an API probe's
+        #                 limit 6 % under the one it named fitted (2026-12-06)
     if solver in _FIXED:  # it makes one schedule, whatever the time
         return (f" No schedule peaks below {sizes}, so a plan between may exist, which "
                 f"solver='auto' may find ({solver!r} makes one schedule); otherwise raise " + act)

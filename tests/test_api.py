@@ -97,6 +97,8 @@ def test_infeasible_budget_error_tells_proven_from_not_found():
     assert err.proven and 1000 < bound <= err.min_feasible_bytes
     assert "the step's sizes alone need" in str(err) and f"({bound} B)" in str(err)
     assert "time_limit_s" not in str(err)
+    # the least peak reached is not said to be the least there is (a limit under it can fit)
+    assert "to at least" not in str(err) and "the least peak this solve reached" in str(err)
     if bound == err.min_feasible_bytes:
         pytest.skip("the least peak reached is the sizes bound: nothing lies between")
     between = (bound + err.min_feasible_bytes) // 2
