@@ -52,6 +52,7 @@ class Plan:
     gradient_bytes: int        # what the backward returns (parameter and input gradients)
     store_all_peak_bytes: int  # the peak with nothing recomputed
     store_all_step_time_s: float
+    store_all_fixed_bytes: int  # the store-all step's fixed bytes (no generator state kept)
     min_feasible_bytes: int    # the least peak the solver reached (briefly searched
     # where store-all fits: NOTE [The least peak where store-all fits] in solvers/least.py)
     rows: tuple[OpRow, ...]
@@ -67,8 +68,10 @@ class Plan:
 
     @property
     def store_all_activation_bytes(self) -> int:
-        """The store-all peak above parameters, buffers, inputs and gradients."""
-        return self.store_all_peak_bytes - self.fixed_bytes - self.gradient_bytes
+        """The store-all peak above parameters, buffers, inputs and gradients: the same for
+        every plan of a step, where `fixed_bytes` counts the generator states the plan keeps
+        (it moved with them: API probe, 2026-12-06)."""
+        return self.store_all_peak_bytes - self.store_all_fixed_bytes - self.gradient_bytes
 
     @property
     def recomputed_ops(self) -> int:
@@ -135,6 +138,7 @@ def make_plan(problem: Problem, labels: tuple[str, ...], result: SolveResult,
                 status=result.status.value, solve_time_s=result.solve_time_s, gap=result.gap,
                 fixed_bytes=sim.fixed_bytes, gradient_bytes=grads,
                 store_all_peak_bytes=store_all.peak_bytes, store_all_step_time_s=store_all.time_s,
+                store_all_fixed_bytes=store_all.fixed_bytes,
                 min_feasible_bytes=result.min_feasible_bytes, solver_note=result.note,
                 variants=tuple(problem.variants[v].name for v in sorted(result.schedule.variants)),
                 rows=op_rows(problem, result.schedule, sim, labels),

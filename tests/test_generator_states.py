@@ -270,3 +270,20 @@ def test_a_least_peak_said_is_met_at_it():
     least = caught.value.min_feasible_bytes
     planned = monet_opt.optimize(copy.deepcopy(base), x, least, **options)
     assert planned.plan.predicted_peak_bytes <= least
+
+
+def test_store_all_activations_are_the_same_for_every_plan_of_a_step():
+    """Plan.fixed_bytes counts the generator states a plan keeps, and store_all_activation_bytes
+    ("the store-all peak above parameters, buffers, inputs and gradients") moved with it: two
+    plans of one step gave two sizes of its activations (API probe)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(32, 32), nn.Tanh(),
+                                                          nn.Dropout(0.2))], nn.Linear(32, 4))
+    x = torch.randn(256, 32)
+    plain = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_dir=None).plan
+    tight = monet_opt.optimize(copy.deepcopy(model), x, "60% of activations",
+                               profile_dir=None).plan
+    assert tight.fixed_bytes > plain.fixed_bytes  # it keeps a state
+    assert tight.store_all_activation_bytes == plain.store_all_activation_bytes
+    assert plain.store_all_activation_bytes == \
+        plain.store_all_peak_bytes - plain.fixed_bytes - plain.gradient_bytes
