@@ -231,8 +231,9 @@ def run_precompute(args: argparse.Namespace) -> int:
     # solved least first, so each limit starts from the schedules cached below it (NOTE
     # [Schedules remembered] in solvers/remembered.py); reported in the order asked
     results, cached = {}, set()
-    for k, (limit, _) in enumerate(sorted(limits), 1):
-        _note(f"solving {k}/{len(limits)}: {format_bytes(limit)} ({args.solver}, up to "
+    distinct = sorted({limit for limit, _ in limits})  # two asked as the same bytes: one solve
+    for k, limit in enumerate(distinct, 1):
+        _note(f"solving {k}/{len(distinct)}: {format_bytes(limit)} ({args.solver}, up to "
               f"{args.time_limit_s:g} s) ...")
         path = cache.schedule_path(profile, limit, args.solver, args.time_limit_s)
         if path is not None and path.is_file():  # served as it is, unless damaged

@@ -188,3 +188,15 @@ def test_the_cli_says_only_what_was_wrong(tmp_path):
     done = subprocess.run([sys.executable, "-m", "monet_opt", "list", "--profile-dir",
                            str(tmp_path / "none")], capture_output=True, text=True)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_limits_asked_as_the_same_bytes_are_solved_once(tmp_path):
+    """`--limits 1MiB,1048576` said "solving 2/2" of a limit it did not solve, and both rows
+    "cached", though one was solved in that run (API probe, 2026-12-06)."""
+    code, out, err = run_cli("precompute", FACTORY, "--input-shape", "64x8", "--profile-dir",
+                             str(tmp_path / "profiles"), "--profile-repeats", "1",
+                             "--time-limit-s", "5", "--limits", "1MiB,1048576")
+    assert code == 0, err
+    assert "solving 1/1" in err and "solving 2/" not in err
+    rows = [line for line in out.splitlines() if "1048576" in line]
+    assert len(rows) == 2 and not any("cached" in row for row in rows)
