@@ -76,8 +76,7 @@ def run_list(args: argparse.Namespace) -> int:
         if not schedules:
             print("  no schedules")
         else:
-            print(f"  {'limit':>12} {'bytes':>13}  {'solver':<18} {'status':<10} "
-                  f"{'time limit':>10} {'peak':>11} {'step ms':>9} {'overhead':>9}")
+            print("  " + _SCHEDULE_HEADER)
         for s in schedules:
             print("  " + _schedule_line(s, store_all.time_s))
         _other_versions(ProfileCache(root), profile)
@@ -91,6 +90,10 @@ def _other_versions(cache: ProfileCache, profile: Profile) -> None:
     if n:
         print(f"  ({n} schedule file(s) made by another version of the solvers not shown: "
               "optimize() and precompute solve those limits again)")
+
+
+_SCHEDULE_HEADER = f"{'limit':>12} {'bytes':>13}  {'solver':<18} {'status':<10} " \
+    f"{'time limit':>10} {'peak':>11} {'step ms':>9} {'overhead':>9}"
 
 
 def _schedule_line(s: CachedSchedule, store_all_s: float) -> str:
@@ -146,6 +149,8 @@ def run_explain(args: argparse.Namespace) -> int:
         others = _solvers([s for _, s in entries if s is not None])
         print(f"{profile.folder.name}: {len(mine)} cached {args.solver} schedule(s)"
               + (":" if mine else f" (other solvers: {others})"))
+        if mine:  # the columns `list` names (an API probe read them without)
+            print("  " + _SCHEDULE_HEADER)
         for p, s in mine:
             print("  " + _schedule_line(s, _store_all(p).time_s))
         print(f"monet-opt explain {profile.folder.name} LIMIT prints one (LIMIT as in the "
@@ -175,6 +180,10 @@ def run_explain(args: argparse.Namespace) -> int:
                          f"({result.min_feasible_bytes} B); explain a larger limit")
     print(f"{profile.folder.name}: {profile.name}, inputs {profile.key.inputs}, "
           f"{profile.key.device}")
+    if len(at) > 1:  # one limit solved under several time limits: which one this is
+        given = [f"{dict(s.key.options).get('time_limit_s', 0):g} s" for _, s in at]
+        print(f"the fastest of {len(at)} schedules cached at this limit (solved under time "
+              f"limits {', '.join(given)}): the {given[0]} one")
     print(make_plan(planned.problem, planned.op_labels, result, limit).explain())
     return 0
 

@@ -200,3 +200,21 @@ def test_limits_asked_as_the_same_bytes_are_solved_once(tmp_path):
     assert "solving 1/1" in err and "solving 2/" not in err
     rows = [line for line in out.splitlines() if "1048576" in line]
     assert len(rows) == 2 and not any("cached" in row for row in rows)
+
+
+def test_explain_says_which_of_a_limits_schedules_it_prints(tmp_path):
+    """One limit solved under two time limits: `explain PROFILE LIMIT` printed one without
+    saying which, and `explain PROFILE` listed them without the columns' names (API probe)."""
+    root = tmp_path / "profiles"
+    for seconds in ("5", "4"):
+        code, _, err = run_cli("precompute", FACTORY, "--input-shape", "64x8", "--profile-dir",
+                               str(root), "--profile-repeats", "1", "--time-limit-s", seconds,
+                               "--limits", "1MiB")
+        assert code == 0, err
+    folder, = (p.name for p in root.iterdir() if p.is_dir())
+    code, out, err = run_cli("explain", folder, "--profile-dir", str(root))
+    assert code == 0, err
+    assert "time limit" in out and "overhead" in out
+    code, out, err = run_cli("explain", folder, "1048576", "--profile-dir", str(root))
+    assert code == 0, err
+    assert "the fastest of 2 schedules cached at this limit" in out
