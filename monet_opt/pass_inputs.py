@@ -13,7 +13,9 @@ NOTE [Buffers the pass reads]
   clone's layout: dense and contiguous, alone on a storage of its own size that no other
   tensor of the step is on. A view of a larger storage, a strided buffer, or one sharing a
   storage is still cloned (NOTE [Buffers viewing a larger storage] in monet_opt/memory.py;
-  aliases the trace would see as one). And the compiled step holds its planner (AOTAutograd
+  aliases the trace would see as one). Should a graph write into one of its inputs, the pass
+  runs on a copy of that one (`written`), and it checks by version counters that it wrote
+  into none of the tensors it was given (`unwritten`). And the compiled step holds its planner (AOTAutograd
   keeps the partition function), which held those clones and the batch traced on for the
   module's life, one set per shape planned: it lets them go once the step is built.
 """
@@ -24,8 +26,10 @@ from collections import Counter
 from typing import Sequence
 
 import torch
+import torch.fx as fx
 
 from monet_opt.errors import internal_assert
+from monet_opt.lower import is_view_node
 from monet_opt.memory import dense_parts
 
 
@@ -45,6 +49,26 @@ def _alone(t: torch.Tensor, on: Counter) -> bool:
         return False
     storage = t.untyped_storage()
     return storage.nbytes() == t.numel() * t.element_size() and on[storage.data_ptr()] == 1
+
+
+def written(joint: fx.GraphModule) -> frozenset[str]:
+    """The placeholders an op of `joint` writes into, directly or through views: none in the
+    functional graphs AOTAutograd traces, which the pass runs on copies of where there are."""
+    names = set()
+    for node in joint.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        for k, arg in enumerate(target._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
+            while isinstance(value, fx.Node) and is_view_node(value) and value.args and \
+                    isinstance(value.args[0], fx.Node):
+                value = value.args[0]
+            if isinstance(value, fx.Node) and value.op == "placeholder":
+                names.add(value.name)
+    return frozenset(names)
 
 
 @contextlib.contextmanager

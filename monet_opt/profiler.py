@@ -115,11 +115,13 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
     with unset_fake_temporarily(), torch.no_grad(), recompute.kept_generators(joint), \
             torch.random.fork_rng(devices=devices, enabled=True), on_device, \
             pass_inputs.unwritten(primals):
-        given = iter(primals)  # in placeholder order, effect tokens put in
+        given, copied = iter(primals), pass_inputs.written(joint)  # NOTE [Buffers the pass
+        #                                                            reads]: none, or copies
         inputs = [torch.empty(0) if is_effect_token(n) else
                   functools.partial(_random_like, n.meta["val"], primals)  # NOTE [Output
                   if n.name.startswith("tangents") else  # gradients to their last use]
-                  next(given) for n in joint.graph.find_nodes(op="placeholder")]
+                  _copied(next(given), n.name in copied)
+                  for n in joint.graph.find_nodes(op="placeholder")]
         scratch = Scratch()  # NOTE [An op's scratch in the bounded pass]
         memory_limit = _beside_states(memory_limit, devices)
         held = _warm_up(joint, inputs, memory_limit, scratch)  # NOTE [Warm allocator]
@@ -164,6 +166,10 @@ def _beside_states(memory_limit: int | None, devices: list) -> int | None:
     if memory_limit is None or devices:
         return memory_limit
     return memory_limit - 3 * torch.get_rng_state().untyped_storage().nbytes()
+
+
+def _copied(t: torch.Tensor, copy: bool) -> torch.Tensor:
+    return t.clone() if copy else t
 
 
 def _random_like(val: torch.Tensor, primals: Sequence[torch.Tensor]) -> torch.Tensor:

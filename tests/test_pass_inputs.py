@@ -9,7 +9,7 @@ import weakref
 import torch
 
 import monet_opt
-from monet_opt.pass_inputs import pass_copies
+from monet_opt.pass_inputs import pass_copies, written
 
 
 class _Projected(torch.nn.Module):
@@ -61,3 +61,16 @@ def test_only_buffers_laid_out_otherwise_are_copied():
     assert all(c is not t and torch.equal(c, t) for c, t in
                zip(copies[1:4], (slice_, strided, shared)))
     assert copies[4] is not leaf
+
+
+def test_the_pass_copies_a_placeholder_a_graph_writes_into():
+    """What a graph writes into, directly or through a view, is run on a copy (none of the
+    graphs AOTAutograd traces does; the pass also checks by version counters)."""
+    graph = torch.fx.Graph()
+    x, y, z = (graph.placeholder(name) for name in ("x", "y", "z"))
+    aten = torch.ops.aten
+    graph.call_function(aten.add_.Tensor, (x, 1))
+    flat = graph.call_function(aten.view.default, (y, [-1]))
+    graph.call_function(aten.mul_.Tensor, (flat, 2))
+    graph.output(graph.call_function(aten.add.Tensor, (z, 1)))
+    assert written(torch.fx.GraphModule(torch.nn.Module(), graph)) == {"x", "y"}
