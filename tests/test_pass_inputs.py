@@ -40,15 +40,18 @@ def test_planning_holds_the_limit_beside_a_large_buffer_and_keeps_no_batch():
     assert peak <= limit
     opt = made.pop()
     for batch in (60, 48):
-        xb = torch.randn(batch, 256)
-        gone = weakref.ref(xb)
-        peak = monet_opt.measure_peak(lambda: opt(xb).sum().backward(),
-                                      monet_opt.resident_tensors(model, xb))
-        assert peak <= limit  # planned within it, then run
-        model.zero_grad(set_to_none=True)
-        del xb
+        gone = _step_gone(opt, model, torch.randn(batch, 256), limit)
         gc.collect()
         assert gone() is None
+
+
+def _step_gone(opt, model, batch, limit) -> weakref.ref:
+    """One step on `batch`, planned within `limit` and run; a reference to the batch."""
+    peak = monet_opt.measure_peak(lambda: opt(batch).sum().backward(),
+                                  monet_opt.resident_tensors(model, batch))
+    assert peak <= limit  # planned within it, then run
+    model.zero_grad(set_to_none=True)
+    return weakref.ref(batch)
 
 
 def test_only_buffers_laid_out_otherwise_are_copied():
