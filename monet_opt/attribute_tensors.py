@@ -48,6 +48,23 @@ def attribute_names(model: torch.nn.Module) -> list[str]:
     return names
 
 
+def aliases(model: torch.nn.Module) -> dict[str, str]:
+    """NOTE [Attributes that are parameters or buffers]
+      A plain attribute holding a parameter or buffer itself (`self.alias = self.child.buf`)
+      is no input of its own, and the trace, which swaps the parameters and buffers for its
+      own tensors, read it as the real tensor, a constant: where the forward updated that
+      buffer in place (an EMA under no_grad) and then read the attribute, the first backward
+      failed autograd's version check, or, read otherwise, the step was silently off eager's
+      (loss 1.3e-3 off: buffers fuzz, 2026-12-06). The trace now swaps such an attribute with
+      what it holds. {attribute's dotted name: the parameter's or buffer's}; the tensor the
+      attribute held when the step was traced is the one the step reads."""
+    named: dict[int, str] = {}
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        named.setdefault(id(t), name)
+    return {".".join(filter(None, (name, attribute))): named[id(t)]
+            for (name, attribute), t in tensor_attributes(model).items() if id(t) in named}
+
+
 def attribute_values(model: torch.nn.Module, names: tuple[str, ...]) -> list[torch.Tensor]:
     """The tensors under `names` (attribute_names) now; PlanMismatchError for one that is no
     longer a tensor (an attribute added after optimize(), which the key does not watch)."""

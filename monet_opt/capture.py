@@ -83,6 +83,8 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
                 lambda: torch.export.export(model, args, kwargs, strict=False).module()))
     params, buffers, attributes = state_names(model)
     names = params + buffers + attributes
+    # NOTE [Attributes that are parameters or buffers]; the exported module holds none
+    aliased = attribute_tensors.aliases(model) if export_example is None else {}
     n_state = len(names)
     held = len(params) + len(buffers) if export_example is not None else n_state
 
@@ -91,6 +93,7 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
 
     def flat_model(*flat):
         state = dict(zip(names[:held], flat[:held]))  # the exported module holds no attributes
+        state.update((alias, state[name]) for alias, name in aliased.items() if name in state)
         shapes = [t.shape for t in flat[:n_state]]
         args, kwargs = spec.rebuild(list(flat[n_state:]))
         # NOTE [Parameters assigned through .data] in monet_opt/data_assigned.py
