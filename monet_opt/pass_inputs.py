@@ -15,9 +15,10 @@ NOTE [Buffers the pass reads]
   storage is still cloned (NOTE [Buffers viewing a larger storage] in monet_opt/memory.py;
   aliases the trace would see as one). Should a graph write into one of its inputs, the pass
   runs on a copy of that one (`written`), and it checks by version counters that it wrote
-  into none of the tensors it was given (`unwritten`). And the compiled step holds its planner (AOTAutograd
-  keeps the partition function), which held those clones and the batch traced on for the
-  module's life, one set per shape planned: it lets them go once the step is built.
+  into none of the tensors it was given (`unwritten`). And the compiled step holds its
+  planner (AOTAutograd keeps the partition function), which held those clones and the batch
+  traced on for the module's life, one set per shape planned: it lets them go once the step
+  is built.
 """
 from __future__ import annotations
 
