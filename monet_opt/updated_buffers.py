@@ -149,23 +149,26 @@ def retried(problem: Problem, limit: int, lowered, result: SolveResult,
             ) -> SolveResult:
     """`result`, or where it is infeasible a schedule solved without the copies that fits
     `limit` with those it makes, or store-all where it fits (NOTE [Copies counted as made])."""
+    def made_peak(schedule: Schedule) -> int:  # with the copies its forward makes
+        made, _ = as_made(problem, dataclasses.replace(result, schedule=schedule),
+                          partition(schedule)[0], lowered)
+        return simulate(made, schedule).peak_bytes
+
     again = solve(uncopied(problem, lowered))
     store_all = solvers.solve(problem, 2**62, "store_all")  # it makes no copy
     store_all = as_made(problem, store_all, partition(store_all.schedule)[0], lowered)[1]
     found = [(store_all.peak_bytes, store_all.schedule)]
     if again.feasible:
-        made, _ = as_made(problem, again, partition(again.schedule)[0], lowered)
-        peak = simulate(made, again.schedule).peak_bytes
+        peak = made_peak(again.schedule)
         least, floor = _least_of(result, found + [(peak, again.schedule)])
         if peak <= limit:
             return dataclasses.replace(again, peak_bytes=peak, min_feasible_bytes=least,
                                        floor_schedule=floor)
         found.append((peak, again.schedule))
-    if again.floor_schedule is not None:  # its least-peak schedule, with the copies it makes
-        floor = again.floor_schedule
-        made, _ = as_made(problem, dataclasses.replace(again, schedule=floor),
-                          partition(floor)[0], lowered)
-        found.append((simulate(made, floor).peak_bytes, floor))
+    # the least-peak schedules, with the copies they make: `result`'s may be one a call at a
+    # lower limit found and recalled, which the retry's least-peak search tied with another
+    # making more copies (a call at the least an error named was refused: buffers fuzz)
+    found += [(made_peak(s), s) for s in {again.floor_schedule, result.floor_schedule} - {None}]
     least, floor = _least_of(result, found)
     if store_all.peak_bytes <= limit:
         return dataclasses.replace(store_all, min_feasible_bytes=least, floor_schedule=floor)
