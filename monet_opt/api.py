@@ -10,9 +10,9 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import (capture, grouped_attention, host_random, joint_passes, kept_states,
-                       ones_masks, outside_grads, progress, recompute, refusals, rewrite,
-                       updated_buffers, variants_bn)
+from monet_opt import (capture, grouped_attention, host_random, input_spec, joint_passes,
+                       kept_states, ones_masks, outside_grads, progress, recompute, refusals,
+                       rewrite, updated_buffers, variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -335,9 +335,10 @@ class _Planner:
             result = updated_buffers.store_all_if_fits(problem, limit, lowered, result)
             recall(self.solver, problem, result)  # with the least the retries found
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds
-            raise InfeasibleBudgetError(limit, result.min_feasible_bytes, self.solver, self.limit,
-                                        least_held(problem, result), least_peak_bound(lighter),
-                                        self.time_limit_s)
+            raise input_spec.with_viewed_note(InfeasibleBudgetError(
+                limit, result.min_feasible_bytes, self.solver, self.limit,
+                least_held(problem, result), least_peak_bound(lighter), self.time_limit_s),
+                [] if self.replan else self.primals[len(self.primals) - self.num_inputs:])
         self.slots = slots
         graphs = rewrite.partition(joint, joint_inputs, lowered, result.schedule,
                                    num_fwd_outputs, slots=slots, made=made, **kwargs)

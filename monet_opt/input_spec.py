@@ -69,6 +69,22 @@ def viewed_bytes(t: torch.Tensor) -> int:
     return held if held > t.numel() * t.element_size() else 0
 
 
+def with_viewed_note(err: Exception, inputs: list[torch.Tensor]) -> Exception:
+    """`err` noting the inputs that view a larger storage, which the step holds whole and its
+    figures count: an InfeasibleBudgetError for a slice of a 6-channel batch said only to raise
+    the limit or use a smaller batch, where `.contiguous()` fitted (compile probe, 2026-12-06).
+    A step planned anew for such inputs says so in its own note (replan_text's "layouts")."""
+    beyond = {k: viewed_bytes(t) - t.numel() * t.element_size() for k, t in enumerate(inputs)
+              if t.layout == torch.strided and viewed_bytes(t)}
+    if beyond:
+        err.add_note(f"monet_opt: input(s) {', '.join(map(str, beyond))} (in order, tensors "
+                     "only) view a larger storage, which the step holds whole and the figures "
+                     f"above count: {sum(beyond.values()):,} B beyond their own elements. Pass "
+                     "them as .contiguous() copies to hold only their own (NOTE [Inputs "
+                     "viewing more]).")
+    return err
+
+
 _CONSTANT = (bool, int, float, str, type(None))  # traced as constants: NOTE [Constant arguments]
 
 

@@ -378,3 +378,16 @@ def test_an_input_viewing_a_larger_storage_plans_a_step_counting_it(tmp_path):
                                 profile_repeats=1)
     assert viewed.plan.fixed_bytes - again.plan.fixed_bytes == data.nbytes - x.nbytes
 
+
+
+def test_an_input_viewing_more_than_fits_says_so():
+    """NOTE [Inputs viewing more]: refused for a sample sliced from a larger batch, the error
+    said only to raise the limit or use a smaller batch; it notes the view and `.contiguous()`
+    (a step planned anew for such a batch says so in its own note)."""
+    torch.manual_seed(0)
+    model, x, _ = models.small_cnn()
+    least = monet_opt.optimize(copy.deepcopy(model), x, HUGE, profile_repeats=1).plan
+    wide = torch.randn(x.shape[0], 2 * x.shape[1], *x.shape[2:])[:, :x.shape[1]]
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as caught:
+        monet_opt.optimize(model, wide, least.min_feasible_bytes, profile_repeats=1)
+    assert f"{x.nbytes:,} B beyond their own elements" in "".join(caught.value.__notes__)
