@@ -37,7 +37,7 @@ import math
 import time
 
 from solvers.milp import _backward_constants
-from solvers.mip import Mip
+from solvers.mip import Mip, within
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
 from solvers.schedule import Schedule
@@ -126,7 +126,7 @@ class CheckmateProgram:
         rows = self.mip.rows
         for r, const in self.mem_rows:
             idx, val, lo, _ = rows[r]
-            rows[r] = (idx, val, lo, budget_bytes - const)
+            rows[r] = (idx, val, lo, within(budget_bytes) - const)  # NOTE in solvers/mip.py
         self.budget = budget_bytes
         self.mip.trivially_infeasible = self.structurally_infeasible or any(
             const > budget_bytes for const in self.bare)

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 from solvers.encode_reads import encode_reads, last_forward_read, written_in_forward
-from solvers.mip import Mip, solve_mip
+from solvers.mip import Mip, solve_mip, within
 from solvers.problem import NO_PRODUCER, Problem
 from solvers.schedule import Schedule
 from solvers.stages import Stages, build_stages
@@ -101,7 +101,7 @@ class Program:
         if self.min_memory:
             self.mip.row(terms + [(self.budget_var, -1.0)], hi=-const)
         else:
-            self.mip.row(terms, hi=self.budget - const)
+            self.mip.row(terms, hi=within(self.budget) - const)  # NOTE in solvers/mip.py
 
     def _have(self, a: int, x: int) -> list[tuple[int, float]]:
         """Terms that are >= 1 exactly when x is readable in stage a: held, or recomputed."""

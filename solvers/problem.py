@@ -19,6 +19,15 @@ from solvers.variant_checks import least_workspaces
 PLAIN_PROBLEMS_CACHED = 16  # with_variants results held per problem (NOTE [Plain problems cached])
 
 
+def _tuples(obj, *names: str) -> None:
+    """The fields `names` of frozen dataclass `obj` as tuples where given as lists (a problem
+    built with lists passed its checks, then failed deep in the MILP: unhashable type 'list')."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, list):
+            object.__setattr__(obj, name, tuple(value))
+
+
 @dataclass(frozen=True)
 class Tensor:
     """One storage the step allocates.
@@ -61,6 +70,9 @@ class Op:
     first_workspace_bytes: int | None = None
     captured_workspace_bytes: int | None = None
     state_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        _tuples(self, "inputs", "outputs", "overwrites")
 
     @property
     def rerun_s(self) -> float:
@@ -115,6 +127,9 @@ class Variant:
     extra_workspace_bytes: int = 0
     replays: bool = False
 
+    def __post_init__(self) -> None:
+        _tuples(self, "reads", "encode_ops")
+
     @property
     def group(self) -> tuple[int, int]:
         return (self.op, self.replaces)
@@ -137,6 +152,7 @@ class Problem:
     name: str = field(default="problem", compare=False)
 
     def __post_init__(self) -> None:
+        _tuples(self, "ops", "tensors", "forward_outputs", "backward_outputs", "variants")
         validate(self)
 
     # ---- derived views (computed once; the dataclass is frozen) ----
@@ -296,15 +312,12 @@ class Problem:
     def from_dict(d: dict) -> Problem:
         """The problem whose to_json() parses to `d` (InvalidProblemError where it is none)."""
         try:
-            ops = tuple(Op(**{**o, "inputs": tuple(o["inputs"]), "outputs": tuple(o["outputs"]),
-                              "overwrites": tuple(o.get("overwrites", ()))}) for o in d["ops"])
-            variants = tuple(Variant(**{**v, "reads": tuple(v["reads"]),
-                                        "encode_ops": tuple(v["encode_ops"])})
-                             for v in d.get("variants", ()))
-            return Problem(ops=ops, tensors=tuple(Tensor(**t) for t in d["tensors"]),
-                           fixed_bytes=d["fixed_bytes"], forward_outputs=tuple(
-                               d["forward_outputs"]), backward_outputs=tuple(
-                               d["backward_outputs"]), variants=variants, name=d["name"])
+            return Problem(ops=[Op(**o) for o in d["ops"]],  # lists become tuples
+                           tensors=[Tensor(**t) for t in d["tensors"]],
+                           fixed_bytes=d["fixed_bytes"], forward_outputs=d["forward_outputs"],
+                           backward_outputs=d["backward_outputs"],
+                           variants=[Variant(**v) for v in d.get("variants", ())],
+                           name=d["name"])
         except (KeyError, TypeError, AttributeError) as exc:  # a bare TypeError, deep inside
             raise InvalidProblemError(f"Problem.from_dict: not a problem's fields "
                                       f"({type(exc).__name__}: {exc})") from exc

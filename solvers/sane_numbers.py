@@ -6,7 +6,11 @@
   seconds for one op, an exbibyte), so the problem is refused and the profile made again. Sizes
   are whole numbers and times real ones: 1.5 B made the DP time out on one op, "3" B raised a
   bare TypeError. A variant's extra workspace may be negative, down to what leaves its op a
-  workspace of 0 (NOTE [A variant's workspace below its op's] in solvers/variant_checks.py)."""
+  workspace of 0 (NOTE [A variant's workspace below its op's] in solvers/variant_checks.py).
+  A step's sizes together stay under 2**48 B (256 TiB, past any device): the programs count
+  bytes in floating point, and a two-op step of a 1 PiB tensor got back from the least-peak
+  program a schedule that dropped the tensor its backward reads (solvers fuzzing, 2026-12-06;
+  2**49 B solved)."""
 from __future__ import annotations
 
 import numbers
@@ -15,7 +19,7 @@ from typing import Any, Callable
 from solvers.errors import InvalidProblemError, SolverError
 from solvers.variant_checks import least_workspaces
 
-MAX_SECONDS, MAX_BYTES = 1e6, 1 << 60
+MAX_SECONDS, MAX_BYTES = 1e6, 1 << 48
 
 
 def check_numbers(p: Any, fail: Callable[[str], None]) -> None:
@@ -40,6 +44,10 @@ def check_numbers(p: Any, fail: Callable[[str], None]) -> None:
         if not _bytes_ok(ten.bytes):
             fail(f"tensor {ten.name!r} has bytes not a whole number, negative or absurd "
                  f"({ten.bytes!r})")
+    total = p.fixed_bytes + sum(t.bytes for t in p.tensors) + sum(o.workspace_bytes for o in p.ops)
+    if total >= MAX_BYTES:
+        fail(f"its sizes come to {total} B, past any device (2**48 B): refused (NOTE [Numbers a "
+             "problem may hold] in solvers/sane_numbers.py)")
     for var in p.variants:
         extra = var.extra_workspace_bytes
         if not (_whole(extra) and abs(extra) < MAX_BYTES and _real(var.extra_time_s)
