@@ -152,6 +152,13 @@ def _forward_functions(model: nn.Module) -> set[tuple[types.FunctionType, type |
     return out
 
 
+# `self` as a local, and as a cell: a comprehension or lambda in the forward that reads it
+# makes it one, in the forward and in the nested code alike, and every `self.X` of the forward
+# went unseen: a temperature, a class attribute and an activation changed after optimize()
+# kept their traced values, silently (vision blocks probe, 2026-12-06)
+_LOADS = ("LOAD_FAST", "LOAD_DEREF", "LOAD_FAST_CHECK")
+
+
 def _scan(fn: types.FunctionType, owner: type | None, globals_too: bool = True) -> Iterator:
     """The Reads in `fn`'s code (nested functions too), and (function, owner) for each
     function it reaches: called by a global name, or through `self` (its first argument); and
@@ -185,7 +192,7 @@ def _scan(fn: types.FunctionType, owner: type | None, globals_too: bool = True) 
                 held = (held[0], held[1] + ((True, key),), _step(held[2], True, key))
             else:
                 held = None
-            on_self, key = op == "LOAD_FAST" and arg == self_name, MISSING
+            on_self, key = op in _LOADS and arg == self_name, MISSING
             if held is None:
                 continue
             name, chain, value = held

@@ -140,3 +140,34 @@ def test_a_forward_walking_its_children_is_not_planned_again_for_a_copy_or_an_as
     model.activation = F.gelu  # a value the forward reads is still watched
     with pytest.warns(ReplanWarning, match="activation"):
         opt(x)
+
+
+class _ReadsInAComprehension(nn.Module):
+    """`self` read in a comprehension is a cell of the forward: every `self.X` of it was
+    unseen, the ones outside the comprehension too."""
+    drop = 0.1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList(nn.Linear(8, 4) for _ in range(2))
+        self._tau, self.act_fn = 1.0, F.relu
+
+    def forward(self, x):
+        hs = [self.heads[i](x) for i in range(len(self.heads))]
+        return self.act_fn(torch.cat(hs, -1)) / self._tau * (1 - self.drop)
+
+
+@pytest.mark.parametrize("change", ["_tau", "act_fn", "drop"])
+def test_a_value_read_beside_a_comprehension_changed_plans_a_step(change):
+    torch.manual_seed(0)
+    model, x = _ReadsInAComprehension(), torch.randn(4, 8)
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    before = opt(x).detach()
+    new = {"_tau": 0.25, "act_fn": torch.tanh, "drop": 0.5}[change]
+    setattr(model if change != "drop" else _ReadsInAComprehension, change, new)
+    try:
+        with pytest.warns(ReplanWarning):
+            out = opt(x)
+        assert torch.equal(out, model(x)) and not torch.equal(out, before)
+    finally:
+        _ReadsInAComprehension.drop = 0.1
