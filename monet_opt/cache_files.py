@@ -44,6 +44,8 @@ def _load(path: Path, kind: str) -> dict[str, Any]:
                      not end.endswith("}")):
             raise Unusable(f"truncated: the JSON ends early, at byte {len(text)}") from exc
         raise Unusable(f"corrupt: not valid JSON ({exc})") from exc
+    except ValueError as exc:  # a number of over 4,300 digits: Python's bound on int("...")
+        raise Unusable(f"corrupt: a number in it cannot be read ({exc})") from exc
     if not isinstance(data, dict) or data.get("kind") != kind:
         found = data.get("kind") if isinstance(data, dict) else type(data).__name__
         raise Unusable(f"not a {kind} file (kind {found!r})")

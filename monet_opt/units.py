@@ -9,6 +9,7 @@ from decimal import Decimal
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_TOO_MANY = Decimal(10) ** 100  # bytes: "1e999999999" overflowed Decimal's context
 _ACCEPTED = ("a positive int number of bytes, or a string such as '512MiB', '1.5GB', '300 MiB', "
              "'2GiB' (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
 
@@ -29,9 +30,11 @@ def parse_memory_limit(value: object) -> int:
     if isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
         if m and m.group(2).lower() in _UNITS:
-            n = float(m.group(1)) * _UNITS[m.group(2).lower()]
-            # in bytes, a fraction is no size ("1.5" was read as 1 B)
-            if math.isfinite(n) and n >= 1 and (_UNITS[m.group(2).lower()] > 1 or n == int(n)):
+            # exactly: as a float, "2.01MB" was 2,009,999 B, "9007199254740993" one less
+            n = Decimal(m.group(1))
+            n = n * _UNITS[m.group(2).lower()] if n.adjusted() < 100 else _TOO_MANY
+            # in bytes, a fraction is no size ("1.5" was read as 1 B); past 10**100 B, none
+            if 1 <= n < _TOO_MANY and (_UNITS[m.group(2).lower()] > 1 or n == int(n)):
                 return int(n)
     raise ValueError(f"memory_limit must be {_ACCEPTED}; got {value!r}")
 

@@ -21,13 +21,16 @@ HUGE = 1 << 40
     (1234, 1234), ("512MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("300 MiB", 300 * 2**20),
     ("2GiB", 2 * 2**30), ("4096", 4096), ("1e3KB", 10**6), (2.0**20, 2**20), ("1e3", 1000),
     ("2.0", 2),
+    # exactly: as floats, 2,009,999 B and 9007199254740992
+    ("2.01MB", 2_010_000), ("8.03MB", 8_030_000), ("9007199254740993", 9007199254740993),
 ])
 def test_memory_limit_forms(text, expected):
     assert monet_opt.parse_memory_limit(text) == expected
 
 
 @pytest.mark.parametrize("bad", [0, -5, math.nan, math.inf, "lots", "", "12 parsecs", "-1GB",
-                                 None, True, [1], 1.5, "1.5", "0.5B"])  # "1.5" was 1 B
+                                 None, True, [1], 1.5, "1.5", "0.5B",  # "1.5" was 1 B
+                                 "1e400", "1e999999999"])  # Decimal's overflow, uncaught
 def test_memory_limit_rejects(bad):
     with pytest.raises(ValueError, match="512MiB"):
         monet_opt.parse_memory_limit(bad)

@@ -233,6 +233,9 @@ PROFILE_DAMAGE = {
     "huge time": (_edit(lambda d: d["problem"]["ops"][0].update(time_s=1e300)), "absurd"),
     "inf workspace": (_edit(lambda d: d["problem"]["ops"][0].update(
         workspace_bytes=float("inf"))), "absurd"),
+    # int("...") refuses over 4,300 digits: a bare ValueError out of optimize() and `list`
+    "a number of 5,000 digits": (lambda p: p.write_text(p.read_text().replace(
+        '"fixed_bytes": ', '"fixed_bytes": ' + "9" * 5000, 1)), "a number in it cannot be read"),
 }
 
 
