@@ -22,6 +22,7 @@ from monet_opt.alloc_events import UNMEASURED
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.capture import autocast_state
 from monet_opt.attribute_tensors import attribute_values
+from monet_opt.call_form import CallForm
 from monet_opt.input_spec import InputSpec, LeafSpec, constants_of
 from monet_opt.cache_keys import describe_inputs
 from monet_opt.errors import (CaptureError, InfeasibleBudgetError, PlanMismatchError,
@@ -154,6 +155,7 @@ class OptimizedModule(ModelState):
                      self._first_params, first.resident, first.resident_bytes, first.shared,
                      (autocast, self._hooks, first.outputs_held), self._first_values): first}
         self._plan_step = plan_step
+        self._form = CallForm(model, first.spec.treedef)
         self._refused = Refused()  # NOTE [Situations found infeasible]
         self._any_shape = any_shape and plan_step is not None
         self._training_flags = training_flags
@@ -198,6 +200,7 @@ class OptimizedModule(ModelState):
         hooks = hooks_of(modules)  # NOTE [Module hooks]
         # NOTE [Attention masks of all ones]
         kwargs = ones_masks.dropped(self.model, args, kwargs, hooks, self._any_shape)
+        args, kwargs = self._form.as_sample(self.model, args, kwargs)  # NOTE in call_form.py
         mine = list(params.values())
         leaves, treedef = pytree.tree_flatten((args, kwargs))
         if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)) or \

@@ -81,3 +81,42 @@ def test_a_list_of_numbers_is_described_as_it_is():
     assert describe_inputs((x, [2], (x, 1)), {"k": (1, 2)}) == \
         "float32[2x3], [2], (float32[2x3]), k=(1, 2)"
     assert describe_inputs((list(range(40)),), {}).endswith("...")
+
+
+class _Masked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = nn.Linear(16, 8)
+
+    def forward(self, x, mask=None, *, scale=1.0):
+        return self.f(x) * mask * scale if mask is not None else self.f(x)
+
+
+def test_the_same_arguments_by_position_or_keyword_run_the_samples_plan():
+    """NOTE [Arguments passed as the sample's]: after a sample of keywords, opt(x, mask=mask)
+    and opt(x, mask) planned the step again, with a ReplanWarning saying the inputs changed."""
+    torch.manual_seed(0)
+    model, x, mask = _Masked(), torch.randn(4, 16), torch.rand(4, 8)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, {"mask": mask, "x": x}, HUGE, profile_dir=None)
+    calls = (((x, mask), {}), ((x,), {"mask": mask}), ((), {"x": x, "mask": mask}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReplanWarning)
+        for args, kwargs in calls:
+            assert all(torch.equal(a, b) for a, b in zip(
+                _step(opt, model, args, kwargs, 0)[1], _step(eager, eager, args, kwargs, 0)[1]))
+    assert len(opt.plans) == 1
+    with pytest.warns(ReplanWarning):  # another argument is another step
+        opt(x, mask, scale=2.0)
+
+
+def test_a_model_hooked_sees_the_call_as_written():
+    """A forward pre-hook sees the call's own form, so that form is planned."""
+    torch.manual_seed(0)
+    model, x, mask = _Masked(), torch.randn(4, 16), torch.rand(4, 8)
+    seen = []
+    model.register_forward_pre_hook(lambda _m, args: seen.append(len(args)))
+    opt = monet_opt.optimize(model, {"mask": mask, "x": x}, HUGE, profile_dir=None)
+    with pytest.warns(ReplanWarning, match="Each structure of inputs"):
+        opt(x, mask).sum().backward()
+    assert seen[-1] == 2
