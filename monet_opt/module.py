@@ -354,8 +354,9 @@ class OptimizedModule(ModelState):
         except InfeasibleBudgetError as err:  # it says optimize(): it was this call
             err.args = (str(err).replace("monet_opt.optimize: ", "monet_opt: ", 1),)
             err.add_note(f"monet_opt: while planning a step for {situation(why, resident_bytes)}"
-                         f"{f' ({changed})' if changed else ''}; the first plan was for {first}. "
-                         + WHAT_TO_DO[why])
+                         f" ({describe_inputs(args, kwargs)}{f'; {changed}' if changed else ''})"
+                         f"; the first plan was for {first}. The limit is the one optimize() "
+                         "was given: a higher one takes optimize() again. " + WHAT_TO_DO[why])
             raise
         warnings.warn(ReplanWarning(
             f"monet_opt: planned a step for {step.label} (the first plan: {first}) under the "

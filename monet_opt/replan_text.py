@@ -83,7 +83,8 @@ WHAT_TO_DO = {
                "(a batch sliced from a data set on the device): give optimize() a sample laid "
                "out as your batches are, or pass batches of their own (x.clone()) (NOTEs "
                "[Input layouts], [Inputs viewing more] in monet_opt/input_spec.py).",
-    "shapes": "DataLoader(drop_last=True) keeps every batch the sample's shape; "
+    "shapes": "DataLoader(drop_last=True) keeps every batch the sample's shape, and "
+              "sequences padded or cut to the sample's length keep its length; "
               "optimize(..., new_shapes='error') refuses other shapes."}
 
 
