@@ -170,6 +170,11 @@ def unknown_output(errors: list[str]) -> str:
     if not found:
         return ""
     names = ", ".join(sorted(found))
+    if all(name.startswith("torch.") or "." not in name for name in found):
+        # a dtype, device or slice holds no tensors to register: that advice failed too
+        return (f"\nThere, the forward returns a {names}, which a traced step cannot return "
+                "(it returns tensors, and numbers, strings and None among them): leave it out "
+                "of the forward's outputs and read it outside the step (out.dtype, x.device).")
     short = sorted(name.rsplit(".", 1)[-1] for name in found)[0]
     return (f"\nThere, the forward returns a {names}, a class torch cannot look into for the "
             "tensors it holds, so a traced step cannot return it: register it before "

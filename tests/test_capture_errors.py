@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import re
 import warnings
 
@@ -317,41 +316,6 @@ def test_inputs_sharing_a_storage_written_in_place_are_refused(pair):
     opt(x, y.clone(), ids).sum().backward()
 
 
-@dataclasses.dataclass
-class _Heads:
-    logits: torch.Tensor
-    hidden: torch.Tensor
-
-
-class _ReturnsDataclass(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(8, 4)
-
-    def forward(self, x):
-        y = self.lin(x)
-        return _Heads(y, y.relu())
-
-
-def test_a_dataclass_output_says_to_register_it_and_so_registered_trains_like_eager():
-    """A forward returning a plain dataclass: the error's advice was about .item() and
-    use_cache; it says to register the class (or return a tuple, dict or NamedTuple), and,
-    registered, the step is bitwise eager's."""
-    torch.manual_seed(0)
-    model, x = _ReturnsDataclass(), torch.randn(3, 8)
-    with pytest.raises(monet_opt.CaptureError, match=re.escape(
-            "torch.export.register_dataclass(_Heads)")):
-        monet_opt.optimize(model, x, HUGE, profile_dir=None)
-    torch.export.register_dataclass(_Heads)
-    eager = copy.deepcopy(model)
-    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
-    for module in (opt, eager):
-        out = module(x)
-        (out.logits.sum() * 1.3 + out.hidden.sum()).backward()
-    for p, q in zip(model.parameters(), eager.parameters()):
-        assert torch.equal(p.grad, q.grad)
-
-
 class _WritesIntoX(nn.Module):
     def __init__(self, hidden: bool) -> None:
         super().__init__()
@@ -386,3 +350,4 @@ def test_a_leaf_input_written_in_place_is_refused_as_eager_refuses():
             grads.append([given.grad if given.is_leaf else None, model.a.weight.grad
                           if module is opt else eager.a.weight.grad])
         assert all(a is None and b is None or torch.equal(a, b) for a, b in zip(*grads))
+
