@@ -164,7 +164,7 @@ def requested_limits(args: argparse.Namespace) -> list[tuple[int | Share, str]]:
                              "the option out for the defaults")
     if not args.limits:
         fractions = DEFAULT_FRACTIONS if not args.fractions else _fractions(args.fractions)
-        return [(Share(f, "activations"), f"{f:.0%} of activations") for f in fractions]
+        return [(Share(f, "activations"), str(Share(f, "activations"))) for f in fractions]
     out = []
     for text in args.limits.split(","):
         try:

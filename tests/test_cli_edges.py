@@ -218,3 +218,12 @@ def test_explain_says_which_of_a_limits_schedules_it_prints(tmp_path):
     code, out, err = run_cli("explain", folder, "1048576", "--profile-dir", str(root))
     assert code == 0, err
     assert "the fastest of 2 schedules cached at this limit" in out
+
+
+def test_a_small_fraction_is_said_as_optimize_takes_it():
+    """--fractions 1e-9 was said "0% of activations", a limit optimize() refuses."""
+    from argparse import Namespace
+
+    from monet_opt.precompute import requested_limits
+    for share, said in requested_limits(Namespace(limits=None, fractions="1e-9,0.333")):
+        assert units.parse_limit(said) == share, said
