@@ -126,8 +126,11 @@ def find_profile(found: list[tuple[Profile, list[CachedSchedule]]], name: str,
     hits = exact or [f for f in found if f[0].folder.name.startswith(name)]
     folders = sorted({p.folder.name for p, _ in hits})
     if not hits:
-        raise UsageError(f"no profile {name!r} in {root}/; `monet-opt list --profile-dir "
-                         f"{root}` shows the profiles there")
+        unread = "" if not (root / name).is_dir() else (
+            f" that could be read (its profile.json is unusable, as said above: monet-opt "
+            "precompute, or optimize(), makes it again)")
+        raise UsageError(f"no profile {name!r} in {root}/{unread}; `monet-opt list "
+                         f"--profile-dir {root}` shows the profiles there")
     if len(folders) > 1:
         raise UsageError(f"{name!r} matches {len(folders)} profiles in {root}/ "
                          f"({', '.join(folders)}); give more of the name")

@@ -227,3 +227,13 @@ def test_a_small_fraction_is_said_as_optimize_takes_it():
     from monet_opt.precompute import requested_limits
     for share, said in requested_limits(Namespace(limits=None, fractions="1e-9,0.333")):
         assert units.parse_limit(said) == share, said
+
+
+def test_explain_of_a_damaged_profile_says_it_could_not_be_read(tmp_path):
+    """It warned the profile was skipped, then said "no profile" of a folder that is there."""
+    root = tmp_path / "profiles"
+    precompute(root, "64x8", "--limits", "1MiB")
+    folder, = (p for p in root.iterdir() if p.is_dir())
+    (folder / "profile.json").write_text("garbage")
+    code, _, err = run_cli("explain", folder.name, "--profile-dir", str(root))
+    assert code == 2 and "that could be read" in err, err
