@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import warnings
 
 import pytest
 import torch
@@ -312,17 +313,19 @@ def test_tuple_and_dict_inputs_and_pytree_outputs():
     s = torch.tensor(2.0)
     opt_kw = monet_opt.optimize(model, {"x": x, "y": y, "scale": s}, HUGE, profile_repeats=1)
     _grads_match(opt_kw, model, ref, lambda m: m(x=x, y=y, scale=s), loss_fn)
-    # the same arguments positionally: a structure of its own, planned apart (NOTE [New input
-    # shapes]), or refused with new_shapes="error"
+    # the same arguments positionally run the sample's plan (NOTE [Arguments passed as the
+    # sample's]), with new_shapes="error" too; another structure is refused there
     model.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
-    with pytest.warns(monet_opt.ReplanWarning, match="structured otherwise|Each structure"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.ReplanWarning)
         _grads_match(opt_kw, model, ref, lambda m: m(x, y, s), loss_fn)
-    assert len(opt_kw.plans) == 2
+    assert len(opt_kw.plans) == 1
     strict = monet_opt.optimize(model, {"x": x, "y": y, "scale": s}, HUGE, profile_repeats=1,
                                 new_shapes="error")
+    strict(x, y, s)
     with pytest.raises(monet_opt.PlanMismatchError, match="structured"):
-        strict(x, y, s)
+        strict(x, y)
 
 
 def test_tied_weights_get_one_gradient():
