@@ -1,4 +1,5 @@
-"""Backward ops writing their result into an input that dies there: elementwise ones.
+"""Backward ops writing their result into an input that dies there: elementwise ones, and
+those scattering a gradient into zeros.
 
 NOTE [BatchNorm's gradient in place]
   native_batch_norm_backward reads dy, the gradient of its output, and makes dx, the gradient
@@ -47,6 +48,18 @@ NOTE [Dropout's gradient in place]
   attention output, MLP output). A dropout whose mask is kept as bits writes in place the
   same way (`dropout_bit_run_into` in monet_opt/variants_bits.py); replayed from the
   generator's state it makes dx anew, and its workspace counts it. CPU only, as above.
+
+NOTE [Scattered gradients in place]
+  The backward of an index_select, a gather or an index (x[:, idx]) makes zeros of the input's
+  size and adds the gradient into them: eager's autograd in place (zeros.index_add_), the
+  traced step as functional ops (new_zeros, then index_add, scatter_add or index_put with
+  accumulate=True), each making a second tensor of the input's size while the zeros are still
+  held. So store-all peaked above eager: a residual block adding h.index_select(1, idx) to h,
+  132,104 B against eager's 115,984 (vision blocks probe, 2026-12-06), and no schedule peaked
+  lower. Where the zeros die there, as they do, the op runs into them as above: index_add's
+  and scatter_add's out= forms are structured kernels that write there (no allocation of the
+  result: tests/test_grad_in_place.py), index_put's is ATen's generated copy, so it runs as
+  index_put_, the kernel the functional op runs on its copy; bitwise the functional op.
 """
 from __future__ import annotations
 
@@ -64,9 +77,15 @@ def dropout_backward_out(grad: torch.Tensor, mask: torch.Tensor, scale: float, *
     return torch.mul(grad, mask, out=out).mul_(scale)
 
 
-# NOTE [Elementwise backward ops in place]: op -> (its out= form, the out argument's name, the
-# arguments it may write into)
-ELEMENTWISE = {
+def index_put_out(x: torch.Tensor, indices, values: torch.Tensor, accumulate: bool = False, *,
+                  out: torch.Tensor) -> torch.Tensor:
+    """index_put into `out`, which is `x` (NOTE [Scattered gradients in place])."""
+    return aten.index_put_.default(out, indices, values, accumulate)
+
+
+# NOTEs [Elementwise backward ops in place], [Scattered gradients in place]: op -> (its out=
+# form, the out argument's name, the arguments it may write into)
+OUT_FORMS = {
     aten.threshold_backward.default: (aten.threshold_backward.grad_input, "grad_input", (0,)),
     aten.hardtanh_backward.default: (aten.hardtanh_backward.grad_input, "grad_input", (0,)),
     aten.tanh_backward.default: (aten.tanh_backward.grad_input, "grad_input", (0,)),
@@ -80,25 +99,28 @@ ELEMENTWISE = {
     aten.sub.Tensor: (aten.sub.out, "out", (0, 1)),
     aten.neg.default: (aten.neg.out, "out", (0,)),
     aten.native_dropout_backward.default: (dropout_backward_out, "out", (0,)),
+    aten.index_add.default: (aten.index_add.out, "out", (0,)),
+    aten.scatter_add.default: (aten.scatter_add.out, "out", (0,)),
+    aten.index_put.default: (index_put_out, "out", (0,)),
 }
-TARGETS = tuple(ELEMENTWISE)
+TARGETS = tuple(OUT_FORMS)
 
 
 def may_write(node: fx.Node) -> tuple[int, ...]:
-    """The arguments `node` may write its result into: those of ELEMENTWISE, on CPU; else none
+    """The arguments `node` may write its result into: those of OUT_FORMS, on CPU; else none
     (the caller checks that the argument dies there, laid out as the result)."""
     vals = node.meta.get("val")
     dx = vals[0] if isinstance(vals, (tuple, list)) else vals
     if not isinstance(dx, torch.Tensor) or dx.device.type != "cpu":
         return ()
-    return ELEMENTWISE[node.target][2] if node.target in ELEMENTWISE else ()
+    return OUT_FORMS[node.target][2] if node.target in OUT_FORMS else ()
 
 
 @functools.cache
 def into(op, k: int):
     """What runs in the place of `op` writing its result into its argument `k` (NOTE
     [Elementwise backward ops in place])."""
-    out_form, name, _ = ELEMENTWISE[op]
+    out_form, name, _ = OUT_FORMS[op]
 
     def run(*args, **kwargs) -> torch.Tensor:
         return out_form(*args, **kwargs, **{name: args[k]})

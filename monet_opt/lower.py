@@ -264,7 +264,7 @@ class _Builder:
         a forward op's output itself (not a view of one), laid out exactly as the output; in the
         backward, at grad_in_place's arguments (NOTE [Elementwise backward ops in place])."""
         if is_backward:
-            at = grad_in_place.may_write(node) if node.target in grad_in_place.ELEMENTWISE else ()
+            at = grad_in_place.may_write(node) if node.target in grad_in_place.OUT_FORMS else ()
         elif node.target not in OVERWRITING or node.kwargs.get("alpha", 1) != 1:
             return ()
         else:

@@ -151,7 +151,7 @@ def _write_in_place(gm: fx.GraphModule, phase: str) -> None:
         k = tag[1]
         arg = node.args[k]
         internal_assert(isinstance(arg, fx.Node) and arg.op == "call_function" and
-                        (node.target in OVERWRITING or node.target in grad_in_place.ELEMENTWISE)
+                        (node.target in OVERWRITING or node.target in grad_in_place.OUT_FORMS)
                         and max(order[u] for u in arg.users) == order[node],
                         f"{node.name} was to write into {arg}, which is read after it")
         if node.target in OVERWRITING:

@@ -47,8 +47,8 @@ def test_every_form_written_into_makes_no_result_of_its_own():
     cases = [(aten.threshold_backward.default, (a, b, 0.0), {}),
              (aten.hardtanh_backward.default, (a, b, 0.0, 6.0), {}),
              *[c for c in _elementwise_cases(a, b, y)
-               if c[0] is not aten.native_dropout_backward.default]]
-    assert {op for op, _, _ in cases} == set(grad_in_place.ELEMENTWISE) - {
+               if c[0] is not aten.native_dropout_backward.default], *_scatter_cases(a)]
+    assert {op for op, _, _ in cases} == set(grad_in_place.OUT_FORMS) - {
         aten.native_dropout_backward.default}
     for op, args, kwargs in cases:
         into = args[0].clone()
@@ -104,6 +104,61 @@ def _elementwise_cases(a, b, y):
             (aten._log_softmax_backward_data.default, (a, y.log(), 1, a.dtype), {}),
             (aten.native_dropout_backward.default, (a, y > 0.01, 1 / 0.9), {}),
             (aten.native_dropout_backward.default, (b, y < 0.02, 1 / 0.3), {})]
+
+
+def _scatter_cases(zeros):
+    """(op, args, kwargs) of NOTE [Scattered gradients in place]: a gradient added into zeros
+    at indices, some repeated."""
+    rows, cols = zeros.shape[-2:]
+    gen = torch.Generator().manual_seed(1)
+    cols_at = torch.randint(0, cols, (cols // 2,), generator=gen)
+    src = torch.randn(rows, cols // 2, generator=gen, dtype=zeros.dtype)
+    at = torch.randint(0, cols, (rows, cols // 2), generator=gen)
+    return [(aten.index_add.default, (zeros, 1, cols_at, src), {}),
+            (aten.index_add.default, (zeros, 1, cols_at, src), {"alpha": 2}),
+            (aten.scatter_add.default, (zeros, 1, at, src), {}),
+            (aten.index_put.default, (zeros, [None, cols_at], src, True), {})]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_scattered_gradients_written_into_their_zeros_are_the_functional_ops(dtype):
+    """NOTE [Scattered gradients in place]"""
+    for op, args, kwargs in _scatter_cases(torch.zeros(48, 300, dtype=dtype)):
+        into = args[0].clone()
+        out = grad_in_place.into(op, 0)(into, *args[1:], **kwargs)
+        assert out.data_ptr() == into.data_ptr() and torch.equal(out, op(*args, **kwargs)), op
+
+
+class _Scatters(nn.Module):
+    """A residual block adding h.index_select(1, idx) to h, a gather and an index of it: each
+    backward adds into zeros of h's size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = self.a(x)
+        idx = torch.randint(0, 64, (64,))
+        h = h + 0.5 * h.index_select(1, idx) + h.gather(1, idx.expand_as(h)) + h[:, idx.flip(0)]
+        return self.b(torch.tanh(h)).sum()
+
+
+def test_a_step_scattering_gradients_peaks_no_higher_than_eager():
+    """Store-all peaked 16 KiB over eager (132,104 B against 115,984 with the index_select
+    alone), which no schedule met."""
+    torch.manual_seed(0)
+    model, x = _Scatters(), torch.randn(64, 64)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, "100% of peak", profile_dir=None, profile_repeats=1)
+    torch.manual_seed(1)
+    eager_peak = monet_opt.measure_peak(lambda: eager(x).backward(),
+                                        monet_opt.resident_tensors(eager, x))
+    torch.manual_seed(1)
+    peak = monet_opt.measure_peak(lambda: opt(x).backward(), monet_opt.resident_tensors(model, x))
+    assert peak <= eager_peak and peak <= opt.plan.predicted_peak_bytes
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert torch.equal(p.grad, q.grad)
 
 
 @pytest.mark.parametrize("shape", [(4, 6, 9, 11), (3, 1000), (2, 4, 64, 64)])
