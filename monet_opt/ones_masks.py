@@ -23,7 +23,10 @@
   A decision holds for the module hooks it was made with: a hook added since (a pre-hook
   editing the mask, as a masking augmentation does) was handed None on every all-ones batch,
   silently (GPT-2: gradients 0.042 from eager's; change probe, 2026-12-06). Under other hooks
-  the mask is passed as it is, or checked again where there are none.
+  the mask is passed as it is, or checked again where there are none. The hooks are those the
+  check's forwards leave: HF's MoE models (Mixtral with output_router_logits) register forward
+  hooks recording their router logits at their first forward, and a decision made under none
+  planned each module's first call again, with the mask (HF zoo probe, 2026-12-06).
 """
 from __future__ import annotations
 
@@ -87,7 +90,10 @@ def _without(model: nn.Module, args: tuple, kwargs: dict, hooks: Hooks, fresh: b
         start = time.perf_counter()
         alike = _alike(model, args, kwargs, {**kwargs, **dict.fromkeys(new)})
         decided.update({keys[n]: alike for n in new})
-        _DECIDED[model].update({keys[n]: (alike, hooks) for n in new})
+        # under the hooks the check's forwards left: HF's MoE models register their output
+        # recorders at their first forward, and a decision under none held for no call
+        after = hooks_of(list(model.modules()))
+        _DECIDED[model].update({keys[n]: (alike, after) for n in new})
         progress.log.info("%s: %s all ones %s in %.1f s (two forwards under no_grad)",
                           type(model).__name__, ", ".join(new),
                           "treated as None: left out" if alike else "not treated as None: kept",

@@ -137,3 +137,21 @@ def test_a_hook_added_since_sees_the_mask():
     for handle in handles:
         handle.remove()
     assert not _as_eager(opt, model, eager, [batch])  # the first plan's step again
+
+
+def test_a_model_that_registers_hooks_at_its_first_forward_runs_the_samples_plan():
+    """Mixtral recording its router logits registers forward hooks at its first forward (the
+    check's): the decision, made under none, held for no call, and the sample's first call
+    planned again with the mask, its prediction not opt.plan's."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(MixtralConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=64, output_router_logits=True,
+        use_cache=False)).train()
+    eager = copy.deepcopy(model)
+    torch.manual_seed(1)
+    batch = _batch(False)
+    opt = monet_opt.optimize(model, batch, 1 << 40, profile_dir=None, profile_repeats=1)
+    assert not _as_eager(opt, model, eager, [batch, batch]) and len(opt.plans) == 1
