@@ -148,12 +148,21 @@ def hf_cache(errors: list[str]) -> str:
             "sample input and in every call.")
 
 
-def hf_experts(errors: list[str]) -> str:
+def hf_experts(errors: list[str], model) -> str:
     """What to do where a transformers mixture of experts loops over the experts its tokens
-    were routed to (experts_implementation="eager"): how many is a value of the batch."""
+    were routed to (experts_implementation="eager"): how many is a value of the batch. A
+    class that takes no experts_implementation (JetMoE, SwitchTransformers) was told to set
+    it, which raises (HF zoo probe, 2026-12-06)."""
     if not any("/transformers/models/" in e and "expert" in e.rpartition("(at ")[2]
                for e in errors):
         return ""
+    settable = getattr(type(model), "_can_set_experts_implementation", None)
+    if settable is not None and not settable():
+        return (f"\nThere, a transformers mixture of experts routes its tokens by their "
+                "values, which a traced step cannot follow, and "
+                f"{type(model).__name__} takes no experts_implementation that would run its "
+                "experts as ops of fixed shapes (Mixtral's, Qwen2-MoE's and OLMoE's "
+                "\"grouped_mm\" do): this model cannot be optimized as it is.")
     return ("\nThere, a transformers mixture of experts loops over the experts its tokens were "
             "routed to (experts_implementation=\"eager\"), as many as the batch's values say, "
             "which a traced step cannot follow: build the model with "

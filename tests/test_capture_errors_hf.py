@@ -75,3 +75,18 @@ def test_experts_looped_over_say_which_implementation_traces(impl):
     eager(**x).logits.square().sum().backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
                                                            eager.parameters()))
+
+
+def test_experts_of_a_class_taking_no_implementation_are_not_told_to_set_one():
+    """JetMoE was told to set experts_implementation="grouped_mm", which its class refuses
+    (ValueError: does not support setting experts implementation)."""
+    from transformers import JetMoeConfig, JetMoeForCausalLM
+    torch.manual_seed(0)
+    model = JetMoeForCausalLM(JetMoeConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_key_value_heads=2,
+        kv_channels=8, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2,
+        use_cache=False)).train()
+    with pytest.raises(monet_opt.CaptureError, match="takes no experts_implementation") as e:
+        monet_opt.optimize(model, {"input_ids": torch.randint(3, 50, (2, 8))}, HUGE,
+                           profile_repeats=1, profile_dir=None)
+    assert 'build the model with experts_implementation' not in str(e.value)
