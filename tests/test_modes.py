@@ -44,7 +44,7 @@ def test_a_plan_made_in_eval_mode_runs_in_eval_mode():
     least.train()  # a step for train mode is planned (it used to refuse): here it cannot fit
     with pytest.raises(monet_opt.InfeasibleBudgetError) as raised:
         least(x)
-    assert "(the model eval -> train" in "".join(raised.value.__notes__)
+    assert "; the model eval -> train" in "".join(raised.value.__notes__)
 
 
 def test_the_wrappers_mode_is_the_models():
