@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import time
 
-from solvers.mip import Mip, solve_mip
+from solvers.mip import Mip, beyond, solve_mip
 from solvers.problem import Problem
 from solvers.stages import reading_positions
 
@@ -200,7 +200,8 @@ def cut_row(prog: BoundProgram, j: int, q: int, budget_bytes: int, taken: int = 
     terms = [(x, float(p.tensors[t].bytes)) for t, x in prog.live[j].items()]
     terms += [(prog.chosen[v], float(var.extra_workspace_bytes))
               for v, var in enumerate(p.variants) if var.op == b and var.extra_workspace_bytes]
-    prog.mip.row(terms, hi=float(budget_bytes - _resident_at(p, q) - taken))
+    # NOTE [Rows that must hold to the byte] in solvers/mip.py: a bound, so the budget widened
+    prog.mip.row(terms, hi=float(beyond(budget_bytes) - _resident_at(p, q) - taken))
 
 
 def _resident_at(p: Problem, q: int) -> int:

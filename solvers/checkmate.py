@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from solvers.checkmate_program import CheckmateProgram, OutOfTime
 from solvers.counted import counted_above
 from solvers.highs import CHILD_GRACE_S
-from solvers.mip import MipResult, solve_mip, solve_relaxation
+from solvers.mip import MipResult, band, solve_mip, solve_relaxation
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
 from solvers.schedule import Schedule, SolveResult, Status, gap_of
@@ -99,8 +99,9 @@ def checkmate_milp(problem: Problem, budget_bytes: int, options: CheckmateOption
     if res.bound is not None and res.status != "infeasible" and above:
         notes.append(f"the program's bound counting {above} at full size is "
                      f"{res.bound:.6g} s; the bound reported is the no-recompute time")
-    elif res.bound is not None and res.status != "infeasible":  # a dual bound holds at a stop
-        bound = max(bound, res.bound)
+    elif res.bound is not None and res.status != "infeasible" and not band(budget_bytes):
+        bound = max(bound, res.bound)  # a dual bound holds at a stop, at the budget itself
+        # (NOTE [Rows that must hold to the byte] in solvers/mip.py)
     gap = gap_of(sim.time_s, bound)
     proven = how == "milp" and origin == "milp" and res.status == "optimal"
     status = Status.OPTIMAL if proven and gap <= options.rel_gap + 1e-9 else Status.FEASIBLE

@@ -11,7 +11,7 @@ from solvers.counted import counted_above
 from solvers.least import least_peak
 from solvers.least import start as start_least_peak
 from solvers.milp import MilpOptions, Program, build_stages, solve_program
-from solvers.mip import solve_relaxation
+from solvers.mip import band, solve_relaxation
 from solvers.ondemand import schedule_from_kept
 from solvers.problem import Problem
 from solvers.remembered import floor_of
@@ -160,9 +160,11 @@ def milp(problem: Problem, budget_bytes: int, options: MilpOptions) -> SolveResu
     whole = max(valid or 0.0, problem.no_recompute_time_s)
     bound = max(res.bound or 0.0, whole)
     above = counted_above(problem, first_runs=True)  # NOTE [Counted above the step]
-    if coarsened or above:
+    banded = band(budget_bytes)  # NOTE [Rows that must hold to the byte] in solvers/mip.py
+    if coarsened or above or banded:
         if res.bound is not None:
-            within = "within that space" if coarsened else f"counting {above} at full size"
+            within = "within that space" if coarsened else f"counting {above} at full size" \
+                if above else f"held {banded} B under the budget"
             notes.append(f"the program's bound {within} is {bound:.6g} s; the bound reported "
                          "is NOTE [The boundary bound]'s, valid for every schedule")
         bound = whole

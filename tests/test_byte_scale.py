@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from solvers import (NO_PRODUCER, InvalidProblemError, Op, Problem, Schedule, Tensor, Variant,
-                     simulate, solve)
+from solvers import (NO_PRODUCER, InvalidProblemError, Op, Problem, Schedule, Status, Tensor,
+                     Variant, simulate, solve)
 
 
 def _chain(g: int) -> Problem:
@@ -108,3 +108,61 @@ def test_auto_searches_on_where_a_variant_saves_time_beside_store_all():
                                   variants=frozenset({0})))
     assert faster.peak_bytes <= budget and faster.time_s == 3.5
     assert solve(p, budget, "auto", time_limit_s=5).objective_s == 3.5
+
+
+def _tensors(*sizes: tuple[str, int, int]) -> tuple[Tensor, ...]:
+    return tuple(Tensor(*t) for t in sizes)
+
+
+def test_a_schedule_in_the_band_under_the_budget_is_not_claimed_beaten():
+    """NOTE [Rows that must hold to the byte]: "milp" held its rows 1,489 B under a budget a
+    6.25 s schedule peaks at exactly, and called its 6.75 s optimal (bound 6.75)."""
+    mb = 107258368
+    ops = (Op("f0", False, 0.5, (), (0,)),
+           Op("f1", False, 0.0, (), (1,), workspace_bytes=324380160,
+              recompute_time_s=0.25),
+           Op("f2", False, 2.0, (0,), (2,), workspace_bytes=324380160,
+              recompute_time_s=0.25),
+           Op("f3", False, 0.0, (2,), (3,), is_random=True),
+           Op("b3", True, 1.0, (4, 2), (5,)), Op("b2", True, 0.0, (5, 0), (6,)),
+           Op("b1", True, 1.0, (4,), (7,), workspace_bytes=mb),
+           Op("b0", True, 1.0, (6, 3), (8,), workspace_bytes=mb))
+    p = Problem(ops, _tensors(("a0", 217418752, 0), ("a1", mb, 1), ("a2", 527276544, 2),
+                              ("a3", mb, 3), ("tangent", 217418752, NO_PRODUCER),
+                              ("g3", 527276544, 4), ("g2", 0, 5), ("g1", 1058068992, 6),
+                              ("g0", 527276544, 7)),
+                0, forward_outputs=(3,), backward_outputs=(8, 3))
+    fits = simulate(p, Schedule(kept=frozenset({0, 2}), backward=(4, 5, 6, 0, 2, 3, 7)))
+    budget = 1489390592
+    assert fits.peak_bytes <= budget and fits.time_s == 6.25
+    for solver in ("milp", "checkmate"):
+        r = solve(p, budget, solver, time_limit_s=5)  # Checkmate's space finds none there
+        assert r.bound_s is None or r.bound_s <= fits.time_s, solver
+        assert r.status is not Status.OPTIMAL or r.objective_s <= fits.time_s, solver
+
+
+def test_the_boundary_bound_at_gibibytes_is_no_schedules_time_above():
+    """HiGHS called the 1-cut bound program's optimum 8.2 s for 2 GiB tensors, where a schedule
+    of 8.1 s fits the budget: "auto" called its 8.2 s optimal. Its rows now take the band
+    beyond the budget (a bound may only be lower)."""
+    ws, big = 433349799, 2180496827
+    ops = (Op("f0", False, 2.0, (), (0,), recompute_time_s=0.5),
+           Op("f1", False, 2.0, (), (1,), workspace_bytes=1306393083),
+           Op("enc1", False, 0.0, (1,), (3,)), Op("enc0", False, 0.1, (0,), (4,)),
+           Op("b1", True, 1.0, (2, 1), (5,), workspace_bytes=ws),
+           Op("b0", True, 2.0, (2, 0), (6,), workspace_bytes=ws),
+           Op("acc", True, 1.0, (6, 5), (7,), workspace_bytes=ws))
+    p = Problem(ops, _tensors(("a0", big, 0), ("a1", big, 1), ("tangent", 894713057, NO_PRODUCER),
+                              ("m1", 102938545, 2), ("m0", 0, 3), ("g1", 0, 4), ("g0", ws, 5),
+                              ("acc", 651699103, 6)),
+                0, forward_outputs=(1,), backward_outputs=(7,),
+                variants=(Variant("v1", 4, 1, (3,), (2,), 0.2, -ws),
+                          Variant("v0", 5, 0, (4,), (3,), 0.0, -ws),
+                          Variant("w0", 5, 0, (), (), 1.0, 0)))
+    budget = solve(p, 1 << 47, "store_all").peak_bytes - 1
+    fits = simulate(p, Schedule(kept=frozenset({1, 4}), backward=(4, 5, 6),
+                                variants=frozenset({1})))
+    assert fits.peak_bytes <= budget and fits.time_s == pytest.approx(8.1)
+    r = solve(p, budget, "auto", time_limit_s=5)
+    assert r.bound_s <= fits.time_s + 1e-9
+    assert r.status is not Status.OPTIMAL or r.objective_s <= fits.time_s + 1e-9
