@@ -5,19 +5,16 @@
   changed), though the forward gets the same arguments (outputs probe, 2026-12-06). So a call
   whose arguments bind to the forward's parameters as the sample's did, the same names, is
   passed on in the sample's form: by position where the sample passed them so, by keyword in
-  the sample's order. Not where the forward takes *args or **kwargs (which names bind there
-  is the forward's own business), nor where the model has forward hooks or pre-hooks of its
-  own, which see the call's form as the caller wrote it."""
+  the sample's order. Not where the forward takes *args (which positions bind there is the
+  forward's own business), nor where an argument binds to its **kwargs (HF's forwards take
+  them), nor where the model has forward hooks or pre-hooks of its own, which see the call's
+  form as the caller wrote it."""
 from __future__ import annotations
 
 import inspect
-from typing import Any
 
 import torch.utils._pytree as pytree
 from torch import nn
-
-_PLAIN = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-          inspect.Parameter.KEYWORD_ONLY)
 
 
 class CallForm:
@@ -29,8 +26,9 @@ class CallForm:
         self.keywords = tuple(kwargs)
         params = list(self.signature.parameters.values()) if self.signature else []
         self.positional = tuple(p.name for p in params[:len(args)])
-        if len(self.positional) < len(args) or any(p.kind not in _PLAIN for p in params):
-            self.signature = None  # *args or **kwargs: left as the caller wrote it
+        if len(self.positional) < len(args) or any(
+                p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+            self.signature = None  # *args: left as the caller wrote it
 
     def as_sample(self, model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """(args, kwargs) in the sample's form where they bind to the same names; else as

@@ -120,3 +120,17 @@ def test_a_model_hooked_sees_the_call_as_written():
     with pytest.warns(ReplanWarning, match="Each structure of inputs"):
         opt(x, mask).sum().backward()
     assert seen[-1] == 2
+
+
+def test_an_hf_model_called_by_position_runs_the_plan_of_its_keywords():
+    """HF's forwards take **kwargs: an argument binding to a named parameter is passed as the
+    sample passed it all the same."""
+    from tests import models
+    torch.manual_seed(0)
+    model, x, _ = models.gpt2_tiny()
+    opt = monet_opt.optimize(model, {"input_ids": x["input_ids"]}, HUGE, profile_dir=None,
+                             profile_repeats=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReplanWarning)
+        opt(x["input_ids"]).logits.sum().backward()
+    assert len(opt.plans) == 1
