@@ -199,8 +199,8 @@ class OptimizedModule(ModelState):
         modules, params, buffers = self._walk(self.model)
         hooks = hooks_of(modules)  # NOTE [Module hooks]
         # NOTE [Attention masks of all ones]
-        kwargs = ones_masks.dropped(self.model, args, kwargs, hooks, self._any_shape)
         args, kwargs = self._form.as_sample(self.model, args, kwargs)  # NOTE in call_form.py
+        kwargs = ones_masks.dropped(self.model, args, kwargs, hooks, self._any_shape)
         mine = list(params.values())
         leaves, treedef = pytree.tree_flatten((args, kwargs))
         if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)) or \

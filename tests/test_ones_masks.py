@@ -155,3 +155,22 @@ def test_a_model_that_registers_hooks_at_its_first_forward_runs_the_samples_plan
     batch = _batch(False)
     opt = monet_opt.optimize(model, batch, 1 << 40, profile_dir=None, profile_repeats=1)
     assert not _as_eager(opt, model, eager, [batch, batch]) and len(opt.plans) == 1
+
+
+def test_a_mask_passed_by_position_is_left_out_as_by_keyword():
+    """NOTE [Arguments passed as the sample's]: opt(ids, mask) is passed on as the sample's
+    keywords, so its all-ones mask is left out as theirs is."""
+    model = _llama().train()
+    eager = copy.deepcopy(model)
+    torch.manual_seed(1)
+    batch = _batch(False)
+    opt = monet_opt.optimize(model, batch, 1 << 40, profile_dir=None, profile_repeats=1)
+    grads = []
+    for module, owner in ((opt, model), (eager, eager)):
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ReplanWarning)
+            module(batch["input_ids"], batch["attention_mask"], labels=batch["labels"]) \
+                .loss.backward()
+        grads.append([p.grad for p in owner.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads)) and len(opt.plans) == 1
