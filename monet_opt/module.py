@@ -198,8 +198,8 @@ class OptimizedModule(ModelState):
         # params in the order the steps take them; NOTE [Names kept between walks]
         modules, params, buffers = self._walk(self.model)
         hooks = hooks_of(modules)  # NOTE [Module hooks]
-        # NOTE [Attention masks of all ones]
         args, kwargs = self._form.as_sample(self.model, args, kwargs)  # NOTE in call_form.py
+        # NOTE [Attention masks of all ones]
         kwargs = ones_masks.dropped(self.model, args, kwargs, hooks, self._any_shape)
         mine = list(params.values())
         leaves, treedef = pytree.tree_flatten((args, kwargs))
