@@ -10,7 +10,7 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import (capture, grouped_attention, host_random, input_spec, joint_passes,
+from monet_opt import (branches, capture, grouped_attention, host_random, input_spec, joint_passes,
                        kept_states, ones_masks, outside_grads, progress, recompute, refusals,
                        rewrite, updated_buffers, variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
@@ -268,6 +268,7 @@ class _Planner:
         self.partitioned = True
         host_random.refuse_drawn()  # NOTE [Random numbers drawn in Python]
         host_random.refuse_generators(joint)  # NOTE [Generators set in the forward]
+        branches.refuse_branches(joint)  # NOTE [Branches taken by value]
         refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
         joint_passes.rewrite(joint, num_fwd_outputs, self.primals, self.families, self.grouped)
         plain = lower(joint, num_fwd_outputs, name=self.name)

@@ -351,3 +351,26 @@ def test_a_leaf_input_written_in_place_is_refused_as_eager_refuses():
                           if module is opt else eager.a.weight.grad])
         assert all(a is None and b is None or torch.equal(a, b) for a, b in zip(*grads))
 
+
+
+class Branching(nn.Module):
+    """torch.cond between a branch that saves one tensor and one that saves four."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return torch.cond(h.sum() > 0, lambda t: t * 2.0,
+                          lambda t: t.sin().exp().tanh().sigmoid(), (h,))
+
+
+def test_torch_cond_is_refused_naming_the_module():
+    """NOTE [Branches taken by value]: a plan measured on the sample's branches passed its
+    limit by 27 % on a batch taking the others, silently; the step is refused, naming the
+    module and saying to select with torch.where."""
+    model = nn.Sequential(nn.Linear(16, 16), Branching())
+    with pytest.raises(monet_opt.CaptureError,
+                       match=r"(?s)torch.cond in Branching '1'.*torch.where"):
+        monet_opt.optimize(model, torch.randn(8, 16), HUGE, profile_dir=None)
