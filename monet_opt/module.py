@@ -277,8 +277,9 @@ class OptimizedModule(ModelState):
                    else "input_grads" if [s.requires_grad for s in specs] !=
                    [s.requires_grad for s in first.leaves]
                    else "dtypes" if [s.dtype for s in specs] != [s.dtype for s in first.leaves]
-                   else "layouts" if [s.shape for s in specs] == [s.shape for s in first.leaves]
-                   else "shapes")
+                   else "shapes" if [s.shape for s in specs] != [s.shape for s in first.leaves]
+                   else "entries" if [s.sparse for s in specs] != [s.sparse for s in first.leaves]
+                   else "layouts")
             changed = ", ".join(filter(None, (
                 self._watched.changed(self.model, self._first_values, values)
                 if values != self._first_values else "",  # modules added or swapped, if any

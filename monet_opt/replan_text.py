@@ -26,6 +26,7 @@ def situation(why: str, resident_bytes: int) -> str:
             "input_grads": "inputs that require a gradient where the sample's did not, or the "
                            "other way round",
             "dtypes": "inputs of other dtypes than the sample's",
+            "entries": "sparse inputs with another number of entries than the sample's",
             "layouts": "inputs laid out otherwise than the sample (their strides, or a "
                        "larger storage they view)",
             "shapes": "inputs of new shapes"}[why]
@@ -78,6 +79,11 @@ WHAT_TO_DO = {
                    "optimize() a sample that does as your steps do.",
     "dtypes": "A step is traced for its inputs' dtypes (NOTE [Inputs of other dtypes]): give "
               "optimize() a sample of the dtype your batches have.",
+    "entries": "A sparse input's number of entries sizes its indices and values, and what the "
+               "ops on it make, so each number is a step of its own (NOTE [Sparse inputs] in "
+               "monet_opt/memory.py); where it changes every batch (a graph's adjacency), "
+               "pad each to one of a few fixed counts with zero-valued entries, or pass it "
+               "dense.",
     "layouts": "A step is traced for its inputs' strides (a channels-last or permuted batch "
                "where the sample was contiguous), and counts a larger storage an input views "
                "(a batch sliced from a data set on the device): give optimize() a sample laid "
@@ -98,6 +104,8 @@ def too_many(plans: int, why: str) -> str:
 
 _MANY = {"attributes": "a value changed every step makes one each; keep it in a buffer.",
          "structure": "a number passed with other values makes one each; pass it as a tensor.",
+         "entries": "sparse inputs of varying entries make one each; pad them to a few fixed "
+                    "counts.",
          "hooks": "a hook registered anew makes one each time; register it once and keep it.",
          "shapes": "inputs of varying length (dynamic padding) make one each; pad them to a few "
                    "fixed lengths (buckets) so that each is planned once."}

@@ -48,8 +48,10 @@ class Step:
     @property
     def label(self) -> str:
         grads = [str(k) for k, leaf in enumerate(self.spec.leaves) if leaf.requires_grad]
-        laid = "".join(f", input {k} with strides {leaf.strides}"  # NOTE [Input layouts]
-                       for k, leaf in enumerate(self.spec.leaves) if not leaf.contiguous)
+        laid = "".join(f", input {k} {leaf.sparse[0]} with {leaf.sparse[1]} entries"
+                       if leaf.sparse else f", input {k} with strides {leaf.strides}"
+                       for k, leaf in enumerate(self.spec.leaves)  # NOTEs [Input layouts],
+                       if leaf.sparse or not leaf.contiguous)  # [Sparse inputs]
         return self.inputs + laid + \
             (f", input {' and '.join(grads)} requiring grad" if grads else "") \
             + (f", {format_bytes(self.resident_bytes)} of gradients resident"

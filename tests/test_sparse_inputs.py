@@ -62,6 +62,20 @@ def test_a_sparse_adjacency_trains_like_eager_at_its_prediction():
     assert len(opt.plans) == 2
 
 
+def test_a_matrix_with_other_entries_is_said_to_be_one():
+    """Its ReplanWarning described both steps alike ("input 0 with strides ()") and spoke of
+    strides and channels-last; it names the entries, and what to do where they vary."""
+    model, x = GCN(), torch.randn(50, 32)
+    opt = monet_opt.optimize(model, (x, _adjacency(50, 200, 0)), HUGE, profile_dir=None,
+                             profile_repeats=1)
+    other = _adjacency(50, 120, 1)
+    with pytest.warns(monet_opt.ReplanWarning) as caught:
+        opt(x, other).backward()
+    said = str(caught[0].message)
+    assert f"input 1 torch.sparse_coo with {other._nnz()} entries (the first plan" in said
+    assert "number of entries" in said and "strides" not in said
+
+
 class BuiltInside(nn.Module):
     """A GCN that builds its adjacency from an edge list in the forward, with weights that
     need a gradient or with ones."""
