@@ -10,6 +10,14 @@
   The wrapper's own state is what it set before `ready()` (its __init__'s end), and a private
   name the model lacks.
 
+NOTE [Named as the model]
+  HF's Trainer with label_smoothing_factor shifts the labels (each token predicts the next)
+  only where `unwrap_model(model)._get_name()` names a causal-LM class, and accelerate's
+  unwrap_model does not look inside an optimized module: "OptimizedModule" trained GPT-2 to
+  predict each token itself, silently (loss 4.2322 against eager's 4.5845; accelerate probe,
+  2026-12-06). `_get_name()`, which nn.Module keeps for its repr, names the model's class;
+  the repr still reads "OptimizedModule(...)".
+
 NOTE [DDP's names to ignore]
   DistributedDataParallel leaves out of its all-reduce the parameters and buffers named in
   its module's `_ddp_params_and_buffers_to_ignore` (set by

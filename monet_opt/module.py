@@ -379,6 +379,13 @@ class OptimizedModule(ModelState):
         self._watched_now = None
         return self
 
+    def _get_name(self) -> str:
+        """The model's class name (NOTE [Named as the model] in monet_opt/forwarded.py)."""
+        return self.model._get_name()
+
+    def __repr__(self) -> str:
+        return "OptimizedModule" + super().__repr__().removeprefix(self._get_name())
+
     def extra_repr(self) -> str:
         return (f"memory_limit={self.plan.memory_limit_bytes}, solver={self.plan.solver!r}, "
                 f"predicted_peak={self.plan.predicted_peak_bytes}")

@@ -56,3 +56,19 @@ def test_trainer_trains_the_optimized_module_as_the_model(tmp_path):
     for (name, p), q in zip(base.named_parameters(), eager.parameters()):
         assert torch.equal(p, q), name
     assert isinstance(copy.deepcopy(opt), monet_opt.OptimizedModule)
+
+
+def test_label_smoothing_shifts_the_labels_as_for_the_model(tmp_path):
+    """NOTE [Named as the model] (monet_opt/forwarded.py): Trainer shifts a causal LM's labels
+    by the unwrapped model's _get_name(), which said "OptimizedModule": the smoothed loss was
+    of each token predicting itself."""
+    from transformers import Trainer, TrainingArguments
+    torch.manual_seed(0)
+    base, x, _ = models.gpt2_tiny(dropout=0.0)
+    batch = {"input_ids": x["input_ids"], "labels": x["input_ids"].clone()}
+    opt = monet_opt.optimize(base, batch, HUGE, profile_repeats=1, profile_dir=None)
+    args = TrainingArguments(output_dir=str(tmp_path), label_smoothing_factor=0.1,
+                             use_cpu=True, report_to=[])
+    ours, eager = (Trainer(model=m, args=args).compute_loss(m, dict(batch)) for m in (opt, base))
+    assert torch.equal(ours, eager)
+    assert repr(opt).startswith("OptimizedModule(") and opt._get_name() == base._get_name()
