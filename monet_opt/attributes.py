@@ -91,7 +91,8 @@ class Watched:
             if config is not None and not isinstance(config, nn.Module) \
                     and hasattr(config, "__dict__") and id(config) not in configs:
                 configs.add(id(config))
-                where.append((position, True, tuple(_public(config))))
+                where.append((position, True, tuple(n for n in _public(config)
+                                                    if n not in _SAVED_DESCRIPTIONS)))
         methods = [(cls, name) for cls in dict.fromkeys(map(type, model.modules()))
                    for name in ["forward"] + sorted(on_self.get(cls, set()) - {"forward"})
                    if isinstance(_class_value(cls, name), _METHODS)]
@@ -114,6 +115,9 @@ class Watched:
             if in_config:
                 found = getattr(found.get("config"), "__dict__", {})
             out.extend(map(found.get, own, repeat(_MISSING)))
+        for k, value in enumerate(out):  # NOTE [Values saving sets]: a list set since of()
+            if type(value) in _UNHASHABLE:
+                out[k] = _frozen(value)
         for k in self.maybe_tensors:  # a tensor's spec: its values are an input of the step
             if isinstance(out[k], torch.Tensor):
                 out[k] = LeafSpec.of(out[k])
@@ -203,6 +207,18 @@ _OWN_FORWARD = operator.methodcaller("get", "forward")  # of a module's __dict__
 #   train/eval flag and values wherever they sit. The registries are not watched as values.
 _REGISTRIES = frozenset({"_modules", "_parameters", "_buffers"})
 _PLAIN = {bool, int, float, str, type(None)}
+_UNHASHABLE = {list, dict, set}
+
+
+# NOTE [Values saving sets]
+#   HF's save_pretrained (every Trainer checkpoint) sets config.architectures, None when
+#   optimize() read it, to a list of the class's name, and config.dtype to the parameters'
+#   ("float32"). The list made the next step's key unhashable: TypeError at the first step
+#   after a checkpoint (accelerate probe, 2026-12-06), and the dtype planned the step again.
+#   Neither is read by a forward to compute: they describe the saved model to
+#   from_pretrained. They are not watched; any other value that becomes a list, a dict or a
+#   set is watched as `_frozen` takes it.
+_SAVED_DESCRIPTIONS = {"architectures", "dtype"}
 
 
 def _read_names(module: nn.Module, on_self: dict[type, set[str]]) -> set[str]:

@@ -72,3 +72,20 @@ def test_label_smoothing_shifts_the_labels_as_for_the_model(tmp_path):
     ours, eager = (Trainer(model=m, args=args).compute_loss(m, dict(batch)) for m in (opt, base))
     assert torch.equal(ours, eager)
     assert repr(opt).startswith("OptimizedModule(") and opt._get_name() == base._get_name()
+
+
+def test_a_step_after_save_pretrained_is_the_same_step(tmp_path):
+    """NOTE [Values saving sets] (monet_opt/attributes.py): save_pretrained, which Trainer
+    calls at every checkpoint, set config.architectures to a list: the next step raised
+    TypeError (unhashable list), and config.dtype planned it again."""
+    torch.manual_seed(0)
+    base, x, _ = models.gpt2_tiny(dropout=0.0)
+    batch = {"input_ids": x["input_ids"], "labels": x["input_ids"].clone()}
+    opt = monet_opt.optimize(base, batch, HUGE, profile_repeats=1, profile_dir=None)
+    opt(**batch).loss.backward()
+    base.save_pretrained(tmp_path)
+    base.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.ReplanWarning)
+        opt(**batch).loss.backward()
+    assert base.config.architectures == [type(base).__name__] and len(opt.plans) == 1
