@@ -3,6 +3,7 @@ pieces: `--models resnet50`, then `--models gpt2`, into the same file)."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import tempfile
@@ -165,28 +166,46 @@ def load(path: Path) -> dict[str, ModelRun]:
     """The runs in `path` by model name; {} if the file does not exist."""
     if not path.exists():
         return {}
+    redo = "; move it away or pass --no-merge to overwrite it"
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise BenchFileError(f"monet-opt bench: {path} is not valid JSON ({exc}); move it away "
-                             "or pass --no-merge to overwrite it") from exc
-    if data.get("schema_version") != SCHEMA_VERSION:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BenchFileError(f"monet-opt bench: {path} cannot be read as JSON ({exc}){redo}") \
+            from exc
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        got = data.get("schema_version") if isinstance(data, dict) else type(data).__name__
         raise BenchFileError(
-            f"monet-opt bench: {path} has schema version {data.get('schema_version')!r}, this "
-            f"benchmark writes {SCHEMA_VERSION}; move it away or pass --no-merge")
-    return {name: _run_from_dict(d) for name, d in data["models"].items()}
+            f"monet-opt bench: {path} has schema version {got!r}, this benchmark writes "
+            f"{SCHEMA_VERSION}{redo}")
+    try:
+        return {name: _run_from_dict(d) for name, d in data["models"].items()}
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise BenchFileError(f"monet-opt bench: {path} does not hold the benchmark's runs "
+                             f"({type(exc).__name__}: {exc}){redo}") from exc
 
 
-def save(path: Path, runs: dict[str, ModelRun]) -> None:
-    """Write atomically (a temporary file, then rename)."""
-    data = {"schema_version": SCHEMA_VERSION,
-            "models": {name: dataclasses.asdict(run) for name, run in runs.items()}}
+def save(path: Path, runs: dict[str, ModelRun], merge: bool = True) -> None:
+    """Write atomically (a temporary file, then rename), readable as the umask allows, under a
+    lock on the folder; merge: into the runs the file holds then, which another run into the
+    same folder may have saved since this one began (two runs at once each wrote the runs they
+    had read at their start: the first to finish was lost; bench probe, 2026-12-06)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".bench-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        runs = {**load(path), **runs} if merge else runs
+        data = {"schema_version": SCHEMA_VERSION,
+                "models": {name: dataclasses.asdict(run) for name, run in runs.items()}}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".bench-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's is 0600
+        os.replace(tmp, path)
+    finally:
+        os.close(folder)  # and the lock with it
 
 
 def _run_from_dict(d: dict) -> ModelRun:

@@ -48,11 +48,14 @@ def run(s: Settings) -> int:
     for name in s.models:
         if name in runs:
             print(replacing(path, runs[name], s), flush=True)
+    mine: dict[str, results.ModelRun] = {}  # saved into what the file holds then
     for name in s.models:
         with tempfile.TemporaryDirectory(prefix=f"monet-bench-{name}-") as profiles:
-            runs[name] = bench_model(models.SPECS[name], replace(s, profile_dir=profiles),
-                                     lambda r, name=name: results.save(path, {**runs, name: r}))
-        results.save(path, runs)
+            mine[name] = bench_model(
+                models.SPECS[name], replace(s, profile_dir=profiles),
+                lambda r, name=name: results.save(path, {**mine, name: r}, s.merge))
+        results.save(path, mine, s.merge)
+    runs = results.load(path)  # with the runs another process saved there meanwhile
     report.write(s.out, runs)
     plots.write(s.out, runs)
     print(f"wrote {path}, {s.out / report.MD_NAME} and plots into {s.out}")
