@@ -85,3 +85,28 @@ def test_a_frozen_weight_with_a_trainable_bias_is_counted():
     peak = monet_opt.measure_peak(lambda: opt(x).sum().backward(),
                                   monet_opt.resident_tensors(model, x))
     assert peak <= opt.plan.predicted_peak_bytes <= least
+
+
+class _Replacing(torch.nn.Module):
+    """Keeps a 128 KiB state between calls and replaces it at each (as HF RecurrentGemma's
+    recurrent states)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.state = torch.ones(32768)
+
+    def step(self) -> None:
+        self.state = None
+        self.state = torch.ones(32768) * 2.0
+
+
+def test_a_resident_tensor_the_step_lets_go_of_is_freed_in_it(monkeypatch):
+    """measure_peak held the resident tensors through the step: the old state stayed alive,
+    131,072 B over the step's own peak (w, the new state and its temporary). By the live-bytes
+    counter; the allocation events see no free of a block made before their window."""
+    from monet_opt import alloc_events
+    monkeypatch.setenv(alloc_events.SWITCH, "0")
+    module = _Replacing()
+    peak = monet_opt.measure_peak(module.step, monet_opt.resident_tensors(module))
+    assert peak == 4 + 2 * 32768 * 4
