@@ -132,14 +132,40 @@ def watching(model: torch.nn.Module):
                   states={name: _state(rng) for name, rng in rngs.items()},
                   torch_held={name: (g, g.get_state()) for name, g in _held(
                       model, (torch.Generator,)).items()})
+    saved = {name: _saved(rng) for name, rng in rngs.items()}
     try:
         yield
     finally:
         for module, name, fn in patched:
             setattr(module, name, fn)
         _last["lines"] = _drawn()
+        for name, rng in rngs.items():  # NOTE [Draws put back]
+            if _state(rng) != _watch["states"][name]:
+                _put_back(rng, saved[name])
         _watch.clear()
         _watch.update(outer)
+
+
+# NOTE [Draws put back]
+#   The draws a forward made while traced, refused (NOTE [Random numbers drawn in Python]),
+#   moved NumPy's or Python's stream where torch's was put back: a user who caught the error
+#   and turned HF's SpecAugment off no longer had eager's NumPy stream (audio probe,
+#   2026-12-06). Each generator the trace drew from is set back as it was.
+def _saved(rng: Any) -> Any:
+    if isinstance(rng, random.Random):
+        return rng.getstate()
+    if hasattr(rng, "bit_generator"):  # numpy.random.Generator
+        return rng.bit_generator.state
+    return rng.get_state()
+
+
+def _put_back(rng: Any, state: Any) -> None:
+    if isinstance(rng, random.Random):
+        rng.setstate(state)
+    elif hasattr(rng, "bit_generator"):
+        rng.bit_generator.state = state
+    else:
+        rng.set_state(state)
 
 
 def _drawn() -> list[str]:

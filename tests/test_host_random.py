@@ -56,6 +56,19 @@ def test_python_draw_is_refused_naming_the_line():
     assert random.random.__self__ is random._inst  # the functions are as they were
 
 
+@pytest.mark.parametrize("build", [lambda: nn.Sequential(Skipped(), nn.Linear(16, 1)),
+                                   HeldGenerator], ids=["python's", "numpy's held"])
+def test_a_refused_draw_leaves_the_streams_as_they_were(build):
+    """NOTE [Draws put back]: the trace's draws moved the stream they came from."""
+    model = build()
+    random.seed(0)
+    held = getattr(model, "rng", None)
+    before = (random.getstate(), held.bit_generator.state if held is not None else None)
+    with pytest.raises(monet_opt.CaptureError, match="drew random numbers in Python"):
+        monet_opt.optimize(model, torch.randn(4, 16), HUGE, profile_dir=None)
+    assert (random.getstate(), held.bit_generator.state if held is not None else None) == before
+
+
 def test_torch_draw_trains_like_eager():
     """The same blocks with torch's draw: each step draws anew, as eager does, bitwise."""
     torch.manual_seed(0)
