@@ -206,6 +206,12 @@ def shapes(errors: list[str]) -> str:
                 "the padded batch instead (padded at the end, a one-directional layer's outputs "
                 "at the real steps are the same), leave the padded steps out of the loss with a "
                 "mask, and take each sequence's last output with gather at lengths - 1.")
+    if ops <= _MASKING and not any(" (at " in e for e in errors):  # in the backward: no line
+        return ("\nThere, the backward indexes by a boolean mask (the gradient of an assignment "
+                "x[mask] = v, or of index_put with a mask, reads v's entries by the mask's "
+                "values), which a traced step, whose shapes are fixed, cannot hold: write it as "
+                "torch.where(mask[..., None], v, x) (v broadcast to x's shape), or "
+                "x.masked_fill(mask[..., None], value) for a number.")
     if ops <= _MASKING:
         return ("\nThere, an op's output shape depends on the values of a tensor (indexing with "
                 "a boolean mask, x[mask], runs nonzero; so do masked_select and unique), which a "

@@ -374,3 +374,26 @@ def test_torch_cond_is_refused_naming_the_module():
     with pytest.raises(monet_opt.CaptureError,
                        match=r"(?s)torch.cond in Branching '1'.*torch.where"):
         monet_opt.optimize(model, torch.randn(8, 16), HUGE, profile_dir=None)
+
+
+class MaskedFill(nn.Module):
+    """SpecAugment's form (HF Wav2Vec2): a learned vector written where a mask is true."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.emb = nn.Linear(8, 8), nn.Parameter(torch.randn(8))
+
+    def forward(self, x, mask):
+        h = self.lin(x)
+        h[mask] = self.emb
+        return h.sum()
+
+
+def test_a_mask_assignment_says_what_to_write_instead():
+    """Its gradient for the vector indexes by the mask in the backward, where no line of the
+    forward is on the stack: the error named no line and said only to avoid .item()."""
+    x, mask = torch.randn(2, 5, 8), torch.rand(2, 5) < 0.5
+    with pytest.raises(monet_opt.CaptureError,
+                       match=r"(?s)backward indexes by a boolean mask.*x\[mask\] = v.*"
+                             r"torch.where\(mask\[\.\.\., None\], v, x\)"):
+        monet_opt.optimize(MaskedFill(), (x, mask), HUGE, profile_dir=None)
