@@ -181,7 +181,7 @@ def parse_size(text: str, models: tuple[str, ...] = ()) -> dict[str, int] | None
         size = {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(","))}
     except ValueError:
         size = {}
-    if not size or any(v < 1 for v in size.values()):
+    if not size or any(v < 1 for v in size.values()) or "" in size:  # "=3" names nothing
         raise UsageError(f"--size takes name=integer pairs (integers of at least 1) separated by "
                          f"commas, such as batch=64,size=160; got {text!r}")
     for name in (m for m in models if m in ALL_MODELS):

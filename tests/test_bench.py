@@ -115,6 +115,7 @@ def test_a_limit_that_is_none_is_refused_before_anything_runs(tmp_path, limit, c
     (["--compile-budgets", "1,1.5"], "--compile-budgets: give numbers from 0 to 1"),
     (["--size", "foo=2"], "--size: tiny_cnn takes batch, size, not foo"),
     (["--size", "batch=0"], "integers of at least 1"),
+    (["--size", "=3"], "name=integer pairs"),
     (["--rounds", "0"], None), (["--time-limit", "0"], None), (["--time-limit", "inf"], None),
     (["--models", ","], "no model in ','"),
 ])
