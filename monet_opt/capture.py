@@ -26,7 +26,7 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from monet_opt import (alloc_events, attribute_tensors, capture_hints, data_assigned,
                        export_route, forward_state, host_random, input_spec, kernels,
-                       module_paths, saved_hooks)
+                       module_paths, outputs_fp32, saved_hooks)
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
@@ -57,7 +57,8 @@ def autocast_state() -> tuple[tuple[str, Any], ...]:
     traced] in monet_opt/kernels.py); and whether kernels' scratch goes unmeasured (NOTE [Plans
     made inside a profiler] in monet_opt/alloc_events.py)."""
     return tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES
-                 if torch.is_autocast_enabled(d)) + kernels.changed() + alloc_events.unmeasured()
+                 if torch.is_autocast_enabled(d)) + kernels.changed() + \
+        alloc_events.unmeasured() + outputs_fp32.state()  # NOTE [Outputs accelerate makes float32]
 
 
 def state_names(model: torch.nn.Module) -> tuple[list[str], list[str], list[str]]:
@@ -101,8 +102,9 @@ def compile_step(model: torch.nn.Module, spec: InputSpec, partition_fn: Callable
                 input_spec.grad_left_off(flat[n_state:]), \
                 input_spec.leaves_written(flat[n_state:], leaves):  # NOTEs [Inputs turned to
             # need grad], [Inputs written in place] in monet_opt/input_spec.py
-            outputs = kept.call(target, lambda: attribute_tensors.call_with(
-                target, state, args, kwargs, attributes))
+            outputs = outputs_fp32.convert(kept.call(target, lambda: attribute_tensors.call_with(
+                target, state, args, kwargs, attributes)))  # NOTE [Outputs accelerate makes
+            #                                                   float32] in outputs_fp32.py
         forward_state.write_back(model, names, len(params), flat[:n_state], shapes, state,
                                  len(params) + len(buffers))
         return kept.outputs(outputs)  # NOTE [The outputs' structure]

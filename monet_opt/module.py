@@ -16,8 +16,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from monet_opt import (absent_grads, autocast_backward, eval_steps, handed_grads,
-                       mutation_tangents, ones_masks, output_grad, refusals, retained_graphs,
-                       saved_hooks, stats_in_place)
+                       mutation_tangents, ones_masks, output_grad, outputs_fp32, refusals,
+                       retained_graphs, saved_hooks, stats_in_place)
 from monet_opt.alloc_events import UNMEASURED
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.capture import autocast_state
@@ -213,8 +213,9 @@ class OptimizedModule(ModelState):
                 isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
             return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan
         saved_hooks.warn_if_around()  # NOTE [Saved-tensor hooks in the forward]
-        step, inputs = self._step_for(args, kwargs, leaves, treedef, params, buffers, modules,
-                                      hooks)
+        with outputs_fp32.converting(outputs_fp32.wrapped(self)):  # NOTE in outputs_fp32.py
+            step, inputs = self._step_for(args, kwargs, leaves, treedef, params, buffers,
+                                          modules, hooks)
         if step.slots is not None:
             step.slots.bind(mine)
         self._in_flight.starting()  # NOTE [Steps in flight]

@@ -133,6 +133,8 @@ def describe_autocast(state: tuple) -> str:
                      f"{dtype} threads" if device == "threads" else
                      f"float32 matmul precision {dtype}" if device == "matmul" else
                      "kernels' scratch unmeasured (inside torch.profiler)" if device == "scratch"
+                     else "outputs made float32 (accelerate's mixed precision)"
+                     if device == "outputs"
                      else
                      f"autocast on for {device} ({dtype})" if device != "sdpa" else
                      "attention kernels " + "/".join(k for k, on in zip(kernels, dtype) if on)
