@@ -33,7 +33,6 @@ from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
-from torch._prims_common import is_non_overlapping_and_dense_or_false as dense_layout
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
@@ -44,7 +43,8 @@ from monet_opt.placeholders import is_effect_token
 from monet_opt.misread_layouts import Layouts
 from monet_opt.memory import counted, cuda_devices, sparse_copies
 from monet_opt.profile_budget import Budget, estimates
-from monet_opt.profile_memory import Scratch
+from monet_opt.profile_memory import BoundedEnv, Scratch
+from monet_opt.tangents import tangent_like
 from monet_opt.profile_walk import walk as _walk
 from monet_opt.variant_probe import VariantProbe, timed_call as _call
 
@@ -118,7 +118,7 @@ def profile(joint: fx.GraphModule, lowered: Lowered, primals: Sequence[torch.Ten
         given, copied = iter(primals), pass_inputs.written(joint)  # NOTE [Buffers the pass
         #                                                            reads]: none, or copies
         inputs = [torch.empty(0) if is_effect_token(n) else
-                  functools.partial(_random_like, n.meta["val"], primals)  # NOTE [Output
+                  functools.partial(tangent_like, n.meta["val"], primals)  # NOTE [Output
                   if n.name.startswith("tangents") else  # gradients to their last use]
                   _copied(next(given), n.name in copied)
                   for n in joint.graph.find_nodes(op="placeholder")]
@@ -170,22 +170,6 @@ def _beside_states(memory_limit: int | None, devices: list) -> int | None:
 
 def _copied(t: torch.Tensor, copy: bool) -> torch.Tensor:
     return t.clone() if copy else t
-
-
-def _random_like(val: torch.Tensor, primals: Sequence[torch.Tensor]) -> torch.Tensor:
-    """An output gradient laid out as the trace's: the backward of a transposed output views
-    its gradient as the trace's strides allow (a contiguous one failed `view`: "view size is
-    not compatible with input tensor's size and stride"). A scalar's is 1, as backward() seeds
-    a loss's: matrix_exp's backward sizes its scratch by its gradient's norm, and an
-    orthogonal parametrization under WithLoss, profiled with a random draw there, measured
-    18.7 % over its plan at most seeds (parametrizations probe, 2026-12-06)."""
-    device = primals[0].device if primals else val.device
-    strides = tuple(val.stride()) if dense_layout(val) else None
-    out = torch.empty_strided(tuple(val.shape), strides, dtype=val.dtype, device=device) \
-        if strides else torch.empty(tuple(val.shape), dtype=val.dtype, device=device)
-    if not (val.dtype.is_floating_point or val.dtype.is_complex):
-        return out.zero_()
-    return out.fill_(1) if val.dim() == 0 else out.normal_()
 
 
 def signature(target: Any, args: tuple, kwargs: dict) -> tuple:
@@ -313,7 +297,7 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
                 target(*rerun, **kwargs)  # its warm-up: the forward never ran this form
                 n = max(1, budget.repeats_now())  # under the time limit too (an op met before)
                 seen[key] = _samples(target, rerun, kwargs, cuda, n) if cuda \
-                    else _cold_samples(target, rerun, kwargs, n)
+                    else _cold_samples(target, rerun, kwargs, n, _room(env, node))
             reruns[node.name] = key
         budget.op_done(repeats)
     probe.measure(node, target, args, kwargs, env[node.name], sig, cuda, budget, env)
@@ -375,23 +359,37 @@ _RERUN = "recomputed"  # marks the signature of a recomputation's timing
 #   bench_ops, DenseNet-121 b16 128² at half its activations, two runs each, measured /
 #   predicted over store-all: +4.6/+2.7 % and +5.9/+3.3 % before, +5.0/+4.1 % and
 #   +5.1/+5.7 % after (docs/benchmarks/cold_inputs.md). A rerun whose input was itself just
-#   recomputed reads it warm and is over-priced; in the plans seen the input is kept.
+#   recomputed reads it warm and is over-priced; in the plans seen the input is kept. Within
+#   a byte limit it is written only where the pass has twice its size left: a step planned
+#   anew in a training call (a new batch shape) held it beside the pass, and an LR-ASPP under
+#   a 31 MB limit measured 91 MB in that call (torchvision probe, 2026-12-06); a buffer of the
+#   room left, by the pass's count, still measured 48 MB there, and none, within the limit.
 FLUSH_BYTES = 64 << 20
 _flush: list[torch.Tensor] = []
 
 
-def _evict_caches() -> None:
-    """Write FLUSH_BYTES, so that what the next call reads comes from memory."""
+def _room(env: dict, node: fx.Node) -> int | None:
+    """What a pass within a limit has left beside `node`'s rerun's outputs (None: no limit)."""
+    made = sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(node.meta.get("val"))
+               if isinstance(t, torch.Tensor))
+    return env.limit - env.held - made if isinstance(env, BoundedEnv) else None
+
+
+def _evict_caches(room: int | None = None) -> None:
+    """Write FLUSH_BYTES where `room` holds it twice, so that what the next call reads comes
+    from memory."""
+    if room is not None and room < 2 * FLUSH_BYTES:
+        return  # timed warm: NOTE [Recomputation reads a cold input]
     if not _flush:
         _flush.append(torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device="cpu"))
     _flush[0].fill_(1.0)
 
 
-def _cold_samples(target, args, kwargs, n: int) -> list[float]:
+def _cold_samples(target, args, kwargs, n: int, room: int | None) -> list[float]:
     """n timed calls of target(*args, **kwargs), each after the caches were flushed (NOTE
     [Recomputation reads a cold input])."""
     out = []
     for _ in range(n):
-        _evict_caches()
+        _evict_caches(room)
         out.append(_call(target, args, kwargs, False)[1])
     return out

@@ -92,7 +92,7 @@ class Exponential(nn.Module):
 
 
 def test_a_scalar_loss_is_profiled_with_the_gradient_backward_gives():
-    """`_random_like` in monet_opt/profiler.py: the loss's gradient was profiled as a random
+    """monet_opt/tangents.py: the loss's gradient was profiled as a random
     draw, and at this seed the least plan measured 131,068 B (18.7 %) over its limit."""
     x, y = torch.randn(256, 32), torch.randn(256, 8)
     model = monet_opt.WithLoss(Exponential(), nn.functional.mse_loss)
