@@ -19,6 +19,17 @@ from solvers.variants import lightest
 
 aten = torch.ops.aten
 
+def _squeezed():
+    """A squeeze-excitation block (RegNet-Y's, MobileNetV3's): a ReLU on a [N, C, 1, 1] map,
+    whose channels-last strides differ from its variants' only in the dimensions of length 1
+    (their masks were refused: `_same_layout` in monet_opt/variant_probe.py)."""
+    from torchvision.ops import SqueezeExcitation
+    net = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), SqueezeExcitation(8, 2),
+                              torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(8, 3))
+    return net, torch.randn(2, 8, 16, 16), lambda out: out.sum()
+
+
 def _channels_last(make):
     torch.manual_seed(0)
     base, x, loss_fn = make()
@@ -29,8 +40,9 @@ def _channels_last(make):
 @pytest.mark.parametrize("make, wanted", [
     (models.pool_cnn, {"relu.bit_mask", "maxpool.shape_only", "maxpool.compact_indices"}),
     (lambda: models.shape_only_net("avgpool"), {"avgpool.shape_only"}),
-    (lambda: models.shape_only_net("adaptive_avgpool"), {"adaptive_avgpool.shape_only"})],
-    ids=["pool_cnn", "avgpool", "adaptive_avgpool"])
+    (lambda: models.shape_only_net("adaptive_avgpool"), {"adaptive_avgpool.shape_only"}),
+    (lambda: _squeezed(), {"relu.bit_mask"})],
+    ids=["pool_cnn", "avgpool", "adaptive_avgpool", "squeeze_excitation"])
 def test_channels_last_network_keeps_every_exact_variant(make, wanted):
     """The profiler refuses no variant of a channels-last network (before: every ReLU's 1-bit
     mask and every pooling's shape-only stand-in, their results laid out contiguous)."""
@@ -44,16 +56,19 @@ def test_channels_last_network_keeps_every_exact_variant(make, wanted):
     assert wanted <= offered, offered
 
 
-def test_channels_last_plan_with_the_variants_trains_bitwise(free_variants):
+@pytest.mark.parametrize("make, wanted", [
+    (models.pool_cnn, {"relu.bit_mask", "maxpool.shape_only"}), (_squeezed, {"relu.bit_mask"})],
+    ids=["pool_cnn", "squeeze_excitation"])
+def test_channels_last_plan_with_the_variants_trains_bitwise(free_variants, make, wanted):
     """At the peak of keeping everything with the lightest variants, the plan uses the 1-bit
     masks and the max-pool's stand-in, and trains bitwise like store-all, within its limit."""
-    base, x, loss_fn = _channels_last(models.pool_cnn)
+    base, x, loss_fn = _channels_last(make)
     problem = monet_opt.lower_problem(copy.deepcopy(base), x, profile_repeats=1)
     limit = _no_recompute_peak(problem, lightest(problem))
     tight = monet_opt.optimize(copy.deepcopy(base), x, limit, profile_repeats=1,
                                time_limit_s=10)
     used = {name.split(":")[0] for name in tight.plan.variants}
-    assert {"relu.bit_mask", "maxpool.shape_only"} <= used, tight.plan.explain()
+    assert wanted <= used, tight.plan.explain()
     ref = monet_opt.optimize(copy.deepcopy(base), x, HUGE, profile_repeats=1, variants=False)
     assert_same(run_steps(tight, tight.model, x, loss_fn), run_steps(ref, ref.model, x, loss_fn),
                 exact=True, what="channels-last variants vs store-all")
