@@ -131,6 +131,10 @@ def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
     family, method = method_of(solver)
     out: list[Measured] = []
     least: int | None = None
+
+    def unplanned(point: Point) -> None:  # said too: only the json and markdown had them
+        out.append(Measured(point))
+        print(f"  {method:<26} {point.setting:>5}  {point.status}: {point.note}", flush=True)
     for setting in limits:
         label = label_of(setting)
         base = Point(model=ctx.name, method=method, family=family, setting=label, status="ok")
@@ -141,7 +145,7 @@ def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
         if limit is None or (least is not None and limit < least):
             why = "least peak unknown" if limit is None else \
                 f"below the least peak {solver} reaches, {format_bytes(least)}"
-            out.append(Measured(replace(base, status="infeasible", limit_bytes=limit, note=why)))
+            unplanned(replace(base, status="infeasible", limit_bytes=limit, note=why))
             continue
         base = replace(base, limit_bytes=limit)
         start = time.perf_counter()
@@ -150,11 +154,11 @@ def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
                                      time_limit_s=time_limit_s, profile_dir=ctx.profile_dir)
         except InfeasibleBudgetError as exc:
             least = exc.min_feasible_bytes
-            out.append(Measured(replace(base, status="infeasible", note=(
-                f"below the least peak {solver} reaches, {format_bytes(least)}"))))
+            unplanned(replace(base, status="infeasible", note=(
+                f"below the least peak {solver} reaches, {format_bytes(least)}")))
             continue
         except Exception as exc:  # noqa: BLE001 - a benchmark records a failing method and goes on
-            out.append(Measured(replace(base, status="failed", note=_failure(exc))))
+            unplanned(replace(base, status="failed", note=_failure(exc)))
             continue
         plan_s = time.perf_counter() - start
         plan = opt.plan
@@ -172,7 +176,7 @@ def ours(ctx: Context, solver: str, limits: tuple[str, ...], time_limit_s: float
             runner = measure.runner_for(f"{method} {label}", opt, ctx.model, ctx.x)
             point = measured_point(ctx, runner, point)
         except Exception as exc:  # noqa: BLE001 - recorded, the benchmark goes on
-            out.append(Measured(replace(point, status="failed", note=f"{note}; {_failure(exc)}")))
+            unplanned(replace(point, status="failed", note=f"{note}; {_failure(exc)}"))
             continue
         point = replace(point, prediction_error=(
             (plan.predicted_peak_bytes - point.peak_bytes) / point.peak_bytes))
