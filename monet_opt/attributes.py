@@ -216,9 +216,10 @@ _UNHASHABLE = {list, dict, set}
 #   ("float32"). The list made the next step's key unhashable: TypeError at the first step
 #   after a checkpoint (accelerate probe, 2026-12-06), and the dtype planned the step again.
 #   Neither is read by a forward to compute: they describe the saved model to
-#   from_pretrained. They are not watched; any other value that becomes a list, a dict or a
-#   set is watched as `_frozen` takes it.
-_SAVED_DESCRIPTIONS = {"architectures", "dtype"}
+#   from_pretrained. They are not watched, nor `transformers_version`, which a config loaded
+#   from a checkpoint carries (set as the model's config, its step was planned again); any
+#   other value that becomes a list, a dict or a set is watched as `_frozen` takes it.
+_SAVED_DESCRIPTIONS = {"architectures", "dtype", "transformers_version"}
 
 
 def _read_names(module: nn.Module, on_self: dict[type, set[str]]) -> set[str]:

@@ -88,4 +88,7 @@ def test_a_step_after_save_pretrained_is_the_same_step(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", monet_opt.ReplanWarning)
         opt(**batch).loss.backward()
+        base.config = type(base.config).from_pretrained(tmp_path)  # transformers_version set
+        base.zero_grad(set_to_none=True)
+        opt(**batch).loss.backward()
     assert base.config.architectures == [type(base).__name__] and len(opt.plans) == 1
