@@ -213,7 +213,10 @@ class OptimizedModule(ModelState):
                 isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
             return self.model(*args, **kwargs)  # NOTE [Parameters changed]: nothing to plan
         saved_hooks.warn_if_around()  # NOTE [Saved-tensor hooks in the forward]
-        with outputs_fp32.converting(outputs_fp32.wrapped(self)):  # NOTE in outputs_fp32.py
+        fp32 = outputs_fp32.wrapped(self)  # NOTE [Outputs accelerate makes float32]
+        if not fp32:
+            outputs_fp32.warn_if_around()
+        with outputs_fp32.converting(fp32):
             step, inputs = self._step_for(args, kwargs, leaves, treedef, params, buffers,
                                           modules, hooks)
         if step.slots is not None:

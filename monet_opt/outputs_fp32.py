@@ -3,9 +3,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
+import warnings
 from typing import Any
 
 from torch import nn
+
+from monet_opt.errors import user_stacklevel
+from monet_opt.held_outputs import OutputsHeldWarning
 
 # NOTE [Outputs accelerate makes float32]
 #   accelerate's Accelerator(mixed_precision="bf16") prepares a module by wrapping its forward
@@ -31,6 +36,31 @@ def wrapped(module: nn.Module) -> bool:
     convert = getattr(forward, "__wrapped__", forward)  # convert_outputs_to_fp32's function
     return type(convert).__name__ == "ConvertOutputsToFp32" and \
         type(convert).__module__.startswith("accelerate.")
+
+
+def warn_if_around() -> None:
+    """OutputsHeldWarning where accelerate's conversion runs around this call, not as the
+    optimized module's own forward: a module around it, or torch.compile(opt), was prepared,
+    and the float32 copies were made after the step, 90,924 B over a limit, unwarned (helper
+    107, 2026-12-06); the step cannot tell whether its outputs are what is converted."""
+    operations = sys.modules.get("accelerate.utils.operations")
+    if operations is None:
+        return
+    code, frame = operations.ConvertOutputsToFp32.__call__.__code__, sys._getframe(1)
+    for _ in range(64):
+        if frame is None:
+            return
+        if frame.f_code is code:
+            warnings.warn(OutputsHeldWarning(
+                "monet_opt: accelerate's mixed precision converts to float32 the outputs of a "
+                "module around the optimized module (one prepared around it, or "
+                "torch.compile(opt) prepared), after the step: copies the plan does not count, "
+                "held through the backward where the outputs are. Prepare the optimized module "
+                "itself (accelerator.prepare(opt), then torch.compile if you compile): its "
+                "step then makes them (NOTE [Outputs accelerate makes float32] in "
+                "monet_opt/outputs_fp32.py)."), stacklevel=user_stacklevel())
+            return
+        frame = frame.f_back
 
 
 @contextlib.contextmanager

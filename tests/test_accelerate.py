@@ -51,3 +51,17 @@ def test_float32_outputs_held_through_the_backward_are_planned():
     _step(accelerate.Accelerator(mixed_precision="bf16", cpu=True).prepare(eager), batch)
     for (name, p), q in zip(base.named_parameters(), eager.parameters()):
         assert torch.equal(p.grad, q.grad), name
+
+
+def test_a_module_around_it_prepared_is_warned_about():
+    """Prepared around the optimized module (or torch.compile(opt) prepared), accelerate's
+    conversion is no step's: said (it passed a limit by 90,924 B on GPT-2, unwarned)."""
+    net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    x = torch.randn(8, 16)
+    opt = monet_opt.optimize(net, x, HUGE, profile_repeats=1, profile_dir=None)
+    around = accelerate.Accelerator(mixed_precision="bf16", cpu=True).prepare(
+        torch.nn.Sequential(opt))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", monet_opt.ReplanWarning)
+        with pytest.warns(monet_opt.OutputsHeldWarning, match="a module around the optimized"):
+            around(x).sum().backward()
