@@ -15,6 +15,7 @@ import solvers
 from monet_opt.cache import CachedSchedule, Profile, ProfileCache, ProfileCacheWarning
 from monet_opt.errors import UsageError
 from monet_opt.plan import limit_bytes, make_plan
+from monet_opt.profiler import PROFILER_REVISION
 from monet_opt.cli_inputs import profile_root
 from monet_opt.units import exact_bytes, format_bytes, parse_limit
 
@@ -62,6 +63,11 @@ def run_list(args: argparse.Namespace) -> int:
             print(f"  model {profile.name}, inputs {key.inputs}, {len(profile.problem.ops)} "
                   f"ops; {key.device}; torch {key.torch_version}; options "
                   + ", ".join(f"{k}={v}" for k, v in key.options))
+            made_by = dict(key.options).get("profiler")
+            if made_by is not None and str(made_by) != str(PROFILER_REVISION):
+                print(f"  made by profiler revision {made_by}, not this one's "
+                      f"{PROFILER_REVISION}: optimize() measures the step anew and does not "
+                      "read it (profiles/README.md says what changed)")
             if not schedules and k + 1 < len(found) and found[k + 1][0].derived:
                 continue  # its schedules are the planned problems'
         else:
@@ -127,7 +133,7 @@ def find_profile(found: list[tuple[Profile, list[CachedSchedule]]], name: str,
     folders = sorted({p.folder.name for p, _ in hits})
     if not hits:
         unread = "" if not (root / name).is_dir() else (
-            f" that could be read (its profile.json is unusable, as said above: monet-opt "
+            " that could be read (its profile.json is unusable, as said above: monet-opt "
             "precompute, or optimize(), makes it again)")
         raise UsageError(f"no profile {name!r} in {root}/{unread}; `monet-opt list "
                          f"--profile-dir {root}` shows the profiles there")

@@ -237,3 +237,15 @@ def test_explain_of_a_damaged_profile_says_it_could_not_be_read(tmp_path):
     (folder / "profile.json").write_text("garbage")
     code, _, err = run_cli("explain", folder.name, "--profile-dir", str(root))
     assert code == 2 and "that could be read" in err, err
+
+
+def test_a_profile_an_older_profiler_made_is_listed_as_not_read(tmp_path, monkeypatch):
+    """It was listed as a current one, its revision only among the options: optimize() does
+    not read it (its key names that revision)."""
+    from monet_opt import api, profiler
+    root = tmp_path / "profiles"
+    with monkeypatch.context() as m:
+        m.setattr(api, "PROFILER_REVISION", profiler.PROFILER_REVISION - 1)
+        precompute(root, "64x8", "--limits", "1MiB")
+    _, out = _listed_rows(root)
+    assert f"made by profiler revision {profiler.PROFILER_REVISION - 1}, not this one's" in out
