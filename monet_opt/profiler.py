@@ -43,7 +43,7 @@ from monet_opt.placeholders import is_effect_token
 from monet_opt.misread_layouts import Layouts
 from monet_opt.memory import counted, cuda_devices, sparse_copies
 from monet_opt.profile_budget import Budget, estimates
-from monet_opt.profile_memory import BoundedEnv, Scratch
+from monet_opt.profile_memory import Scratch
 from monet_opt.tangents import tangent_like
 from monet_opt.profile_walk import walk as _walk
 from monet_opt.variant_probe import VariantProbe, timed_call as _call
@@ -297,7 +297,7 @@ def _measure_node(node: fx.Node, args, kwargs, env: dict, measured: dict[str, tu
                 target(*rerun, **kwargs)  # its warm-up: the forward never ran this form
                 n = max(1, budget.repeats_now())  # under the time limit too (an op met before)
                 seen[key] = _samples(target, rerun, kwargs, cuda, n) if cuda \
-                    else _cold_samples(target, rerun, kwargs, n, _room(env, node))
+                    else _cold_samples(target, rerun, kwargs, n)
             reruns[node.name] = key
         budget.op_done(repeats)
     probe.measure(node, target, args, kwargs, env[node.name], sig, cuda, budget, env)
@@ -359,37 +359,28 @@ _RERUN = "recomputed"  # marks the signature of a recomputation's timing
 #   bench_ops, DenseNet-121 b16 128² at half its activations, two runs each, measured /
 #   predicted over store-all: +4.6/+2.7 % and +5.9/+3.3 % before, +5.0/+4.1 % and
 #   +5.1/+5.7 % after (docs/benchmarks/cold_inputs.md). A rerun whose input was itself just
-#   recomputed reads it warm and is over-priced; in the plans seen the input is kept. Within
-#   a byte limit it is written only where the pass has twice its size left: a step planned
-#   anew in a training call (a new batch shape) held it beside the pass, and an LR-ASPP under
-#   a 31 MB limit measured 91 MB in that call (torchvision probe, 2026-12-06); a buffer of the
-#   room left, by the pass's count, still measured 48 MB there, and none, within the limit.
+#   recomputed reads it warm and is over-priced; in the plans seen the input is kept. The
+#   buffer is written within a byte limit too, beside the pass: sized to the room the pass's
+#   count leaves, or left out there, a step planned anew inside a training call stayed within
+#   the limit (an LR-ASPP under 31 MB measured 91 MB in that call; torchvision probe,
+#   2026-12-06), but profiles made under tight limits then timed these reruns warm, and
+#   the plans made from them changed (tests/test_api.py's explain test lost its variants).
 FLUSH_BYTES = 64 << 20
 _flush: list[torch.Tensor] = []
 
 
-def _room(env: dict, node: fx.Node) -> int | None:
-    """What a pass within a limit has left beside `node`'s rerun's outputs (None: no limit)."""
-    made = sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(node.meta.get("val"))
-               if isinstance(t, torch.Tensor))
-    return env.limit - env.held - made if isinstance(env, BoundedEnv) else None
-
-
-def _evict_caches(room: int | None = None) -> None:
-    """Write FLUSH_BYTES where `room` holds it twice, so that what the next call reads comes
-    from memory."""
-    if room is not None and room < 2 * FLUSH_BYTES:
-        return  # timed warm: NOTE [Recomputation reads a cold input]
+def _evict_caches() -> None:
+    """Write FLUSH_BYTES, so that what the next call reads comes from memory."""
     if not _flush:
         _flush.append(torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device="cpu"))
     _flush[0].fill_(1.0)
 
 
-def _cold_samples(target, args, kwargs, n: int, room: int | None) -> list[float]:
+def _cold_samples(target, args, kwargs, n: int) -> list[float]:
     """n timed calls of target(*args, **kwargs), each after the caches were flushed (NOTE
     [Recomputation reads a cold input])."""
     out = []
     for _ in range(n):
-        _evict_caches(room)
+        _evict_caches()
         out.append(_call(target, args, kwargs, False)[1])
     return out
