@@ -115,9 +115,8 @@ class Watched:
             if in_config:
                 found = getattr(found.get("config"), "__dict__", {})
             out.extend(map(found.get, own, repeat(_MISSING)))
-        for k, value in enumerate(out):  # NOTE [Values saving sets]: a list set since of()
-            if type(value) in _UNHASHABLE:
-                out[k] = _frozen(value)
+        if not _UNHASHABLE.isdisjoint(map(type, out)):  # NOTE [Values saving sets]
+            out = [_frozen(v) if type(v) in _UNHASHABLE else v for v in out]
         for k in self.maybe_tensors:  # a tensor's spec: its values are an input of the step
             if isinstance(out[k], torch.Tensor):
                 out[k] = LeafSpec.of(out[k])

@@ -7,6 +7,7 @@ import sys
 import warnings
 from typing import Any
 
+import torch
 from torch import nn
 
 from monet_opt.errors import user_stacklevel
@@ -43,9 +44,9 @@ def warn_if_around() -> None:
     optimized module's own forward: a module around it, or torch.compile(opt), was prepared,
     and the float32 copies were made after the step, 90,924 B over a limit, unwarned (helper
     107, 2026-12-06); the step cannot tell whether its outputs are what is converted."""
-    operations = sys.modules.get("accelerate.utils.operations")
-    if operations is None:
-        return
+    operations = sys.modules.get("accelerate.utils.operations")  # transformers imports it
+    if operations is None or not any(map(torch.is_autocast_enabled, ("cpu", "cuda"))):
+        return  # its conversion wraps an autocast one: no frames walked at a plain step
     code, frame = operations.ConvertOutputsToFp32.__call__.__code__, sys._getframe(1)
     for _ in range(64):
         if frame is None:
