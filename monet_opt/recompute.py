@@ -78,10 +78,22 @@ _BN_BACKWARD_STATS_ARGS = (3, 4)
 _BN_BACKWARD_TRAIN_ARG = 7
 
 
+# NOTE [Ops torch cannot vouch for]
+#   ATen tags the ops that draw random numbers (nondeterministic_seeded); an op of another
+#   library (`torch.library.custom_op`, a C++ extension) is untagged whether it draws or not.
+#   A noise-injection custom op (`x + 0.01 * torch.randn_like(x)`) that a plan recomputed drew
+#   new noise in the backward: gradients 4.2e-6 from eager's and the random stream advanced
+#   otherwise, silently (custom-ops probe, 2026-12-06). So an op outside ATen's, prims' and our
+#   own namespaces is taken as random: a recomputation replays its forward's generator state
+#   (NOTE [Recomputing random ops]), exact whether it draws or not, for a generator state's
+#   bytes per op (5 KB on CPU, NOTE [The step's generator states]).
+_VOUCHED = frozenset({"aten", "prims", "monet_opt"})
+
+
 def is_random(node: fx.Node) -> bool:
     target = node.target
-    return isinstance(target, torch._ops.OpOverload) and \
-        torch.Tag.nondeterministic_seeded in target.tags
+    return isinstance(target, torch._ops.OpOverload) and (
+        torch.Tag.nondeterministic_seeded in target.tags or target.namespace not in _VOUCHED)
 
 
 def dropped_args(node: fx.Node) -> tuple[int, ...]:
