@@ -12,7 +12,7 @@ from torch import nn
 
 from monet_opt import (branches, capture, grouped_attention, host_random, input_spec, joint_passes,
                        kept_states, ones_masks, outside_grads, progress, recompute, refusals,
-                       rewrite, updated_buffers, variants_bn)
+                       rewrite, unseeded, updated_buffers, variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -45,9 +45,8 @@ from solvers.remembered import recall, recalled, replanned
 
 
 def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Share, *,
-             solver: str = "auto", time_limit_s: float = 30.0,
-             profile_repeats: int = 3, variants: bool | Collection[str] = True,
-             allow_lossy: bool = False,
+             solver: str = "auto", time_limit_s: float = 30.0, profile_repeats: int = 3,
+             variants: bool | Collection[str] = True, allow_lossy: bool = False,
              profile_dir: str | os.PathLike | None = "profiles",
              profile_time_limit_s: float | None = None,
              new_shapes: str = "plan") -> OptimizedModule:
@@ -271,6 +270,7 @@ class _Planner:
         branches.refuse_branches(joint)  # NOTE [Branches taken by value]
         refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
         joint_passes.rewrite(joint, num_fwd_outputs, self.primals, self.families, self.grouped)
+        kwargs["unseeded"] = unseeded.presumed(joint)  # NOTE [Outputs beside the loss]
         plain = lower(joint, num_fwd_outputs, name=self.name)
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain
@@ -305,7 +305,7 @@ class _Planner:
             problem, made = held_problem(problem, {t for k in held for t in
                                                    lowered.output_tensors[k]},
                                          held_loss(joint, lowered, problem, returned))
-            problem = kept_states.held(problem, made)
+            problem = unseeded.free(kept_states.held(problem, made), kwargs["unseeded"])
             self.problem = problem
             lowered = matching(lowered, problem)
             slots = GradientSlots(self.resident, self.primals) if self.resident else None

@@ -25,6 +25,7 @@ import torch.fx as fx
 from monet_opt.placeholders import primal_placeholders
 
 _ADD = torch.ops.aten.add.Tensor
+UNSEEDED = "monet_opt.unseeded"  # an addition unseeded.apply made conditional
 
 
 def drop(joint: fx.GraphModule, primals: Sequence[torch.Tensor]) -> int:
@@ -41,7 +42,7 @@ def drop(joint: fx.GraphModule, primals: Sequence[torch.Tensor]) -> int:
                                                    primals[k].requires_grad):
             continue
         adds = list(tangent.users)
-        if not adds or not all(map(_plain_add, adds)):
+        if not adds or not all(map(plain_add, adds)):
             continue
         for add in adds:
             add.replace_all_uses_with(add.args[1] if add.args[0] is tangent else add.args[0])
@@ -52,7 +53,7 @@ def drop(joint: fx.GraphModule, primals: Sequence[torch.Tensor]) -> int:
     return dropped
 
 
-def _plain_add(node: fx.Node) -> bool:
+def plain_add(node: fx.Node) -> bool:
     """An addition of two tensors, its result shaped and typed as each."""
     if node.target is not _ADD or node.kwargs or len(node.args) != 2:
         return False
@@ -65,13 +66,15 @@ def materialize(bw: fx.GraphModule) -> None:
     """Each tangent `bw` reads is made zeros at its start where autograd hands it None (NOTE
     [Gradients of parameters updated in place]). Before the graph is recompiled."""
     places = list(bw.graph.find_nodes(op="placeholder"))
-    for tangent in [n for n in places if n.name.startswith("tangents") and n.users]:
+    for tangent in [n for n in places if n.name.startswith("tangents") and any(
+            UNSEEDED not in u.meta for u in n.users)]:
         val = tangent.meta["val"]
         with bw.graph.inserting_after(places[-1]):
             made = bw.graph.call_function(present, (tangent, tuple(val.shape), tuple(
                 val.stride()), val.dtype, val.device))
         made.meta = dict(tangent.meta)
-        tangent.replace_all_uses_with(made, delete_user_cb=lambda user: user is not made)
+        tangent.replace_all_uses_with(made, delete_user_cb=lambda user: user is not made and
+                                      UNSEEDED not in user.meta)
 
 
 def present(tangent: torch.Tensor | None, shape: tuple[int, ...], stride: tuple[int, ...],

@@ -17,6 +17,7 @@ from functorch.compile import default_partition
 
 from monet_opt import (absent_grads, cudnn_bn, direct_calls, grad_in_place, handed_grads,
                        mutation_tangents, recompute, stats_in_place)
+from monet_opt import unseeded as unseeded_adds
 from monet_opt.accumulate import GradientSlots, add_accumulation
 from monet_opt.errors import internal_assert
 from monet_opt.lower import OVERWRITING, Lowered
@@ -28,11 +29,13 @@ from solvers import Schedule
 
 def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: Schedule,
               num_fwd_outputs: int, slots: GradientSlots | None = None,
-              made: frozenset[int] = frozenset(), **kwargs):
+              made: frozenset[int] = frozenset(), unseeded: frozenset[str] = frozenset(),
+              **kwargs):
     """partition_fn for aot_function: (forward GraphModule, backward GraphModule). slots: the
     parameters whose gradients the backward adds in place (NOTE [Accumulating in place]).
     made: the held tensors the step itself makes (NOTE [Held tensors made again] in
-    monet_opt/held_outputs.py)."""
+    monet_opt/held_outputs.py). unseeded: the tangents planned as handed no gradient (NOTE
+    [Outputs beside the loss] in monet_opt/unseeded.py)."""
     rebuilt = rebuild_joint(joint, lowered, schedule, num_fwd_outputs, made)
     _read_unread_results(rebuilt)
     for node in rebuilt.graph.nodes:  # NOTE [Selective checkpointing's tags]
@@ -51,6 +54,7 @@ def partition(joint: fx.GraphModule, joint_inputs, lowered: Lowered, schedule: S
         cudnn_bn.use_cudnn(gm)  # NOTE [cuDNN's BatchNorm]
         if phase == BACKWARD:  # NOTE [Output gradients as handed]
             handed_grads.apply(gm, joint, num_fwd_outputs)
+            unseeded_adds.apply(gm, unseeded)  # NOTE [Outputs beside the loss]
             mutation_tangents.materialize(gm)  # NOTE [Gradients of parameters updated in place]
         direct_calls.drop_detaches(gm)  # NOTE [Direct calls]
         gm.graph.set_codegen(direct_calls.DirectCodeGen())

@@ -1,0 +1,83 @@
+"""NOTE [Outputs beside the loss]
+  A step that returns its loss beside other outputs (HF's `opt(**batch, labels=y)` returns the
+  loss and the logits, nanoGPT's `logits, loss = model(x, y)`) is trained by backpropagating
+  the loss alone: autograd hands the step no gradient for the logits. The backward was traced
+  for a gradient of every output, which it adds into what the loss's backward makes for that
+  output, and was planned with those gradients alive from its start; handed none, it made
+  zeros in their place (NOTE [Gradients of parameters updated in place]), so every plan held
+  one logits-sized tensor more than eager does: a Llama of vocabulary 32,000 (b2, 64 tokens)
+  reached 62.79 MiB at its least where the loss alone reached 47.16 MiB, and "60% of peak"
+  was refused (LLM probe, 2026-12-06).
+  So where the step returns a scalar that requires a gradient (a loss), each other output's
+  gradient that the backward only adds into another (`presumed`) is planned as handed none:
+  it costs nothing (`free`), and each of its additions (`apply`) hands on the other operand
+  as it is where it is None, as eager's backward never adds it. Where such an output is handed
+  a gradient after all (`(out.loss + out.logits.mean()).backward()`), the addition is made as
+  traced, so gradients stay exact, and an OutputGradientWarning says that this step can peak
+  over its plan by that gradient's bytes; a step whose outputs are all taken through the loss
+  (no scalar among them, or the loss computed inside it: WithLoss) is planned as before.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch
+import torch.fx as fx
+
+import solvers
+from monet_opt.errors import user_stacklevel
+from monet_opt.mutation_tangents import UNSEEDED, plain_add
+from monet_opt.output_grad import OutputGradientWarning
+
+
+def presumed(joint: fx.GraphModule) -> frozenset[str]:
+    """The tangents of `joint` planned as handed no gradient: where one tangent is a scalar's
+    (a loss's), every other one read only by additions of two tensors of its own size."""
+    tangents = [n for n in joint.graph.find_nodes(op="placeholder")
+                if n.name.startswith("tangents")]
+    if not any(_scalar(n) for n in tangents):
+        return frozenset()
+    return frozenset(n.name for n in tangents if not _scalar(n) and n.users and all(
+        plain_add(u) and u.args[0] is not u.args[1] for u in n.users))
+
+
+def free(problem: solvers.Problem, names: frozenset[str]) -> solvers.Problem:
+    """`problem` with the tangents named `names` costing nothing."""
+    if not names:
+        return problem
+    return dataclasses.replace(problem, tensors=tuple(
+        dataclasses.replace(t, bytes=0) if t.name in names else t for t in problem.tensors))
+
+
+def apply(bw: fx.GraphModule, names: frozenset[str]) -> None:
+    """Each addition of a tangent named `names` in the backward graph `bw` (in place or not)
+    hands on its other operand where the tangent is None. Before the graph is recompiled."""
+    for tangent in bw.graph.find_nodes(op="placeholder"):
+        if tangent.name not in names:
+            continue
+        for add in list(tangent.users):
+            k = add.args.index(tangent)
+            add.args = (add.target, k, *add.args)
+            add.target = plus_present
+            add.meta[UNSEEDED] = True
+
+
+def plus_present(target, k: int, *args: torch.Tensor | None) -> torch.Tensor:
+    """`target(*args)`, or where argument `k` (a tangent) is None, the other operand."""
+    if args[k] is None:
+        return args[1 - k]
+    warnings.warn(OutputGradientWarning(
+        f"monet_opt: an output returned beside the loss was handed a {args[k].nbytes:,} B "
+        "gradient; the plan had it handed none (the loss backpropagated alone), so this step "
+        "can peak over its prediction by that much. Gradients are exact. To have it planned, "
+        "return no loss beside the outputs taken through the backward, or compute the whole "
+        "loss inside the module (monet_opt.WithLoss). NOTE [Outputs beside the loss] in "
+        "monet_opt/unseeded.py."), stacklevel=user_stacklevel())
+    return target(*args)
+
+
+def _scalar(node: fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dim() == 0
+

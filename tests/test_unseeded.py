@@ -1,0 +1,85 @@
+"""NOTE [Outputs beside the loss] (monet_opt/unseeded.py): the logits a step returns beside
+its loss are planned as handed no gradient, as `loss.backward()` hands them none."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import monet_opt
+from tests.test_executor import HUGE
+
+VOCAB, BATCH, TOKENS = 4000, 2, 64
+LOGITS_BYTES = BATCH * TOKENS * VOCAB * 4
+
+
+class LanguageModel(nn.Module):
+    """nanoGPT's form: (loss, logits), the logits the largest tensor of the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.hidden = nn.Embedding(VOCAB, 32), nn.Linear(32, 32)
+        self.head = nn.Linear(32, VOCAB)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor):
+        logits = self.head(torch.tanh(self.hidden(self.embed(ids))))
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten()), logits
+
+
+class LossOnly(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, labels)[0]
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(torch.randint(0, VOCAB, (BATCH, TOKENS)) for _ in range(2))
+
+
+def _least(model: nn.Module, batch) -> monet_opt.OptimizedModule:
+    full = monet_opt.optimize(model, batch, HUGE, profile_repeats=1, profile_dir=None)
+    return monet_opt.optimize(model, batch, full.plan.min_feasible_bytes, profile_repeats=1,
+                              profile_dir=None, time_limit_s=5)
+
+
+def test_logits_beside_the_loss_cost_no_more_than_the_loss_alone():
+    """The least peak is the loss-only module's (before: one logits-sized tensor more, zeros
+    made for the gradient the logits were not handed), and it measures its prediction with
+    eager's gradients."""
+    torch.manual_seed(0)
+    model, batch = LanguageModel(), _batch()
+    eager = copy.deepcopy(model)
+    alone = _least(LossOnly(copy.deepcopy(model)), batch).plan.predicted_peak_bytes
+    least = _least(model, batch)
+    assert abs(least.plan.predicted_peak_bytes - alone) <= 4  # before: + LOGITS_BYTES
+    measured = monet_opt.measure_peak(lambda: least(*batch)[0].backward(),
+                                      monet_opt.resident_tensors(model, batch))
+    assert 0 <= least.plan.predicted_peak_bytes - measured <= 4  # NOTE [The loss scalar]
+    eager(*batch)[0].backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                             eager.parameters()))
+
+
+def test_logits_handed_a_gradient_after_all_are_added_in_and_warned_about():
+    """A loss that reads the logits outside the step too gets eager's gradients, and a warning
+    that this step can peak over its plan by the logits' gradient."""
+    torch.manual_seed(0)
+    model, batch = LanguageModel(), _batch()
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, batch, HUGE, profile_repeats=1, profile_dir=None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loss, logits = opt(*batch)
+        (loss + logits.square().mean()).backward()
+    said = [str(w.message) for w in seen if "beside the loss" in str(w.message)]
+    assert len(said) == 1 and f"{LOGITS_BYTES:,} B gradient" in said[0]
+    loss, logits = eager(*batch)
+    (loss + logits.square().mean()).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                             eager.parameters()))
