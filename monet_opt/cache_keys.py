@@ -23,7 +23,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 import solvers
-from monet_opt import alloc_events, phase
+from monet_opt import alloc_events, kernels, phase
 from monet_opt.input_spec import viewed_bytes
 
 
@@ -128,14 +128,19 @@ def backend_settings(cuda: bool) -> list[str]:
         else ["oneDNN off"]
     if torch.are_deterministic_algorithms_enabled():
         changed.append("deterministic algorithms")
-    if torch.get_float32_matmul_precision() != "highest":
-        changed.append(f"float32 matmul precision {torch.get_float32_matmul_precision()}")
+    precision = kernels.legacy(torch.get_float32_matmul_precision)  # NOTE [Two precision APIs]
+    if precision is None:
+        changed += [f"{path or 'all'} float32 precision {value}"
+                    for path, value in kernels.fp32_precisions()]
+    elif precision != "highest":
+        changed.append(f"float32 matmul precision {precision}")
     if cuda:
         cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
         changed += [text for text, on in (
             ("cuDNN off", not cudnn.enabled), ("cuDNN benchmark", cudnn.benchmark),
             ("cuDNN deterministic", cudnn.deterministic),
-            ("cuDNN TF32 off", not cudnn.allow_tf32), ("matmul TF32", matmul.allow_tf32),
+            ("cuDNN TF32 off", kernels.legacy(lambda: cudnn.allow_tf32) is False),
+            ("matmul TF32", kernels.legacy(lambda: matmul.allow_tf32)),
             ("matmul fp16 reduction off", not matmul.allow_fp16_reduced_precision_reduction),
             ("matmul bf16 reduction off", not matmul.allow_bf16_reduced_precision_reduction))
             if on]

@@ -16,6 +16,43 @@ def sdpa_kernels() -> tuple[bool, ...]:
             b.cudnn_sdp_enabled())
 
 
+# NOTE [Two precision APIs]
+#   torch has two ways to let float32 matmuls and convolutions run in lower precision: the
+#   legacy `torch.set_float32_matmul_precision("medium")` / `allow_tf32`, and per backend
+#   `torch.backends.{cuda.matmul,mkldnn.matmul,cudnn.conv,...}.fp32_precision = "tf32"`, which
+#   PyTorch now recommends. Once the second is set, the legacy getters raise ("mix of the legacy
+#   and new APIs"), and monet_opt read them at import, at optimize() and at every step: a user
+#   who had set TF32 the new way could not import it (modes probe, 2026-12-06). Where the
+#   legacy getter raises, the per-backend values are read instead (they never raise; oneDNN's
+#   matmul in "bf16" changes its results on a CPU with bfloat16 instructions), and the legacy
+#   value where it reads, as before.
+_PRECISIONS = ("", "cuda.matmul", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn", "cudnn.conv",
+               "cudnn.rnn")
+
+
+def fp32_precisions() -> tuple[tuple[str, str], ...]:
+    """(backend, precision) of each per-backend float32 precision not "none" (NOTE [Two
+    precision APIs]); "" is torch.backends' own."""
+    found = []
+    for path in _PRECISIONS:
+        where = torch.backends
+        for part in filter(None, path.split(".")):
+            where = getattr(where, part, None)
+        value = getattr(where, "fp32_precision", "none")
+        if value != "none":
+            found.append((path, value))
+    return tuple(found)
+
+
+def legacy(read):
+    """`read()`, or None where the per-backend precisions were set (NOTE [Two precision
+    APIs])."""
+    try:
+        return read()
+    except RuntimeError:
+        return None
+
+
 # What each setting that tells steps apart reads now (changed()).
 SETTINGS = {
     "sdpa": sdpa_kernels,
@@ -23,7 +60,7 @@ SETTINGS = {
     "mkldnn": lambda: torch.backends.mkldnn.enabled,
     "deterministic": torch.are_deterministic_algorithms_enabled,
     "threads": torch.get_num_threads,
-    "matmul": torch.get_float32_matmul_precision,
+    "matmul": lambda: legacy(torch.get_float32_matmul_precision) or fp32_precisions(),
     "dtype": torch.get_default_dtype,
 }
 AT_IMPORT = {name: read() for name, read in SETTINGS.items()}

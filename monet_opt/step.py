@@ -131,7 +131,10 @@ def describe_autocast(state: tuple) -> str:
     return ", ".join(f"{switches[device]} {'on' if dtype else 'off'}" if device in switches else
                      f"default dtype {dtype}" if device == "dtype" else
                      f"{dtype} threads" if device == "threads" else
-                     f"float32 matmul precision {dtype}" if device == "matmul" else
+                     f"float32 matmul precision {dtype}" if device == "matmul" and
+                     isinstance(dtype, str) else "float32 precision " + ", ".join(
+                         f"{path or 'all'} {value}" for path, value in dtype)
+                     if device == "matmul" else
                      "kernels' scratch unmeasured (inside torch.profiler)" if device == "scratch"
                      else "outputs made float32 (accelerate's mixed precision)"
                      if device == "outputs"

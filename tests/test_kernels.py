@@ -3,7 +3,11 @@ the kernel eager runs there."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,3 +141,34 @@ def test_a_step_under_settings_that_pick_other_kernels_is_planned_for_them(setti
         torch.set_num_threads(threads)
         torch.set_float32_matmul_precision(precision)
     assert len(opt.plans) == 2
+
+
+def test_precisions_set_per_backend_train_and_are_told_apart():
+    """NOTE [Two precision APIs]: with the per-backend float32 precisions set, torch's legacy
+    getter raises; monet_opt read it at import and at every step, so neither ran. In a process
+    of its own, as the setting is global: set before import, the step trains as eager does;
+    set after optimize() (oneDNN's matmul in bfloat16), the step is planned again."""
+    code = textwrap.dedent("""
+        import copy, warnings, torch
+        from torch import nn
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        import monet_opt
+        torch.manual_seed(0)
+        model, x = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)), torch.randn(8, 16)
+        eager = copy.deepcopy(model)
+        opt = monet_opt.optimize(model, x, "100% of peak", profile_dir=None, profile_repeats=1)
+        opt(x).sum().backward(); eager(x).sum().backward()
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                                 eager.parameters()))
+        model.zero_grad(set_to_none=True)
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            opt(x).sum().backward()
+        said = [str(w.message) for w in seen if issubclass(w.category, monet_opt.ReplanWarning)]
+        assert len(said) == 1 and "mkldnn.matmul bf16" in said[0], said
+        print("trained")
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0 and "trained" in run.stdout, run.stderr[-2000:]
