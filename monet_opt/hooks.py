@@ -50,9 +50,20 @@ def hooks_of(modules: list[nn.Module]) -> Hooks:
                      for k, hooks in enumerate(found) if hooks})
     own = [(k, kind, tuple(tables[kind][k])) for k in hooked for kind in KINDS
            if tables[kind][k]]
-    shared = [(-1, kind, tuple(getattr(nn_module, kind))) for kind in GLOBAL_KINDS
-              if getattr(nn_module, kind)]
+    shared = [(-1, kind, ids) for kind in GLOBAL_KINDS if getattr(nn_module, kind) and (
+        ids := tuple(k for k, hook in getattr(nn_module, kind).items() if not _tracker(hook)))]
     return tuple(own + shared)
+
+
+# NOTE [Trackers' hooks]
+#   torch.utils.module_tracker.ModuleTracker (which FlopCounterMode and torch.distributed's
+#   memory trackers enter) hooks every module globally while it is entered, to note which
+#   module runs: bookkeeping, nothing on the step's tensors. Its hooks are new at each entry,
+#   so a training step inside `with FlopCounterMode():` was planned anew at every step (a
+#   ReplanWarning, and a HookWarning blaming the model's hooks), each planning call passing
+#   the limit by its profiling pass (modes probe, 2026-12-06). They are not the step's hooks.
+def _tracker(hook) -> bool:
+    return type(getattr(hook, "__self__", None)).__module__ == "torch.utils.module_tracker"
 
 
 def where(model: nn.Module, hooks: Hooks) -> str:
