@@ -170,6 +170,19 @@ def hf_experts(errors: list[str], model) -> str:
             "run the experts as ops of fixed shapes.")
 
 
+def no_fake(errors: list[str]) -> str:
+    """What to do where a custom op has no fake implementation (the error was followed by advice
+    about .item(): custom-ops probe, 2026-12-06)."""
+    found = sorted({e.split("no fake impl registered for <CustomOpDef(")[1].split(")")[0]
+                    for e in errors if "no fake impl registered for <CustomOpDef(" in e})
+    if not found:
+        return ""
+    return (f"\nThere, the custom op {', '.join(found)} has no fake implementation, which "
+            "tracing runs to learn its outputs' shapes without running it: register one with "
+            "@<op>.register_fake (a function of the same arguments returning empty tensors of "
+            "the outputs' shapes and dtypes, as torch.library.custom_op's docs show).")
+
+
 def unknown_output(errors: list[str]) -> str:
     """What to do where the forward returns an object of a class torch cannot look into for
     tensors (a plain dataclass; an HF cache is hf_cache's)."""

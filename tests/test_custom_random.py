@@ -1,10 +1,12 @@
-"""NOTE [Ops torch cannot vouch for] (monet_opt/recompute.py): a custom op that draws random
-numbers, untagged as every library's op is, is replayed from its forward's generator state
-where a plan recomputes it."""
+"""Custom ops (torch.library): NOTE [Ops torch cannot vouch for] (monet_opt/recompute.py), one
+that draws random numbers, untagged as every library's op is, is replayed from its forward's
+generator state where a plan recomputes it; one without a fake implementation is refused
+saying to register one."""
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -53,3 +55,26 @@ def test_a_custom_op_recomputed_draws_what_its_forward_drew():
     assert torch.equal(ours, torch.get_rng_state())
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
                                                              eager.parameters()))
+
+
+@torch.library.custom_op("monet_tests::square_unfaked", mutates_args=())
+def square_unfaked(x: torch.Tensor) -> torch.Tensor:
+    return x * x
+
+
+def test_a_custom_op_without_a_fake_says_to_register_one():
+    """The error had said to avoid .item() at the line named."""
+    model = nn.Sequential(nn.Linear(8, 8), _Applied(square_unfaked))
+    with pytest.raises(monet_opt.CaptureError,
+                       match=r"(?s)custom op monet_tests::square_unfaked has no fake.*"
+                             r"register_fake"):
+        monet_opt.optimize(model, torch.randn(4, 8), "100% of peak", profile_dir=None)
+
+
+class _Applied(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
