@@ -9,9 +9,11 @@
   reached 62.79 MiB at its least where the loss alone reached 47.16 MiB, and "60% of peak"
   was refused (LLM probe, 2026-12-06).
   So where the step returns a scalar that requires a gradient (a loss), each other output's
-  gradient that the backward only adds into another (`presumed`) is planned as handed none:
-  it costs nothing (`free`), and each of its additions (`apply`) hands on the other operand
-  as it is where it is None, as eager's backward never adds it. Where such an output is handed
+  gradient that the backward only adds into another (`presumed`), or casts and then adds (the
+  float32 outputs accelerate's mixed precision returns, cast back to bfloat16), is planned as
+  handed none: it and its casts cost nothing (`free`), a cast of None is None, and each of
+  its additions (`apply`) hands on the other operand as it is where it is None, as eager's
+  backward never adds it. Where such an output is handed
   a gradient after all (`(out.loss + out.logits.mean()).backward()`), the addition is made as
   traced, so gradients stay exact, and an OutputGradientWarning says that this step can peak
   over its plan by that gradient's bytes; a step whose outputs are all taken through the loss
@@ -31,15 +33,40 @@ from monet_opt.mutation_tangents import UNSEEDED, plain_add
 from monet_opt.output_grad import OutputGradientWarning
 
 
+_CASTS = (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+
 def presumed(joint: fx.GraphModule) -> frozenset[str]:
-    """The tangents of `joint` planned as handed no gradient: where one tangent is a scalar's
-    (a loss's), every other one read only by additions of two tensors of its own size."""
+    """The tangents of `joint` planned as handed no gradient, and the casts of them: where one
+    tangent is a scalar's (a loss's), every other one read only by additions of two tensors of
+    its own size, or by casts read so (accelerate's float32 outputs: NOTE [Outputs accelerate
+    makes float32] in monet_opt/outputs_fp32.py)."""
     tangents = [n for n in joint.graph.find_nodes(op="placeholder")
                 if n.name.startswith("tangents")]
     if not any(_scalar(n) for n in tangents):
         return frozenset()
-    return frozenset(n.name for n in tangents if not _scalar(n) and n.users and all(
-        plain_add(u) and u.args[0] is not u.args[1] for u in n.users))
+    names: set[str] = set()
+    for tangent in tangents:
+        chain = _added(tangent)
+        if not _scalar(tangent) and chain is not None:
+            names.update(n.name for n in chain)
+    return frozenset(names)
+
+
+def _added(node: fx.Node) -> list[fx.Node] | None:
+    """`node` and the casts of it on its way, where every way leads to an addition; else
+    None."""
+    found = [node]
+    for user in node.users:
+        if plain_add(user) and user.args[0] is not user.args[1]:
+            continue
+        cast = user.target in _CASTS and len(user.args) == 1 and \
+            set(user.kwargs) <= {"dtype", "layout", "device", "memory_format"}
+        more = _added(user) if cast else None
+        if more is None:
+            return None
+        found += more
+    return found if node.users else None
 
 
 def free(problem: solvers.Problem, names: frozenset[str]) -> solvers.Problem:
@@ -51,16 +78,30 @@ def free(problem: solvers.Problem, names: frozenset[str]) -> solvers.Problem:
 
 
 def apply(bw: fx.GraphModule, names: frozenset[str]) -> None:
-    """Each addition of a tangent named `names` in the backward graph `bw` (in place or not)
-    hands on its other operand where the tangent is None. Before the graph is recompiled."""
+    """Each addition of a tangent named `names` (or of its cast) in the backward graph `bw` (in
+    place or not) hands on its other operand where the tangent is None. Before the graph is
+    recompiled."""
     for tangent in bw.graph.find_nodes(op="placeholder"):
-        if tangent.name not in names:
-            continue
-        for add in list(tangent.users):
-            k = add.args.index(tangent)
-            add.args = (add.target, k, *add.args)
-            add.target = plus_present
-            add.meta[UNSEEDED] = True
+        if tangent.name in names:
+            _conditional(tangent)
+
+
+def _conditional(node: fx.Node) -> None:
+    """Make each user of `node` (a tangent, or a cast of one) pass None on, or hand on an
+    addition's other operand, where `node` is None."""
+    for user in list(node.users):
+        if user.target in _CASTS:
+            user.args, user.target = (user.target, *user.args), cast_present
+            _conditional(user)
+        else:
+            k = user.args.index(node)
+            user.args, user.target = (user.target, k, *user.args), plus_present
+        user.meta[UNSEEDED] = True
+
+
+def cast_present(target, x: torch.Tensor | None, **kwargs) -> torch.Tensor | None:
+    """`target(x, **kwargs)`, or None where `x` (a tangent) is None."""
+    return None if x is None else target(x, **kwargs)
 
 
 def plus_present(target, k: int, *args: torch.Tensor | None) -> torch.Tensor:
