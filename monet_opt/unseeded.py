@@ -18,6 +18,18 @@
   traced, so gradients stay exact, and an OutputGradientWarning says that this step can peak
   over its plan by that gradient's bytes; a step whose outputs are all taken through the loss
   (no scalar among them, or the loss computed inside it: WithLoss) is planned as before.
+
+NOTE [A sum is a tensor of its own]
+  Where the addition makes a new tensor (the other operand lives on: GPT-2's residual
+  stream's gradient, read by each branch), the plan holds its result as a tensor of its own,
+  which a later backward op may write into in place where it dies (NOTE [Elementwise backward
+  ops in place] in monet_opt/grad_in_place.py). Handing on the operand itself there let such
+  a write reach the operand still read elsewhere: GPT-2 given output_hidden_states=True had 14
+  of 28 gradients wrong (up to 0.097), silently (second probe of this change, 2026-12-06). So
+  only an addition the plan runs in place (into the operand, which dies there) hands it on
+  itself; any other hands on a copy, as the plan counted. Two such gradients added to each
+  other (`return loss, h, h.clone()`) are planned as before: that sum is not the other
+  operand's.
 """
 from __future__ import annotations
 
@@ -58,7 +70,7 @@ def _added(node: fx.Node) -> list[fx.Node] | None:
     None."""
     found = [node]
     for user in node.users:
-        if plain_add(user) and user.args[0] is not user.args[1]:
+        if plain_add(user) and sum(map(_from_tangent, user.args)) == 1:  # not t1 + t2
             continue
         cast = user.target in _CASTS and len(user.args) == 1 and \
             set(user.kwargs) <= {"dtype", "layout", "device", "memory_format"}
@@ -99,15 +111,26 @@ def _conditional(node: fx.Node) -> None:
         user.meta[UNSEEDED] = True
 
 
+def _from_tangent(node) -> bool:
+    """Whether `node` is a tangent, or casts of one."""
+    while isinstance(node, fx.Node) and node.target in _CASTS:
+        node = node.args[0]
+    return isinstance(node, fx.Node) and node.op == "placeholder" and \
+        node.name.startswith("tangents")
+
+
 def cast_present(target, x: torch.Tensor | None, **kwargs) -> torch.Tensor | None:
     """`target(x, **kwargs)`, or None where `x` (a tangent) is None."""
     return None if x is None else target(x, **kwargs)
 
 
 def plus_present(target, k: int, *args: torch.Tensor | None) -> torch.Tensor:
-    """`target(*args)`, or where argument `k` (a tangent) is None, the other operand."""
+    """`target(*args)`, or where argument `k` (a tangent) is None, the other operand: itself
+    where the addition writes into it (in place, it dies there), else a copy (NOTE [A sum is
+    a tensor of its own])."""
     if args[k] is None:
-        return args[1 - k]
+        other = args[1 - k]
+        return other if target is torch.ops.aten.add_.Tensor and k == 1 else other.clone()
     warnings.warn(OutputGradientWarning(
         f"monet_opt: an output returned beside the loss was handed a {args[k].nbytes:,} B "
         "gradient; the plan had it handed none (the loss backpropagated alone), so this step "

@@ -111,7 +111,8 @@ def test_a_mask_left_out_is_counted_as_the_callers():
     model.zero_grad(set_to_none=True)
     peak = monet_opt.measure_peak(lambda: opt(**batch).loss.backward(),
                                   monet_opt.resident_tensors(model, batch))
-    assert peak <= limit and peak == opt.plan.predicted_peak_bytes
+    # its peak is in the forward, before the loss's seed gradient: NOTE [The loss scalar]
+    assert peak <= limit and 0 <= opt.plan.predicted_peak_bytes - peak <= 4
 
 
 def test_a_hook_added_since_sees_the_mask():
