@@ -56,14 +56,19 @@ def hooks_of(modules: list[nn.Module]) -> Hooks:
 
 
 # NOTE [Trackers' hooks]
-#   torch.utils.module_tracker.ModuleTracker (which FlopCounterMode and torch.distributed's
-#   memory trackers enter) hooks every module globally while it is entered, to note which
-#   module runs: bookkeeping, nothing on the step's tensors. Its hooks are new at each entry,
-#   so a training step inside `with FlopCounterMode():` was planned anew at every step (a
-#   ReplanWarning, and a HookWarning blaming the model's hooks), each planning call passing
-#   the limit by its profiling pass (modes probe, 2026-12-06). They are not the step's hooks.
+#   torch.utils.module_tracker.ModuleTracker (which FlopCounterMode enters) and
+#   torch.distributed._tools.mod_tracker.ModTracker (which MemTracker enters) hook every module
+#   globally while entered, to note which module runs: bookkeeping, nothing on the step's
+#   tensors. Their hooks are new at each entry, so a training step inside `with
+#   FlopCounterMode():` was planned anew at every step (a ReplanWarning, and a HookWarning
+#   blaming the model's hooks), each planning call passing the limit by its profiling pass;
+#   inside ModTracker or MemTracker, the new plan's trace ran their hooks and failed (modes and
+#   tools probes, 2026-12-06). They are not the step's hooks.
+_TRACKERS = ("torch.utils.module_tracker", "torch.distributed._tools.mod_tracker")
+
+
 def _tracker(hook) -> bool:
-    return type(getattr(hook, "__self__", None)).__module__ == "torch.utils.module_tracker"
+    return type(getattr(hook, "__self__", None)).__module__ in _TRACKERS
 
 
 def where(model: nn.Module, hooks: Hooks) -> str:

@@ -229,19 +229,25 @@ def test_a_hook_registered_anew_every_step_is_told_to_be_kept():
     assert "register it once and keep it" in said and "pad them" not in said
 
 
-def test_steps_counted_by_flop_counter_are_planned_once():
-    """NOTE [Trackers' hooks]: FlopCounterMode's module tracker hooks every module anew at each
-    entry; each step inside it was planned again, with a HookWarning about the model's hooks."""
+@pytest.mark.parametrize("tracker", ["FlopCounterMode", "ModTracker"])
+def test_steps_inside_module_trackers_are_planned_once(tracker):
+    """NOTE [Trackers' hooks]: FlopCounterMode's and ModTracker's trackers hook every module
+    anew at each entry; each step inside them was planned again, with a HookWarning about the
+    model's hooks (inside ModTracker the new trace failed)."""
+    from torch.distributed._tools.mod_tracker import ModTracker
     from torch.utils.flop_counter import FlopCounterMode
     torch.manual_seed(0)
     model, x, _ = models.small_cnn()
     opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
     for _ in range(3):
         model.zero_grad(set_to_none=True)
-        counter = FlopCounterMode(display=False)
+        counter = FlopCounterMode(display=False) if tracker == "FlopCounterMode" else \
+            ModTracker()
         with warnings.catch_warnings(record=True) as seen, counter:
             warnings.simplefilter("always")
             opt(x).sum().backward()
-        assert not seen, [str(w.message)[:100] for w in seen]
-        assert counter.get_total_flops() > 0
+        ours = [str(w.message)[:100] for w in seen  # ModTracker's own may say it lost track
+                if w.category.__module__.startswith("monet_opt")]
+        assert not ours, ours
+        assert tracker != "FlopCounterMode" or counter.get_total_flops() > 0
     assert len(opt.plans) == 1
