@@ -28,6 +28,13 @@ NOTE [torch.func transforms]
   saying that it is not planned; a backward handed batched gradients (autograd.grad(...,
   is_grads_batched=True)) raises DoubleBackwardError's kin, saying to take it through the model.
 
+NOTE [Traced by torch.jit]
+  torch.jit.trace(opt, x), and the tools built on it (fvcore's FlopCountAnalysis), planned a
+  new step inside the jit tracer, which failed with PyTorch's internal asserts and a message
+  blaming the inputs' layout, where the input was the sample itself (tools probe,
+  2026-12-06). Under the jit tracer the model runs as it is, as under torch.func's
+  transforms, with the same TransformWarning: the trace is the model's.
+
 NOTE [Forward-mode AD]
   Dual tensors (torch.autograd.forward_ad.make_dual, and what
   torch.autograd.functional.jacobian(..., strategy="forward-mode") makes) reached the step's
@@ -75,10 +82,11 @@ class TransformWarning(RuntimeWarning):
 def eager_only(*groups: list) -> bool:
     """Whether the step cannot run here: under a torch.func transform (NOTE [torch.func
     transforms]), on forward-mode AD's dual tensors among `groups`' (the parameters, the
-    inputs; NOTE [Forward-mode AD]), or under
+    inputs; NOTE [Forward-mode AD]), under
     torch.autograd.graph.allow_mutation_on_saved_tensors(), whose dispatch mode reads every
     out= op's result as `out` (the step's backward writes into gradients through other names:
-    a bare KeyError('out')); if so, says that the step runs the model as it is."""
+    a bare KeyError('out')), or under torch.jit's tracer (NOTE [Traced by torch.jit]); if so,
+    says that the step runs the model as it is."""
     if torch._C._functorch.maybe_current_level() is not None:
         why = "under a torch.func transform (grad, vmap, jacrev, ...), whose tensors"
     elif forward_ad._current_level >= 0 and any(
@@ -87,6 +95,9 @@ def eager_only(*groups: list) -> bool:
         why = "on forward-mode AD's dual tensors (torch.autograd.forward_ad), whose tangents"
     elif torch.autograd.graph._allow_mutation_on_saved_tensors_enabled:
         why = "under torch.autograd.graph.allow_mutation_on_saved_tensors(), whose mode"
+    elif torch.jit.is_tracing():  # NOTE [Traced by torch.jit]
+        why = ("under torch.jit.trace (fvcore's FlopCountAnalysis, TensorBoard's add_graph), "
+               "whose tracer")
     else:
         return False
     warnings.warn(TransformWarning(

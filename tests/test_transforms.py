@@ -90,3 +90,17 @@ def test_forward_mode_dual_tensors_run_the_model_as_it_is():
                 lambda s, m=module: m(torch.cat([s, rest], 1)), x[:2, :3], vectorize=True,
                 strategy="forward-mode"))
     assert torch.equal(seen[0], seen[2]) and torch.equal(seen[1], seen[3])
+
+
+def test_a_jit_trace_is_the_model_s():
+    """NOTE [Traced by torch.jit]: torch.jit.trace(opt, x) planned a step inside the tracer and
+    failed with torch's internal asserts, blaming the input's layout."""
+    torch.manual_seed(0)
+    model, x, _ = small_cnn()
+    opt = monet_opt.optimize(model, x, 1 << 40, profile_dir=None, profile_repeats=1)
+    with pytest.warns(monet_opt.TransformWarning, match="torch.jit.trace"):
+        traced = torch.jit.trace(opt, x, check_trace=False)
+    torch.manual_seed(1)
+    ours = traced(x)
+    torch.manual_seed(1)
+    assert torch.equal(ours, model(x))
