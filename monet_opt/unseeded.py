@@ -40,12 +40,13 @@ import torch
 import torch.fx as fx
 
 import solvers
-from monet_opt.errors import user_stacklevel
+from monet_opt.errors import internal_assert, user_stacklevel
 from monet_opt.mutation_tangents import UNSEEDED, plain_add
 from monet_opt.output_grad import OutputGradientWarning
 
 
 _CASTS = (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+_ADDS = (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)  # add_: planned in place
 
 
 def presumed(joint: fx.GraphModule) -> frozenset[str]:
@@ -106,6 +107,8 @@ def _conditional(node: fx.Node) -> None:
             user.args, user.target = (user.target, *user.args), cast_present
             _conditional(user)
         else:
+            internal_assert(user.target in _ADDS, f"{user.format_node()} reads a gradient "
+                            "planned as handed none, and is not an addition")
             k = user.args.index(node)
             user.args, user.target = (user.target, k, *user.args), plus_present
         user.meta[UNSEEDED] = True
