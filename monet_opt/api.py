@@ -270,8 +270,8 @@ class _Planner:
         branches.refuse_branches(joint)  # NOTE [Branches taken by value]
         refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
         joint_passes.rewrite(joint, num_fwd_outputs, self.primals, self.families, self.grouped)
-        kwargs["unseeded"] = unseeded.presumed(joint)  # NOTE [Outputs beside the loss]
         plain = lower(joint, num_fwd_outputs, name=self.name)
+        kwargs["unseeded"] = unseeded.presumed(joint, plain.inplace)  # NOTE in unseeded.py
         lowered = attach_variants(plain, joint, allow_lossy=self.allow_lossy,
                                   only=self.families) if self.variants else plain
         told = progress.Progress(self.name, self.timed)  # NOTE [Progress]

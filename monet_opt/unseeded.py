@@ -27,9 +27,12 @@ NOTE [A sum is a tensor of its own]
   a write reach the operand still read elsewhere: GPT-2 given output_hidden_states=True had 14
   of 28 gradients wrong (up to 0.097), silently (second probe of this change, 2026-12-06). So
   only an addition the plan runs in place (into the operand, which dies there) hands it on
-  itself; any other hands on a copy, as the plan counted. Two such gradients added to each
-  other (`return loss, h, h.clone()`) are planned as before: that sum is not the other
-  operand's.
+  itself; any other hands on a copy, as the plan counted, laid out as the sum was traced
+  (a transposed operand's copy was viewed as the contiguous sum by the next op: "view size
+  is not compatible", third probe). Two such gradients added to each other (`return loss,
+  h, h.clone()`), and a cast of one that an addition is planned to write into (`return loss,
+  h.to(torch.bfloat16)` where h's gradient is a sum: the plan then held the sum in the cast's
+  0 bytes, refused as an invalid problem), are planned as before.
 """
 from __future__ import annotations
 
@@ -49,33 +52,37 @@ _CASTS = (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.
 _ADDS = (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)  # add_: planned in place
 
 
-def presumed(joint: fx.GraphModule) -> frozenset[str]:
+def presumed(joint: fx.GraphModule, inplace: tuple[tuple[str, int], ...] = ()
+             ) -> frozenset[str]:
     """The tangents of `joint` planned as handed no gradient, and the casts of them: where one
     tangent is a scalar's (a loss's), every other one read only by additions of two tensors of
     its own size, or by casts read so (accelerate's float32 outputs: NOTE [Outputs accelerate
-    makes float32] in monet_opt/outputs_fp32.py)."""
+    makes float32] in monet_opt/outputs_fp32.py), but not where an addition is planned in
+    place into such a cast (`inplace`: Lowered.inplace, (addition, the argument written))."""
     tangents = [n for n in joint.graph.find_nodes(op="placeholder")
                 if n.name.startswith("tangents")]
     if not any(_scalar(n) for n in tangents):
         return frozenset()
     names: set[str] = set()
+    written = {(name, k) for name, k in inplace}
     for tangent in tangents:
-        chain = _added(tangent)
+        chain = _added(tangent, written)
         if not _scalar(tangent) and chain is not None:
             names.update(n.name for n in chain)
     return frozenset(names)
 
 
-def _added(node: fx.Node) -> list[fx.Node] | None:
-    """`node` and the casts of it on its way, where every way leads to an addition; else
-    None."""
+def _added(node: fx.Node, written: set[tuple[str, int]]) -> list[fx.Node] | None:
+    """`node` and the casts of it on its way, where every way leads to an addition that does
+    not write into it; else None."""
     found = [node]
     for user in node.users:
-        if plain_add(user) and sum(map(_from_tangent, user.args)) == 1:  # not t1 + t2
+        if plain_add(user) and sum(map(_from_tangent, user.args)) == 1 and \
+                (user.name, user.args.index(node)) not in written:  # not t1 + t2
             continue
         cast = user.target in _CASTS and len(user.args) == 1 and \
             set(user.kwargs) <= {"dtype", "layout", "device", "memory_format"}
-        more = _added(user) if cast else None
+        more = _added(user, written) if cast else None
         if more is None:
             return None
         found += more
@@ -109,8 +116,9 @@ def _conditional(node: fx.Node) -> None:
         else:
             internal_assert(user.target in _ADDS, f"{user.format_node()} reads a gradient "
                             "planned as handed none, and is not an addition")
-            k = user.args.index(node)
-            user.args, user.target = (user.target, k, *user.args), plus_present
+            k, val = user.args.index(node), user.meta["val"]
+            user.args = (user.target, k, tuple(val.stride()), *user.args)
+            user.target = plus_present
         user.meta[UNSEEDED] = True
 
 
@@ -127,13 +135,17 @@ def cast_present(target, x: torch.Tensor | None, **kwargs) -> torch.Tensor | Non
     return None if x is None else target(x, **kwargs)
 
 
-def plus_present(target, k: int, *args: torch.Tensor | None) -> torch.Tensor:
+def plus_present(target, k: int, stride: tuple[int, ...], *args: torch.Tensor | None
+                 ) -> torch.Tensor:
     """`target(*args)`, or where argument `k` (a tangent) is None, the other operand: itself
-    where the addition writes into it (in place, it dies there), else a copy (NOTE [A sum is
-    a tensor of its own])."""
+    where the addition writes into it (in place, it dies there), else a copy laid out as the
+    sum was traced, `stride` (NOTE [A sum is a tensor of its own])."""
     if args[k] is None:
         other = args[1 - k]
-        return other if target is torch.ops.aten.add_.Tensor and k == 1 else other.clone()
+        if target is torch.ops.aten.add_.Tensor and k == 1:
+            return other
+        return torch.empty_strided(other.shape, stride, dtype=other.dtype,
+                                   device=other.device).copy_(other)
     warnings.warn(OutputGradientWarning(
         f"monet_opt: an output returned beside the loss was handed a {args[k].nbytes:,} B "
         "gradient; the plan had it handed none (the loss backpropagated alone), so this step "

@@ -125,3 +125,37 @@ def test_features_beside_the_loss_get_eager_s_gradients(copied):
     eager(x, y)[0].backward()
     assert all(p.grad is q.grad is None or torch.equal(p.grad, q.grad)  # b: unused if copied
                for p, q in zip(model.parameters(), eager.parameters()))
+
+
+class Reshaped(nn.Module):
+    """Intermediates beside the loss whose gradient sums are laid out otherwise: `h`'s comes
+    back transposed and the traced sum is contiguous ("transposed"); `h`'s bfloat16 cast
+    returned where h's gradient is a sum the plan may write into the cast's ("cast")."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 32), nn.Linear(32, 32)
+        self.w = nn.Parameter(torch.randn(4, 6))
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor):
+        h = self.a(x)
+        if self.kind == "transposed":
+            return torch.matmul(h.transpose(1, 2), self.w).pow(2).mean(), h
+        return (h + self.b(h)).pow(2).mean(), h.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("kind", ["transposed", "cast"])
+def test_intermediates_laid_out_otherwise_train_as_eager(kind):
+    """NOTE [A sum is a tensor of its own]: the copy handed on kept the operand's transposed
+    strides and the backward's view of it failed; the cast's 0 bytes the plan was to write
+    the sum into were refused as an invalid problem."""
+    torch.manual_seed(0)
+    model = Reshaped(kind)
+    eager = copy.deepcopy(model)
+    x = torch.randn(2, 4, 32)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    opt(x)[0].backward()
+    eager(x)[0].backward()
+    assert all(p.grad is q.grad is None or torch.equal(p.grad, q.grad)
+               for p, q in zip(model.parameters(), eager.parameters()))
