@@ -237,6 +237,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         + capture_hints.no_fake(errors) \
         + capture_hints.unknown_output(errors) + (adaptive or capture_hints.shapes(errors)) \
         + capture_hints.in_the_backward(errors) + capture_hints.detection(errors) \
+        + capture_hints.higher_order(errors) \
         + (capture_hints.VALIDATING if checked else "") \
         + (capture_hints.CAUSAL_CHECK if causal else "") \
         + (capture_hints.TORCH_CHECK if any(capture_hints.IN_TORCH in e for e in errors) else "") \

@@ -243,6 +243,20 @@ _MASKING = {"aten.nonzero.default", "aten.masked_select.default", "aten._unique2
 _PACKING = {"aten._pack_padded_sequence.default"}
 
 
+def higher_order(errors: list[str]) -> str:
+    """What to do where a higher-order op (torch.cond, torch.while_loop) could not be traced:
+    with branches that call submodules, torch traces it only under torch.compile, and the
+    step was told to avoid .item() (docs probe, 2026-12-06; NOTE [Branches taken by value])."""
+    if not any("UncapturedHigherOrderOpError" in e for e in errors):
+        return ""
+    return ("\nThere, a higher-order op (torch.cond, torch.while_loop) could not be traced "
+            "(torch traces this one only under torch.compile). A plan could not hold its limit over it anyway: torch.cond picks the code it runs by the "
+            "values of a tensor, so what the step holds depends on each batch. Compute both "
+            "branches and select with torch.where(pred, a, b), or optimize the modules around "
+            "that op and run it as it is (NOTE [Branches taken by value] in "
+            "monet_opt/branches.py).")
+
+
 def generic(model) -> str:
     """What to try where no hint says more: the line named, and for an HF model that keeps a
     generation cache, that cache (not for one without: Wav2Vec2 was told so)."""
@@ -328,12 +342,23 @@ def what_to_try(model, args: tuple, kwargs: dict) -> str | None:
 #   says so). A forward that takes one list then failed to trace with "the model fails on
 #   sample_input run eagerly too ... fix the sample input (its shapes, dtypes and devices)",
 #   though `model([a, b])` runs: now it says to pass `([a, b],)` (lifecycle probe, 2026-12-05).
+# NOTE [The eager check in grad mode]
+#   The eager check runs the forward under no_grad, which holds no activations; a forward that needs grad
+#   mode (a tensor hook registered, autograd.grad inside) fails so, and is run again with it:
+#   a hook reading .item() was told "the model fails on sample_input run eagerly too ...
+#   tracing is not the cause", though it trains eagerly (docs probe, 2026-12-06).
 def _eager_failure(model, args: tuple, kwargs: dict) -> Exception | None:
-    """What the model raises on (args, kwargs) run eagerly: under no_grad, from a forked random
-    stream, its buffers put back."""
+    """What the model raises on (args, kwargs) run eagerly: under no_grad, and where that
+    fails with grad mode on too; from a forked random stream, its buffers put back."""
+    failed = _failure(model, args, kwargs, grad=False)
+    return failed and _failure(model, args, kwargs, grad=True)
+
+
+def _failure(model, args: tuple, kwargs: dict, grad: bool) -> Exception | None:
     buffers = [b.clone() for b in model.buffers()]
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=cuda_devices(model.parameters())):
+        with torch.set_grad_enabled(grad), \
+                torch.random.fork_rng(devices=cuda_devices(model.parameters())):
             model(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - said to the user, who reads it
         return exc

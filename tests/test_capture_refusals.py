@@ -119,3 +119,52 @@ def test_an_adaptive_softmax_says_what_traces():
     said = str(caught.value)
     assert "AdaptiveLogSoftmaxWithLoss (parts.head)" in said and ".gather(1, target" in said
     assert "x[mask]" not in said
+
+
+def _log_norm(grad):
+    grad.norm().item()
+
+
+class _HookReadsValue(nn.Module):
+    """A tensor hook, which needs grad mode, that logs the gradient's norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.l(x)
+        y.register_hook(_log_norm)
+        return y.relu()
+
+
+def test_a_forward_that_needs_grad_mode_is_not_said_to_fail_eagerly():
+    """NOTE [The eager check in grad mode]: the eager check ran under no_grad only, where
+    register_hook raises, and told a model that trains eagerly 'tracing is not the cause'."""
+    x = torch.randn(4, 8)
+    _HookReadsValue()(x).sum().backward()  # eager trains
+    with pytest.raises(monet_opt.CaptureError) as err:
+        monet_opt.optimize(_HookReadsValue(), x, HUGE, profile_dir=None, profile_repeats=1)
+    assert "tracing is not the cause" not in str(err.value)
+    assert "What to try: avoid data-dependent Python" in str(err.value)
+
+
+class _CondOverModules(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda t: self.a(t), lambda t: self.b(t), (x,))
+
+
+def test_torch_cond_over_modules_is_told_to_select_with_where():
+    """torch.cond whose branches call modules fails to trace before the branch refusal (NOTE
+    [Branches taken by value]) sees it: it was told to avoid .item() at a line without one."""
+    x = torch.randn(4, 8)
+    _CondOverModules()(x).sum().backward()
+    with pytest.raises(monet_opt.CaptureError,
+                       match=r"(?s)What to try:\nThere, a higher-order op \(torch.cond.*"
+                             r"torch.where\(pred, a, b\)") as err:
+        monet_opt.optimize(_CondOverModules(), x, HUGE, profile_dir=None, profile_repeats=1)
+    assert ".item()" not in str(err.value).split("What to try:")[1]
