@@ -250,8 +250,9 @@ def higher_order(errors: list[str]) -> str:
     if not any("UncapturedHigherOrderOpError" in e for e in errors):
         return ""
     return ("\nThere, a higher-order op (torch.cond, torch.while_loop) could not be traced "
-            "(torch traces this one only under torch.compile). A plan could not hold its limit over it anyway: torch.cond picks the code it runs by the "
-            "values of a tensor, so what the step holds depends on each batch. Compute both "
+            "(torch traces this one only under torch.compile). A plan could not hold its limit "
+            "over it anyway: torch.cond picks the code it runs by the values of a tensor, so "
+            "what the step holds depends on each batch. Compute both "
             "branches and select with torch.where(pred, a, b), or optimize the modules around "
             "that op and run it as it is (NOTE [Branches taken by value] in "
             "monet_opt/branches.py).")
@@ -343,8 +344,9 @@ def what_to_try(model, args: tuple, kwargs: dict) -> str | None:
 #   sample_input run eagerly too ... fix the sample input (its shapes, dtypes and devices)",
 #   though `model([a, b])` runs: now it says to pass `([a, b],)` (lifecycle probe, 2026-12-05).
 # NOTE [The eager check in grad mode]
-#   The eager check runs the forward under no_grad, which holds no activations; a forward that needs grad
-#   mode (a tensor hook registered, autograd.grad inside) fails so, and is run again with it:
+#   The eager check runs the forward under no_grad, which holds no activations; a forward
+#   that needs grad mode (a tensor hook registered, autograd.grad inside) fails so, and is run
+#   again with it:
 #   a hook reading .item() was told "the model fails on sample_input run eagerly too ...
 #   tracing is not the cause", though it trains eagerly (docs probe, 2026-12-06).
 def _eager_failure(model, args: tuple, kwargs: dict) -> Exception | None:

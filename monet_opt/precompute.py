@@ -101,7 +101,8 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
                    help="a profile's folder name as `monet-opt list` prints it, or a unique "
                         "prefix of it")
     p.add_argument("limit", metavar="LIMIT", nargs="?",
-                   help="the memory limit of a cached schedule (bytes or e.g. 512MiB); "
+                   help="the memory limit of a cached schedule (bytes, 512MiB, or a share such "
+                        "as \"50%% of activations\"); "
                         "without it, the cached limits are listed")
     p.add_argument("--solver", default="auto", choices=solvers.available_solvers(),
                    help="the solver the schedule was made with (default: auto)")
