@@ -25,7 +25,7 @@ import functools
 import sys
 
 import torch
-from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.batchnorm import _BatchNorm, _NormBase
 from torch.utils import checkpoint
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 from torch.utils.checkpoint import CheckpointPolicy
@@ -38,14 +38,17 @@ def plain_checkpoints():
     """Inside: reentrant checkpoints call their function directly (NOTE [Reentrant
     checkpoints]), and a BatchNorm in a checkpoint updates its statistics as eager's does in
     a step (NOTE [BatchNorm in a checkpoint]); as they were on exit."""
-    cls, norm = checkpoint.CheckpointFunction, _BatchNorm.forward
+    cls = checkpoint.CheckpointFunction
     own = cls.__dict__.get("apply")  # None: it inherits autograd.Function's
     cls.apply = staticmethod(_call)
-    _BatchNorm.forward = functools.partialmethod(_twice, norm)
+    norms = {norm: norm.__dict__["forward"] for norm in _norm_classes()}
+    for norm, forward in norms.items():
+        norm.forward = functools.partialmethod(_twice, forward)
     try:
         yield
     finally:
-        _BatchNorm.forward = norm
+        for norm, forward in norms.items():
+            norm.forward = forward
         if own is None:
             del cls.apply
         else:
@@ -95,21 +98,45 @@ def _detached(tree):
 #   functionally (they are read twice: NOTE [Statistics updated in place] does not apply).
 #   A selective checkpoint (NOTE [Selective checkpoints' BatchNorms]) runs again only what its
 #   policy does not save.
+#   Every norm with running statistics is so traced: each class under torch's _NormBase that
+#   defines its own forward (InstanceNorm with track_running_stats, SyncBatchNorm, timm's
+#   BatchNormAct2d, which calls F.batch_norm itself), and a forward calling its base class's
+#   runs the update twice, not four times (`_doubling`). Before, only _BatchNorm.forward was:
+#   timm's regnety_002 with set_grad_checkpointing() trained with 129 of 132 buffers off
+#   eager's, up to 0.18, silently (timm probe, 2026-12-06).
 _CHECKPOINTS = {checkpoint._checkpoint_impl.__code__, _call.__code__} \
     if hasattr(checkpoint, "_checkpoint_impl") else {_call.__code__}
+_doubling: set[int] = set()  # the modules whose forward runs twice now
 
 
-def _twice(module: _BatchNorm, norm, input: torch.Tensor, *args, **kwargs):
+def _norm_classes() -> list[type]:
+    """The classes under _NormBase that define their own forward."""
+    found, todo = [], [_NormBase]
+    while todo:
+        cls = todo.pop()
+        todo.extend(c for c in cls.__subclasses__() if c not in found)
+        if "forward" in cls.__dict__ and cls not in found:
+            found.append(cls)
+    return found
+
+
+def _twice(module: _NormBase, norm, input: torch.Tensor, *args, **kwargs):
     weight = module.weight
-    if module.training and module.track_running_stats and torch.is_grad_enabled() and (
-            input.requires_grad or (weight is not None and weight.requires_grad)) and \
-            _in_checkpoint():
+    if id(module) in _doubling or not (
+            module.training and module.track_running_stats and torch.is_grad_enabled() and (
+                input.requires_grad or (weight is not None and weight.requires_grad)) and
+            _in_checkpoint()):
+        return norm(module, input, *args, **kwargs)
+    _doubling.add(id(module))
+    try:
         with torch.no_grad():
             if _runs_again(module, input):
                 norm(module, input.detach(), *args, **kwargs)
-            elif module.num_batches_tracked is not None:
+            elif isinstance(module, _BatchNorm) and module.num_batches_tracked is not None:
                 module.num_batches_tracked.add_(1)
-    return norm(module, input, *args, **kwargs)
+        return norm(module, input, *args, **kwargs)
+    finally:
+        _doubling.discard(id(module))
 
 
 # NOTE [Selective checkpoints' BatchNorms]
@@ -126,7 +153,7 @@ def _twice(module: _BatchNorm, norm, input: torch.Tensor, *args, **kwargs):
 _SAVED = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE, True)
 
 
-def _runs_again(module: _BatchNorm, input: torch.Tensor) -> bool:
+def _runs_again(module: _NormBase, input: torch.Tensor) -> bool:
     """Whether eager's recomputation of the checkpoint runs this BatchNorm's op again."""
     policy = next((getattr(mode, "policy_fn", None) for mode in _mode_stack()
                    if type(mode).__name__ == "_CachingTorchDispatchMode"), None)
