@@ -11,7 +11,9 @@ NOTE [Saved-tensor hooks in the forward]
   prediction to the byte: neither hook ran). That is the plan's to decide, and within the
   limit, but where a user relied on the hooks to move memory off the device it happened with
   no word. Entering such a context while the model is traced is noted, and optimize() warns
-  (HookWarning) naming the line; torch's own uses (from torch's files) are not the model's.
+  (HookWarning) naming the line; torch's own uses (from torch's files: a non-reentrant
+  checkpoint's) are not the model's, except save_on_cpu, which torch enters only where offloading
+  was asked for (its offload_wrapper, silent until 2026-12-06).
   Hooks set around the optimized module's call do act, on what the step's own backward saves:
   the plan's tensors, not eager's (a bfloat16 pack hook packed 14 where eager's 20), and the
   memory they hold is not the plan's (a pack hook copying what it saves measured 53,788 B on
@@ -41,7 +43,8 @@ def watching(model: torch.nn.Module):
 
     def noted(self):
         frame = sys._getframe(1)
-        if not any(part in frame.f_code.co_filename for part in _THEIRS):
+        if isinstance(self, torch.autograd.graph.save_on_cpu) or \
+                not any(part in frame.f_code.co_filename for part in _THEIRS):
             code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
             lines.setdefault(f"{frame.f_code.co_filename}:{frame.f_lineno}: {code}", None)
         return enter(self)
