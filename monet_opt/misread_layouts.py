@@ -3,7 +3,8 @@
 NOTE [Layouts the tracer misreads]
   For a few CPU kernels torch's tracer says another output layout than the kernel makes:
   GroupNorm on a channels-last input (the kernel keeps channels-last, the trace says
-  contiguous), copysign, xlogy and binary_cross_entropy with a transposed first operand,
+  contiguous), BatchNorm1d on a transposed input (ckpt probe, 2026-12-06), copysign, xlogy
+  and binary_cross_entropy with a transposed first operand,
   complex angle. Where the model then flattens or reshapes that output, the trace has a view
   where eager's reshape copied, and the real tensor cannot be viewed so: optimize() failed in
   the profiler with "view size is not compatible" and "please report the model" (a conv,
@@ -105,10 +106,12 @@ class Layouts:
         raise CaptureError(
             f"monet_opt.optimize: {made}, so {node.target}, traced for the tracer's layout, "
             f"cannot run on a tensor made from it (strides {tuple(real.stride())}: {exc}). "
-            "Where torch's tracer misreads the op (GroupNorm on channels-last, copysign, "
-            "xlogy, complex angle), torch.compile(backend='aot_eager') fails alike; where that "
-            "runs the model, please report it. Make that op's inputs contiguous "
-            "before it (`x.contiguous()` before a GroupNorm of a channels-last model; a "
+            "Where torch's tracer misreads the op (GroupNorm on channels-last, BatchNorm1d "
+            "on a transposed input, copysign, xlogy, complex angle), "
+            "torch.compile(backend='aot_eager') fails alike; where that runs the model, please "
+            "report it. Make that op's inputs contiguous before it (`x.contiguous()` before a "
+            "GroupNorm of a channels-last model, `x.transpose(1, 2).contiguous()` into a "
+            "BatchNorm1d; a "
             ".contiguous() after the op is no help: the tracer takes its output for contiguous "
             "already)" + (f"; the op: {' '.join(w.strip() for w in where)}" if where else "") +
             " (NOTE [Layouts the tracer misreads] in monet_opt/misread_layouts.py).") from exc
