@@ -251,8 +251,10 @@ _METHODS = (types.FunctionType, staticmethod, classmethod, property)
 def _class_value(cls: type, name: str) -> object:
     """`name` as the class defines it (a function, not a bound method), _MISSING where none."""
     for owner in cls.__mro__:
-        if name in owner.__dict__:
-            return owner.__dict__[name]
+        if name in owner.__dict__:  # NOTE [Patches other threads see] in reentrant.py
+            value = owner.__dict__[name]
+            return getattr(value, "unpatched", value) \
+                if isinstance(value, functools.partialmethod) else value
     return _MISSING
 
 

@@ -51,7 +51,8 @@ def hooks_of(modules: list[nn.Module]) -> Hooks:
     own = [(k, kind, tuple(tables[kind][k])) for k in hooked for kind in KINDS
            if tables[kind][k]]
     shared = [(-1, kind, ids) for kind in GLOBAL_KINDS if getattr(nn_module, kind) and (
-        ids := tuple(k for k, hook in getattr(nn_module, kind).items() if not _tracker(hook)))]
+        ids := tuple(k for k, hook in getattr(nn_module, kind).items()
+                     if not _tracker(hook) and not _tracing(hook)))]
     return tuple(own + shared)
 
 
@@ -69,6 +70,12 @@ _TRACKERS = ("torch.utils.module_tracker", "torch.distributed._tools.mod_tracker
 
 def _tracker(hook) -> bool:
     return type(getattr(hook, "__self__", None)).__module__ in _TRACKERS
+
+
+def _tracing(hook) -> bool:
+    """One of the hooks a trace sets while it runs (NOTE [Module paths of ops]): seen by a step
+    in another thread, they planned it again (NOTE [Patches other threads see])."""
+    return getattr(hook, "__module__", None) == "monet_opt.module_paths"
 
 
 def where(model: nn.Module, hooks: Hooks) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm, _NormBase
@@ -39,11 +40,20 @@ def plain_checkpoints():
     checkpoints]), and a BatchNorm in a checkpoint updates its statistics as eager's does in
     a step (NOTE [BatchNorm in a checkpoint]); as they were on exit."""
     cls = checkpoint.CheckpointFunction
-    own = cls.__dict__.get("apply")  # None: it inherits autograd.Function's
-    cls.apply = staticmethod(_call)
+    own, eager = cls.__dict__.get("apply"), cls.apply  # own None: autograd.Function's
+    tracing = threading.get_ident()  # NOTE [Patches other threads see]
+
+    def apply(function, preserve_rng_state: bool, *args):
+        if threading.get_ident() != tracing:
+            return eager(function, preserve_rng_state, *args)
+        return _call(function, preserve_rng_state, *args)
+
+    cls.apply = staticmethod(apply)
     norms = {norm: norm.__dict__["forward"] for norm in _norm_classes()}
     for norm, forward in norms.items():
-        norm.forward = functools.partialmethod(_twice, forward)
+        patched = functools.partialmethod(_twice, forward, tracing)
+        patched.unpatched = forward  # what attributes.py watches
+        norm.forward = patched
     try:
         yield
     finally:
@@ -120,9 +130,17 @@ def _norm_classes() -> list[type]:
     return found
 
 
-def _twice(module: _NormBase, norm, input: torch.Tensor, *args, **kwargs):
+# NOTE [Patches other threads see]
+#   The patches above are on classes, so for the trace's while every thread sees them: another
+#   thread training an eager model with a BatchNorm in a checkpoint while optimize() traced
+#   had its statistics updated twice more (num_batches_tracked 4,769 where alone 3,198), and an
+#   optimized module stepping in another thread saw its class's forward replaced and planned
+#   a step again each time (thread probe, 2026-12-06). They act on the tracing thread alone;
+#   elsewhere they call what they replace, which the watched class methods are taken to be
+#   (`unpatched`, read in monet_opt/attributes.py).
+def _twice(module: _NormBase, norm, tracing: int, input: torch.Tensor, *args, **kwargs):
     weight = module.weight
-    if id(module) in _doubling or not (
+    if id(module) in _doubling or threading.get_ident() != tracing or not (
             module.training and module.track_running_stats and torch.is_grad_enabled() and (
                 input.requires_grad or (weight is not None and weight.requires_grad)) and
             _in_checkpoint()):

