@@ -80,8 +80,8 @@ def with_viewed_note(err: Exception, inputs: list[torch.Tensor]) -> Exception:
         err.add_note(f"monet_opt: input(s) {', '.join(map(str, beyond))} (in order, tensors "
                      "only) view a larger storage, which the step holds whole and the figures "
                      f"above count: {sum(beyond.values()):,} B beyond their own elements. Pass "
-                     "them as .contiguous() copies to hold only their own (NOTE [Inputs "
-                     "viewing more]).")
+                     "them as .clone() copies to hold only their own (.contiguous() returns "
+                     "a leading slice such as X[:8] as it is; NOTE [Inputs viewing more]).")
     return err
 
 

@@ -168,3 +168,16 @@ def test_torch_cond_over_modules_is_told_to_select_with_where():
                              r"torch.where\(pred, a, b\)") as err:
         monet_opt.optimize(_CondOverModules(), x, HUGE, profile_dir=None, profile_repeats=1)
     assert ".item()" not in str(err.value).split("What to try:")[1]
+
+
+def test_a_sliced_sample_is_told_to_clone_not_make_contiguous():
+    """NOTE [Inputs viewing more]: the note said to pass .contiguous() copies, which a leading
+    slice (X[:8]) already is: the same view, the same error again. .clone() is the copy."""
+    torch.manual_seed(0)
+    model, data = nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.randn(64, 8)
+    notes = []
+    for sample in (data[:8], data[:8].clone()):
+        with pytest.raises(monet_opt.InfeasibleBudgetError) as err:
+            monet_opt.optimize(model, sample, 1, profile_dir=None, profile_repeats=1)
+        notes.append(" ".join(getattr(err.value, "__notes__", [])))
+    assert "Pass them as .clone() copies" in notes[0] and "larger storage" not in notes[1]
