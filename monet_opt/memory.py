@@ -108,8 +108,8 @@ def measure_peak(step: Callable[[], Any], resident: Iterable[torch.Tensor] = (),
 
     CPU: `resident` plus the most the allocator held above what it held before the step, by
     torch.profiler's allocation events, the calling thread's only (a step run in other threads
-    is not seen): kernels' scratch included (NOTE [Allocation events] in
-    monet_opt/alloc_events.py); the LiveBytes counter's, which sees what ops return, inside a
+    is not seen; one profiler session a process: measure in one thread at a time): kernels'
+    scratch included (NOTE [Allocation events] in monet_opt/alloc_events.py); the LiveBytes counter's, which sees what ops return, inside a
     profiler the user runs or with MONET_OPT_CPU_SCRATCH=0. CUDA: the
     caching allocator's peak during the step above what was allocated before it, plus
     `resident` (the device may hold other tensors of the process, which are not the step's).
