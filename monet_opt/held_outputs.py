@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-import weakref
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import solvers
 from monet_opt import retained_graphs
@@ -56,6 +56,14 @@ class OutputsHeldWarning(RuntimeWarning):
     (NOTE [Outputs held through the backward])."""
 
 
+# NOTE [Outputs held by their storage]
+#   What the caller holds is looked for by the outputs' storages, not the output tensors: HF's
+#   `preds = out.logits.detach(); del out; out.loss.backward()`, a common way to keep logits for
+#   metrics, holds the logits' storage through an alias, and the check, by weak references to
+#   the output tensors, found none held: every step passed its limit by the logits' bytes
+#   (GPT-2, 7,628 B over a 997,576 B limit, three steps), with no warning and no replan (peft
+#   probe, 2026-12-06). A storage the step's own autograd graph holds is freed by the
+#   backward's end, where the check runs.
 class HeldOutputs:
     """Whether the caller of one optimized module holds its outputs through the backward."""
 
@@ -75,18 +83,22 @@ class HeldOutputs:
         room = plan.memory_limit_bytes - plan.predicted_peak_bytes
         if self.held or node is None or room >= resident_bytes(_beyond_loss(outputs)):
             return
-        refs = [weakref.ref(t) for t in outputs]
+        # NOTE [Outputs held by their storage]: an alias the caller keeps (out.logits.detach()
+        # for metrics) holds the storage, not the output tensor
+        storages = {part.untyped_storage().data_ptr(): (
+            StorageWeakRef(part.untyped_storage()),
+            allocated_bytes(part.untyped_storage().nbytes(), part.device))
+            for t in _beyond_loss(outputs) for part in dense_parts(t)}
         ins = {p.untyped_storage().data_ptr() for x in inputs for p in dense_parts(x)}
 
         def check():
             if self.held:
                 return
-            alive = [t for r in refs if (t := r()) is not None]
+            alive = {ptr: size for ptr, (ref, size) in storages.items() if not ref.expired()}
             if not alive:
                 return
             own = ins | {t.untyped_storage().data_ptr() for t in fixed()}
-            held = resident_bytes(_beyond_loss(
-                [t for t in alive if t.untyped_storage().data_ptr() not in own]))
+            held = sum(size for ptr, size in alive.items() if ptr not in own)
             if held > room:
                 self.held = True
                 warnings.warn(OutputsHeldWarning(
