@@ -134,13 +134,22 @@ def in_the_backward(errors: list[str]) -> str:
                                                  for e in errors) else "")
 
 
-def hf_cache(errors: list[str]) -> str:
+def hf_cache(errors: list[str], model=None) -> str:
     """What to do where the model returns an HF cache object (use_cache=True, a decoder's
-    default when built from its config): it cannot be an output of a traced step."""
+    default when built from its config): it cannot be an output of a traced step. With
+    use_cache already off, the cache is one it was handed (peft's prefix tuning hands Llama its
+    prefix as past_key_values, and Llama returns it): it was told to set use_cache=False,
+    which it had (peft probe, 2026-12-06)."""
     found = {e.split("Found <class '")[1].split("'")[0].rsplit(".", 1)[-1] for e in errors
              if "Found <class 'transformers." in e and "Cache'> in output" in e}
     if not found:
         return ""
+    if getattr(getattr(model, "config", None), "use_cache", None) is False:
+        return (f"\nThere, the model returns a transformers {', '.join(sorted(found))} with "
+                "use_cache off: one it was handed (peft's prefix tuning passes its prefix as "
+                "past_key_values), which a traced step cannot return. Optimize a module whose "
+                "forward returns the loss alone (`return model(**batch).loss`), or the "
+                "logits, not the model's whole output.")
     return (f"\nThere, the model returns a transformers {', '.join(sorted(found))} (the keys "
             "and values kept for generation, use_cache=True: a decoder's default when built "
             "from its config), which a traced step cannot return. Training needs none: set "

@@ -109,10 +109,10 @@ def measure_peak(step: Callable[[], Any], resident: Iterable[torch.Tensor] = (),
     CPU: `resident` plus the most the allocator held above what it held before the step, by
     torch.profiler's allocation events, the calling thread's only (a step run in other threads
     is not seen; one profiler session a process: measure in one thread at a time): kernels'
-    scratch included (NOTE [Allocation events] in monet_opt/alloc_events.py); the LiveBytes counter's, which sees what ops return, inside a
-    profiler the user runs or with MONET_OPT_CPU_SCRATCH=0. CUDA: the
-    caching allocator's peak during the step above what was allocated before it, plus
-    `resident` (the device may hold other tensors of the process, which are not the step's).
+    scratch included (NOTE [Allocation events] in monet_opt/alloc_events.py); the LiveBytes
+    counter's, which sees what ops return, inside a profiler the user runs or with
+    MONET_OPT_CPU_SCRATCH=0. CUDA: the caching allocator's peak in the step above what was
+    allocated before, plus `resident` (the device may hold other tensors, not the step's).
     """
     if not callable(step) or isinstance(step, torch.nn.Module):
         raise TypeError(f"monet_opt.measure_peak: step must be a function of no arguments that "

@@ -54,6 +54,34 @@ def test_a_cache_returned_for_generation_says_to_turn_it_off():
     monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)(**x).loss.backward()
 
 
+class _HandedACache(torch.nn.Module):
+    """As peft's prefix tuning calls Llama: a cache handed in, returned with use_cache off."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, ids):
+        from transformers import DynamicCache
+        return self.model(input_ids=ids, labels=ids, use_cache=False,
+                          past_key_values=DynamicCache(config=self.model.config))
+
+
+def test_a_cache_handed_in_says_to_return_the_loss():
+    """With use_cache already off, the error said to set it off (peft probe, 2026-12-06): the
+    cache is one the model was handed, and a module returning the loss alone optimizes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32,
+                      num_attention_heads=2, num_key_value_heads=1, vocab_size=50,
+                      use_cache=False)
+    model, ids = LlamaForCausalLM(cfg).train(), torch.randint(0, 50, (2, 8))
+    with pytest.raises(monet_opt.CaptureError) as err:
+        monet_opt.optimize(_HandedACache(model), ids, HUGE, profile_repeats=1, profile_dir=None)
+    said = str(err.value).split("What to try:")[1]
+    assert "with use_cache off: one it was handed" in said and "use_cache = False" not in said
+
+
 @pytest.mark.parametrize("impl", ["eager", "grouped_mm"])
 def test_experts_looped_over_say_which_implementation_traces(impl):
     """transformers' "eager" mixture of experts loops over the experts hit, a number of the
