@@ -253,8 +253,9 @@ def _class_value(cls: type, name: str) -> object:
     for owner in cls.__mro__:
         if name in owner.__dict__:  # NOTE [Patches other threads see] in reentrant.py
             value = owner.__dict__[name]
-            return getattr(value, "unpatched", value) \
-                if isinstance(value, functools.partialmethod) else value
+            while isinstance(value, functools.partialmethod) and hasattr(value, "unpatched"):
+                value = value.unpatched
+            return value
     return _MISSING
 
 

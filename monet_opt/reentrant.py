@@ -51,7 +51,7 @@ def plain_checkpoints():
     cls.apply = staticmethod(apply)
     norms = {norm: norm.__dict__["forward"] for norm in _norm_classes()}
     for norm, forward in norms.items():
-        patched = functools.partialmethod(_twice, forward, tracing)
+        patched = functools.partialmethod(_twice, forward.__get__(None, norm), tracing)
         patched.unpatched = forward  # what attributes.py watches
         norm.forward = patched
     try:
@@ -111,7 +111,7 @@ def _detached(tree):
 #   Every norm with running statistics is so traced: each class under torch's _NormBase that
 #   defines its own forward (InstanceNorm with track_running_stats, SyncBatchNorm, timm's
 #   BatchNormAct2d, which calls F.batch_norm itself), and a forward calling its base class's
-#   runs the update twice, not four times (`_doubling`). Before, only _BatchNorm.forward was:
+#   runs the update twice, not three times (`_doubling`). Before, only _BatchNorm.forward was:
 #   timm's regnety_002 with set_grad_checkpointing() trained with 129 of 132 buffers off
 #   eager's, up to 0.18, silently (timm probe, 2026-12-06).
 _CHECKPOINTS = {checkpoint._checkpoint_impl.__code__, _call.__code__} \
