@@ -108,5 +108,9 @@ def test_a_resident_tensor_the_step_lets_go_of_is_freed_in_it(monkeypatch):
     from monet_opt import alloc_events
     monkeypatch.setenv(alloc_events.SWITCH, "0")
     module = _Replacing()
-    peak = monet_opt.measure_peak(module.step, monet_opt.resident_tensors(module))
+    # handed as a generator: once a frame-evaluation hook is installed (any torch.cond or
+    # torch.compile earlier in the process, as under xdist), CPython keeps a call's arguments
+    # alive on the caller's stack through the call, and the list would hold the old state
+    resident = (t for t in monet_opt.resident_tensors(module))
+    peak = monet_opt.measure_peak(module.step, resident)
     assert peak == 4 + 2 * 32768 * 4
