@@ -261,10 +261,9 @@ def higher_order(errors: list[str]) -> str:
     return ("\nThere, a higher-order op (torch.cond, torch.while_loop) could not be traced "
             "(torch traces this one only under torch.compile). A plan could not hold its limit "
             "over it anyway: torch.cond picks the code it runs by the values of a tensor, so "
-            "what the step holds depends on each batch. Compute both "
-            "branches and select with torch.where(pred, a, b), or optimize the modules around "
-            "that op and run it as it is (NOTE [Branches taken by value] in "
-            "monet_opt/branches.py).")
+            "what the step holds depends on each batch. Compute both branches and select "
+            "with torch.where(pred, a, b), or optimize the modules around that op and run it "
+            "as it is (NOTE [Branches taken by value] in monet_opt/branches.py).")
 
 
 def generic(model) -> str:
@@ -355,9 +354,9 @@ def what_to_try(model, args: tuple, kwargs: dict) -> str | None:
 # NOTE [The eager check in grad mode]
 #   The eager check runs the forward under no_grad, which holds no activations; a forward
 #   that needs grad mode (a tensor hook registered, autograd.grad inside) fails so, and is run
-#   again with it:
-#   a hook reading .item() was told "the model fails on sample_input run eagerly too ...
-#   tracing is not the cause", though it trains eagerly (docs probe, 2026-12-06).
+#   again with it. A hook reading .item() was told "the model fails on sample_input run
+#   eagerly too ... tracing is not the cause", though it trains eagerly (docs probe,
+#   2026-12-06).
 def _eager_failure(model, args: tuple, kwargs: dict) -> Exception | None:
     """What the model raises on (args, kwargs) run eagerly: under no_grad, and where that
     fails with grad mode on too; from a forked random stream, its buffers put back."""

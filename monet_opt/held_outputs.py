@@ -57,13 +57,13 @@ class OutputsHeldWarning(RuntimeWarning):
 
 
 # NOTE [Outputs held by their storage]
-#   What the caller holds is looked for by the outputs' storages, not the output tensors: HF's
-#   `preds = out.logits.detach(); del out; out.loss.backward()`, a common way to keep logits for
-#   metrics, holds the logits' storage through an alias, and the check, by weak references to
-#   the output tensors, found none held: every step passed its limit by the logits' bytes
-#   (GPT-2, 7,628 B over a 997,576 B limit, three steps), with no warning and no replan (peft
-#   probe, 2026-12-06). A storage the step's own autograd graph holds is freed by the
-#   backward's end, where the check runs.
+#   What the caller holds is looked for by the outputs' storages, not the output tensors:
+#   `loss = out.loss; preds = out.logits.detach(); del out; loss.backward()`, a common way to
+#   keep HF's logits for metrics, holds the logits' storage through an alias, and the check,
+#   by weak references to the output tensors, found none held: every step passed its limit by
+#   the logits' bytes (GPT-2, 7,628 B over a 997,576 B limit, three steps), with no warning and
+#   no replan (peft probe, 2026-12-06). A storage the step's own autograd graph holds is freed
+#   by the backward's end, where the check runs.
 class HeldOutputs:
     """Whether the caller of one optimized module holds its outputs through the backward."""
 
