@@ -205,6 +205,17 @@ _OWN_FORWARD = operator.methodcaller("get", "forward")  # of a module's __dict__
 #   the step takes the model's parameters and buffers by name and watches each module's type,
 #   train/eval flag and values wherever they sit. The registries are not watched as values.
 _REGISTRIES = frozenset({"_modules", "_parameters", "_buffers"})
+
+
+# NOTE [An optimized module's own state]
+#   An optimized module inside a model given to optimize() is traced as its model (NOTE
+#   [Optimized inside optimized] in monet_opt/module.py), yet its class's code reads its own
+#   bookkeeping (`_watched_list`, `_steps`, ...), which its own steps set as they run. Watched,
+#   calling the inner module alone between two outer steps (an auxiliary loss on a backbone)
+#   planned the outer step again, with a ReplanWarning naming `e._watched_list` and advice about
+#   buffers (probe 128, 2026-12-07). A class with `private_state_untraced` true declares that
+#   no private attribute of it changes what its traced forward computes: those are not
+#   watched; its model, a child module, is.
 _PLAIN = {bool, int, float, str, type(None)}
 _UNHASHABLE = {list, dict, set}
 
@@ -225,7 +236,10 @@ def _read_names(module: nn.Module, on_self: dict[type, set[str]]) -> set[str]:
     """The attributes of `module` its class's code reads that hold a value to watch (NOTE
     [Attributes the forward's code reads])."""
     names = set()
+    private_unread = getattr(type(module), "private_state_untraced", False)
     for name in on_self.get(type(module), ()):
+        if private_unread and name.startswith("_"):  # NOTE [An optimized module's own state]
+            continue
         if name in ("training", "config", "forward") or name in _REGISTRIES:  # watched
             # already (a config: its public values; a forward set on the instance: for every
             # module; NOTE [A module's own registries])

@@ -131,11 +131,12 @@ class OptimizedModule(ModelState):
     optimized module] in monet_opt/forwarded.py).
     """
 
+    private_state_untraced = True  # NOTE [An optimized module's own state] in attributes.py
+
     def __init__(self, model: nn.Module, first: Step, training_flags: tuple[bool, ...],
                  autocast: tuple = (),
                  plan_step: Callable[[nn.Module, tuple, dict, tuple[int, ...], int], Step]
-                 | None = None,
-                 any_shape: bool = False) -> None:
+                 | None = None, any_shape: bool = False) -> None:
         """plan_step(model, args, kwargs, resident, resident_bytes): plans another step of
         `model` (this module's own: a deep copy plans its copy's), None: any other situation
         raises PlanMismatchError. any_shape: inputs of other shapes are planned, not

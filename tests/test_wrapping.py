@@ -171,6 +171,23 @@ def test_an_optimized_module_given_to_optimize_is_traced_as_its_model():
         assert all(torch.equal(g, w) for g, w in zip(grads, want)), type(given)
 
 
+def test_the_inner_module_called_alone_plans_no_outer_step():
+    """The inner module called alone between outer steps (an auxiliary loss on a backbone)
+    sets its own bookkeeping; the outer step read it as its constants and planned again, with a
+    ReplanWarning naming `_watched_list` (NOTE [An optimized module's own state])."""
+    torch.manual_seed(0)
+    base, x, loss_fn = small_cnn()
+    inner = monet_opt.optimize(base, x, HUGE, profile_dir=None, profile_repeats=1)
+    outer = monet_opt.optimize(torch.nn.Sequential(inner), x, HUGE, profile_dir=None,
+                               profile_repeats=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReplanWarning)
+        for module in (outer, inner, outer, inner, outer):
+            loss_fn(module(x)).backward()
+            base.zero_grad(set_to_none=True)
+    assert len(outer.plans) == len(inner.plans) == 1
+
+
 def test_functional_call_with_fast_weights():
     """torch.func.functional_call(opt, weights) as a first-order MAML inner loop makes them:
     non-leaf tensors computed from the parameters. The step takes them as they are (no warning
