@@ -26,7 +26,7 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from monet_opt import (alloc_events, attribute_tensors, capture_hints, data_assigned,
                        export_route, forward_state, host_random, input_spec, kernels,
-                       module_paths, outputs_fp32, saved_hooks)
+                       module_paths, outputs_fp32, saved_hooks, tensor_kinds)
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
@@ -237,7 +237,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         + capture_hints.no_fake(errors) \
         + capture_hints.unknown_output(errors) + (adaptive or capture_hints.shapes(errors)) \
         + capture_hints.in_the_backward(errors) + capture_hints.detection(errors) \
-        + capture_hints.higher_order(errors) \
+        + capture_hints.higher_order(errors) + tensor_kinds.made_in_forward(errors) \
         + (capture_hints.VALIDATING if checked else "") \
         + (capture_hints.CAUSAL_CHECK if causal else "") \
         + (capture_hints.TORCH_CHECK if any(capture_hints.IN_TORCH in e for e in errors) else "") \

@@ -8,7 +8,7 @@ import traceback
 
 import torch
 
-from monet_opt.memory import cuda_devices
+from monet_opt.eager_check import eager_failure
 
 
 # FX's generated code (a notebook's "<ipython-input-...>" cells are the user's)
@@ -333,11 +333,11 @@ def what_to_try(model, args: tuple, kwargs: dict) -> str | None:
     channel count, an integer input to a convolution), that: nothing about tracing is to be
     changed; where it takes the positional arguments as one list, that (NOTE [A list read as
     arguments])."""
-    exc = _eager_failure(model, args, kwargs)
+    exc = eager_failure(model, args, kwargs)
     if exc is None:
         return None
     if isinstance(exc, TypeError) and len(args) > 1 and not kwargs and \
-            _eager_failure(model, (list(args),), {}) is None:
+            eager_failure(model, (list(args),), {}) is None:
         return (f"\nWhat to try: sample_input is read as {len(args)} positional arguments (a "
                 f"list as a tuple is), which the model does not take ({where(exc)}); it runs on "
                 "them as one list: pass `([a, b, ...],)`, a tuple holding the list.")
@@ -351,29 +351,3 @@ def what_to_try(model, args: tuple, kwargs: dict) -> str | None:
 #   says so). A forward that takes one list then failed to trace with "the model fails on
 #   sample_input run eagerly too ... fix the sample input (its shapes, dtypes and devices)",
 #   though `model([a, b])` runs: now it says to pass `([a, b],)` (lifecycle probe, 2026-12-05).
-# NOTE [The eager check in grad mode]
-#   The eager check runs the forward under no_grad, which holds no activations; a forward
-#   that needs grad mode (a tensor hook registered, autograd.grad inside) fails so, and is run
-#   again with it. A hook reading .item() was told "the model fails on sample_input run
-#   eagerly too ... tracing is not the cause", though it trains eagerly (docs probe,
-#   2026-12-06).
-def _eager_failure(model, args: tuple, kwargs: dict) -> Exception | None:
-    """What the model raises on (args, kwargs) run eagerly: under no_grad, and where that
-    fails with grad mode on too; from a forked random stream, its buffers put back."""
-    failed = _failure(model, args, kwargs, grad=False)
-    return failed and _failure(model, args, kwargs, grad=True)
-
-
-def _failure(model, args: tuple, kwargs: dict, grad: bool) -> Exception | None:
-    buffers = [b.clone() for b in model.buffers()]
-    try:
-        with torch.set_grad_enabled(grad), \
-                torch.random.fork_rng(devices=cuda_devices(model.parameters())):
-            model(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - said to the user, who reads it
-        return exc
-    finally:
-        with torch.no_grad():
-            for b, saved in zip(model.buffers(), buffers):
-                b.copy_(saved)
-    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -135,18 +136,8 @@ class InputSpec:
                             f"[Constant arguments]); found {bad}. Bind other arguments with "
                             "functools.partial or a wrapper.")
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-        for x in tensors:  # each failed inside torch, or was blamed on something else
-            if x.is_nested:
-                raise TypeError(f"{what} must be a dense or sparse COO tensor; found a nested "
-                                "tensor (torch.nested). Pad it (torch.nested.to_padded_tensor) "
-                                "and pass a mask.")
-            if x.layout not in (torch.strided, torch.sparse_coo):
-                raise TypeError(f"{what} must be a dense or sparse COO tensor; found one of "
-                                f"layout {x.layout}. Convert it: .to_sparse_coo() or "
-                                ".to_dense().")
-            if x.layout == torch.sparse_coo and x.requires_grad:
-                raise TypeError(f"{what}: a sparse input that requires grad cannot be planned "
-                                "(its gradient is sparse). Pass it detached, or dense.")
+        for x in tensors:
+            _check_kind(x, what)
         return tensors
 
     def rebuild(self, tensors: list) -> tuple[tuple, dict]:
@@ -175,6 +166,7 @@ class InputSpec:
                 "to optimize(), or optimize again for this input.")
         leaves = [x for x in leaves if isinstance(x, torch.Tensor)]
         for k, (x, spec) in enumerate(zip(leaves, self.leaves)):
+            _check_kind(x, f"monet_opt: input {k} of a training step")
             got = LeafSpec.of(x)
             entries = spec.sparse if got.sparse and spec.sparse and \
                 got.sparse[0] == spec.sparse[0] else got.sparse  # NOTE [Sparse inputs]
@@ -182,11 +174,12 @@ class InputSpec:
                                     strides=spec.strides, sparse=entries, storage=spec.storage,
                                     dtype=spec.dtype)
                     if any_shape else got) != spec:
+                held = "shapes, dtypes, layouts and requires_grad" if not any_shape else \
+                    "devices" if got.device != spec.device else "dense or sparse layouts"
                 raise PlanMismatchError(
                     f"monet_opt: input {k} does not match the plan: expected {spec}, received "
                     f"{got}. The plan (and its memory limit) holds only for the sample_input's "
-                    f"{'devices' if any_shape else 'shapes, dtypes, layouts and requires_grad'}"
-                    "; run optimize() again with a sample like the new input.")
+                    f"{held}; run optimize() again with a sample like the new input.")
         return leaves
 
 
@@ -200,8 +193,18 @@ class InputSpec:
 #   refuses them still.
 def constants_of(leaves: list) -> tuple[tuple[int, type, Any], ...]:
     """The non-tensor leaves, by position, with their types (1 and True are equal, but trace
-    apart) (NOTE [Constant arguments])."""
-    return tuple((k, type(x), x) for k, x in enumerate(leaves) if not isinstance(x, torch.Tensor))
+    apart) (NOTE [Constant arguments]), each NaN as one object of its sign."""
+    return tuple((k, type(x), _NANS[math.copysign(1.0, x) < 0] if x != x else x)
+                 for k, x in enumerate(leaves) if not isinstance(x, torch.Tensor))
+
+
+# NOTE [NaN as a constant]
+#   A float NaN equals nothing, itself included, so a step keyed by a NaN passed as a
+#   constant was found again only for that very object: a fresh float("nan") at each call
+#   planned a step at each call (ReplanWarning, 0.4 s each, `plans` growing: inputs probe,
+#   2026-12-07). Every NaN is keyed as one object of its sign, which a tuple compares by
+#   identity and hashes by it; the step runs with that object, a NaN as the one given.
+_NANS = (float("nan"), -float("nan"))
 
 
 # NOTE [Inputs turned to need grad]
@@ -226,6 +229,44 @@ def grad_left_off(inputs: Sequence[Any]):
             "instead: x.requires_grad_() outside the module, for the sample_input and for every "
             "batch, and the step plans x's gradient as eager computes it (NOTE [Inputs turned "
             "to need grad] in monet_opt/input_spec.py).")
+
+
+def _check_kind(x: torch.Tensor, what: str) -> None:
+    """TypeError where `x` is a kind of tensor a step cannot take (each failed inside torch, or
+    was blamed on something else), at optimize() and at every call (NOTE [Tensor subclasses as
+    inputs])."""
+    if x.is_nested:
+        raise TypeError(f"{what} must be a dense or sparse COO tensor; found a nested tensor "
+                        "(torch.nested). Pad it (torch.nested.to_padded_tensor) and pass a mask.")
+    if x.layout not in (torch.strided, torch.sparse_coo):
+        raise TypeError(f"{what} must be a dense or sparse COO tensor; found one of layout "
+                        f"{x.layout}. Convert it: .to_sparse_coo() or .to_dense().")
+    if x.layout == torch.sparse_coo and x.requires_grad:
+        raise TypeError(f"{what}: a sparse input that requires grad cannot be planned (its "
+                        "gradient is sparse). Pass it detached, or dense.")
+    for cls in type(x).__mro__:
+        if cls in (torch.Tensor, torch.nn.Parameter):
+            return
+        if "__torch_function__" in vars(cls) or "__torch_dispatch__" in vars(cls):
+            raise TypeError(
+                f"{what} must be a plain tensor; found a {type(x).__name__}, a torch.Tensor "
+                "subclass that changes how torch's functions run on it, which a traced step "
+                "cannot take. Pass a plain tensor" + (
+                    ": for a CausalBias, is_causal=True to scaled_dot_product_attention "
+                    "(causal_upper_left), or the boolean mask torch.ones(L, S, dtype=torch.bool)"
+                    ".tril(S - L) (causal_lower_right)." if cls.__name__ == "CausalBias"
+                    else " (NOTE [Tensor subclasses as inputs] in monet_opt/input_spec.py)."))
+
+
+# NOTE [Tensor subclasses as inputs]
+#   A subclass that runs torch's functions its own way (__torch_function__ or
+#   __torch_dispatch__: torch.nn.attention.bias's CausalBias, DTensor) is traced as the plain
+#   tensor it wraps, or not at all: a CausalBias mask passed in failed in the trace with
+#   "Attempting to broadcast a dimension of length 2" for an 8x8 mask, then advice about
+#   .item() (inputs probe, 2026-12-07). It is refused, with what to pass instead. A subclass
+#   that only adds Python methods (`x.as_subclass(MyTensor)`) trains as eager does. The kinds
+#   are checked at every call, not only at optimize(): a nested tensor passed at a later call
+#   raised a bare NotImplementedError (aten._nnz) from the input's spec.
 
 
 class _Shown(str):

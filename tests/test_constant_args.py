@@ -68,6 +68,24 @@ def test_another_constant_is_refused_when_asked():
         opt(x, 3.0)
 
 
+def test_a_nan_is_one_constant_whatever_object():
+    """NOTE [NaN as a constant]: a fresh float("nan") at each call planned a step at each."""
+    torch.manual_seed(0)
+    model, x = Scaled().eval(), torch.randn(4, 16)
+    opt = monet_opt.optimize(model, (x, float("nan")), HUGE, profile_dir=None,
+                             profile_repeats=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReplanWarning)
+        for _ in range(3):
+            out = opt(x, float("nan"))
+            out.sum().backward()
+            model.zero_grad(set_to_none=True)
+    assert len(opt.plans) == 1 and out.isnan().all()
+    with pytest.warns(ReplanWarning):
+        opt(x, -float("nan")).sum().backward()  # its sign is another constant
+    assert len(opt.plans) == 2
+
+
 def test_other_arguments_are_refused_saying_what_to_do():
     model, x = Scaled().train(), torch.randn(4, 16)
     with pytest.raises(TypeError, match=r"bool, int, float, str or None .*found \['object'\]"):
