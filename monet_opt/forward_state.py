@@ -156,8 +156,22 @@ class Kept:
                            if before.get(key) is not v}
             self.where = list(self._found)
             self._retained = [key for key, v in self._found.items() if v.retains_grad]
-            self._undo(module, before)
+            _set_back(module, self._found, before)
             self._refill(module, held)
+            boxed = [key for key, v in attributes(module).items()  # NOTE [Tensors kept boxed]
+                     if before.get(key) is not v and _holds_traced(v)]
+            _set_back(module, boxed, before)
+            if boxed:
+                self._warn(
+                    f"monet_opt: {type(module).__name__}'s forward assigned tuples, lists or "
+                    "dicts holding tensors to "
+                    f"{', '.join('.'.join(filter(None, k)) for k in boxed[:4])}. A step runs "
+                    "the traced graph, not the forward's Python, so they are not set at a step "
+                    "as in eager, and what the trace put there had no values, so they keep "
+                    "what they held (a cache filled on the first call, as PyG's cached=True "
+                    "layers fill theirs, is computed at every step instead). Keep a tensor "
+                    "meant for the loop as an attribute of its own (self.w = t: each step sets "
+                    "it; NOTE [Tensors kept on a module]), or return it.")
             if self._retained:
                 self._warn(
                     f"monet_opt: {type(module).__name__}'s forward calls retain_grad() on "
@@ -166,26 +180,18 @@ class Kept:
                     "stays None (NOTE [Traced tensors left]). Run the model itself (opt.model) "
                     "for steps that read it.")
 
-    def _undo(self, module: torch.nn.Module, before: dict) -> None:
-        for key in self._found:
-            owner = module.get_submodule(key[0])
-            if key in before:
-                setattr(owner, key[1], before[key])
-            else:
-                delattr(owner, key[1])
-
     def _refill(self, module: torch.nn.Module, held: dict) -> None:
         """Put back what the traced call added to (or took from) a module's lists and dicts,
         and warn, once, naming them (NOTE [Containers filled])."""
         changed = []
         for (name, attribute), saved in held.items():
             now = getattr(module.get_submodule(name), attribute)
-            same = len(now) == len(saved) and (
-                all(a is b for a, b in zip(now, saved)) if isinstance(now, list) else
-                all(k in saved and saved[k] is v for k, v in now.items()))
-            if not same:
-                changed.append(f"{'.'.join(filter(None, (name, attribute)))} "
-                               f"({len(saved)} -> {len(now)} items)")
+            pairs = list(zip(now, saved)) if isinstance(now, list) else \
+                [(v, saved.get(k, _MISSING)) for k, v in now.items()]
+            if len(now) != len(saved) or not all(a is b for a, b in pairs):
+                if len(now) != len(saved) or not all(_equal_values(a, b) for a, b in pairs):
+                    changed.append(f"{'.'.join(filter(None, (name, attribute)))} "
+                                   f"({len(saved)} -> {len(now)} items)")
                 if isinstance(now, list):
                     now[:] = saved
                 else:
@@ -302,16 +308,12 @@ def attributes(model: torch.nn.Module) -> dict[tuple[str, str], Any]:
 
 
 def put_back_traced(model: torch.nn.Module, before: dict[tuple[str, str], Any]) -> None:
-    """Set back every attribute that holds a traced tensor after tracing (`before`: what
-    `attributes` gave before it), warning where one did (NOTE [Traced tensors left])."""
-    left = [key for key, v in tensor_attributes(model).items()
-            if isinstance(v, (FakeTensor, FunctionalTensor))]
-    for key in left:
-        owner = model.get_submodule(key[0])
-        if key in before:
-            setattr(owner, key[1], before[key])
-        else:
-            delattr(owner, key[1])
+    """Set back every attribute that holds a traced tensor after tracing, or a tuple, list or
+    dict holding one (`before`: what `attributes` gave before it), warning where one did (NOTE
+    [Traced tensors left])."""
+    left = [key for key, v in attributes(model).items()
+            if isinstance(v, _TRACED) or _holds_traced(v)]
+    _set_back(model, left, before)
     if left:
         warnings.warn(SideEffectWarning(
             f"monet_opt: tracing {type(model).__name__}'s step left tensors on its modules "
@@ -320,6 +322,51 @@ def put_back_traced(model: torch.nn.Module, before: dict[tuple[str, str], Any]) 
             "backward runs as one compiled graph, so they are not set at a step: they keep "
             "what they held before. Run the model itself (opt.model) for steps that read "
             "them."), stacklevel=user_stacklevel())
+
+
+# NOTE [Tensors kept boxed]
+#   A forward that keeps a tuple of tensors on a module (PyG's GCNConv(cached=True):
+#   `if self._cached is None: self._cached = (edge_index, weight)`) kept the trace's value-less
+#   tensors there: the next trace read them ("Unexpected fake buffer"), optimize() failed
+#   saying the model fails eagerly too, and it did then, the user's model broken until the
+#   attribute was reset by hand (GNN probe, 2026-12-07). Only a tensor assigned as it is was
+#   set back. A tuple, list or dict (nested) holding a traced tensor, newly assigned, is set
+#   back after each traced call too, with a SideEffectWarning; the step computes what the
+#   forward computed while tracing, the branch that fills the cache, so it trains like eager
+#   (tests/test_forward_state.py).
+_TRACED = (FakeTensor, FunctionalTensor)
+
+
+def _holds_traced(value: Any) -> bool:
+    return isinstance(value, (tuple, list, dict)) and any(
+        isinstance(leaf, _TRACED) for leaf in pytree.tree_leaves(value))
+
+
+_MISSING = object()
+
+
+def _equal_values(a: Any, b: Any) -> bool:
+    """Plain values (no tensors) equal, as a failed trace may leave an equal copy of a list a
+    module holds (torchvision's DefaultBoxGenerator's aspect_ratios: a SideEffectWarning said
+    the forward changed it, detection probe, 2026-12-07); it is put back, unsaid."""
+    if type(a) is not type(b) or any(isinstance(leaf, torch.Tensor)
+                                     for leaf in pytree.tree_leaves((a, b))):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a value that cannot say
+        return False
+
+
+def _set_back(model: torch.nn.Module, keys, before: dict[tuple[str, str], Any]) -> None:
+    """Each (module name, attribute) of `keys` set back to what `before` says it held, or
+    deleted where it held nothing."""
+    for key in keys:
+        owner = model.get_submodule(key[0])
+        if key in before:
+            setattr(owner, key[1], before[key])
+        else:
+            delattr(owner, key[1])
 
 
 class CompiledStep:

@@ -330,3 +330,69 @@ def test_quantization_aware_training_after_its_first_call():
                    for p, q in zip(model.parameters(), eager.parameters())), k
         model.zero_grad(set_to_none=True)
         eager.zero_grad(set_to_none=True)
+
+
+class CachedNorm(nn.Module):
+    """PyG's GCNConv(cached=True): edge weights computed on the first call, kept as a tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self._cached = nn.Linear(16, 4), None
+
+    def forward(self, x, index):
+        if self._cached is None:
+            self._cached = (index, torch.ones(index.numel()) / index.numel() ** 0.5)
+        weight = self._cached[1]
+        rows = self.lin(x).index_select(0, index) * weight[:, None]
+        return torch.zeros(x.shape[0], 4).index_add(0, index, rows)
+
+
+def test_a_tuple_of_tensors_kept_on_a_module_is_set_back():
+    """NOTE [Tensors kept boxed]: the trace's tensors stayed in the tuple; optimize() failed
+    ('the model fails eagerly too') and the model itself failed after it."""
+    torch.manual_seed(0)
+    model, x, index = CachedNorm(), torch.randn(50, 16), torch.randint(0, 50, (200,))
+    eager = copy.deepcopy(model)
+    with pytest.warns(monet_opt.SideEffectWarning, match=r"dicts holding tensors to _cached"):
+        opt = monet_opt.optimize(model, (x, index), HUGE, profile_dir=None, profile_repeats=1)
+    assert model._cached is None
+    for _ in range(2):
+        outs = [module(x, index) for module in (opt, eager)]
+        for out in outs:
+            out.square().sum().backward()
+        assert torch.equal(*outs)
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(),
+                                                                eager.parameters()))
+        model.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+    model(x, index)  # the model itself runs
+
+
+class BoxesThenValue(nn.Module):
+    """torchvision's DefaultBoxGenerator, then a branch on a value, which fails to trace."""
+
+    def __init__(self) -> None:
+        from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
+        super().__init__()
+        self.conv, self.gen = nn.Conv2d(3, 4, 3, stride=2, padding=1), \
+            DefaultBoxGenerator([[2], [2, 3]])
+
+    def forward(self, x):
+        from torchvision.models.detection.image_list import ImageList
+        f = self.conv(x)
+        anchors = self.gen(ImageList(x, [(32, 32)] * x.shape[0]), [f, f])
+        return (f * 2 if f.sum() > 0 else f).sum() + torch.stack(anchors).sum()
+
+
+def test_a_failed_trace_is_not_said_to_change_lists_it_left_equal():
+    """A failed trace leaves equal copies of the generator's inner lists: a SideEffectWarning
+    said the forward changed `gen.aspect_ratios (2 -> 2 items)`. They are put back, unsaid."""
+    model = BoxesThenValue()
+    inner = list(model.gen.aspect_ratios)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(monet_opt.CaptureError):
+            monet_opt.optimize(model, torch.randn(2, 3, 32, 32), HUGE, profile_dir=None,
+                               profile_repeats=1)
+    assert not [w for w in caught if w.category is monet_opt.SideEffectWarning]
+    assert all(a is b for a, b in zip(model.gen.aspect_ratios, inner))
