@@ -28,6 +28,7 @@ NOTE [Attributes read as constants]
 """
 from __future__ import annotations
 
+import collections.abc
 import functools
 import operator
 import types
@@ -295,9 +296,57 @@ def _frozen(value: object, depth: int = 0) -> object:
             isinstance(v, nn.Module) for v in items):  # modules kept in a list or dict
         return (type(value), tuple(_frozen(v, depth + 1) if isinstance(v, nn.Module)
                                    else _OPAQUE for v in items))
-    return _OPAQUE  # other lists and dicts (a history the loop appends to, features a hook
-    # gathers) and objects (an argparse Namespace the loop updates, a logger): compared whole
-    # they planned a step at every call
+    if isinstance(value, _CONTAINERS) or type(value).__module__ == "builtins":
+        return _OPAQUE  # other lists and dicts (a history the loop appends to, features a
+        # hook gathers): compared whole they planned a step at every call
+    return _Held(value)
+
+
+_CONTAINERS = (collections.abc.Collection, collections.abc.Mapping)
+
+
+class _Held:
+    """NOTE [Objects the forward's code reads]: an object compared by identity and by the
+    versions of the tensors it holds as attributes; it keeps the object alive, so another one
+    made later at its address is not taken for it."""
+
+    __slots__ = ("held", "versions")
+
+    def __init__(self, held: object) -> None:
+        self.held = held
+        self.versions = tuple(_version(v) for v in getattr(held, "__dict__", {}).values()
+                              if isinstance(v, torch.Tensor))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Held) and other.held is self.held and \
+            other.versions == self.versions
+
+    def __hash__(self) -> int:
+        return id(self.held)
+
+    def __repr__(self) -> str:
+        return f"the {type(self.held).__name__} at {id(self.held):#x}" + \
+            (f", its tensors written {sum(self.versions)} times" if self.versions else "")
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor keeps no count: it cannot be written outside
+        return 0
+
+
+# NOTE [Objects the forward's code reads]
+#   An object a module's code reads from `self` (diffusers' attention processor, called as
+#   `self.processor(self, x)`; a noise scheduler whose `add_noise` a training wrapper calls)
+#   was not watched: one swapped after optimize() (set_attn_processor, another scheduler) ran
+#   as the one traced, silently (UNet2DConditionModel: 208 gradients off eager's), and the
+#   tensors it holds (the scheduler's alphas_cumprod) are constants of the step, so one
+#   written in place was held as traced too (diffusion probe, 2026-12-07). Compared by value
+#   (an argparse Namespace the loop counts in) such objects planned a step at every call;
+#   compared by identity they do not, and one replaced plans a step, as does a tensor it holds
+#   as an attribute written in place (its version). What is read deeper (`self.cfg.tau`) is
+#   not watched, as before; nor are lists, dicts and sets, nor instances of builtin types.
 
 
 def _shown(value: object) -> str:

@@ -1,4 +1,5 @@
-"""A warning where a backward runs through the model run itself in eval mode.
+"""Warnings where the optimized module runs the model itself: a backward through it in eval
+mode, and a call with cumulative BatchNorm averages.
 
 NOTE [Trained in eval mode, unplanned]
   In eval mode with other train/eval flags than its plan's (NOTE [Optimized in eval mode] in
@@ -17,7 +18,10 @@ import weakref
 from typing import Any
 
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils import _pytree as pytree
+
+from monet_opt.errors import user_stacklevel
 
 _WARNED: weakref.WeakSet = weakref.WeakSet()  # the optimized modules that warned already
 
@@ -52,3 +56,45 @@ def watched(outputs: Any, owner: torch.nn.Module) -> Any:
     for node in nodes:
         node.register_prehook(warn)
     return outputs
+
+
+# NOTE [Cumulative averages, unplanned]
+#   A BatchNorm with momentum=None keeps a cumulative average, whose factor 1 / num_batches_tracked
+#   its forward reads as a Python number: a traced step cannot hold it, and optimize() refuses
+#   it, saying to give it a momentum. But PyTorch Lightning's StochasticWeightAveraging sets it
+#   itself after training, for an epoch of forwards in train mode with gradients on and no
+#   backward that recomputes the statistics of the averaged weights: every such model then
+#   failed at that epoch (CaptureError, "Give it a momentum"), where eager ran (Lightning
+#   probe, 2026-12-07). A call after optimize() that finds one runs the model itself, as in
+#   eval mode, with an UnplannedStepWarning, once per optimized module: nothing is kept for a
+#   backward that does not come, and one that does runs with eager's memory. When the
+#   momentum is back, the plan runs again. (torch.optim.swa_utils.update_bn runs under
+#   no_grad, which needs no plan.)
+class RunItself(Exception):
+    """Raised where a call cannot be planned and runs the model itself."""
+
+
+def cumulative_norms(model: torch.nn.Module) -> list[str]:
+    """The BatchNorm layers in training that keep a cumulative average (momentum None)."""
+    return [name or "(the model)" for name, m in model.named_modules()
+            if isinstance(m, _BatchNorm) and m.training and m.momentum is None
+            and m.track_running_stats]
+
+
+def cumulative(outputs: Any, owner: torch.nn.Module) -> Any:
+    """`outputs` (the model's, run itself), warning once for `owner`."""
+    if owner not in _CUMULATIVE:
+        _CUMULATIVE.add(owner)
+        names = cumulative_norms(owner.model)
+        warnings.warn(UnplannedStepWarning(
+            f"monet_opt: BatchNorm {', '.join(map(repr, names[:3]))}"
+            f"{f' and {len(names) - 3} more' if len(names) > 3 else ''} keep a cumulative "
+            "average (momentum=None, as Lightning's StochasticWeightAveraging sets to update "
+            "them), which a traced step cannot hold, so the optimized module runs the model "
+            "itself while they do: a backward through such a call has eager's memory, not "
+            "the limit's. The plan runs again once they have a momentum. NOTE [Cumulative "
+            "averages, unplanned] in monet_opt/eval_steps.py."), stacklevel=user_stacklevel())
+    return outputs
+
+
+_CUMULATIVE: weakref.WeakSet = weakref.WeakSet()

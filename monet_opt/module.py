@@ -94,17 +94,6 @@ from monet_opt.walk import Walk
 #   HF's from_pretrained, then model.train()) left the wrapper in eval mode and every later
 #   step ran the model itself, silently over its limit (35,789 B over on a small CNN's plan).
 #
-# NOTE [Compiled around]
-#   The step is already compiled (AOTAutograd's graphs, running eager's kernels under the plan),
-#   so torch.compile around the optimized module has nothing to add, and what it did was harmful:
-#   Dynamo traced our Python, and a step planned under it (a new batch shape, gradients in
-#   place) was traced inside Dynamo's trace and failed (CaptureError on tests/models.py's small
-#   CNN at a batch of 3 after 4). So forward is torch.compiler.disable'd: torch.compile(opt)
-#   runs opt as it is, the code around it compiled (tests/test_wrapping.py). The steps are
-#   compiled in this process and cannot be pickled: torch.save(opt) raises a TypeError saying
-#   what to save instead; a copy, shallow or deep, shares them, as any copy shares functions
-#   (both are written out, since pickling's __reduce_ex__ is what copy would call).
-#
 # NOTE [Optimized inside optimized]
 #   An optimized module inside a model given to optimize() (a backbone optimized on its own,
 #   then put into a larger model), or given to it itself (to plan under another limit), was
@@ -190,7 +179,7 @@ class OptimizedModule(ModelState):
             plans[label] = step.plan
         return MappingProxyType(plans)
 
-    @torch.compiler.disable  # NOTE [Compiled around]
+    @torch.compiler.disable  # NOTE [Compiled around] in module_state.py
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
@@ -217,9 +206,12 @@ class OptimizedModule(ModelState):
         fp32 = outputs_fp32.wrapped(self)  # NOTE [Outputs accelerate makes float32]
         if not fp32:
             outputs_fp32.warn_if_around()
-        with outputs_fp32.converting(fp32):
-            step, inputs = self._step_for(args, kwargs, leaves, treedef, params, buffers,
-                                          modules, hooks)
+        try:
+            with outputs_fp32.converting(fp32):
+                step, inputs = self._step_for(args, kwargs, leaves, treedef, params, buffers,
+                                              modules, hooks)
+        except eval_steps.RunItself:  # NOTE [Cumulative averages, unplanned]
+            return eval_steps.cumulative(self.model(*args, **kwargs), self)
         if step.slots is not None:
             step.slots.bind(mine)
         self._in_flight.starting()  # NOTE [Steps in flight]
@@ -271,6 +263,8 @@ class OptimizedModule(ModelState):
             step = self._steps.get(key[:6] + ((tuple(a for a in autocast if a != UNMEASURED),
                                                hooks, held),) + key[7:])
         if step is None:
+            if eval_steps.cumulative_norms(self.model):  # NOTE [Cumulative averages, unplanned]
+                raise eval_steps.RunItself
             self._refused.again(key)  # NOTE [Situations found infeasible]
             why = ("params" if now != self._first_params else "resident" if resident_bytes
                    else "outputs_held" if held

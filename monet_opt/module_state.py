@@ -1,11 +1,23 @@
 """How an optimized module is copied, pickled and saved: its model's state, its compiled
-steps shared (NOTE [Compiled around] in monet_opt/module.py)."""
+steps shared (NOTE [Compiled around])."""
 from __future__ import annotations
 
 import copy
 from typing import Any
 
 from monet_opt.forwarded import ToModel
+
+
+# NOTE [Compiled around]
+#   The step is already compiled (AOTAutograd's graphs, running eager's kernels under the plan),
+#   so torch.compile around the optimized module has nothing to add, and what it did was harmful:
+#   Dynamo traced our Python, and a step planned under it (a new batch shape, gradients in
+#   place) was traced inside Dynamo's trace and failed (CaptureError on tests/models.py's small
+#   CNN at a batch of 3 after 4). So forward is torch.compiler.disable'd: torch.compile(opt)
+#   runs opt as it is, the code around it compiled (tests/test_wrapping.py). The steps are
+#   compiled in this process and cannot be pickled: torch.save(opt) raises a TypeError saying
+#   what to save instead; a copy, shallow or deep, shares them, as any copy shares functions
+#   (both are written out, since pickling's __reduce_ex__ is what copy would call).
 
 
 class ModelState(ToModel):

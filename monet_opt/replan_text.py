@@ -38,9 +38,11 @@ WHAT_TO_DO = {
               "the model made channels-last), need a "
               "step traced for them (NOTE [Parameters changed]).",
     "resident": "Gradients in place at a step's start (accumulating over micro-batches, "
-                "zero_grad(set_to_none=False), or an input's gradient zeroed in place: set it "
-                "to None if it is not needed) are held through the whole step, so less of the "
-                "limit is left for activations. A limit given as a share (\"100% of peak\") "
+                "zero_grad(set_to_none=False), zero_grad() between the forward and the "
+                "backward, as PyTorch Lightning's loop calls it, or an input's gradient zeroed "
+                "in place: set it to None if it is not needed) are held through the whole "
+                "step, so less of the limit is left for activations. A limit given as a share "
+                "(\"100% of peak\") "
                 "became bytes for the step optimize() planned, which began without them: give "
                 "it in bytes with room for them.",
     "outputs_held": "The caller held the outputs through the backward (out = opt(x); "

@@ -30,11 +30,12 @@ class _Reads(nn.Module):
         self.act_fn, self._scale, self.dtype = F.relu, 1.0, torch.float32
         self.use, self.opts = [True], {"scale": 1.0}
         self.cfg = types.SimpleNamespace(tau=1.0)
+        self.schedule = types.SimpleNamespace(weights=torch.ones(16))  # a noise schedule's
         self.kept = [nn.Linear(8, 16).requires_grad_(False), torch.ones(16)]
 
     def forward(self, x):
         h = self.act_fn(self.f(x)) * self._scale * self.SCALE * self.opts["scale"] / self.cfg.tau
-        h = h + self.kept[0](x) * self.kept[1]
+        h = h + self.kept[0](x) * self.kept[1] * self.schedule.weights
         h = ACT(h.to(self.dtype).float())
         return self.g(h if self.use[0] else -h)
 
@@ -66,6 +67,10 @@ CHANGES = {
     "a kept module's new weight": _new_teacher_weight,
     "a forward set on the instance": _forward_set_on_the_instance,
     "a global function": _global_function,
+    # NOTE [Objects the forward's code reads]: a diffusers processor or scheduler swapped
+    "an object replaced": lambda m: setattr(m, "schedule", types.SimpleNamespace(
+        weights=torch.full((16,), 2.0))),
+    "an object's tensor written in place": lambda m: m.schedule.weights.mul_(2),
 }
 
 

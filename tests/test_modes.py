@@ -86,3 +86,37 @@ def test_a_backward_through_an_eval_step_run_unplanned_warns_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error", monet_opt.UnplannedStepWarning)
         loss_fn(opt(x)).backward()  # once per module
+
+
+def test_cumulative_batchnorm_averages_run_the_model_itself():
+    """NOTE [Cumulative averages, unplanned]: Lightning's SWA sets momentum=None and runs
+    forwards with gradients on and no backward to recompute the statistics; the call failed
+    (CaptureError, "Give it a momentum"). It runs the model itself, warned once, with eager's
+    statistics; with the momentum back, the plan trains bitwise again, planned once."""
+    torch.manual_seed(0)
+    model, x, loss_fn = models.small_cnn()
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    norms = [[m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+             for net in (model, eager)]
+    for bn in sum(norms, []):
+        bn.reset_running_stats()
+        bn.momentum = None
+    with pytest.warns(monet_opt.UnplannedStepWarning, match="cumulative") as said:
+        for seed in range(2):
+            for net in (opt, eager):
+                torch.manual_seed(seed)
+                net(x)
+    assert len([w for w in said if w.category is monet_opt.UnplannedStepWarning]) == 1
+    for ours, theirs in zip(*norms):
+        assert torch.equal(ours.running_mean, theirs.running_mean)
+        assert int(ours.num_batches_tracked) == 2
+        ours.momentum = theirs.momentum = 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", monet_opt.ReplanWarning)
+        for net in (opt, eager):
+            torch.manual_seed(2)
+            loss_fn(net(x)).backward()
+    assert len(opt.plans) == 1
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(),
+                                                            eager.parameters()))

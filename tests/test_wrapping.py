@@ -1,5 +1,5 @@
 """The optimized module inside torch.compile, pickle and deepcopy (NOTE [Compiled around] in
-monet_opt/module.py)."""
+monet_opt/module_state.py)."""
 from __future__ import annotations
 
 import contextlib
