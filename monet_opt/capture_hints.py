@@ -285,7 +285,8 @@ def detection(errors: list[str]) -> str:
             "non-maximum suppression), which a traced step, whose shapes are fixed, cannot "
             "follow: optimize its backbone alone, on the batch the model's transform makes "
             "(model.backbone = monet_opt.optimize(model.backbone, "
-            "model.transform(images, targets)[0].tensors, limit)), and train the model as it is.")
+            "model.transform(images, targets)[0].tensors, limit)), and train the model as it is "
+            "(the heads' gradient into its features is outside its plan: leave room for it).")
 
 
 def fake_quantize(model) -> str:

@@ -137,7 +137,8 @@ def _hook(peak: int):
                 f"predicted {peak:,} B by that much and by what the loss's own backward makes. "
                 f"To plan it too, optimize the model with its loss: monet_opt.WithLoss(model, "
                 f"loss_fn), called as (inputs, targets) (HF models: pass labels and "
-                f"backpropagate out.loss). "
+                f"backpropagate out.loss). Where the rest of a larger model makes it (a "
+                f"backbone under detection heads), leave room for it in the limit instead. "
                 f"NOTE [The output's gradient] in monet_opt/lower.py.", OutputGradientWarning,
                 stacklevel=user_stacklevel())  # the line that ran the backward
     return check
