@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from monet_opt import (branches, capture, grouped_attention, host_random, input_spec, joint_passes,
-                       kept_states, ones_masks, outside_grads, progress, recompute, refusals,
-                       rewrite, unseeded, updated_buffers, variants_bn)
+                       kept_states, merged_inputs, ones_masks, outside_grads, params_read,
+                       progress, recompute, refusals, rewrite, unseeded, updated_buffers,
+                       variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -22,11 +23,9 @@ from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
 from monet_opt.families import acceptable, offered_families
 from monet_opt.held_outputs import held_loss, held_problem, loss_bytes
-from monet_opt.errors import (InfeasibleBudgetError, NoBackwardError, check_backward,
-                              internal_assert)
+from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, check_backward, internal_assert
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
-from monet_opt.merged_inputs import refuse_merged
 from monet_opt.memory import (cuda_devices, held_beyond, shared_bytes, sparse_bytes, storage_groups,
                               with_cuda_slack)
 from monet_opt.lower_variants import attach_variants, matching, with_costs
@@ -268,7 +267,8 @@ class _Planner:
         host_random.refuse_drawn()  # NOTE [Random numbers drawn in Python]
         host_random.refuse_generators(joint)  # NOTE [Generators set in the forward]
         branches.refuse_branches(joint)  # NOTE [Branches taken by value]
-        refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
+        merged_inputs.refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
+        params_read.refuse_trained_constants(joint, self.primals)  # NOTE in params_read.py
         joint_passes.rewrite(joint, num_fwd_outputs, self.primals, self.families, self.grouped)
         plain = lower(joint, num_fwd_outputs, name=self.name)
         kwargs["unseeded"] = unseeded.presumed(joint, plain.inplace)  # NOTE in unseeded.py

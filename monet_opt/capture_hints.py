@@ -144,7 +144,16 @@ def hf_cache(errors: list[str], model=None) -> str:
              if "Found <class 'transformers." in e and "Cache'> in output" in e}
     if not found:
         return ""
-    if getattr(getattr(model, "config", None), "use_cache", None) is False:
+    on = [name for name, m in (model.named_modules() if model is not None else ())
+          if getattr(getattr(m, "config", None), "use_cache", None)]
+    off = getattr(getattr(model, "config", None), "use_cache", None) is False
+    if off and on:  # T5's decoder keeps a copy of the config: HF zoo probe, 2026-12-07
+        return (f"\nThere, the model returns a transformers {', '.join(sorted(found))}: "
+                f"model.config.use_cache is off, but {on[0]}.config.use_cache is on (a "
+                "submodule keeps a config of its own), and a traced step cannot return the "
+                "cache. Pass use_cache=False in the sample input and in every call, or set it "
+                f"on {on[0]}.config too.")
+    if off:
         return (f"\nThere, the model returns a transformers {', '.join(sorted(found))} with "
                 "use_cache off: one it was handed (peft's prefix tuning passes its prefix as "
                 "past_key_values), which a traced step cannot return. Optimize a module whose "

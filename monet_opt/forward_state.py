@@ -161,6 +161,8 @@ class Kept:
             boxed = [key for key, v in attributes(module).items()  # NOTE [Tensors kept boxed]
                      if before.get(key) is not v and _holds_traced(v)]
             _set_back(module, boxed, before)
+            boxed = [key for key in boxed  # torch's RNNs make their _flat_weights anew
+                     if not type(module.get_submodule(key[0])).__module__.startswith("torch.")]
             if boxed:
                 self._warn(
                     f"monet_opt: {type(module).__name__}'s forward assigned tuples, lists or "

@@ -82,6 +82,24 @@ def test_a_cache_handed_in_says_to_return_the_loss():
     assert "with use_cache off: one it was handed" in said and "use_cache = False" not in said
 
 
+def test_a_cache_kept_on_by_a_submodules_config_says_where():
+    """T5's decoder keeps a copy of the config: with model.config.use_cache off it still
+    returns its cache, and was said to be handed one. It names the decoder's config, and
+    use_cache=False in the call, as the message says, trains."""
+    from transformers import T5Config, T5ForConditionalGeneration
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(
+        num_layers=1, num_decoder_layers=1, d_model=16, d_ff=32, num_heads=2, d_kv=8,
+        vocab_size=50, decoder_start_token_id=0, pad_token_id=0)).train()
+    model.config.use_cache = False
+    ids = torch.randint(0, 50, (2, 8))
+    x = {"input_ids": ids, "labels": ids}
+    with pytest.raises(monet_opt.CaptureError, match=r"decoder\.config\.use_cache is on"):
+        monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)
+    x["use_cache"] = False
+    monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_dir=None)(**x).loss.backward()
+
+
 @pytest.mark.parametrize("impl", ["eager", "grouped_mm"])
 def test_experts_looped_over_say_which_implementation_traces(impl):
     """transformers' "eager" mixture of experts loops over the experts hit, a number of the

@@ -181,3 +181,40 @@ def test_a_sliced_sample_is_told_to_clone_not_make_contiguous():
             monet_opt.optimize(model, sample, 1, profile_dir=None, profile_repeats=1)
         notes.append(" ".join(getattr(err.value, "__notes__", [])))
     assert "Pass them as .clone() copies" in notes[0] and "larger storage" not in notes[1]
+
+
+class _TiedHead:
+    """A helper, not a module, holding the embedding's weight for a tied output head."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def __call__(self, h):
+        return h @ self.weight.t()
+
+
+class _TiedThroughHelper(nn.Module):
+    def __init__(self, prior: bool) -> None:
+        super().__init__()
+        self.embed, self.mu = nn.Embedding(20, 8), nn.Parameter(torch.zeros(8))
+        self.head = _TiedHead(self.embed.weight)
+        self.prior = torch.distributions.Normal(self.mu, 1.0, validate_args=False) \
+            if prior else None
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        if self.prior is not None:
+            h = h + self.prior.loc
+        return self.head(h)
+
+
+@pytest.mark.parametrize("prior", [False, True], ids=["tied head", "distribution"])
+def test_a_parameter_read_through_an_object_is_refused(prior):
+    """NOTE [Parameters read through objects]: the step held it as a constant and gave it no
+    gradient, silently (a tied embedding 4.8e-2 off eager's; a prior's mean never trained)."""
+    ids = torch.randint(0, 20, (2, 5))
+    _TiedThroughHelper(prior)(ids).sum().backward()  # eager trains it
+    with pytest.raises(monet_opt.CaptureError, match=r"reads a tensor that trains .* through "
+                       r"an object that is not a module"):
+        monet_opt.optimize(_TiedThroughHelper(prior), ids, HUGE, profile_dir=None,
+                           profile_repeats=1)

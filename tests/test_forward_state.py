@@ -396,3 +396,24 @@ def test_a_failed_trace_is_not_said_to_change_lists_it_left_equal():
                                profile_repeats=1)
     assert not [w for w in caught if w.category is monet_opt.SideEffectWarning]
     assert all(a is b for a, b in zip(model.gen.aspect_ratios, inner))
+
+
+def test_torchs_own_rnn_weights_remade_in_the_trace_are_not_warned_about():
+    """nn.LSTM makes its _flat_weights anew while traced: they are set back, but the user's
+    forward assigned nothing, and a SideEffectWarning said to keep a tensor as an attribute."""
+    model = nn.Sequential(nn.LSTM(8, 8, batch_first=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monet_opt.optimize(_FirstOutput(model), torch.randn(2, 5, 8), HUGE, profile_dir=None,
+                           profile_repeats=1)
+    assert not [w for w in caught if w.category is monet_opt.SideEffectWarning]
+
+
+class _FirstOutput(nn.Module):
+    def __init__(self, rnn: nn.Module) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
