@@ -65,8 +65,9 @@ def watched(outputs: Any, owner: torch.nn.Module) -> Any:
 #   itself after training, for an epoch of forwards in train mode with gradients on and no
 #   backward that recomputes the statistics of the averaged weights: every such model then
 #   failed at that epoch (CaptureError, "Give it a momentum"), where eager ran (Lightning
-#   probe, 2026-12-07). A call after optimize() that finds one runs the model itself, as in
-#   eval mode, with an UnplannedStepWarning, once per optimized module: nothing is kept for a
+#   probe, 2026-12-07). A call after optimize() that finds one, set so since, runs the model
+#   itself, as in eval mode, with an UnplannedStepWarning, once per optimized module (one so at
+#   optimize(), planned in eval mode, is still refused in training): nothing is kept for a
 #   backward that does not come, and one that does runs with eager's memory. When the
 #   momentum is back, the plan runs again. (torch.optim.swa_utils.update_bn runs under
 #   no_grad, which needs no plan.)
@@ -74,11 +75,12 @@ class RunItself(Exception):
     """Raised where a call cannot be planned and runs the model itself."""
 
 
-def cumulative_norms(model: torch.nn.Module) -> list[str]:
-    """The BatchNorm layers in training that keep a cumulative average (momentum None)."""
+def cumulative_norms(model: torch.nn.Module, training_only: bool = True) -> list[str]:
+    """The BatchNorm layers (in training, unless `training_only` is false) that keep a
+    cumulative average (momentum None)."""
     return [name or "(the model)" for name, m in model.named_modules()
-            if isinstance(m, _BatchNorm) and m.training and m.momentum is None
-            and m.track_running_stats]
+            if isinstance(m, _BatchNorm) and (m.training or not training_only)
+            and m.momentum is None and m.track_running_stats]
 
 
 def cumulative(outputs: Any, owner: torch.nn.Module) -> Any:

@@ -137,6 +137,8 @@ class OptimizedModule(ModelState):
         self._first_params = param_key(dict(model.named_parameters()),
                                        dict(model.named_buffers()))
         self._hooks = hooks_of(list(model.modules()))  # NOTE [Module hooks]
+        # NOTE [Cumulative averages, unplanned]: those made so after optimize() run the model
+        self._cumulative = frozenset(eval_steps.cumulative_norms(model, training_only=False))
         self._watched = Watched.of(model, skip=first.kept)  # NOTE [Attributes read as constants]
         self._first_values = self._watched.values(list(model.modules()))
         self._watchers = {_structure(list(model.modules())): (self._watched, self._first_values)}
@@ -263,8 +265,8 @@ class OptimizedModule(ModelState):
             step = self._steps.get(key[:6] + ((tuple(a for a in autocast if a != UNMEASURED),
                                                hooks, held),) + key[7:])
         if step is None:
-            if eval_steps.cumulative_norms(self.model):  # NOTE [Cumulative averages, unplanned]
-                raise eval_steps.RunItself
+            if set(eval_steps.cumulative_norms(self.model)) - self._cumulative:
+                raise eval_steps.RunItself  # NOTE [Cumulative averages, unplanned]
             self._refused.again(key)  # NOTE [Situations found infeasible]
             why = ("params" if now != self._first_params else "resident" if resident_bytes
                    else "outputs_held" if held
