@@ -88,20 +88,32 @@ def attribute_values(model: torch.nn.Module, names: tuple[str, ...]) -> list[tor
 #   optimize() the model held the trace's FunctionalTensors as its parameters and every step
 #   raised "Attempting to use FunctionalTensor on its own" (torch 2.14). Each module's
 #   parameters and buffers are put back as they were before the call.
+# NOTE [A parameter held as a plain attribute]
+#   A Parameter kept on a module outside its registry (object.__setattr__, so that it is not
+#   trained or saved twice) is a tensor held as an attribute, an input of the step; functional
+#   call swapped it in and out with setattr, which registered it as a parameter of the module:
+#   after optimize() the model had a parameter more, the step took its parameters in another
+#   order and failed, or, where the shapes agreed, ran on the wrong tensors (an output of shape
+#   16x16 where eager's is 4x16; falsepos probe, 2026-12-07). It is put back where it was.
 def call_with(module: torch.nn.Module, state: dict, args: tuple, kwargs: dict,
               attributes: list[str]) -> Any:
     """functional_call of `module` with `state`; an attribute of `attributes` the forward
     assigns anew is left on its module (functional_call would put the old one back), for Kept
     to take as a kept tensor (NOTE [Tensors held as attributes])."""
     given = {name: state[name] for name in attributes if name in state}
-    held = {id(m): (m, dict(m._parameters), dict(m._buffers)) for m in module.modules()
+    held = {id(m): (m, dict(m._parameters), dict(m._buffers),
+                    {k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)})
+            for m in module.modules()
             if not isinstance(m, torch.jit.ScriptModule)}  # its tables are torch's C++ ones
     try:
         outputs = torch.func.functional_call(module, state, args, kwargs)
-    finally:  # NOTE [A module under two names]
-        for owner, parameters, buffers in held.values():
+    finally:  # NOTEs [A module under two names], [A parameter held as a plain attribute]
+        for owner, parameters, buffers, plain in held.values():
             for table, was in ((owner._parameters, parameters), (owner._buffers, buffers)):
                 table.update((k, v) for k, v in was.items() if table.get(k) is not v)
+                for k in [k for k in table if k not in was and k in plain]:
+                    del table[k]
+            vars(owner).update((k, v) for k, v in plain.items() if k not in vars(owner))
     for name, old in given.items():
         if state[name] is not old:
             owner, _, attribute = name.rpartition(".")

@@ -33,6 +33,7 @@ import functools
 import operator
 import types
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -307,46 +308,59 @@ _CONTAINERS = (collections.abc.Collection, collections.abc.Mapping)
 
 class _Held:
     """NOTE [Objects the forward's code reads]: an object compared by identity and by the
-    versions of the tensors it holds as attributes; it keeps the object alive, so another one
-    made later at its address is not taken for it."""
+    identities of the tensors it holds as attributes (but those that train), each held weakly
+    where it can be, so that neither outlives its use nor is one made later at its address
+    taken for it."""
 
-    __slots__ = ("held", "versions")
+    __slots__ = ("held", "tensors")
 
     def __init__(self, held: object) -> None:
-        self.held = held
-        self.versions = tuple(_version(v) for v in getattr(held, "__dict__", {}).values()
-                              if isinstance(v, torch.Tensor))
+        self.held = _weakly(held)
+        self.tensors = tuple(weakref.ref(v) for v in getattr(held, "__dict__", {}).values()
+                             if isinstance(v, torch.Tensor) and not v.requires_grad)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Held) and other.held is self.held and \
-            other.versions == self.versions
+        return isinstance(other, _Held) and _alive(self.held) is not None and \
+            _alive(self.held) is _alive(other.held) and len(self.tensors) == len(other.tensors) \
+            and all(a() is not None and a() is b() for a, b in zip(self.tensors, other.tensors))
 
     def __hash__(self) -> int:
-        return id(self.held)
+        return id(_alive(self.held))
 
     def __repr__(self) -> str:
-        return f"the {type(self.held).__name__} at {id(self.held):#x}" + \
-            (f", its tensors written {sum(self.versions)} times" if self.versions else "")
+        held = _alive(self.held)
+        return f"the {type(held).__name__} at {id(held):#x}" + (
+            f" holding tensors at {', '.join(hex(id(t())) for t in self.tensors)}"
+            if self.tensors else "")
 
 
-def _version(t: torch.Tensor) -> int:
+def _weakly(held: object) -> object:
     try:
-        return t._version
-    except RuntimeError:  # an inference tensor keeps no count: it cannot be written outside
-        return 0
+        return weakref.ref(held)
+    except TypeError:  # no weak references to it (__slots__ without __weakref__): held
+        return held
+
+
+def _alive(held: object) -> object:
+    return held() if isinstance(held, weakref.ref) else held
 
 
 # NOTE [Objects the forward's code reads]
 #   An object a module's code reads from `self` (diffusers' attention processor, called as
 #   `self.processor(self, x)`; a noise scheduler whose `add_noise` a training wrapper calls)
 #   was not watched: one swapped after optimize() (set_attn_processor, another scheduler) ran
-#   as the one traced, silently (UNet2DConditionModel: 208 gradients off eager's), and the
-#   tensors it holds (the scheduler's alphas_cumprod) are constants of the step, so one
-#   written in place was held as traced too (diffusion probe, 2026-12-07). Compared by value
-#   (an argparse Namespace the loop counts in) such objects planned a step at every call;
-#   compared by identity they do not, and one replaced plans a step, as does a tensor it holds
-#   as an attribute written in place (its version). What is read deeper (`self.cfg.tau`) is
-#   not watched, as before; nor are lists, dicts and sets, nor instances of builtin types.
+#   as the one traced, silently (UNet2DConditionModel: 208 gradients off eager's; diffusion
+#   probe, 2026-12-07). Compared by value (an argparse Namespace the loop counts in) such
+#   objects planned a step at every call; compared by identity they do not, and one replaced
+#   plans a step. The tensors it holds (the scheduler's alphas_cumprod) are constants of the
+#   step, read by reference: one written in place is read as it is (a first version of this
+#   watched their versions, and a helper whose tensor the loop fills each step planned every
+#   step anew), one replaced plans a step (its identity). A tensor that trains is not watched
+#   (the optimizer writes it each step); where the step reads one, the trace refuses it (NOTE
+#   [Parameters read through objects] in monet_opt/params_read.py). Objects and tensors are
+#   held weakly: a plan's key held each object replaced since, 16 MiB tables piling up. What
+#   is read deeper (`self.cfg.tau`) is not watched, as before; nor are lists, dicts and sets,
+#   nor instances of builtin types.
 
 
 def _shown(value: object) -> str:

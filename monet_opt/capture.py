@@ -212,7 +212,8 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
             try:
                 with _tracing(as_compiling=route == "as compiling"), \
                         host_random.watching(model), saved_hooks.watching(model), \
-                        module_paths.noted(model):  # NOTE [Module paths of ops]
+                        module_paths.noted(model), torch.enable_grad():  # NOTE [Grad mode
+                    # left off]; NOTE [Module paths of ops]
                     fn = compile_step(model, spec, partition_fn, export_example, leaves)
                     _compile_on_fakes(fn, primals)
             finally:
@@ -248,6 +249,12 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
                                  capture_hints.generic(model)))
 
 
+# NOTE [Grad mode left off]
+#   A route that failed inside torch.export (a write under no_grad into a tensor a helper object
+#   held: "mutating a non-functional tensor") left grad mode off for the whole process, so a
+#   loop that fell back to eager training failed at its backward (falsepos probe, 2026-12-07).
+#   Each route runs under torch.enable_grad(), which puts the mode back as it found it, raised
+#   or not; a training step's trace needs grad mode anyway.
 # NOTE [Tracing without the collector]
 #   torch.export, the joint trace and the partition make hundreds of thousands of short-lived
 #   objects, and Python's cyclic collector walks the whole heap again and again while they are

@@ -268,7 +268,7 @@ def _reads(module: torch.nn.Module, keys: list[tuple[str, str]], before: dict, r
             owner.__class__ = cls
             for name, value in stash.items():  # what the forward did not set goes back
                 if name not in vars(owner) and value is not _MISSING:
-                    setattr(owner, name, value)
+                    vars(owner)[name] = value  # NOTE [A parameter held as a plain attribute]
 
 
 _MISSING = object()
@@ -361,14 +361,17 @@ def _equal_values(a: Any, b: Any) -> bool:
 
 
 def _set_back(model: torch.nn.Module, keys, before: dict[tuple[str, str], Any]) -> None:
-    """Each (module name, attribute) of `keys` set back to what `before` says it held, or
-    deleted where it held nothing."""
+    """Each (module name, attribute) of `keys`, a plain attribute (in the module's __dict__),
+    set back to what `before` says it held, or deleted where it held nothing. In the __dict__
+    itself: setattr registered a Parameter held as a plain attribute (object.__setattr__) as
+    a parameter of the module, and the step then took its parameters in another order
+    (falsepos probe, 2026-12-07)."""
     for key in keys:
-        owner = model.get_submodule(key[0])
+        held = vars(model.get_submodule(key[0]))
         if key in before:
-            setattr(owner, key[1], before[key])
+            held[key[1]] = before[key]
         else:
-            delattr(owner, key[1])
+            held.pop(key[1], None)
 
 
 class CompiledStep:

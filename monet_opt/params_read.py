@@ -18,28 +18,33 @@ from monet_opt.errors import CaptureError
 #   TiedHead(self.embed.weight)`; a learned prior `torch.distributions.Normal(self.mu, 1.0)`
 #   built in __init__) read the real parameter, which the trace held as a constant of the
 #   step: no gradient reached it, silently (the embedding's gradient 4.8e-2 off eager's, a
-#   prior's mean never trained; replans probe, 2026-12-07). The joint graph's constants are
-#   checked against the tensors that train, and one found is refused, naming the line.
+#   prior's mean never trained; replans probe, 2026-12-07), and so did parameters outside the
+#   model read through a module kept in a list or a plain processor object holding LoRA layers
+#   (0 of 16 LoRA gradients; falsepos probe). The joint graph's constants are checked: one
+#   that requires grad, or shares a storage with a tensor the step trains, is refused.
 
 
 def refuse_trained_constants(joint: fx.GraphModule, primals: Sequence[torch.Tensor]) -> None:
-    """CaptureError where `joint` holds as a constant a tensor that shares a storage with one
-    of `primals` that requires grad."""
+    """CaptureError where `joint` holds as a constant a tensor that requires grad (a parameter
+    outside the model), or one that shares a storage with one of `primals` that does."""
     trained = {p.untyped_storage().data_ptr() for p in primals
                if p.requires_grad and p.layout == torch.strided and not isinstance(p, FakeTensor)}
     trained.discard(0)
     for node in joint.graph.find_nodes(op="get_attr"):
         value = attrgetter(node.target)(joint)
-        if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor) or \
-                value.layout != torch.strided or \
-                value.untyped_storage().data_ptr() not in trained:
+        if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor) or not (
+                value.requires_grad or value.layout == torch.strided
+                and value.untyped_storage().data_ptr() in trained):
             continue
+        what = "a tensor that trains" if value.requires_grad else \
+            "a tensor that shares a parameter's storage without its gradient (.detach(), .data)"
         raise CaptureError(
-            f"monet_opt.optimize: the forward reads a tensor that trains ({value.dtype} "
-            f"{list(value.shape)}: a parameter, or a view of one) through an object that is "
-            "not a module (a helper holding a tied weight, a torch.distributions object made "
-            "in __init__ on a parameter). The step takes parameters from the modules that "
-            "register them, so it would hold this one as a constant and give it no gradient. "
-            "Read it from its module in the forward (self.embed.weight), make its holder an "
-            "nn.Module, or build the object in the forward (NOTE [Parameters read through "
+            f"monet_opt.optimize: the forward reads {what} ({value.dtype} "
+            f"{list(value.shape)}) through an object that is not the model's module (a helper "
+            "holding a tied weight, a torch.distributions object made in __init__ on a "
+            "parameter, a module kept in a list or a plain processor object). The step takes "
+            "parameters from the model's modules, so it would hold this one as a constant: "
+            "no gradient for it, and a value the optimizer's writes may not reach. Read it "
+            "from its module in the forward (self.embed.weight), register its holder as a "
+            "submodule, or build the object in the forward (NOTE [Parameters read through "
             "objects] in monet_opt/params_read.py).")

@@ -215,6 +215,29 @@ def test_a_parameter_read_through_an_object_is_refused(prior):
     ids = torch.randint(0, 20, (2, 5))
     _TiedThroughHelper(prior)(ids).sum().backward()  # eager trains it
     with pytest.raises(monet_opt.CaptureError, match=r"reads a tensor that trains .* through "
-                       r"an object that is not a module"):
+                       r"an object that is not the model's module"):
         monet_opt.optimize(_TiedThroughHelper(prior), ids, HUGE, profile_dir=None,
                            profile_repeats=1)
+
+
+class _SharedInAList(nn.Module):
+    """A trained layer kept out of the model's registry, in a list (or a plain processor)."""
+
+    def __init__(self, shared: nn.Module) -> None:
+        super().__init__()
+        self.own, self.shared = nn.Linear(8, 8), [shared]
+
+    def forward(self, x):
+        return self.shared[0](self.own(x))
+
+
+def test_a_parameter_outside_the_model_is_refused():
+    """It got no gradient, silently (0 of 16 LoRA gradients in a plain processor object)."""
+    x = torch.randn(2, 8)
+    with pytest.raises(monet_opt.CaptureError, match=r"reads a tensor that trains"):
+        monet_opt.optimize(_SharedInAList(nn.Linear(8, 8)), x, HUGE, profile_dir=None,
+                           profile_repeats=1)
+    frozen = _SharedInAList(nn.Linear(8, 8).requires_grad_(False))  # a teacher: a constant
+    monet_opt.optimize(frozen, x, HUGE, profile_dir=None, profile_repeats=1)(x).sum().backward()
+    assert frozen.own.weight.grad is not None
+

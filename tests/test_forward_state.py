@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import types
 import warnings
 
 import pytest
@@ -416,4 +417,50 @@ class _FirstOutput(nn.Module):
 
     def forward(self, x):
         return self.rnn(x)[0]
+
+
+class _PlainParameter(nn.Module):
+    """A Parameter held as a plain attribute (object.__setattr__), not registered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = nn.Linear(16, 16)
+        object.__setattr__(self, "scale", nn.Parameter(torch.ones(16)))
+
+    def forward(self, x):
+        return self.f(x) * self.scale
+
+
+def test_a_parameter_held_as_a_plain_attribute_stays_unregistered():
+    """NOTE [A parameter held as a plain attribute]: optimize() registered it, and the step
+    took its parameters in another order (an error, or the wrong tensors)."""
+    torch.manual_seed(0)
+    model, x = _PlainParameter(), torch.randn(4, 16)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    assert [n for n, _ in model.named_parameters()] == ["f.weight", "f.bias"]
+    for module in (opt, eager):
+        module(x).square().sum().backward()
+    assert torch.equal(model.f.weight.grad, eager.f.weight.grad)
+    assert torch.equal(model.scale.grad, eager.scale.grad)
+
+
+class _WritesAHelpersTensor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f, self.stats = nn.Linear(16, 16), types.SimpleNamespace(mean=torch.zeros(16))
+
+    def forward(self, x):
+        y = self.f(x)
+        with torch.no_grad():
+            self.stats.mean.mul_(0.9).add_(y.mean(0), alpha=0.1)
+        return y - self.stats.mean
+
+
+def test_a_failed_trace_leaves_grad_mode_on():
+    """NOTE [Grad mode left off]: a route failing inside torch.export left it off."""
+    with pytest.raises(monet_opt.CaptureError):
+        monet_opt.optimize(_WritesAHelpersTensor(), torch.randn(4, 16), HUGE, profile_dir=None,
+                           profile_repeats=1)
+    assert torch.is_grad_enabled()
 
