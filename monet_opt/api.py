@@ -11,9 +11,8 @@ import torch
 from torch import nn
 
 from monet_opt import (branches, capture, grouped_attention, host_random, input_spec, joint_passes,
-                       kept_states, merged_inputs, ones_masks, outside_grads, params_read,
-                       progress, recompute, refusals, rewrite, unseeded, updated_buffers,
-                       variants_bn)
+                       kept_states, merged_inputs, ones_masks, outside_grads, params_read, progress,
+                       recompute, refusals, rewrite, unseeded, updated_buffers, variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -338,7 +337,8 @@ class _Planner:
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds
             raise input_spec.with_viewed_note(InfeasibleBudgetError(
                 limit, result.min_feasible_bytes, self.solver, self.limit,
-                least_held(problem, result), least_peak_bound(lighter), self.time_limit_s),
+                least_held(problem, result), least_peak_bound(lighter), self.time_limit_s,
+                result.solve_time_s),
                 [] if self.replan else self.primals[len(self.primals) - self.num_inputs:])
         self.slots = slots
         graphs = rewrite.partition(joint, joint_inputs, lowered, result.schedule,

@@ -10,8 +10,9 @@ from decimal import Decimal
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _TOO_MANY = Decimal(10) ** 100  # bytes: "1e999999999" overflowed Decimal's context
-_ACCEPTED = ("a positive int number of bytes, or a string such as '512MiB', '1.5GB', '300 MiB', "
-             "'2GiB' (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+_ACCEPTED = ("a positive whole number of bytes under 10**100 (an int, or a float such as 3e8), "
+             "or a string such as '512MiB', '1.5GB', '300 MiB', '2GiB' (units B, KB, MB, GB, TB, "
+             "KiB, MiB, GiB, TiB)")
 
 
 def parse_memory_limit(value: object) -> int:
@@ -20,11 +21,11 @@ def parse_memory_limit(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError(f"memory_limit must be {_ACCEPTED}; got the bool {value!r}")
     if isinstance(value, numbers.Integral):  # a NumPy int too
-        if value <= 0:
+        if not 0 < value < _TOO_MANY:  # 10**400 failed after the solve, printing it
             raise ValueError(f"memory_limit must be {_ACCEPTED}; got {value}")
         return int(value)
-    if isinstance(value, float):
-        if not math.isfinite(value) or value <= 0 or value != int(value):
+    if isinstance(value, numbers.Real):  # a NumPy float32 too
+        if not math.isfinite(value) or not 0 < value < _TOO_MANY or value != int(value):
             raise ValueError(f"memory_limit must be {_ACCEPTED}; got the float {value!r}")
         return int(value)
     if isinstance(value, str):

@@ -113,9 +113,24 @@ def test_infeasible_budget_error_tells_proven_from_not_found():
     else:  # the probes found one in their time: what the error said may exist, does
         assert bound <= opt.plan.predicted_peak_bytes <= between
         return
-    assert not err.proven and err.lower_bound_bytes == bound
-    assert "a plan between may exist" in str(err) and "time_limit_s=2" in str(err)
+    assert not err.proven and err.lower_bound_bytes == bound and "time_limit_s=2" in str(err)
+    assert ("a longer one would find none" if err.searched else "a plan between may exist") \
+        in str(err)
     assert f"at least {format_bytes(err.min_feasible_bytes)}" in str(err)
+
+
+def test_a_solve_that_ended_early_does_not_ask_for_a_longer_one():
+    """The probes met their bound in under a second, and the error said a solve longer than
+    120 s may find a plan: at 10, 120 and 300 s each ended at the same least peak."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Dropout(0.1), nn.Linear(512, 512),
+                          nn.GELU(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 10))
+    with pytest.raises(monet_opt.InfeasibleBudgetError) as info:  # between bound and least
+        monet_opt.optimize(model, torch.randn(1024, 256), 11_000_000, profile_dir=None,
+                           profile_repeats=1, time_limit_s=120)
+    err = info.value
+    assert not err.proven and err.lower_bound_bytes < 11_000_000 < err.min_feasible_bytes
+    assert err.searched and "a longer one would find none" in str(err)
 
 
 class DataDependent(nn.Module):

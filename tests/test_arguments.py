@@ -30,6 +30,15 @@ def test_optimize_names_a_wrong_argument(argument, bad, error):
         monet_opt.optimize(model, x, HUGE, profile_dir=None, **{argument: bad})
 
 
+@pytest.mark.parametrize("huge", [10 ** 100, 10 ** 400, 1e300])
+def test_a_limit_past_any_memory_is_refused_before_the_trace(huge):
+    """10**400 B was taken, traced, profiled and solved, then failed printing the plan
+    (OverflowError); 1e300 was printed in explain() with 300 digits."""
+    model, x, _ = models.small_cnn()
+    with pytest.raises(ValueError, match=r"under 10\*\*100"):
+        monet_opt.optimize(model, x, huge, profile_dir=None)
+
+
 @pytest.mark.parametrize("bad", ["", "  ", 5, False, b"profiles"])
 def test_a_profile_dir_that_is_no_path_is_refused(bad):
     """"" cached into the working directory; 5 and bytes failed in pathlib."""
@@ -50,6 +59,8 @@ def test_numpy_numbers_are_taken(tmp_path):
     import fractions
     np = pytest.importorskip("numpy")
     assert monet_opt.parse_memory_limit(np.int64(4096)) == 4096
+    # np.float32 was refused where 3e8 and np.float64 were taken
+    assert monet_opt.parse_memory_limit(np.float32(3e8)) == 300_000_000
     model, x, _ = models.small_cnn()
     opt = monet_opt.optimize(model, x, "80% of activations", profile_dir=tmp_path,
                              profile_repeats=np.int64(1), time_limit_s=fractions.Fraction(5))
