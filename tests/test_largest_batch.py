@@ -228,7 +228,7 @@ def test_requests_that_cannot_be_served_say_why():
         with pytest.raises(ValueError, match="share of one step"):
             lb.largest_batch(model, _images, share)
     for bad in (0, "0.5"):  # the message offered shares, which are refused
-        with pytest.raises(ValueError, match=r"(?s)positive int number of bytes(?!.*share)"):
+        with pytest.raises(ValueError, match=r"(?s)positive whole number of bytes(?!.*share)"):
             lb.largest_batch(model, _images, bad)
     with pytest.raises(ValueError, match="make_input"):
         lb.largest_batch(model, lambda b: torch.randn(4, 3, 16, 16), "1GiB")

@@ -273,9 +273,10 @@ def test_outputs_held_through_the_backward_are_planned_from_the_next_step():
             assert 0 <= plan.predicted_peak_bytes + logits_bytes - measured <= 4, measured
         elif k > 1:
             assert measured <= plan.predicted_peak_bytes, (k, measured)
-            # the loss, an output held too, is also one of NOTE [The loss scalar]'s two, and
-            # the step peaks in its forward, before the other (the seed gradient)
-            assert k == 3 or plan.predicted_peak_bytes - measured == 8
+            # the loss, an output held too, is also one of NOTE [The loss scalar]'s two: a
+            # peak in the forward measures both under it, one at the loss, none past the seed
+            # gradient (which phase peaks is the time-limited solve's choice)
+            assert k == 3 or plan.predicted_peak_bytes - measured in (0, 4, 8)
     assert seen == [[monet_opt.OutputsHeldWarning], [monet_opt.ReplanWarning], [], []]
     assert "outputs held through the backward" in list(least.plans)[1]
     eager(**x).loss.backward()
