@@ -73,14 +73,13 @@ import warnings
 from typing import Any, Callable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 
 from monet_opt.aot_call import FlatCall
 from monet_opt.attribute_tensors import tensor_attributes
 from monet_opt.attributes import SideEffectWarning
 from monet_opt.errors import CaptureError, user_stacklevel
+from monet_opt.set_back import TRACED, equal_values, holds_traced, set_back
 
 
 def write_back(model: torch.nn.Module, names: list[str], n_params: int, given: tuple,
@@ -156,11 +155,11 @@ class Kept:
                            if before.get(key) is not v}
             self.where = list(self._found)
             self._retained = [key for key, v in self._found.items() if v.retains_grad]
-            _set_back(module, self._found, before)
+            set_back(module, self._found, before)
             self._refill(module, held)
             boxed = [key for key, v in attributes(module).items()  # NOTE [Tensors kept boxed]
-                     if before.get(key) is not v and _holds_traced(v)]
-            _set_back(module, boxed, before)
+                     if before.get(key) is not v and holds_traced(v)]
+            set_back(module, boxed, before)
             boxed = [key for key in boxed  # torch's RNNs make their _flat_weights anew
                      if not type(module.get_submodule(key[0])).__module__.startswith("torch.")]
             if boxed:
@@ -191,7 +190,7 @@ class Kept:
             pairs = list(zip(now, saved)) if isinstance(now, list) else \
                 [(v, saved.get(k, _MISSING)) for k, v in now.items()]
             if len(now) != len(saved) or not all(a is b for a, b in pairs):
-                if len(now) != len(saved) or not all(_equal_values(a, b) for a, b in pairs):
+                if len(now) != len(saved) or not all(equal_values(a, b) for a, b in pairs):
                     changed.append(f"{'.'.join(filter(None, (name, attribute)))} "
                                    f"({len(saved)} -> {len(now)} items)")
                 if isinstance(now, list):
@@ -314,8 +313,8 @@ def put_back_traced(model: torch.nn.Module, before: dict[tuple[str, str], Any]) 
     dict holding one (`before`: what `attributes` gave before it), warning where one did (NOTE
     [Traced tensors left])."""
     left = [key for key, v in attributes(model).items()
-            if isinstance(v, _TRACED) or _holds_traced(v)]
-    _set_back(model, left, before)
+            if isinstance(v, TRACED) or holds_traced(v)]
+    set_back(model, left, before)
     if left:
         warnings.warn(SideEffectWarning(
             f"monet_opt: tracing {type(model).__name__}'s step left tensors on its modules "
@@ -324,54 +323,6 @@ def put_back_traced(model: torch.nn.Module, before: dict[tuple[str, str], Any]) 
             "backward runs as one compiled graph, so they are not set at a step: they keep "
             "what they held before. Run the model itself (opt.model) for steps that read "
             "them."), stacklevel=user_stacklevel())
-
-
-# NOTE [Tensors kept boxed]
-#   A forward that keeps a tuple of tensors on a module (PyG's GCNConv(cached=True):
-#   `if self._cached is None: self._cached = (edge_index, weight)`) kept the trace's value-less
-#   tensors there: the next trace read them ("Unexpected fake buffer"), optimize() failed
-#   saying the model fails eagerly too, and it did then, the user's model broken until the
-#   attribute was reset by hand (GNN probe, 2026-12-07). Only a tensor assigned as it is was
-#   set back. A tuple, list or dict (nested) holding a traced tensor, newly assigned, is set
-#   back after each traced call too, with a SideEffectWarning; the step computes what the
-#   forward computed while tracing, the branch that fills the cache, so it trains like eager
-#   (tests/test_forward_state.py).
-_TRACED = (FakeTensor, FunctionalTensor)
-
-
-def _holds_traced(value: Any) -> bool:
-    return isinstance(value, (tuple, list, dict)) and any(
-        isinstance(leaf, _TRACED) for leaf in pytree.tree_leaves(value))
-
-
-_MISSING = object()
-
-
-def _equal_values(a: Any, b: Any) -> bool:
-    """Plain values (no tensors) equal, as a failed trace may leave an equal copy of a list a
-    module holds (torchvision's DefaultBoxGenerator's aspect_ratios: a SideEffectWarning said
-    the forward changed it, detection probe, 2026-12-07); it is put back, unsaid."""
-    if type(a) is not type(b) or any(isinstance(leaf, torch.Tensor)
-                                     for leaf in pytree.tree_leaves((a, b))):
-        return False
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - a value that cannot say
-        return False
-
-
-def _set_back(model: torch.nn.Module, keys, before: dict[tuple[str, str], Any]) -> None:
-    """Each (module name, attribute) of `keys`, a plain attribute (in the module's __dict__),
-    set back to what `before` says it held, or deleted where it held nothing. In the __dict__
-    itself: setattr registered a Parameter held as a plain attribute (object.__setattr__) as
-    a parameter of the module, and the step then took its parameters in another order
-    (falsepos probe, 2026-12-07)."""
-    for key in keys:
-        held = vars(model.get_submodule(key[0]))
-        if key in before:
-            held[key[1]] = before[key]
-        else:
-            held.pop(key[1], None)
 
 
 class CompiledStep:
