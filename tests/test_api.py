@@ -366,8 +366,9 @@ def test_explain_lists_every_op():
     name = full.plan.peak_op.split()[0].rstrip(",")
     assert f", {phase}, workspace" in full.plan.peak_op and f"at                {name}" in text
     assert name in {r.name for r in full.plan.rows}
-    # the rows priced as the simulator prices them, variants and recomputed runs included
-    assert full.plan.variants and full.plan.recomputed_ops
+    # the rows priced as the simulator prices them, variants (where the solve chose some: a
+    # loaded fresh-clone CI run's reached the least peak without) and recomputed runs included
+    assert full.plan.recomputed_ops
     total = sum(r.time_s + r.recomputed * r.rerun_s for r in full.plan.rows)
     assert total == pytest.approx(full.plan.predicted_step_time_s, rel=1e-9)
 
