@@ -79,7 +79,7 @@ from monet_opt.aot_call import FlatCall
 from monet_opt.attribute_tensors import tensor_attributes
 from monet_opt.attributes import SideEffectWarning
 from monet_opt.errors import CaptureError, user_stacklevel
-from monet_opt.set_back import TRACED, equal_values, holds_traced, set_back
+from monet_opt.set_back import equal_values, holds_traced, set_back
 
 
 def write_back(model: torch.nn.Module, names: list[str], n_params: int, given: tuple,
@@ -312,8 +312,7 @@ def put_back_traced(model: torch.nn.Module, before: dict[tuple[str, str], Any]) 
     """Set back every attribute that holds a traced tensor after tracing, or a tuple, list or
     dict holding one (`before`: what `attributes` gave before it), warning where one did (NOTE
     [Traced tensors left])."""
-    left = [key for key, v in attributes(model).items()
-            if isinstance(v, TRACED) or holds_traced(v)]
+    left = [key for key, v in attributes(model).items() if holds_traced(v)]
     set_back(model, left, before)
     if left:
         warnings.warn(SideEffectWarning(

@@ -24,9 +24,9 @@ TRACED = (FakeTensor, FunctionalTensor)
 
 
 def holds_traced(value: Any) -> bool:
-    return isinstance(value, (tuple, list, dict)) and any(
+    """A tensor of the trace, or a tuple, list or dict (nested) holding one."""
+    return isinstance(value, TRACED) or isinstance(value, (tuple, list, dict)) and any(
         isinstance(leaf, TRACED) for leaf in pytree.tree_leaves(value))
-
 
 
 def equal_values(a: Any, b: Any) -> bool:
