@@ -30,6 +30,9 @@ def parse_memory_limit(value: object) -> int:
         return int(value)
     if isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
+        if m and _bits(m.group(2)):
+            raise ValueError(f"memory_limit {value!r}: '{m.group(2)}' reads as bits (a capital "
+                             f"prefix and a small b); write '{m.group(2)[:-1]}B' for bytes")
         if m and m.group(2).lower() in _UNITS:
             # exactly: as a float, "2.01MB" was 2,009,999 B, "9007199254740993" one less
             n = Decimal(m.group(1))
@@ -38,6 +41,11 @@ def parse_memory_limit(value: object) -> int:
             if 1 <= n < _TOO_MANY and (_UNITS[m.group(2).lower()] > 1 or n == int(n)):
                 return int(n)
     raise ValueError(f"memory_limit must be {_ACCEPTED}; got {value!r}")
+
+
+def _bits(unit: str) -> bool:
+    """'8Gb' and '8Mib' are bits by convention; '8gb', all small, is read as bytes, as written."""
+    return len(unit) > 1 and unit.endswith("b") and unit.lower() in _UNITS and unit != unit.lower()
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ HUGE = 1 << 40
     ("2.0", 2),
     # exactly: as floats, 2,009,999 B and 9007199254740992
     ("2.01MB", 2_010_000), ("8.03MB", 8_030_000), ("9007199254740993", 9007199254740993),
+    ("8gb", 8 * 10**9), ("100b", 100), ("2kB", 2000),  # all small, or SI's small k: bytes
 ])
 def test_memory_limit_forms(text, expected):
     assert monet_opt.parse_memory_limit(text) == expected
@@ -35,6 +36,12 @@ def test_memory_limit_forms(text, expected):
 def test_memory_limit_rejects(bad):
     with pytest.raises(ValueError, match="512MiB"):
         monet_opt.parse_memory_limit(bad)
+
+
+@pytest.mark.parametrize("bits", ["8Gb", "512Mb", "2Mib", "1 Tb"])
+def test_memory_limit_in_bits_is_refused(bits):  # "8Gb" was read as 8 GB
+    with pytest.raises(ValueError, match="reads as bits.*B' for bytes"):
+        monet_opt.parse_memory_limit(bits)
 
 
 def test_optimize_rejects_bad_limit_and_solver():
