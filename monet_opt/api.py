@@ -16,7 +16,8 @@ from monet_opt import (branches, capture, grouped_attention, host_random, input_
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
-from monet_opt.attributes import Watched, warn_if_forward_changed
+from monet_opt.attributes import Watched
+from monet_opt.side_effects import warn_if_forward_changed
 from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm

@@ -371,18 +371,3 @@ def _shown(value: object) -> str:
 class SideEffectWarning(UserWarning):
     """The model's forward changed a module attribute while optimize() traced it, which a
     training step, running no Python, will not do again (NOTE [Attributes read as constants])."""
-
-
-def warn_if_forward_changed(model: nn.Module, watched: Watched, before: tuple) -> None:
-    """SideEffectWarning where tracing changed watched values (a counter the forward
-    increments): eager changes them every step, the traced step never."""
-    now = watched.values(list(model.modules()))
-    before = watched.set_once(before, now)
-    if now != before:
-        warnings.warn(SideEffectWarning(
-            f"monet_opt: {type(model).__name__}'s forward changed module attributes while "
-            f"optimize() traced it: {watched.changed(model, before, now)}. A training step runs "
-            "the traced graph, not the forward's Python, so it will not change them again as "
-            "eager would each step. If the forward's result depends on one (a step counter "
-            "that anneals a value), keep it in a buffer and update it in place "
-            "(self.count.add_(1)): the step does that each time."), stacklevel=user_stacklevel())

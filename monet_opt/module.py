@@ -357,8 +357,11 @@ class OptimizedModule(ModelState):
             err.args = (str(err).replace("monet_opt.optimize: ", "monet_opt: ", 1),)
             err.add_note(f"monet_opt: while planning a step for {situation(why, resident_bytes)}"
                          f" ({describe_inputs(args, kwargs)}{f'; {changed}' if changed else ''})"
-                         f"; the first plan was for {first}. The limit is the one optimize() "
-                         "was given: a higher one takes optimize() again. " + WHAT_TO_DO[why])
+                         f"; the first plan was for {first}. The limit is the first plan's, "
+                         f"{format_bytes(self.plan.memory_limit_bytes)}, held in bytes for every"
+                         " shape (a share such as '60% of peak' is of the first plan's step: "
+                         "NOTE [Limits as shares]); a higher one takes optimize() again. "
+                         + WHAT_TO_DO[why])
             raise
         warnings.warn(ReplanWarning(
             f"monet_opt: planned a step for {step.label} (the first plan: {first}) under the "

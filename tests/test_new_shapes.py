@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import monet_opt
+from monet_opt.units import format_bytes
 from tests import models
 from tests.records import assert_same
 
@@ -127,6 +128,7 @@ def test_a_shape_the_limit_cannot_hold_raises_and_changes_nothing():
         opt(wide)
     assert any("new shapes" in note and "float32[4x3x16x16]" in note  # the first plan's
                and "(float32[16x3x16x16])" in note and "takes optimize() again" in note
+               and format_bytes(opt.plan.memory_limit_bytes) + ", held in bytes" in note
                for note in info.value.__notes__), info.value.__notes__
     assert info.value.min_feasible_bytes > opt.plan.memory_limit_bytes
     assert torch.equal(torch.get_rng_state(), rng)
