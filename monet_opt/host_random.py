@@ -13,8 +13,12 @@ NOTE [Random numbers drawn in Python]
   the line that called them, and the states of those generators, and of any `random.Random`,
   NumPy `RandomState` or `Generator` a module holds, are kept; the partition, which runs once
   the forward and backward are traced and before anything is profiled, compares them
-  (`refuse_drawn`) and raises CaptureError naming the lines and what to do. Not seen: a
-  generator neither global nor held by a module (made inside forward, or held elsewhere).
+  (`refuse_drawn`) and raises CaptureError naming the lines and what to do. So are the
+  generators held as globals of the files defining the model's module classes (`RNG =
+  np.random.default_rng(0)`, as NumPy advises, or a `random.Random(0)`, drawn by a layer drop:
+  outputs 1.78 and 2.16 from eager's at every step, silently; multitask probe, 2026-12-07),
+  their lines unseen (their methods are not patched). Not seen: a generator made inside the
+  forward, or held elsewhere (another file's global, a closure).
 """
 from __future__ import annotations
 
@@ -69,6 +73,21 @@ def _held(model: torch.nn.Module, kinds: tuple[type, ...] | None = None) -> dict
             for attr, value in vars(module).items() if isinstance(value, kinds)}
 
 
+def _in_globals(model: torch.nn.Module) -> dict[str, Any]:
+    """The Python and NumPy generators held as globals of the files that define the model's
+    module classes (`RNG = np.random.default_rng(0)` beside the model), by name; not
+    torch's, NumPy's or the standard library's own."""
+    np = _numpy()
+    kinds = (random.Random,) if np is None else \
+        (random.Random, np.random.RandomState, np.random.Generator)
+    ours = {id(rng) for _, rng in _globals()}
+    files = {cls.__module__ for cls in map(type, model.modules())}
+    return {f"{file}.{name}": value for file in sorted(files)
+            if file.partition(".")[0] not in ("torch", "numpy", "random")
+            for name, value in vars(sys.modules.get(file, random)).items()
+            if isinstance(value, kinds) and id(value) not in ours}
+
+
 def _noting(fn: Callable, where: str) -> Callable:
     def drawn(*args, **kwargs):
         frame = sys._getframe(1)
@@ -114,7 +133,8 @@ def _reseeding(fn: Callable, where: str) -> Callable:
 def watching(model: torch.nn.Module):
     """Note the Python and NumPy draws the model makes while traced, and its calls that set
     torch's random state, for `refuse_drawn`."""
-    rngs = {module.__name__: rng for module, rng in _globals()} | _held(model)
+    rngs = {module.__name__: rng for module, rng in _globals()} | _held(model) | \
+        _in_globals(model)
     patched = []
     for module, rng in _globals():
         for name in dir(module):

@@ -88,6 +88,33 @@ def test_held_generator_is_refused_naming_it():
                            profile_dir=None)
 
 
+PY_RNG, NP_RNG = random.Random(0), np.random.default_rng(0)
+
+
+class GlobalGenerator(nn.Module):
+    """A layer drop drawn from a generator held as a global of this file, as NumPy advises
+    (`rng = np.random.default_rng(seed)` beside the model)."""
+
+    def __init__(self, which: str) -> None:
+        super().__init__()
+        self.f, self.which = nn.Linear(16, 16), which
+
+    def forward(self, x):
+        rng = PY_RNG if self.which == "PY_RNG" else NP_RNG
+        return x if rng.random() < 0.3 else x + self.f(x)
+
+
+@pytest.mark.parametrize("which", ["PY_RNG", "NP_RNG"])
+def test_a_global_generator_is_refused_and_put_back(which):
+    """Not watched, its one draw at optimize() was every step's: outputs 1.78-2.16 from
+    eager's, silently."""
+    state = copy.deepcopy(globals()[which].__getstate__())
+    with pytest.raises(monet_opt.CaptureError, match=rf"from tests\.test_host_random\.{which} "
+                                                     r"\(the line was not seen"):
+        monet_opt.optimize(GlobalGenerator(which), torch.randn(4, 16), HUGE, profile_dir=None)
+    assert globals()[which].__getstate__() == state
+
+
 def test_failed_trace_says_what_was_drawn():
     """A trace that fails (here on a value read as a number) also names the Python draws, as
     HF's SpecAugment makes before its boolean indexing fails."""
