@@ -4,41 +4,38 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import warnings
 from typing import Any, Collection
 
 import torch
 from torch import nn
 
-from monet_opt import (branches, capture, grouped_attention, host_random, input_spec, joint_passes,
-                       kept_states, merged_inputs, ones_masks, outside_grads, params_read, progress,
-                       recompute, refusals, rewrite, unseeded, updated_buffers, variants_bn)
+from monet_opt import (branches, capture, grouped_attention, host_random, in_flight, input_spec,
+                       joint_passes, kept_states, merged_inputs, ones_masks, outside_grads,
+                       params_read, progress, recompute, refusals, rewrite, side_effects, unseeded,
+                       updated_buffers, variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
 from monet_opt.attributes import Watched
-from monet_opt.side_effects import warn_if_forward_changed
 from monet_opt.cache import Profile, ProfileCache, derived
 from monet_opt.cache_keys import ProfileKey, describe_inputs
 from monet_opt.eager_kernels import warn_if_lstm
-from monet_opt.families import acceptable, offered_families
-from monet_opt.held_outputs import held_loss, held_problem, loss_bytes
+from monet_opt.families import offered_families
+from monet_opt.held_outputs import held_loss, held_problem
 from monet_opt.errors import InfeasibleBudgetError, NoBackwardError, check_backward, internal_assert
 from monet_opt.hooks import warn_if_hooks
 from monet_opt.lower import Lowered, lower
-from monet_opt.memory import (cuda_devices, held_beyond, shared_bytes, sparse_bytes, storage_groups,
-                              with_cuda_slack)
-from monet_opt.lower_variants import attach_variants, matching, with_costs
+from monet_opt.memory import cuda_devices, held_beyond, shared_bytes, sparse_bytes, storage_groups
+from monet_opt.lower_variants import attach_variants, matching
+from monet_opt.measured import measured_problem
 from monet_opt.model_signature import for_model
 from monet_opt.module import OptimizedModule, Step
-from monet_opt.op_costs import measured_ops
 from monet_opt.pass_inputs import pass_copies
 from monet_opt.plan import Plan, least_held, limit_bytes, make_plan
 from monet_opt.profile_memory import pass_limit
-from monet_opt.profiler import PROFILER_REVISION, profile
+from monet_opt.profiler import PROFILER_REVISION
 from monet_opt.units import Share, parse_limit
 import solvers
-from solvers.variants import useless as useless_variants
 from solvers.peak_bound import least_peak_bound
 from solvers.remembered import recall, recalled, replanned
 
@@ -138,7 +135,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
                     shared=storage_groups(inputs),  # NOTE [Inputs that share a storage]
                     kept=tuple(run.kept),  # NOTE [Tensors kept on a module]
                     attributes=run.attributes,  # NOTE [Tensors held as attributes]
-                    outputs_held=outputs_held)  # NOTE [Outputs held through the backward]
+                    outputs_held=outputs_held,  # NOTE [Outputs held through the backward]
+                    saved_inputs=planner.saved_inputs)  # NOTE [Inference tensors kept]
 
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     warn_if_lstm(model)  # NOTE [Eager's own kernels]
@@ -148,7 +146,7 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
     first = plan_step(model, *ones_masks.split(model, sample_input))  # NOTE in ones_masks.py
     limit = first.plan.memory_limit_bytes  # other shapes: the same bytes (NOTE [Limits as shares])
     replan = True  # NOTE [Plans for other shapes]
-    warn_if_forward_changed(model, watched, before)
+    side_effects.warn_if_forward_changed(model, watched, before)
     flags = tuple(m.training for m in model.modules())
     optimized = for_model(model)  # NOTE [The model's signature]
     return optimized(model, first, flags, autocast, plan_step,
@@ -251,6 +249,7 @@ class _Planner:
         self.primals: list[torch.Tensor] = []
         self.num_inputs = 0  # the last of primals: the step's input tensors
         self.inputs, self.storage_extra, self.beside_pass = "", 0, 0
+        self.saved_inputs: tuple[int, ...] = ()  # NOTE [Inference tensors kept]
         self.problem: solvers.Problem | None = None
         self.profile: Profile | None = None
         self.plan: Plan | None = None
@@ -280,7 +279,7 @@ class _Planner:
             if isinstance(self.limit, int) else None
         # NOTEs [Tracing without the collector], [Profiling within the limit], [Originals beside
         # the pass]: the pass held no lower than the size bound, computed only where profiled
-        measure = told.profiling(capture.collecting(lambda: _measured(
+        measure = told.profiling(capture.collecting(lambda: measured_problem(
             joint, lowered, self.primals, self.repeats, self.allow_lossy,
             self.profile_time_limit_s, pass_limit(within, lowered.problem)))) \
             if self.timed else lambda: lowered.problem
@@ -344,6 +343,7 @@ class _Planner:
         self.slots = slots
         graphs = rewrite.partition(joint, joint_inputs, lowered, result.schedule,
                                    num_fwd_outputs, slots=slots, made=made, **kwargs)
+        self.saved_inputs = in_flight.saved_inputs(graphs[0], self.num_inputs, num_fwd_outputs)
         # NOTE [Copies nothing reads]
         problem, result = updated_buffers.as_made(problem, result, graphs[0], lowered)
         self.plan = make_plan(problem, lowered.op_labels, result, limit)
@@ -370,32 +370,3 @@ class _Planner:
         limited = ProfileKey.of(joint, self.primals, self.inputs, {
             **options, "profile_time_limit_s": float(self.profile_time_limit_s)})
         return self.cache.profile(limited, self.name, lowered, measure)
-
-
-def _measured(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int,
-              allow_lossy: bool = False, time_limit_s: float | None = None,
-              memory_limit: int | None = None) -> solvers.Problem:
-    """`lowered.problem` with each op's and variant's measured costs, outputs' bytes (NOTE
-    [Outputs larger than their shapes]) and the loss scalars' bytes. A variant not bitwise the
-    op's is withdrawn (warning) unless its family is lossy, lossy ones are allowed and it is
-    within the family's bound; so is one the time limit left unmeasured (the profiler warns)."""
-    measured = profile(joint, lowered, primals, repeats, time_limit_s, memory_limit)
-    lowered = measured_ops(lowered, measured, joint)
-    problem = with_costs(lowered, measured.variant_costs).problem if lowered.variant_sites \
-        else lowered.problem
-    useless = useless_variants(problem)  # NOTE [Variants that cannot pay]
-    exact = [measured.variant_measured[v] and acceptable(site, err, allow_lossy)
-             and v not in useless
-             for v, (site, err) in enumerate(zip(lowered.variant_sites,
-                                                 measured.variant_error))]
-    if not all(exact):
-        bad = [problem.variants[v].name for v, ok in enumerate(exact) if not ok and
-               measured.variant_measured[v] and v not in useless]
-        if bad:
-            warnings.warn(f"monet_opt: {len(bad)} operator variant(s) did not reproduce the "
-                          f"op's result (bitwise, or within a lossy family's bound) on this "
-                          f"device and are not used: {bad[:3]}", RuntimeWarning, stacklevel=2)
-        problem = problem.only_variants({v for v, ok in enumerate(exact) if ok})
-    problem = dataclasses.replace(problem, fixed_bytes=problem.fixed_bytes + loss_bytes(joint))
-    return with_cuda_slack(problem, primals)  # NOTE [CUDA blocks]
-

@@ -32,7 +32,6 @@ import collections.abc
 import functools
 import operator
 import types
-import warnings
 import weakref
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -40,7 +39,6 @@ from itertools import repeat
 import torch
 from torch import nn
 
-from monet_opt.errors import user_stacklevel
 from monet_opt.global_reads import MISSING as _MISSING
 from monet_opt.global_reads import Read, global_reads
 from monet_opt.global_reads import plain as _plain

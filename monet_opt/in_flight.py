@@ -25,7 +25,12 @@ NOTE [Inference tensors kept]
   A batch made under torch.inference_mode() cannot be saved for a backward. Eager's step may
   save none of it where a plan saves it to recompute from: a transformer block's tight plan
   failed with autograd's "Inference tensors cannot be saved for backward" where eager and the
-  store-all plan trained. The error now says so, and what to do.
+  store-all plan trained. The error now says so, and what to do. Autograd raised it as the
+  compiled forward returned, after the forward had run: BatchNorm's statistics updated and
+  dropout's masks drawn, where eager fails at the first layer that saves the batch, before
+  they are (an RL loop's rollout buffer; the retry with a clone then trained off eager's,
+  silently: RL probe, 2026-12-07). A step whose backward keeps an input (`saved_inputs`, read
+  off the forward graph's saved values) refuses an inference tensor there before it runs.
 """
 from __future__ import annotations
 
@@ -113,3 +118,26 @@ def _step_node(outputs: list[torch.Tensor]):
             frontier = [n for node in frontier for n, _ in node.next_functions
                         if n is not None]
     return None
+
+
+def saved_inputs(forward, num_inputs: int, num_outputs: int) -> tuple[int, ...]:
+    """The positions among the step's `num_inputs` inputs (its forward graph's last
+    placeholders) of those the forward saves for the backward (NOTE [Inference tensors
+    kept])."""
+    placeholders = list(forward.graph.find_nodes(op="placeholder"))
+    saved = set(forward.graph.output_node().args[0][num_outputs:])
+    return tuple(k for k, node in enumerate(placeholders[len(placeholders) - num_inputs:])
+                 if node in saved)
+
+
+def refuse_inference(inputs: list[torch.Tensor], saved: tuple[int, ...]) -> None:
+    """Autograd's error, before the step runs, where an input its backward keeps is an
+    inference tensor (NOTE [Inference tensors kept])."""
+    if torch.is_grad_enabled() and any(inputs[k].is_inference() for k in saved):
+        raise RuntimeError(
+            "Inference tensors cannot be saved for backward: an input of this step was made "
+            "under torch.inference_mode() and its plan keeps it for the backward (eager's "
+            "step fails the same way where it keeps it too). Make the batch under "
+            "torch.no_grad() instead, or pass a clone of it (x.clone()). Nothing was run: "
+            "BatchNorm's statistics and the random stream are as they were. NOTE [Inference "
+            "tensors kept] in monet_opt/in_flight.py.")

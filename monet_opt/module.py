@@ -29,7 +29,7 @@ from monet_opt.errors import (CaptureError, InfeasibleBudgetError, PlanMismatchE
                               user_stacklevel)
 from monet_opt.hooks import Hooks, changed as changed_hooks, hooks_of, warn_if_hooks
 from monet_opt.held_outputs import HeldOutputs
-from monet_opt.in_flight import InFlight
+from monet_opt.in_flight import InFlight, refuse_inference
 from monet_opt.memory import storage_groups
 from monet_opt.module_state import ModelState
 from monet_opt.plan import Plan
@@ -216,6 +216,7 @@ class OptimizedModule(ModelState):
             return eval_steps.cumulative(self.model(*args, **kwargs), self)
         if step.slots is not None:
             step.slots.bind(mine)
+        refuse_inference(inputs, step.saved_inputs)  # NOTE [Inference tensors kept]
         self._in_flight.starting()  # NOTE [Steps in flight]
         try:  # NOTE [Tensors held as attributes] in monet_opt/attribute_tensors.py
             attributes = attribute_values(self.model, step.attributes)

@@ -44,6 +44,7 @@ class Step:
     kept: tuple[tuple[str, str], ...] = ()  # (module, attribute) it keeps tensors on
     attributes: tuple[str, ...] = ()  # the tensor attributes it takes after the buffers
     outputs_held: bool = False  # planned with its outputs held to its end (held_outputs.py)
+    saved_inputs: tuple[int, ...] = ()  # inputs its backward keeps (NOTE [Inference tensors kept])
 
     @property
     def label(self) -> str:
