@@ -267,7 +267,7 @@ class _Planner:
         host_random.refuse_generators(joint)  # NOTE [Generators set in the forward]
         branches.refuse_branches(joint)  # NOTE [Branches taken by value]
         merged_inputs.refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
-        params_read.refuse_trained_constants(joint, self.primals)  # NOTE in params_read.py
+        params_read.refuse_trained_constants(joint, self.primals, num_fwd_outputs)  # NOTE there
         joint_passes.rewrite(joint, num_fwd_outputs, self.primals, self.families, self.grouped)
         plain = lower(joint, num_fwd_outputs, name=self.name)
         kwargs["unseeded"] = unseeded.presumed(joint, plain.inplace)  # NOTE in unseeded.py

@@ -26,7 +26,7 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from monet_opt import (alloc_events, attribute_tensors, capture_hints, data_assigned,
                        export_route, forward_state, host_random, input_spec, kernels,
-                       module_paths, outputs_fp32, saved_hooks, tensor_kinds)
+                       module_paths, outputs_fp32, saved_hooks, set_back, tensor_kinds)
 from monet_opt.eager_kernels import eager_kernels
 from monet_opt.errors import CaptureError, MonetError, internal_assert
 from monet_opt.input_spec import InputSpec
@@ -206,7 +206,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
     for route in routes:
         export_example = (args, kwargs) if route == "export" else None
         try:
-            before = forward_state.attributes(model)
+            before, grads = forward_state.attributes(model), set_back.grads_of(model)
             if route == "export":  # NOTE [What the export route leaves out]
                 export_route.refuse_backward_hooks(model)
             try:
@@ -218,6 +218,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
                     _compile_on_fakes(fn, primals)
             finally:
                 forward_state.put_back_traced(model, before)  # NOTE [Traced tensors left]
+                set_back.put_back_grads(grads)  # NOTE [Gradients a trace left]
             export_route.remember(model, route, _ROUTE)
             return fn
         except MonetError:

@@ -54,3 +54,21 @@ def set_back(model: torch.nn.Module, keys, before: dict[tuple[str, str], Any]) -
             held[key[1]] = before[key]
         else:
             held.pop(key[1], None)
+
+
+# NOTE [Gradients a trace left]
+#   A custom autograd.Function whose backward runs `torch.autograd.backward` into a submodule's
+#   parameters (a reversible network) set their `.grad` to the trace's tensors while
+#   optimize() traced the backward; optimize() failed, and the model's next eager backward
+#   raised "Attempting to use FunctionalTensor on its own" (exotic ops probe, 2026-12-07).
+#   Each parameter's gradient is put back after every trace, traced or not.
+def grads_of(model: torch.nn.Module) -> list[tuple[torch.Tensor, Any]]:
+    """(parameter, its .grad) for each of the model's parameters."""
+    return [(p, p.grad) for p in model.parameters()]
+
+
+def put_back_grads(held: list[tuple[torch.Tensor, Any]]) -> None:
+    """NOTE [Gradients a trace left]: each gradient that holds a traced tensor now, as it was."""
+    for p, grad in held:
+        if p.grad is not grad and isinstance(p.grad, TRACED):
+            p.grad = grad

@@ -220,6 +220,47 @@ def test_a_parameter_read_through_an_object_is_refused(prior):
                            profile_repeats=1)
 
 
+class _Reversible(torch.autograd.Function):
+    """A recomputation written by hand: the forward keeps only the input, the backward runs
+    the submodule it was handed again and backpropagates into its parameters."""
+
+    @staticmethod
+    def forward(ctx, x, f):
+        ctx.f = f
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return x + f(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x = ctx.saved_tensors[0].detach().requires_grad_()
+        with torch.enable_grad():
+            torch.autograd.backward(x + ctx.f(x), dy)
+        return x.grad, None
+
+
+class _HandRecomputed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f, self.inp, self.out = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.out(_Reversible.apply(self.inp(x), self.f))
+
+
+def test_a_submodule_run_in_a_functions_backward_is_refused_and_the_model_kept():
+    """NOTE [Parameters read through objects] and NOTE [Gradients a trace left]: the advice
+    was to register the holder (it is registered), and the trace's gradients were left on
+    its parameters, so the model's next eager backward failed."""
+    model, x = _HandRecomputed(), torch.randn(4, 8)
+    with pytest.raises(monet_opt.CaptureError, match=r"read only by the backward.*custom "
+                       r"autograd\.Function.*without the custom Function"):
+        monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    assert all(p.grad is None for p in model.parameters())
+    model(x).sum().backward()  # eager trains it still
+    assert all(p.grad is not None for p in model.parameters())
+
+
 class _SharedInAList(nn.Module):
     """A trained layer kept out of the model's registry, in a list (or a plain processor)."""
 
