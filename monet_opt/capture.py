@@ -182,6 +182,12 @@ def _boxed(gm: torch.fx.GraphModule):
 #   route whenever no plan had been made yet, so a failure in our own rewrites or lowering was
 #   reported as a failed trace, or worse, hidden by a route that traced the model otherwise
 #   (the export route reads no tensor attributes: NOTE [Tensors held as attributes]).
+#   NOTE [A route that loses the backward]: where the first routes failed and a later one
+#   traced a step with no output requiring grad (torch.export's of a reversible network that
+#   replays the random state in a custom Function's backward), optimize() said the model had
+#   no backward (NoBackwardError, false: eager trains every parameter) and dropped the first
+#   routes' errors (exotic ops probe, 2026-12-07). It is a failed route too: the CaptureError
+#   names each.
 ROUTES = ("direct", "as compiling", "export")
 _ROUTE: dict[type, str] = {}  # but torch.export's (NOTE [What the export route leaves out])
 _HOW = {"direct": "AOTAutograd",
@@ -219,6 +225,9 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
             finally:
                 forward_state.put_back_traced(model, before)  # NOTE [Traced tensors left]
                 set_back.put_back_grads(grads)  # NOTE [Gradients a trace left]
+            if errors and not partitioned():  # NOTE [A route that loses the backward]
+                errors.append(f"{_HOW[route]}: traced, but with no output requiring grad")
+                continue
             export_route.remember(model, route, _ROUTE)
             return fn
         except MonetError:

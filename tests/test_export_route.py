@@ -90,3 +90,33 @@ def test_the_export_route_is_remembered_for_the_model_not_its_class(monkeypatch)
     eager(x).sum().backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(second.parameters(),
                                                            eager.parameters()))
+
+
+class _Detached(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.f(x).detach()
+
+
+def test_a_later_route_that_loses_the_backward_is_a_failed_route(monkeypatch):
+    """NOTE [A route that loses the backward]: the first routes failed, the export route traced
+    with no output requiring grad, and optimize() said the model had no backward (a
+    reversible network's, whose eager step trains every parameter), the errors dropped."""
+    x = torch.randn(4, 8)
+    with pytest.raises(monet_opt.NoBackwardError):  # the first route says so: it has none
+        monet_opt.optimize(_Detached(), x, HUGE, profile_dir=None)
+    compile_step = capture.compile_step
+
+    def failing(model, spec, partition_fn, export_example, leaves):
+        if export_example is None:
+            raise TypeError("expected a torch.ByteTensor, but got NoneType")
+        return compile_step(model, spec, partition_fn, export_example, leaves)
+
+    monkeypatch.setattr(capture, "compile_step", failing)
+    with pytest.raises(monet_opt.CaptureError, match=r"(?s)AOTAutograd: TypeError: expected a "
+                       r"torch\.ByteTensor.*then AOTAutograd: traced, but with no output "
+                       r"requiring grad"):
+        monet_opt.optimize(_Detached(), x, HUGE, profile_dir=None)
