@@ -245,7 +245,7 @@ def first_call(model: torch.nn.Module, spec: InputSpec, args: tuple, kwargs: dic
         raise CaptureError(failed + hint)
     adaptive = capture_hints.adaptive_softmax(model)  # its shapes are torch's, not the user's
     named = capture_hints.hf_cache(errors, model) + capture_hints.hf_experts(errors, model) \
-        + capture_hints.no_fake(errors) \
+        + capture_hints.no_fake(errors) + capture_hints.lost_attribute(errors) \
         + capture_hints.unknown_output(errors) + (adaptive or capture_hints.shapes(errors)) \
         + capture_hints.in_the_backward(errors) + capture_hints.detection(errors) \
         + capture_hints.higher_order(errors) + tensor_kinds.made_in_forward(errors) \

@@ -210,6 +210,11 @@ def unknown_output(errors: list[str]) -> str:
     if not found:
         return ""
     names = ", ".join(sorted(found))
+    if any(name.startswith("torch.distributions.") for name in found):  # actor-critic (RL probe)
+        return (f"\nThere, the forward returns a {names}, which a traced step cannot return "
+                "(it returns tensors): return the distribution's parameters instead (its "
+                "logits, or loc and scale) and build it outside, on the step's outputs "
+                "(Categorical(logits=opt(obs)[0])); its sample and log_prob are then eager's.")
     if all(name.startswith("torch.") or "." not in name for name in found):
         # a dtype, device or slice holds no tensors to register: that advice failed too
         return (f"\nThere, the forward returns a {names}, which a traced step cannot return "
@@ -249,16 +254,23 @@ def shapes(errors: list[str]) -> str:
                 "traced step, whose shapes are fixed, cannot hold: compute on every element and "
                 "mask the result instead (torch.where(mask, x, 0), or a loss's ignore_index: "
                 "F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)).")
+    if ops <= _LSTSQ:  # a solve inside the model: not a loss to move out (exotic probe)
+        return ("\nThere, torch.linalg.lstsq sizes its other outputs (residuals, rank, singular "
+                "values) by the values it meets, which a traced step, whose shapes are fixed, "
+                "cannot hold, whatever the driver: write the solution as torch.linalg.pinv(A) "
+                "@ B, or torch.linalg.solve(A.mT @ A, A.mT @ B) for a tall A of full rank; "
+                "both trace.")
     return (f"\nThere, {', '.join(sorted(ops))} makes an output whose shape depends on the "
             "values of a tensor, which a traced step, whose shapes are fixed, cannot hold: "
             "compute it outside the module you optimize, on its outputs (a loss such as "
             "F.ctc_loss, whatever its lengths are given as: have the module return the log-"
-            "probabilities).")
+            "probabilities), or write it with ops whose output shapes are fixed.")
 
 
 _MASKING = {"aten.nonzero.default", "aten.masked_select.default", "aten._unique2.default",
             "aten.unique_dim.default", "aten.unique_consecutive.default"}
 _PACKING = {"aten._pack_padded_sequence.default"}
+_LSTSQ = {"aten.linalg_lstsq.default"}
 
 
 def higher_order(errors: list[str]) -> str:
@@ -273,6 +285,22 @@ def higher_order(errors: list[str]) -> str:
             "what the step holds depends on each batch. Compute both branches and select "
             "with torch.where(pred, a, b), or optimize the modules around that op and run it "
             "as it is (NOTE [Branches taken by value] in monet_opt/branches.py).")
+
+
+def lost_attribute(errors: list[str]) -> str:
+    """What to do where the forward reads a Python attribute its own tensor subclass carries
+    (bitsandbytes' Int8Params' .CB), which the trace's tensors do not (quantization probe,
+    2026-12-07: it was told to avoid .item())."""
+    found = sorted({e.split("object has no attribute '")[1].split("'")[0] for e in errors
+                    if "AttributeError: 'FunctionalTensor' object has no attribute '" in e
+                    or "AttributeError: 'FakeTensor' object has no attribute '" in e})
+    if not found:
+        return ""
+    return (f"\nThere, the forward reads .{', .'.join(found)} from a tensor: an attribute a "
+            "tensor subclass of the model carries (bitsandbytes' Int8Params and Params4bit "
+            "carry their quantization state so), which the trace's own tensors, standing in for "
+            "the model's, do not. Such layers cannot be traced: optimize the modules around "
+            "them, and run those layers as they are.")
 
 
 def generic(model) -> str:

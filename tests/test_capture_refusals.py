@@ -282,3 +282,62 @@ def test_a_parameter_outside_the_model_is_refused():
     monet_opt.optimize(frozen, x, HUGE, profile_dir=None, profile_repeats=1)(x).sum().backward()
     assert frozen.own.weight.grad is not None
 
+
+
+class _LeastSquares(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.f(x)
+        return torch.linalg.lstsq(h.mT @ h + torch.eye(8), h.mT, driver="gels").solution
+
+
+def test_lstsq_in_a_model_is_told_what_traces_instead():
+    """The hint said to compute it outside the module, as CTC's loss: no advice for a layer
+    (exotic ops probe, 2026-12-07)."""
+    with pytest.raises(monet_opt.CaptureError, match=r"torch\.linalg\.lstsq sizes its other "
+                       r"outputs.*torch\.linalg\.pinv\(A\) @ B") as caught:
+        monet_opt.optimize(_LeastSquares(), torch.randn(3, 12, 8), HUGE, profile_dir=None)
+    assert "ctc_loss" not in str(caught.value)
+
+
+class _CarryingParameter(nn.Parameter):
+    """A parameter subclass carrying Python state, as bitsandbytes' Int8Params carries .CB."""
+
+    def __new__(cls, data):
+        p = super().__new__(cls, data)
+        p.CB = None
+        return p
+
+
+class _Carrying(nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(8, 4)
+        self.weight = _CarryingParameter(self.weight.data)
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight if self.weight.CB is None else self.weight.CB)
+
+
+class _Policy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return torch.distributions.Categorical(logits=self.f(x), validate_args=False)
+
+
+@pytest.mark.parametrize("model, says", [
+    (_Carrying, r"reads \.CB from a tensor: an attribute a tensor subclass.*optimize the "
+                r"modules around them"),
+    (_Policy, r"returns a torch\.distributions\.categorical\.Categorical.*return the "
+              r"distribution's parameters instead")])
+def test_what_a_trace_cannot_hold_says_what_to_do(model, says):
+    """Each was told to avoid .item() or to read out.dtype outside the step (quantization and
+    RL probes, 2026-12-07)."""
+    with pytest.raises(monet_opt.CaptureError, match=says) as caught:
+        monet_opt.optimize(model(), torch.randn(4, 8), HUGE, profile_dir=None)
+    assert ".item()" not in str(caught.value) and "out.dtype" not in str(caught.value)
