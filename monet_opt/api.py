@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from monet_opt import (branches, capture, grouped_attention, host_random, in_flight, input_spec,
-                       joint_passes, kept_states, merged_inputs, ones_masks, outside_grads,
-                       params_read, progress, recompute, refusals, rewrite, side_effects, unseeded,
-                       updated_buffers, variants_bn)
+                       joint_passes, kept_states, merged_inputs, ones_masks, output_hooks,
+                       outside_grads, params_read, progress, recompute, refusals, rewrite,
+                       side_effects, unseeded, updated_buffers, variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -136,7 +136,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
                     kept=tuple(run.kept),  # NOTE [Tensors kept on a module]
                     attributes=run.attributes,  # NOTE [Tensors held as attributes]
                     outputs_held=outputs_held,  # NOTE [Outputs held through the backward]
-                    saved_inputs=planner.saved_inputs)  # NOTE [Inference tensors kept]
+                    saved_inputs=planner.saved_inputs,  # NOTE [Inference tensors kept]
+                    feeding=planner.feeding)  # NOTE [Hooks on an output others are computed from]
 
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     warn_if_lstm(model)  # NOTE [Eager's own kernels]
@@ -250,6 +251,7 @@ class _Planner:
         self.num_inputs = 0  # the last of primals: the step's input tensors
         self.inputs, self.storage_extra, self.beside_pass = "", 0, 0
         self.saved_inputs: tuple[int, ...] = ()  # NOTE [Inference tensors kept]
+        self.feeding: tuple[int, ...] = ()  # NOTE [Hooks on an output others are computed from]
         self.problem: solvers.Problem | None = None
         self.profile: Profile | None = None
         self.plan: Plan | None = None
@@ -268,6 +270,7 @@ class _Planner:
         branches.refuse_branches(joint)  # NOTE [Branches taken by value]
         merged_inputs.refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
         params_read.refuse_trained_constants(joint, self.primals, num_fwd_outputs)  # NOTE there
+        self.feeding = output_hooks.feeding(joint, returned)  # before the graph is rewritten
         joint_passes.rewrite(joint, num_fwd_outputs, self.primals, self.families, self.grouped)
         plain = lower(joint, num_fwd_outputs, name=self.name)
         kwargs["unseeded"] = unseeded.presumed(joint, plain.inplace)  # NOTE in unseeded.py

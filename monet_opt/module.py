@@ -15,9 +15,8 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from monet_opt import (absent_grads, autocast_backward, eval_steps, handed_grads,
-                       mutation_tangents, ones_masks, output_grad, outputs_fp32, refusals,
-                       retained_graphs, saved_hooks, stats_in_place)
+from monet_opt import (eval_steps, ones_masks, output_grad, outputs_fp32, refusals, saved_hooks,
+                       stats_in_place, step_backward)
 from monet_opt.alloc_events import UNMEASURED
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.capture import autocast_state
@@ -230,12 +229,7 @@ class OptimizedModule(ModelState):
         self._held.watch(node, returned, inputs, step.plan,
                          lambda: [*self.model.parameters(), *self.model.buffers()])
         output_grad.watch(returned, step.plan.predicted_peak_bytes)  # NOTE [The output's gradient]
-        backward = absent_grads.step_node(returned)
-        mutation_tangents.no_zeros(backward)  # NOTE [Gradients of parameters updated in place]
-        # NOTEs [Outputs the loss does not read], [Output gradients as handed], [Backward
-        # under autocast], [Retained graphs, said]
-        for hooked in (absent_grads, handed_grads, autocast_backward, retained_graphs):
-            hooked.prehook(backward)
+        step_backward.hook(returned, outputs, step.feeding)
         return outputs
 
     def _step_for(self, args: tuple, kwargs: dict, leaves: list, treedef: pytree.TreeSpec,

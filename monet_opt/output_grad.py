@@ -141,6 +141,7 @@ def _hook(peak: int):
                 f"backbone under detection heads), leave room for it in the limit instead. "
                 f"NOTE [The output's gradient] in monet_opt/lower.py.", OutputGradientWarning,
                 stacklevel=user_stacklevel())  # the line that ran the backward
+    check.ours = True  # NOTE [Hooks on an output others are computed from]: not the caller's
     return check
 
 

@@ -45,6 +45,7 @@ class Step:
     attributes: tuple[str, ...] = ()  # the tensor attributes it takes after the buffers
     outputs_held: bool = False  # planned with its outputs held to its end (held_outputs.py)
     saved_inputs: tuple[int, ...] = ()  # inputs its backward keeps (NOTE [Inference tensors kept])
+    feeding: tuple[int, ...] = ()  # outputs others are computed from (output_hooks.py)
 
     @property
     def label(self) -> str:

@@ -258,3 +258,40 @@ def test_steps_inside_module_trackers_are_planned_once(tracker):
         assert not ours, ours
         assert tracker != "FlopCounterMode" or counter.get_total_flops() > 0
     assert len(opt.plans) == 1
+
+
+class _TrunkAndHeads(torch.nn.Module):
+    """Returns (features, the head's logits computed from them, a second head's logits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.head = torch.nn.Linear(8, 16), torch.nn.Linear(16, 3)
+        self.other = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.trunk(x))
+        return h, self.head(h), self.other(x)
+
+
+@pytest.mark.parametrize("hooked, warned", [(0, True), (2, False), (None, False)],
+                         ids=["the features", "an independent head", "none"])
+def test_a_hook_on_an_output_others_are_computed_from_is_warned(hooked, warned):
+    """NOTE [Hooks on an output others are computed from]: it sees only the gradient handed to
+    that output directly (the trunk's gradients 2.0x eager's, silently); on an output nothing
+    else is computed from it sees the whole, and the gradients are eager's."""
+    torch.manual_seed(0)
+    model, x = _TrunkAndHeads(), torch.randn(4, 8)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, x, HUGE, profile_dir=None, profile_repeats=1)
+    for module in (eager, opt):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            outputs = module(x)
+            if hooked is not None:
+                outputs[hooked].register_hook(lambda g: g * 0.5)
+            sum(o.pow(2).sum() for o in outputs).backward()
+            del outputs
+    assert any(w.category is monet_opt.HookWarning for w in seen) is warned
+    if not warned:
+        assert all(torch.equal(p.grad, q.grad)
+                   for p, q in zip(model.parameters(), eager.parameters()))
