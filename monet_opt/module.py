@@ -358,13 +358,14 @@ class OptimizedModule(ModelState):
                          "NOTE [Limits as shares]); a higher one takes optimize() again. "
                          + WHAT_TO_DO[why])
             raise
+        made = len({id(s) for s in self._steps.values()}) + 1  # one under two keys: once
         warnings.warn(ReplanWarning(
             f"monet_opt: planned a step for {step.label} (the first plan: {first}) under the "
             f"same memory limit, {format_bytes(self.plan.memory_limit_bytes)}, in "
             f"{time.perf_counter() - start:.1f} s: predicted peak "
-            f"{format_bytes(step.plan.predicted_peak_bytes)}, {len(self._steps) + 1} plans so "
+            f"{format_bytes(step.plan.predicted_peak_bytes)}, {made} plans so "
             "far. Each is planned once. " + WHAT_TO_DO[why]
-            + too_many(len(self._steps) + 1, "shapes" if [s.shape for s in step.spec.leaves]
+            + too_many(made, "shapes" if [s.shape for s in step.spec.leaves]
                        != [s.shape for s in self._first.spec.leaves] else why)),
             stacklevel=user_stacklevel())  # the caller of opt(...)
         return step
