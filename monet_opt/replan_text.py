@@ -67,7 +67,9 @@ WHAT_TO_DO = {
                  "value of each that is not a tensor) is a step of its own (HF's Trainer adds "
                  "num_items_in_batch for a model whose forward takes **kwargs); a number that "
                  "changes from call to call (a count of tokens) makes a plan for each value: "
-                 "pass it as a tensor (torch.tensor(n)), an input of the step.",
+                 "pass it as a tensor (torch.tensor(n)), an input of the step, where the "
+                 "forward computes with it; one that picks the code run (a task's head, a "
+                 "branch) cannot be a tensor: each value's plan is made once and kept.",
     "sharing": "A plan counts an input passed twice (labels=input_ids) once, so inputs that "
                "share storages otherwise than the sample's hold other bytes; pass them as the "
                "sample did.",

@@ -56,7 +56,8 @@ def test_constant_arguments_plan_a_step_each_and_train_like_eager():
             assert any(re.search(replanned, r) for r in replans)
             # a count passed as a number makes a plan per value (HF's num_items_in_batch as
             # an int: every step planned anew, with nothing said of the tensor that avoids it)
-            assert all("pass it as a tensor (torch.tensor(n))" in r for r in replans)
+            assert all("pass it as a tensor (torch.tensor(n))" in r and "picks the code run "
+                       "(a task's head, a branch) cannot be a tensor" in r for r in replans)
 
 
 def test_another_constant_is_refused_when_asked():
