@@ -10,6 +10,13 @@
   The wrapper's own state is what it set before `ready()` (its __init__'s end), and a private
   name the model lacks.
 
+NOTE [Registered through it]
+  `opt.register_parameter("logit_scale", p)` (or register_buffer, add_module) kept it on the
+  wrapper: among opt.parameters(), so the optimizer trained it, but not in opt.state_dict(),
+  which is the model's, and a strict load into a fresh one matched "all keys" and left it as
+  built: a trained value lost from every checkpoint, silently (persist probe, 2026-12-07).
+  They register on the model, as setting the attribute does.
+
 NOTE [Named as the model]
   HF's Trainer with label_smoothing_factor shifts the labels (each token predicts the next)
   only where `unwrap_model(model)._get_name()` names a causal-LM class, and accelerate's
@@ -75,6 +82,18 @@ class ToModel(nn.Module):
             super().__setattr__(name, value)
         else:
             setattr(model, name, value)
+
+    def register_parameter(self, name: str, param) -> None:  # NOTE [Registered through it]
+        model = self._model()
+        (super() if self._own(name, model) else model).register_parameter(name, param)
+
+    def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
+        model = self._model()
+        (super() if self._own(name, model) else model).register_buffer(name, tensor, persistent)
+
+    def add_module(self, name: str, module) -> None:  # register_module too
+        model = self._model()
+        (super() if self._own(name, model) else model).add_module(name, module)
 
     def __delattr__(self, name: str) -> None:
         model = self._model()

@@ -265,6 +265,24 @@ def test_attributes_set_on_the_module_are_the_models():
     assert not hasattr(model, "extra")
 
 
+def test_what_is_registered_on_the_module_is_the_models():
+    """NOTE [Registered through it]: a parameter, buffer or submodule registered on the wrapper
+    trained but was left out of its state_dict (a strict load matched all keys and lost it)."""
+    opt = monet_opt.optimize(_Scaled(), torch.randn(16, 8), HUGE, profile_dir=None,
+                             profile_repeats=1)
+    opt.register_parameter("logit_scale", torch.nn.Parameter(torch.tensor(2.0)))
+    opt.register_buffer("seen", torch.zeros(3))
+    opt.add_module("extra", torch.nn.Linear(2, 2))
+    assert {"logit_scale", "seen", "extra.weight"} <= set(opt.state_dict())
+    assert [n for n, _ in opt.named_children()] == ["model"]
+    fresh = _Scaled()
+    fresh.register_parameter("logit_scale", torch.nn.Parameter(torch.tensor(1.0)))
+    fresh.register_buffer("seen", torch.ones(3))
+    fresh.add_module("extra", torch.nn.Linear(2, 2))
+    fresh.load_state_dict(opt.state_dict())
+    assert fresh.logit_scale.item() == 2.0 and fresh.seen.sum().item() == 0
+
+
 def test_planned_inside_parametrize_cached():
     """NOTE [Parametrizations cached around a trace]: optimize() and a new batch shape planned
     inside parametrize.cached() (both raised CaptureError, 'Unexpected fake buffer'); a
