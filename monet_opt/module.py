@@ -5,7 +5,6 @@ import dataclasses
 import threading
 import time
 import warnings
-from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import torch
@@ -178,7 +177,7 @@ class OptimizedModule(ModelState):
                 n += 1
                 label = f"{step.label} #{n}"
             plans[label] = step.plan
-        return MappingProxyType(plans)
+        return plans  # a copy: a dict, so it pickles (torch.save(opt.plans))
 
     @torch.compiler.disable  # NOTE [Compiled around] in module_state.py
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -421,3 +421,4 @@ def test_the_replan_warning_counts_each_plan_once():
         opt.zero_grad(set_to_none=True)
         said = [str(w.message) for w in seen if w.category is monet_opt.ReplanWarning][0]
         assert f"{len(opt.plans)} plans so far" in said, (said, list(opt.plans))
+    assert list(pickle.loads(pickle.dumps(opt.plans))) == list(opt.plans)  # it was a proxy
