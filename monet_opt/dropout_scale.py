@@ -27,7 +27,12 @@ NOTE [Dropout backward's layout]
   (TensorIterator's, worked out on the trace's fake values) is not the one the trace assumed,
   the op's value is recorded as the kernel makes it and a copy into the assumed layout follows
   it: what eager does too (its backward of the view is a reshape, which copies a permuted
-  gradient), its values the same (tests/test_dropout_layout.py).
+  gradient), its values the same (tests/test_dropout_layout.py). Only there: where nothing
+  reads it by its strides (a view, through views of it) and it is not handed back as a
+  gradient, it goes on as the kernel lays it out, as under eager and aot_eager. The copy made
+  everywhere changed the order of later sums: a Conformer's convolution module (1x1 Conv1d,
+  dropout, transpose) had its bias gradient reduced over the copy where eager reduces over
+  the transposed gradient, 9.2e-5 off eager's (audio probe, 2026-12-07).
 """
 from __future__ import annotations
 
@@ -91,6 +96,9 @@ def match_kernel_layouts(gm: fx.GraphModule) -> int:
             kernel = aten.mul.Tensor(aten.mul.Tensor(g, m), scale)  # as the CPU kernel does
         if kernel.stride() == val.stride() or kernel.shape != val.shape:
             continue
+        if not _read_as_laid_out(node):  # NOTE [Dropout backward's layout]: as aot_eager runs
+            node.meta["val"] = kernel
+            continue
         formats = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
         fmt = next((f for f in formats if val.is_contiguous(memory_format=f)), None)
         if fmt is None:
@@ -104,6 +112,26 @@ def match_kernel_layouts(gm: fx.GraphModule) -> int:
     if added:
         gm.recompile()
     return added
+
+
+_BY_STRIDES = (aten.view.default, aten._unsafe_view.default, aten.as_strided.default)
+
+
+def _read_as_laid_out(node: fx.Node) -> bool:
+    """Whether what reads `node` needs the layout the trace assumed: a view by strides reached
+    through views of it, or the graph's output (a gradient handed back as laid out)."""
+    todo, seen = list(node.users), set()
+    while todo:
+        user = todo.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.op != "call_function" or user.target in _BY_STRIDES:
+            return True
+        schema = getattr(user.target, "_schema", None)
+        if schema is not None and any(r.alias_info is not None for r in schema.returns):
+            todo += user.users  # a view of it (a transpose): what reads that reads it
+    return False
 
 
 # NOTE [Dropout of everything]
