@@ -15,7 +15,7 @@ from torch import nn
 
 import monet_opt
 import solvers
-from monet_opt import api, cache, cache_files
+from monet_opt import cache, cache_files, measured
 from monet_opt.cache import ProfileCache, ProfileCacheWarning
 from monet_opt.cache_keys import ProfileKey
 from monet_opt.lower import Lowered
@@ -36,7 +36,7 @@ class Calls:
 
     def __init__(self, monkeypatch):
         self.profiled = self.solved = 0
-        profile, solve = api.profile, solvers.solve
+        profile, solve = measured.profile, solvers.solve
 
         def counted_profile(*a, **k):
             self.profiled += 1
@@ -45,7 +45,7 @@ class Calls:
         def counted_solve(*a, **k):
             self.solved += 1
             return solve(*a, **k)
-        monkeypatch.setattr(api, "profile", counted_profile)
+        monkeypatch.setattr(measured, "profile", counted_profile)
         monkeypatch.setattr(solvers, "solve", counted_solve)
 
     def take(self) -> tuple[int, int]:
@@ -102,7 +102,7 @@ def test_only_profiling_and_solving_run_with_the_collector(monkeypatch, tmp_path
     profiler and the solver run (as it was outside), off while cached files are read; after
     optimize() it is as it was."""
     seen = {"profile": [], "solve": [], "read": []}
-    for owner, name, key in ((api, "profile", "profile"), (solvers, "solve", "solve"),
+    for owner, name, key in ((measured, "profile", "profile"), (solvers, "solve", "solve"),
                              (cache, "_read_profile", "read"), (cache, "_read_schedule", "read")):
         real = getattr(owner, name)
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import monet_opt
-from monet_opt import api
+from monet_opt import measured
 from monet_opt.cache_checks import Unusable, check_structure
 from tests.problems import masked_chain
 
@@ -50,11 +50,11 @@ def test_a_step_with_a_variant_withdrawn_is_served_from_the_directory(monkeypatc
     mask, as if it were not) or that its time limit left unmeasured; the encode ops of those
     then read nothing. Compared with the freshly lowered graph, which still offers them, the
     profile never matched: every optimize() warned and profiled again."""
-    acceptable, profiled = api.acceptable, []
-    monkeypatch.setattr(api, "acceptable", lambda site, *a: not site.family.startswith(
+    acceptable, profiled = measured.acceptable, []
+    monkeypatch.setattr(measured, "acceptable", lambda site, *a: not site.family.startswith(
         "relu.") and acceptable(site, *a))
-    profile = api.profile
-    monkeypatch.setattr(api, "profile", lambda *a, **k: profiled.append(1) or profile(*a, **k))
+    profile = measured.profile
+    monkeypatch.setattr(measured, "profile", lambda *a, **k: profiled.append(1) or profile(*a, **k))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
                           nn.Linear(128, 4))

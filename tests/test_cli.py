@@ -15,7 +15,7 @@ import torch
 
 import monet_opt
 import solvers
-from monet_opt import api, cli, profile_budget, profiler
+from monet_opt import cli, measured, profile_budget, profiler
 from monet_opt import zoo as zoo_models
 from monet_opt.cache import ProfileCacheWarning
 from monet_opt.profiler import ProfileTimeLimitWarning
@@ -61,8 +61,8 @@ def test_precompute_solves_each_limit_and_reports_infeasible_ones(zoo):
 def test_optimize_then_neither_profiles_nor_solves(zoo, monkeypatch):
     root, out = zoo
     counts = collections.Counter()
-    real_profile, real_solve = api.profile, solvers.solve
-    monkeypatch.setattr(api, "profile", lambda *a, **k: counts.update(["profile"]) or
+    real_profile, real_solve = measured.profile, solvers.solve
+    monkeypatch.setattr(measured, "profile", lambda *a, **k: counts.update(["profile"]) or
                         real_profile(*a, **k))
     monkeypatch.setattr(solvers, "solve", lambda *a, **k: counts.update(["solve"]) or
                         real_solve(*a, **k))
@@ -97,8 +97,8 @@ def test_precompute_under_autocast_serves_optimize_under_autocast(tmp_path, monk
     out = precompute(root, "64x8", "--fractions", "0.8", "--autocast", "bfloat16")
     limit = int(next(line for line in out.splitlines() if "80% of" in line).split()[2])
     counts = collections.Counter()
-    real_profile = api.profile
-    monkeypatch.setattr(api, "profile", lambda *a, **k: counts.update(["profile"]) or
+    real_profile = measured.profile
+    monkeypatch.setattr(measured, "profile", lambda *a, **k: counts.update(["profile"]) or
                         real_profile(*a, **k))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         opt = monet_opt.optimize(models.tiny_mlp(), torch.randn(64, 8), limit,
@@ -120,8 +120,8 @@ def test_precompute_channels_last_serves_a_channels_last_optimize(tmp_path, monk
     assert code == 0, err
     limit = int(next(line for line in out.splitlines() if "80% of" in line).split()[2])
     counts = collections.Counter()
-    real_profile = api.profile
-    monkeypatch.setattr(api, "profile", lambda *a, **k: counts.update(["profile"]) or
+    real_profile = measured.profile
+    monkeypatch.setattr(measured, "profile", lambda *a, **k: counts.update(["profile"]) or
                         real_profile(*a, **k))
     torch.manual_seed(0)
     model, x = zoo_models.tiny_cnn()
@@ -146,8 +146,8 @@ def test_precompute_solves_the_problem_optimize_plans(tmp_path, monkeypatch):
     row = next(line for line in out.splitlines() if "90% of" in line).split()
     limit, peak = int(row[2]), row[6] + " " + row[7]
     solved = []
-    real_profile, real_solve = api.profile, solvers.solve
-    monkeypatch.setattr(api, "profile", lambda *a, **k: solved.append("profile") or
+    real_profile, real_solve = measured.profile, solvers.solve
+    monkeypatch.setattr(measured, "profile", lambda *a, **k: solved.append("profile") or
                         real_profile(*a, **k))
     monkeypatch.setattr(solvers, "solve", lambda *a, **k: solved.append("solve") or
                         real_solve(*a, **k))
@@ -333,8 +333,8 @@ def test_a_time_limit_bounds_many_repeats(monkeypatch):
 
 def test_time_limited_profile_is_cached_apart(monkeypatch):
     counts = collections.Counter()
-    real = api.profile
-    monkeypatch.setattr(api, "profile", lambda *a, **k: counts.update(["p"]) or real(*a, **k))
+    real = measured.profile
+    monkeypatch.setattr(measured, "profile", lambda *a, **k: counts.update(["p"]) or real(*a, **k))
     model, x = models.tiny_mlp(), torch.randn(16, 8)
     with pytest.warns(ProfileTimeLimitWarning):
         monet_opt.optimize(model, x, HUGE, profile_repeats=1, profile_time_limit_s=1e-9)
@@ -351,8 +351,8 @@ def test_identical_calls_are_timed_once(monkeypatch):
     """A signature's repeats run once; each later op of it runs once, for its value, and that
     run is one more sample (NOTE [Noisy samples])."""
     results, timed, met = [], collections.Counter(), collections.Counter()
-    real_profile, real_call, real_signature = api.profile, profiler._call, profiler.signature
-    monkeypatch.setattr(api, "profile", lambda *a, **k: results.append(real_profile(*a, **k))
+    real_profile, real_call, real_signature = measured.profile, profiler._call, profiler.signature
+    monkeypatch.setattr(measured, "profile", lambda *a, **k: results.append(real_profile(*a, **k))
                         or results[-1])
     monkeypatch.setattr(profiler, "SPREAD", float("inf"))  # no second round of repeats
 

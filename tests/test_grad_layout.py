@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import monet_opt
-from monet_opt import api
+from monet_opt import measured
 from monet_opt.profiler import profile
 from tests.test_executor import HUGE, assert_plans_train_like_eager, assert_same, run_steps
 
@@ -164,7 +164,7 @@ def test_a_profile_that_withdrew_writes_into_arguments_is_served_from_the_direct
     in-place writes withdrawn above for a profile made by another monet_opt: every optimize()
     warned and profiled again. Now the second plans from the directory, silent and alike."""
     profiled = []
-    monkeypatch.setattr(api, "profile", lambda *a, **k: profiled.append(1) or profile(*a, **k))
+    monkeypatch.setattr(measured, "profile", lambda *a, **k: profiled.append(1) or profile(*a, **k))
     base = _LayerScaled().to(memory_format=torch.channels_last)
     x = torch.randn(8, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     first = monet_opt.optimize(base, x, HUGE, profile_repeats=1, profile_dir=tmp_path)

@@ -187,9 +187,9 @@ def test_a_loss_in_a_larger_storage_is_served_from_the_profile_directory(loss, m
     graph counts by their shapes: compared as lowered, the two never matched, so every
     optimize() warned that the profile was mismatched and profiled again (check_structure in
     monet_opt/cache_checks.py)."""
-    from monet_opt import api
-    profiled, profile = [], api.profile
-    monkeypatch.setattr(api, "profile", lambda *a, **k: profiled.append(1) or profile(*a, **k))
+    from monet_opt import measured
+    profiled, profile = [], measured.profile
+    monkeypatch.setattr(measured, "profile", lambda *a, **k: profiled.append(1) or profile(*a, **k))
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Tanh(),
                               torch.nn.Conv2d(8, 3, 3, padding=1))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import monet_opt
-from monet_opt import (alloc_events, api, conv_split, grad_in_place, memory, variants,
+from monet_opt import (alloc_events, conv_split, grad_in_place, measured, memory, variants,
                        variants_bits, variants_pool)
 from solvers import schedule_from_kept, simulate
 from solvers.variants import lightest
@@ -195,13 +195,13 @@ def free_variants(monkeypatch):
     """The profiler reports every variant's time as zero (workspaces as measured), so which
     variants a plan needs at a limit does not hinge on CPU timing noise: with them free, a plan
     that fits without recomputation beats any that recomputes."""
-    measured = api.profile
+    real = measured.profile
 
     def profile(*args, **kwargs):
-        result = measured(*args, **kwargs)
+        result = real(*args, **kwargs)
         return dataclasses.replace(result, variant_costs=tuple(
             (0.0, enc_ws, 0.0, run_ws) for _, enc_ws, _, run_ws in result.variant_costs))
-    monkeypatch.setattr(api, "profile", profile)
+    monkeypatch.setattr(measured, "profile", profile)
 
 
 @pytest.fixture
@@ -210,13 +210,13 @@ def even_times(monkeypatch):
     is never within auto's close-enough margin of the step (NOTE [Close enough]): under load
     a cheap op's recomputation was, and auto stopped at a plan recomputing it where the test
     wanted the plan that recomputes nothing."""
-    measured = api.profile
+    real = measured.profile
 
     def profile(*args, **kwargs):
-        result = measured(*args, **kwargs)
+        result = real(*args, **kwargs)
         return dataclasses.replace(result, op_time_s=(1e-3,) * len(result.op_time_s),
                                    op_rerun_s=(None,) * len(result.op_time_s))
-    monkeypatch.setattr(api, "profile", profile)
+    monkeypatch.setattr(measured, "profile", profile)
 
 
 def test_maxpool_variants_combine_in_a_plan(free_variants, even_times):
@@ -364,7 +364,7 @@ def test_a_lossy_encoding_is_priced_no_faster_than_its_op(monkeypatch):
     op by noise made store-all with it "faster" (allow_lossy): a lossy plan at a limit
     store-all met. Every run measured 1 ms faster here: the lossy encodings' cost at least
     their op's time; exact ones (a ReLU's bool mask) keep what they measured."""
-    profile = api.profile
+    profile = measured.profile
 
     def faster(*args, **kwargs):
         result = profile(*args, **kwargs)
@@ -372,7 +372,7 @@ def test_a_lossy_encoding_is_priced_no_faster_than_its_op(monkeypatch):
                  for enc_s, enc_ws, _, run_ws in result.variant_costs]
         return dataclasses.replace(result, variant_costs=costs)
 
-    monkeypatch.setattr(api, "profile", faster)
+    monkeypatch.setattr(measured, "profile", faster)
     model, x, _ = models.small_cnn()
     problem = monet_opt.lower_problem(model, x, profile_repeats=1, allow_lossy=True)
     lossy = [v for v in problem.variants

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import monet_opt
-from monet_opt import api, variants_bn, variants_impl
+from monet_opt import measured, variants_bn, variants_impl
 from monet_opt.variant_probe import relative_error
 from tests import models
 from tests.test_executor import HUGE, _check_memory
@@ -164,15 +164,15 @@ def test_convolution_backward_on_another_backend_is_within_its_bound():
 
 def _decree(monkeypatch, family: str, extra_s: float) -> None:
     """The profiler reports `family`'s variants as `extra_s` slower than their op."""
-    measured = api.profile
+    real = measured.profile
 
     def profile(joint, lowered, *args, **kwargs):
-        result = measured(joint, lowered, *args, **kwargs)
+        result = real(joint, lowered, *args, **kwargs)
         costs = tuple((e, ews, extra_s if site.family == family else t, ws)
                       for site, (e, ews, t, ws) in zip(lowered.variant_sites,
                                                        result.variant_costs))
         return dataclasses.replace(result, variant_costs=costs)
-    monkeypatch.setattr(api, "profile", profile)
+    monkeypatch.setattr(measured, "profile", profile)
 
 
 def test_a_faster_backend_is_chosen_and_trains_within_the_bound(monkeypatch):
