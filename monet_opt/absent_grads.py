@@ -93,15 +93,32 @@ def tangent_positions(bw: fx.GraphModule, joint: fx.GraphModule,
 def unless_absent(grad: torch.Tensor, outputs: tuple[int, ...],
                   k: int) -> torch.Tensor | None:
     """`grad` (the k-th the backward returns), or None where the running backward node was
-    handed no gradient for any of `outputs` (positions among the step's forward outputs) and
-    the input it goes to has no post-accumulate-grad hook: the engine runs that input's
-    AccumulateGrad all the same, and the hook (an optimizer stepped in the backward) met a
-    gradient of None; it is handed the zeros as before."""
+    handed no gradient for any of `outputs` (positions among the step's forward outputs); the
+    post-accumulate-grad hooks of the parameter it goes to are held back for this backward
+    (NOTE [Hooks of a parameter handed nothing])."""
     node = torch._C._current_autograd_node()
     absent = None if node is None else node.metadata.get(_KEY)
     if absent and all(j in absent for j in outputs):
         edges = node.next_functions
         leaf = getattr(edges[k][0], "variable", None) if k < len(edges) else None
-        if not getattr(leaf, "_post_accumulate_grad_hooks", None):
-            return None
+        hooks = getattr(leaf, "_post_accumulate_grad_hooks", None)
+        if hooks:
+            held = list(hooks.items())
+            hooks.clear()
+            torch.autograd.Variable._execution_engine.queue_callback(
+                lambda: hooks.update(held))
+        return None
     return grad
+
+
+# NOTE [Hooks of a parameter handed nothing]
+#   The engine runs a parameter's AccumulateGrad even where the step hands it no gradient, and
+#   so its post-accumulate-grad hooks, which eager never runs for a parameter the loss does not
+#   reach. Such a parameter was handed zeros, so that a hook reading p.grad met a tensor: an
+#   optimizer stepped in the backward (PyTorch's "optimizer in backward" recipe) then stepped
+#   an unread head on zeros, its momentum moving it (0.9 off eager's after three steps; Adam's
+#   step counts apart; optimizer probe, 2026-12-07). Now it is handed None as any other, and
+#   its hooks are taken off for the backward that hands it nothing (put back as the backward
+#   ends: the engine's final callback), so they run where eager's run, and only there. Not
+#   seen: the same parameter reached in that backward by another path outside the step (a
+#   weight tied to one outside it), whose hooks then do not run this once.

@@ -75,16 +75,27 @@ def test_autograd_grad_of_one_output_gives_none_for_the_other_heads():
     assert got[0][-1] is None
 
 
-def test_a_post_accumulate_hook_on_an_unread_head_is_handed_zeros():
-    """The optimizer stepped in the backward (p.grad.mul_ in a post-accumulate-grad hook): the
-    engine runs an unread head's AccumulateGrad all the same, and the hook met None."""
+def test_an_optimizer_in_the_backward_steps_only_what_eager_steps():
+    """NOTE [Hooks of a parameter handed nothing]: the unread head was handed zeros, so an
+    optimizer stepped in a post-accumulate-grad hook (PyTorch's recipe) moved it by its
+    momentum; eager never runs its hooks. Its hooks are held back for that backward only."""
     torch.manual_seed(0)
     model, x = _TwoHeads(), torch.randn(32, 8)
+    eager = copy.deepcopy(model)
     opt = _optimized(model, x, False)
-    def halve(p):
-        p.grad.mul_(0.5)
-
-    for p in model.parameters():
-        p.register_post_accumulate_grad_hook(halve)
-    opt(x)[0].sum().backward()
-    assert all(p.grad is not None for p in model.a.parameters())
+    ran = {id(m): [] for m in (model, eager)}
+    for owner in (model, eager):
+        steps = {p: torch.optim.SGD([p], lr=0.1, momentum=0.9) for p in owner.parameters()}
+        for name, p in owner.named_parameters():
+            def step(p, name=name, owner=owner, steps=steps):
+                ran[id(owner)].append(name)
+                steps[p].step()
+                steps[p].zero_grad()
+            p.register_post_accumulate_grad_hook(step)
+    for head in (0, 1, 0):  # the second reads head b: its hooks are back and run
+        for module in (opt, eager):
+            torch.manual_seed(1)
+            module(x)[head].sum().backward()
+    assert sorted(ran[id(model)]) == sorted(ran[id(eager)])
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters()))
+    assert all(p.grad is None for p in model.parameters())
