@@ -5,11 +5,16 @@ largest batch a plan fits under a limit."""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import signal
 import sys
 import warnings
 
 from monet_opt.errors import MonetError, UsageError
+
+
+_READING = ("list", "explain")  # commands whose output is all they do
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,9 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: what was stored stays (each file written whole)
         print(f"monet-opt {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader (`| head`) left; not an error
+    except BrokenPipeError:  # the reader (`| head`) left: not an error where it only reads
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so exit's flush does not fail
-        return 0
+        # a precompute left unfinished (its progress notes go to that pipe too) said 0 with
+        # nothing stored: as a process the pipe's signal ends says (CLI probe, 2026-12-07)
+        return 0 if args.command in _READING else 128 + signal.SIGPIPE
+    except OSError as exc:  # a profile directory it cannot read, a full disk: said, no trace
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS):
+            raise
+        print(f"monet-opt {args.command}: error: {exc.strerror}: {exc.filename or ''}",
+              file=sys.stderr)
+        return 1
     finally:
         warnings.formatwarning = _format
 

@@ -109,7 +109,7 @@ def _bound_text(err: InfeasibleBudgetError, bound: Any, least: str,
                 f"smaller batch, or raise memory_limit above that: {least} is the least peak "
                 "this solve reached, and fits.")  # not the least there is: an API probe's
         #                 limit 6 % under the one it named fitted (2026-12-06)
-    if solver in _FIXED:  # it makes one schedule, whatever the time
+    if solver in FIXED:  # it makes one schedule, whatever the time
         return (f" No schedule peaks below {sizes}, so a plan between may exist, which "
                 f"solver='auto' may find ({solver!r} makes one schedule); otherwise raise " + act)
     if err.searched:
@@ -121,7 +121,7 @@ def _bound_text(err: InfeasibleBudgetError, bound: Any, least: str,
             f"{longer} may find it; otherwise raise " + act)
 
 
-_FIXED = ("store_all", "chen_sqrt")  # solvers that search nothing
+FIXED = ("store_all", "chen_sqrt")  # solvers that search nothing
 # NOTE [Proven or not found]: a solve that ended before this share of its time limit stopped
 # searching on its own (the least-peak probes met their bound): a longer one was advised, and
 # at 10, 120 and 300 s each ended in 0.8 s at the same least peak (limits probe, 2026-12-07)

@@ -26,7 +26,7 @@ from monet_opt import api
 from monet_opt.cache import Profile, ProfileCache
 from monet_opt.cli_inputs import (device_of, load_factory, parse_shape, positive_seconds,
                                   profile_root)
-from monet_opt.errors import UsageError, internal_assert
+from monet_opt.errors import FIXED, UsageError, internal_assert
 from monet_opt.plan import Plan, make_plan
 from monet_opt.units import Share, exact_bytes, format_bytes, parse_limit
 
@@ -282,6 +282,10 @@ def _outcome(profile: Profile, result: solvers.SolveResult, limit: int,
         return (f"infeasible: the least feasible peak is {exact_bytes(least)}, "
                 f"and the step's sizes alone need {format_bytes(bound)}; ask for at least "
                 f"{format_bytes(least)}")
+    if result.solver in FIXED:  # a longer search finds nothing: it makes one schedule
+        return (f"infeasible: the least feasible peak is {exact_bytes(least)}; ask for at "
+                f"least that, or --solver auto may find one down to {format_bytes(bound)} "
+                f"(the step's sizes; {result.solver} makes one schedule)")
     return (f"infeasible: the least feasible peak is {exact_bytes(least)}; ask "
             f"for at least that, or a longer --time-limit-s may find one down to "
             f"{format_bytes(bound)} (the step's sizes)")

@@ -97,6 +97,31 @@ def test_ctrl_c_and_an_unknown_solver_are_said_in_one_line(tmp_path, monkeypatch
     assert exit_.value.code == 2
 
 
+@pytest.mark.parametrize("raised, code, said", [
+    (BrokenPipeError(), 141, ""),  # the reader left: precompute stored nothing, said 0
+    (PermissionError(13, "Permission denied", "locked/sub"), 1,
+     "monet-opt precompute: error: Permission denied: locked/sub\n")])
+def test_a_precompute_that_cannot_finish_says_so(tmp_path, monkeypatch, raised, code, said):
+    """CLI probe, 2026-12-07: `precompute ... 2>&1 | head -1` exited 0 with no schedule
+    stored; an unreadable profile directory ended in a traceback."""
+    from monet_opt import precompute as precompute_module
+
+    def failing(args):
+        raise raised
+    monkeypatch.setattr(precompute_module, "build", failing)
+    got, _, err = run_cli("precompute", FACTORY, "--input-shape", "2x8", "--profile-dir",
+                          str(tmp_path))
+    assert (got, err) == (code, said)
+
+
+def test_a_solver_that_makes_one_schedule_is_not_told_to_search_longer(tmp_path):
+    """It was told a longer --time-limit-s may find one (CLI probe, 2026-12-07)."""
+    out = precompute(tmp_path, "4x8", "--limits", "50% of activations", "--solver",
+                     "store_all")
+    assert "--solver auto may find one" in out and "store_all makes one schedule" in out
+    assert "--time-limit-s" not in out
+
+
 def test_a_schedule_file_under_another_name_is_not_listed_as_another_limit(tmp_path):
     """A copy named for 2 MiB was listed again (the limit its key holds); the name is its
     key's."""
