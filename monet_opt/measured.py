@@ -19,8 +19,8 @@ from solvers.variants import useless as useless_variants
 
 
 def measured_problem(joint, lowered: Lowered, primals: list[torch.Tensor], repeats: int,
-              allow_lossy: bool = False, time_limit_s: float | None = None,
-              memory_limit: int | None = None) -> solvers.Problem:
+                     allow_lossy: bool = False, time_limit_s: float | None = None,
+                     memory_limit: int | None = None) -> solvers.Problem:
     """`lowered.problem` with each op's and variant's measured costs, outputs' bytes (NOTE
     [Outputs larger than their shapes]) and the loss scalars' bytes. A variant not bitwise the
     op's is withdrawn (warning) unless its family is lossy, lossy ones are allowed and it is
