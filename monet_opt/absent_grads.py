@@ -103,12 +103,22 @@ def unless_absent(grad: torch.Tensor, outputs: tuple[int, ...],
         leaf = getattr(edges[k][0], "variable", None) if k < len(edges) else None
         hooks = getattr(leaf, "_post_accumulate_grad_hooks", None)
         if hooks:
-            held = list(hooks.items())
+            _HELD.append((hooks, list(hooks.items())))
             hooks.clear()
-            torch.autograd.Variable._execution_engine.queue_callback(
-                lambda: hooks.update(held))
+            torch.autograd.Variable._execution_engine.queue_callback(put_back_hooks)
         return None
     return grad
+
+
+_HELD: list[tuple[dict, list]] = []  # NOTE [Hooks of a parameter handed nothing]
+
+
+def put_back_hooks() -> None:
+    """The post-accumulate-grad hooks held back, put back: as the backward ends, and as the
+    next step is made (a backward that raised ran no final callback)."""
+    while _HELD:
+        hooks, held = _HELD.pop()
+        hooks.update(held)
 
 
 # NOTE [Hooks of a parameter handed nothing]
@@ -119,6 +129,7 @@ def unless_absent(grad: torch.Tensor, outputs: tuple[int, ...],
 #   an unread head on zeros, its momentum moving it (0.9 off eager's after three steps; Adam's
 #   step counts apart; optimizer probe, 2026-12-07). Now it is handed None as any other, and
 #   its hooks are taken off for the backward that hands it nothing (put back as the backward
-#   ends: the engine's final callback), so they run where eager's run, and only there. Not
+#   ends, by the engine's final callback, or where that backward raised, as the next step is
+#   made), so they run where eager's run, and only there. Not
 #   seen: the same parameter reached in that backward by another path outside the step (a
 #   weight tied to one outside it), whose hooks then do not run this once.

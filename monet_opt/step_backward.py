@@ -11,6 +11,7 @@ def hook(returned: list, outputs, feeding: tuple[int, ...]) -> None:
     gradients as handed], [Backward under autocast], [Retained graphs, said] and [Hooks on an
     output others are computed from] (`feeding`: those outputs' leaf positions in
     `outputs`)."""
+    absent_grads.put_back_hooks()  # any a backward that raised held back
     backward = absent_grads.step_node(returned)
     mutation_tangents.no_zeros(backward)
     for hooked in (absent_grads, handed_grads, autocast_backward, retained_graphs):

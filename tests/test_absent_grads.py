@@ -99,3 +99,27 @@ def test_an_optimizer_in_the_backward_steps_only_what_eager_steps():
     assert sorted(ran[id(model)]) == sorted(ran[id(eager)])
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters()))
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_hooks_held_back_by_a_backward_that_raised_come_back():
+    """The hooks are put back by the engine's final callback, which a backward that raises
+    never runs: they were lost for good. The next step puts them back."""
+    torch.manual_seed(0)
+    model, x = _TwoHeads(), torch.randn(32, 8)
+    opt = _optimized(model, x, False)
+    ran = []
+    for name, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda p, name=name: ran.append(name))
+    out = opt(x)
+    out[0].register_hook(lambda g: g)  # the step's node runs, handing head b nothing
+
+    def fail(g):
+        raise RuntimeError("stop")
+    h = model.body[0].weight.register_hook(fail)  # raises after the step's node ran
+    with pytest.raises(RuntimeError, match="stop"):
+        out[0].sum().backward()
+    h.remove()
+    model.zero_grad(set_to_none=True)
+    ran.clear()
+    opt(x)[1].sum().backward()  # head b read: its hooks run
+    assert {"b.0.weight", "b.2.bias"} <= set(ran)
