@@ -140,6 +140,19 @@ class Watched:
                 k += 1
         return tuple(settled)
 
+    def pairs(self, before: tuple, now: tuple):
+        """(module position, attribute, value before, value now) for each module attribute
+        watched, plain or read by the code (not a config's), as values() lays them out."""
+        k = 2
+        for position, in_config, names in self.where:
+            for name in names:
+                if not in_config:
+                    yield position, name, before[k], now[k]
+                k += 1
+        k = len(now) - 1 - len(self.read_by_code)  # before the methods' tuple
+        for offset, (position, name) in enumerate(self.read_by_code):
+            yield position, name, before[k + offset], now[k + offset]
+
     def changed(self, model: nn.Module, before: tuple, now: tuple) -> str:
         """'drop.p 0.1 -> 0.5, ...': the values that differ, named by module."""
         names = [name for name, _ in model.named_modules()]

@@ -45,15 +45,8 @@ def refuse_flags_flipped(model: nn.Module, watched: Watched, before: tuple, now:
     """NOTE [A flag the forward sets once]: CaptureError naming each bool attribute of a
     module that tracing flipped, each put back first."""
     modules, names = list(model.modules()), [name for name, _ in model.named_modules()]
-    flipped, k = [], 2
-    for p, in_config, attrs in watched.where:
-        for name in attrs:
-            if not in_config:
-                flipped += _flip(modules, p, name, before[k], now[k])
-            k += 1
-    k = len(now) - 1 - len(watched.read_by_code)  # read_by_code's values, before methods'
-    for offset, (p, name) in enumerate(watched.read_by_code):
-        flipped += _flip(modules, p, name, before[k + offset], now[k + offset])
+    flipped = [(p, name, old, new) for p, name, old, new in watched.pairs(before, now)
+               if type(old) is bool and type(new) is bool and old != new and p < len(modules)]
     if not flipped:
         return
     for p, name, old, _ in flipped:
@@ -70,8 +63,3 @@ def refuse_flags_flipped(model: nn.Module, watched: Watched, before: tuple, now:
         "flag meant to change at every step belongs in a buffer (NOTE [A flag the forward "
         "sets once] in monet_opt/side_effects.py).")
 
-
-def _flip(modules: list[nn.Module], p: int, name: str, old: object, new: object) -> list:
-    if type(old) is bool and type(new) is bool and old != new and p < len(modules):
-        return [(p, name, old, new)]
-    return []
