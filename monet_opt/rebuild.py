@@ -55,18 +55,19 @@ def rebuild_joint(joint: fx.GraphModule, lowered: Lowered, schedule: Schedule,
     fwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[:num_fwd_outputs]]
     forward = dict(e.current)
     e.enter_backward(schedule)
-    for k, i in enumerate(schedule.backward, start=len(problem.forward_ops)):
+    steps = [(k, i) for k, i in enumerate(schedule.backward, start=len(problem.forward_ops))
+             if i in encodes or lowered.op_nodes[i] in nodes]  # not an unchosen variant's
+    whole = e.whole_reruns(steps, encodes, reread)  # encode op (it makes nothing one reads)
+    for k, i in steps:
         if i in encodes:
             e.emit_encode(encodes[i], lowered.op_nodes[i])
             continue
-        if lowered.op_nodes[i] not in nodes:
-            continue  # an unchosen variant's encode op: it makes nothing anyone reads
         node = nodes[lowered.op_nodes[i]]
         if i in reread:
             e.reread(node, forward)
             continue
         e.emit(node, rerun=not problem.ops[i].is_backward, variant=runs.get(node.name),
-               overwrite=overwrites.get(k))
+               overwrite=overwrites.get(k), whole=k in whole)
     bwd_values = [e.value(a) if isinstance(a, fx.Node) else a for a in outs[num_fwd_outputs:]]
     e.release_states()
     new_out = e.g.output(tuple(fwd_values + bwd_values))
@@ -163,13 +164,14 @@ class _Emitter:
 
     def emit(self, old: fx.Node, rerun: bool = False,
              capture_slot: bool = False, variant: list | None = None,
-             overwrite: int | None = None) -> None:
+             overwrite: int | None = None, whole: bool = False) -> None:
         """Run `old` here: its op node and the getitems of its outputs. With chosen variants
         (sites), the library's replacement runs on their encoded arguments instead. overwrite:
         the tensor the simulator has it write into (NOTE [Writing into a dying input]).
         capture_slot: copy the generator state before it into the op's slot, for its
         recomputation or a replaying variant (NOTEs [The step's generator states], [A replay's
-        state] in monet_opt/recompute.py)."""
+        state] in monet_opt/recompute.py). whole: a recomputed training BatchNorm as the
+        forward ran it (NOTE [Recomputing BatchNorm] 4 there)."""
         n_keep = None
         if capture_slot:
             self._capture_slot(old)
@@ -183,7 +185,7 @@ class _Emitter:
             new = self._copy(old, (names, params, *args), kwargs,  # mask and its gradient ...]
                              target=variants.run_into if into else variants.run)
         elif rerun:
-            target, args, kwargs, n_keep = recompute.recompute_form(old)
+            target, args, kwargs, n_keep = recompute.recompute_form(old, whole)
             if recompute.is_random(old):
                 device = str(recompute.first_tensor(old).device)
                 op_name = recompute.op_qualname(target)
@@ -223,6 +225,46 @@ class _Emitter:
                 self.current.pop(gi.name, None)
                 continue
             self.current[gi.name] = self._copy(gi, (old, gi.args[1]), {})
+
+    def whole_reruns(self, steps: list[tuple[int, int]], encodes: dict,
+                     reread: set[int]) -> set[int]:
+        """The positions of the backward's (position, op) `steps` that recompute a training
+        BatchNorm whose new running statistics a later step reads (NOTE [Recomputing BatchNorm]
+        4 in monet_opt/recompute.py): a scan from the end, reads taken through the views the
+        step makes again from what they view."""
+        read: set[str] = set()  # what later steps read from earlier ones
+        whole: set[int] = set()
+        for k, i in reversed(steps):
+            name = self.lowered.op_nodes[i]
+            if i in encodes:
+                site = encodes[i]
+                made = {name}
+                reads = () if variants.family(site.family).draw is not None else \
+                    self.nodes[site.backward_node].args[site.arg]
+            else:
+                node = self.nodes[name]
+                made = {name, *(gi.name for gi in self.getitems.get(name, []))}
+                rerun = not self.lowered.problem.ops[i].is_backward
+                if rerun and {gi.name for gi in recompute.new_stats(node)} & read:
+                    whole.add(k)
+                reads = () if i in reread else recompute.recompute_form(node, k in whole)[1:3] \
+                    if rerun else recompute.effective_args(node)
+            read -= made
+            read |= self._through_views(reads)
+        return whole
+
+    def _through_views(self, args) -> set[str]:
+        """The names of the nodes `args` read, a view's being what it views."""
+        found: set[str] = set()
+        stack: list[fx.Node] = []
+        fx.node.map_arg(args, stack.append)
+        while stack:
+            node = stack.pop()
+            if node.name in self.lowered.view_nodes:
+                fx.node.map_arg((node.args, node.kwargs), stack.append)
+            else:
+                found.add(node.name)
+        return found
 
     def reread(self, old: fx.Node, forward: dict[str, fx.Node]) -> None:
         """`old`'s outputs, recomputed, read from their copies in the forward (`forward`)."""

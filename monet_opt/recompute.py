@@ -13,6 +13,15 @@ NOTE [Recomputing BatchNorm]
      dropped the statistics too.
   3. The training-mode backward (`native_batch_norm_backward`, train=True) ignores its running
      mean/var arguments; the executor passes None so the backward holds no statistics.
+  4. Where the new running statistics are read by more than the copy into the buffer (a tracked
+     InstanceNorm called twice, by a checkpoint or as a shared module: they go through `mean`
+     and `copy` into the second call's), a schedule may recompute those readers in the
+     backward, and so this BatchNorm, whose no-stats form made no statistics: the rebuild
+     failed ("getitem_3 is read where the schedule has no copy of it": a tracked InstanceNorm
+     applied twice at 19 of 25 random schedules; tests/test_reentrant.py's once in CI). There
+     the recomputation runs the BatchNorm as the forward did (`whole`), as the simulator counts
+     it, on the copies of the buffers made as the step began (NOTE [Buffers the step updates]:
+     `stats_read_on` has them made), not the buffers the forward updated.
 
 NOTE [Recomputing random ops]
   A random op (dropout's `native_dropout`, `rand`, `bernoulli`...) that the schedule recomputes
@@ -66,6 +75,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 from typing import Any, Callable
 
 import torch
@@ -135,13 +145,34 @@ def tensor_args(node: fx.Node) -> list[fx.Node]:
     return found
 
 
-def recompute_form(node: fx.Node) -> tuple[object, tuple, dict, int | None]:
-    """(target, args, kwargs, number of outputs kept) for recomputing `node` in the backward."""
+def recompute_form(node: fx.Node, whole: bool = False
+                   ) -> tuple[object, tuple, dict, int | None]:
+    """(target, args, kwargs, number of outputs kept) for recomputing `node` in the backward;
+    whole: a training BatchNorm as the forward ran it (NOTE [Recomputing BatchNorm] 4)."""
     args, kwargs = effective_args(node)
-    if node.target is cudnn_bn.TRAIN:
+    if node.target is cudnn_bn.TRAIN and not whole:
         inp, weight, bias, _rm, _rv, training, momentum, eps = args
         return cudnn_bn.RECOMPUTE, (inp, weight, bias, training, momentum, eps), kwargs, 3
     return node.target, args, kwargs, None
+
+
+def new_stats(node: fx.Node) -> list[fx.Node]:
+    """The getitems of training BatchNorm `node`'s new running statistics."""
+    return [u for u in node.users if u.target is operator.getitem and u.args[1] >= 3]
+
+
+def stats_read_on(node: fx.Node) -> bool:
+    """Whether training BatchNorm `node`'s new running statistics are read by an op other than
+    a training BatchNorm taking them as its own (whose are then asked the same), and so may be
+    read by a recomputation (NOTE [Recomputing BatchNorm] 4)."""
+    if node.target is not cudnn_bn.TRAIN:
+        return False
+    for user in (u for stat in new_stats(node) for u in stat.users if u.op != "output"):
+        takes = user.target is cudnn_bn.TRAIN and all(
+            a not in node.users for k, a in enumerate(user.args) if k not in (3, 4))
+        if not takes or stats_read_on(user):
+            return True
+    return False
 
 
 # ---- generator state capture and replay (called from the executed FX graphs) ----

@@ -197,8 +197,9 @@ def snapshots(joint: fx.GraphModule, is_view) -> list[fx.Node]:
 
 
 def rerun_reads(node: fx.Node) -> list[fx.Node]:
-    """The nodes a recomputation of `node` reads (BatchNorm's drops its running statistics)."""
-    _, args, kwargs, _ = recompute.recompute_form(node)
+    """The nodes a recomputation of `node` may read (BatchNorm's drops its running statistics
+    where nothing else reads the new ones: NOTE [Recomputing BatchNorm] 4)."""
+    _, args, kwargs, _ = recompute.recompute_form(node, whole=recompute.stats_read_on(node))
     found: list[fx.Node] = []
     fx.node.map_arg((args, kwargs), found.append)
     return found
