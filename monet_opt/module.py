@@ -36,7 +36,7 @@ from monet_opt.replan_text import WHAT_TO_DO, call_hints, situation, too_many
 from monet_opt.step import (ReplanWarning, Step, describe_autocast, param_key,
                             resident_gradient_bytes, resident_positions, step_key)
 from monet_opt.units import format_bytes
-from monet_opt.walk import Walk
+from monet_opt.walk import Walk, layout, moved
 
 
 # NOTE [New input shapes]
@@ -132,8 +132,9 @@ class OptimizedModule(ModelState):
         self.model = model
         self.plan = first.plan
         self._first = first
-        self._first_params = param_key(dict(model.named_parameters()),
-                                       dict(model.named_buffers()))
+        self._first_params = param_key(dict(model.named_parameters()),  # NOTE [A slot
+                                       dict(model.named_buffers())) + (  # pointed at another
+            layout(list(model.modules())),)  # module] in monet_opt/walk.py
         self._hooks = hooks_of(list(model.modules()))  # NOTE [Module hooks]
         # NOTE [Cumulative averages, unplanned]: those made so after optimize() run the model
         self._cumulative = frozenset(eval_steps.cumulative_norms(model, training_only=False))
@@ -244,7 +245,7 @@ class OptimizedModule(ModelState):
         inputs = InputSpec.tensors_of(leaves, "monet_opt: every argument of a training step") \
             if new_structure else first.check(leaves, structure, any_shape=self._any_shape)
         resident = resident_positions(list(named.values()))
-        now = param_key(named, buffers)
+        now = param_key(named, buffers) + (self._walk.layout,)
         resident_bytes = resident_gradient_bytes(self.model, inputs, bool(resident))
         shared = storage_groups(inputs)  # NOTE [Inputs that share a storage]
         watched, base = self._watching(modules)
@@ -262,13 +263,14 @@ class OptimizedModule(ModelState):
             if set(eval_steps.cumulative_norms(self.model)) - self._cumulative:
                 raise eval_steps.RunItself  # NOTE [Cumulative averages, unplanned]
             self._refused.again(key)  # NOTE [Situations found infeasible]
-            why = ("params" if now != self._first_params else "resident" if resident_bytes
+            why = ("params" if now[:-1] != self._first_params[:-1]
+                   else "resident" if resident_bytes
                    else "outputs_held" if held
                    else "autocast" if autocast != self._autocast
                    else "hooks" if hooks != self._hooks
                    else "structure" if new_structure
                    else "sharing" if shared != self._first.shared
-                   else "attributes" if values != self._first_values
+                   else "attributes" if values != self._first_values or now != self._first_params
                    else "input_grads" if [s.requires_grad for s in specs] !=
                    [s.requires_grad for s in first.leaves]
                    else "dtypes" if [s.dtype for s in specs] != [s.dtype for s in first.leaves]
@@ -276,6 +278,7 @@ class OptimizedModule(ModelState):
                    else "entries" if [s.sparse for s in specs] != [s.sparse for s in first.leaves]
                    else "layouts")
             changed = ", ".join(filter(None, (
+                moved(self.model, self._first_params[-1], now[-1]),
                 self._watched.changed(self.model, self._first_values, values)
                 if values != self._first_values else "",  # modules added or swapped, if any
                 watched.changed(self.model, base, values)  # ... and since, where they were

@@ -28,11 +28,13 @@ Found = tuple[list[nn.Module], dict[str, torch.Tensor], dict[str, torch.Tensor]]
 
 
 class Walk:
-    """walk(model), kept from the last call where the modules it found are as they were."""
+    """walk(model), kept from the last call where the modules it found are as they were, and
+    `layout`, theirs (NOTE [A slot pointed at another module])."""
 
     def __init__(self) -> None:
         self._record: tuple | None = None
         self._modules: list[nn.Module] = []
+        self.layout: tuple = ()
         # per kind: the names, and where in _read's list (Nones and ties in it) each tensor is
         self._names: list[tuple[tuple[str, ...], tuple[int, ...]]] = []
 
@@ -46,9 +48,45 @@ class Walk:
         found = walk(model)
         self._record, *own = _read(found[0])
         self._modules = found[0]
+        self.layout = layout(found[0])
         self._names = [(tuple(named), _places(named.values(), tensors))
                        for named, tensors in zip(found[1:], own)]
         return found
+
+
+# NOTE [A slot pointed at another module]
+#   modules() names each module once, under its first name, so two models whose slots hold the
+#   same modules otherwise (a multi-task loop's `model.head = model.heads[task]`; a depth
+#   schedule's `self.active = nn.ModuleList(self.layers[i] for i in subset)`) walk alike: the
+#   same modules, parameters and buffers, in the same order. A step traced with `head` as
+#   `heads[0]` ran on as it after `head` was pointed at `heads[1]`, training the first head
+#   where eager trains the second (outputs 0.51 off; schedules probe, 2026-12-07). So which
+#   module each slot holds (its place in modules()) is part of a step's key (NOTE [Parameters
+#   changed] in monet_opt/module.py): another layout is planned anew, as a module replaced is.
+def layout(modules: list[nn.Module]) -> tuple:
+    """Where in `modules` (model.modules()) each one's children are (None: a slot holding
+    None)."""
+    at = {id(m): k for k, m in enumerate(modules)}
+    return tuple(tuple(None if c is None else at[id(c)] for c in _VALUES(_CHILDREN(m)))
+                 for m in modules)
+
+
+def moved(model: nn.Module, before: tuple, now: tuple) -> str:
+    """"module 'head' heads.0 -> heads.1, ...": the slots holding other modules than in
+    layout `before` (both of `model`'s modules as they are now; none where modules were
+    added or removed: the values watched say so)."""
+    if len(before) != len(now):
+        return ""
+    names = [name or "the model" for name, _ in model.named_modules()]
+    shown = lambda at: "None" if at is None else names[at]  # noqa: E731
+    found = []
+    for k, (module, old, kids) in enumerate(zip(model.modules(), before, now)):
+        if len(old) != len(kids):
+            found.append(f"module {names[k]!r} holds {len(kids)} modules, not {len(old)}")
+            continue
+        found += [f"module {(f'{names[k]}.{key}' if k else key)!r} {shown(was)} -> {shown(new)}"
+                  for key, was, new in zip(_KEYS(_CHILDREN(module)), old, kids) if was != new]
+    return ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
 
 
 def _places(named, tensors: list) -> tuple[int, ...]:
