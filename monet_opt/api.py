@@ -9,10 +9,10 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import (branches, capture, grouped_attention, host_random, in_flight, input_spec,
-                       joint_passes, kept_states, merged_inputs, ones_masks, output_hooks,
-                       outside_grads, params_read, progress, recompute, refusals, rewrite,
-                       side_effects, unseeded, updated_buffers, variants_bn)
+from monet_opt import (branches, capture, grouped_attention, held_in, host_random, in_flight,
+                       input_spec, joint_passes, kept_states, merged_inputs, ones_masks,
+                       output_hooks, outside_grads, params_read, progress, recompute, refusals,
+                       rewrite, side_effects, unseeded, updated_buffers, variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -137,7 +137,8 @@ def optimize(model: nn.Module, sample_input: Any, memory_limit: int | str | Shar
                     attributes=run.attributes,  # NOTE [Tensors held as attributes]
                     outputs_held=outputs_held,  # NOTE [Outputs held through the backward]
                     saved_inputs=planner.saved_inputs,  # NOTE [Inference tensors kept]
-                    feeding=planner.feeding)  # NOTE [Hooks on an output others are computed from]
+                    feeding=planner.feeding,  # NOTE [Hooks on an output others are computed from]
+                    held=held_in.held_in(model, planner.constants))  # NOTE in held_in.py
 
     autocast = capture.autocast_state()  # NOTE [Autocast is traced]
     warn_if_lstm(model)  # NOTE [Eager's own kernels]
@@ -252,6 +253,7 @@ class _Planner:
         self.inputs, self.storage_extra, self.beside_pass = "", 0, 0
         self.saved_inputs: tuple[int, ...] = ()  # NOTE [Inference tensors kept]
         self.feeding: tuple[int, ...] = ()  # NOTE [Hooks on an output others are computed from]
+        self.constants: frozenset[int] = frozenset()  # NOTE [Tensors held in containers]
         self.problem: solvers.Problem | None = None
         self.profile: Profile | None = None
         self.plan: Plan | None = None
@@ -270,6 +272,7 @@ class _Planner:
         branches.refuse_branches(joint)  # NOTE [Branches taken by value]
         merged_inputs.refuse_merged(joint, self.primals, len(self.primals) - self.num_inputs)
         params_read.refuse_trained_constants(joint, self.primals, num_fwd_outputs)  # NOTE there
+        self.constants = held_in.constant_storages(joint)  # NOTE [Tensors held in containers]
         self.feeding = output_hooks.feeding(joint, returned)  # before the graph is rewritten
         joint_passes.rewrite(joint, num_fwd_outputs, self.primals, self.families, self.grouped)
         plain = lower(joint, num_fwd_outputs, name=self.name)

@@ -14,8 +14,8 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from monet_opt import (eval_steps, ones_masks, output_grad, outputs_fp32, refusals, saved_hooks,
-                       stats_in_place, step_backward)
+from monet_opt import (eval_steps, held_in, ones_masks, output_grad, outputs_fp32, refusals,
+                       saved_hooks, stats_in_place, step_backward)
 from monet_opt.alloc_events import UNMEASURED
 from monet_opt.attributes import TRAINING, Watched
 from monet_opt.capture import autocast_state
@@ -219,6 +219,7 @@ class OptimizedModule(ModelState):
         self._in_flight.starting()  # NOTE [Steps in flight]
         try:  # NOTE [Tensors held as attributes] in monet_opt/attribute_tensors.py
             attributes = attribute_values(self.model, step.attributes)
+            held_in.check(self.model, step.held)  # NOTE [Tensors held in containers]
             with stats_in_place.versions_kept(modules):  # NOTE [The statistics' versions]
                 outputs = step.run(*mine, *buffers.values(), *attributes, *inputs)
         except BaseException as err:

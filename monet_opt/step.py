@@ -46,6 +46,7 @@ class Step:
     outputs_held: bool = False  # planned with its outputs held to its end (held_outputs.py)
     saved_inputs: tuple[int, ...] = ()  # inputs its backward keeps (NOTE [Inference tensors kept])
     feeding: tuple[int, ...] = ()  # outputs others are computed from (output_hooks.py)
+    held: tuple = ()  # containers whose tensors it holds as constants (held_in.py)
 
     @property
     def label(self) -> str:
