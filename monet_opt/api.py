@@ -12,7 +12,8 @@ from torch import nn
 from monet_opt import (branches, capture, grouped_attention, held_in, host_random, in_flight,
                        input_spec, joint_passes, kept_states, merged_inputs, ones_masks,
                        output_hooks, outside_grads, params_read, progress, recompute, refusals,
-                       rewrite, side_effects, unseeded, updated_buffers, variants_bn)
+                       rewrite, side_effects, twice_passed, unseeded, updated_buffers,
+                       variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
 from monet_opt.attribute_tensors import attribute_values
@@ -211,7 +212,7 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     planner.grouped = not grouped_attention.eager_masks(model)
     progress.tracing(planner.name, planner.inputs)  # NOTE [Progress]
     devices = cuda_devices(planner.primals)
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=devices), twice_passed.refused_if_differentiated(inputs):
         step = capture.first_call(model, spec, args, kwargs, planner.primals, planner.partition,
                                   partitioned=lambda: planner.partitioned)
     if planner.problem is None:  # AOTAutograd compiled it for inference: no output needs grad
