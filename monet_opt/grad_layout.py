@@ -20,6 +20,8 @@ import torch
 import torch.fx as fx
 
 from monet_opt import phase
+from monet_opt.errors import CaptureError
+from monet_opt.refusals import DENSE
 from monet_opt.placeholders import primal_placeholders
 
 aten = torch.ops.aten
@@ -36,6 +38,11 @@ def match_gradient_layouts(gm: fx.GraphModule, num_fwd_outputs: int) -> int:
         if not isinstance(grad, fx.Node):
             continue
         param, value = primal.meta.get("val"), grad.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.layout != torch.strided:
+            raise CaptureError(  # a module's is refused before the trace (refusals.py)
+                "monet_opt.optimize: a parameter's gradient is a sparse tensor (an embedding "
+                "looked up with sparse=True: F.embedding(..., sparse=True), F.embedding_bag), "
+                "which a traced backward cannot make. Look it up with sparse=False" + DENSE)
         fmt = _format_of(param) if isinstance(value, torch.Tensor) else None
         if fmt is None or _same_strides(param, value):
             continue

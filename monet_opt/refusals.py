@@ -60,6 +60,10 @@ def refuse_sharded(model: torch.nn.Module, who: str) -> None:
             "DistributedDataParallel(opt, gradient_as_bucket_view=True).")
 
 
+DENSE = (" (a dense gradient, which torch.optim's Adam, Adagrad and SGD take; SparseAdam "
+         "takes only sparse ones: use Adam), or freeze its weight.")
+
+
 def refuse_untraceable(model: torch.nn.Module) -> None:
     """CaptureError, before tracing, for modules a traced step cannot hold, naming the module
     and what to do (traced, each failed deep inside AOTAutograd without naming a line):
@@ -91,8 +95,8 @@ def refuse_untraceable(model: torch.nn.Module) -> None:
                 and module.weight.requires_grad:
             raise CaptureError(
                 f"monet_opt.optimize: {what} has sparse=True, so its weight's gradient is a "
-                "sparse tensor, which a traced backward cannot make. Build it with sparse=False "
-                "(a dense gradient, which torch.optim's SGD and Adam take), or freeze its weight.")
+                "sparse tensor, which a traced backward cannot make. Build it with sparse=False"
+                + DENSE)
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training \
                 and module.momentum is None and module.track_running_stats:
             raise CaptureError(

@@ -341,3 +341,28 @@ def test_what_a_trace_cannot_hold_says_what_to_do(model, says):
     with pytest.raises(monet_opt.CaptureError, match=says) as caught:
         monet_opt.optimize(model(), torch.randn(4, 8), HUGE, profile_dir=None)
     assert ".item()" not in str(caught.value) and "out.dtype" not in str(caught.value)
+
+
+class _FunctionalSparse(nn.Module):
+    """A table looked up with F.embedding or F.embedding_bag, sparse=True (DLRM-style)."""
+
+    def __init__(self, bag: bool) -> None:
+        super().__init__()
+        self.bag, self.table, self.head = bag, nn.Parameter(torch.randn(30, 4)), nn.Linear(4, 1)
+
+    def forward(self, ids):
+        rows = nn.functional.embedding_bag(ids, self.table, sparse=True) if self.bag else \
+            nn.functional.embedding(ids, self.table, sparse=True).sum(1)
+        return self.head(rows)
+
+
+@pytest.mark.parametrize("bag", [False, True])
+def test_a_functional_sparse_lookup_says_so(bag):
+    """An nn.Embedding with sparse=True is refused before the trace; a functional lookup
+    with sparse=True failed inside the partitioner ("memory format option is only supported
+    by strided tensors", naming neither the op nor what to do). Said now, with the optimizer
+    that takes the dense gradient."""
+    with pytest.raises(monet_opt.CaptureError, match="gradient is a sparse tensor.*"
+                       "sparse=False.*SparseAdam takes only sparse ones: use Adam"):
+        monet_opt.optimize(_FunctionalSparse(bag), torch.randint(0, 30, (4, 6)), 1 << 30,
+                           profile_dir=None, profile_repeats=1)
