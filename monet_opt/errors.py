@@ -101,7 +101,9 @@ def _bound_text(err: InfeasibleBudgetError, bound: Any, least: str,
     act = f"memory_limit to at least {least}, or use a smaller batch."
     if bound is None:
         return " Raise " + act
-    where = f" (what {bound.op} holds while it runs)" if bound.op else \
+    why = next((text for op, text in _HELD_BY.items() if bound.op.startswith(op)), "") \
+        if bound.op else ""
+    where = f" (what {bound.op} holds while it runs{why})" if bound.op else \
         " (the fixed memory and every gradient)"
     sizes = f"{exact_bytes(bound.bytes)}{where}"
     if err.proven:
@@ -122,6 +124,10 @@ def _bound_text(err: InfeasibleBudgetError, bound: Any, least: str,
 
 
 FIXED = ("store_all", "chen_sqrt")  # solvers that search nothing
+# ops whose bytes at the bound are the traced step's own, beyond eager's: said where they bind
+_HELD_BY = {"embedding_renorm": ": an Embedding or EmbeddingBag with max_norm renorms a copy "
+            "of its table, where eager renorms the table in place, so the step holds the table "
+            "twice there and may need more than eager's peak; docs/training.md"}
 # NOTE [Proven or not found]: a solve that ended before this share of its time limit stopped
 # searching on its own (the least-peak probes met their bound): a longer one was advised, and
 # at 10, 120 and 300 s each ended in 0.8 s at the same least peak (limits probe, 2026-12-07)

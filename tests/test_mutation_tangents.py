@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -54,3 +55,20 @@ def test_an_updated_parameter_costs_no_zero_gradient():
                                                .backward(), monet_opt.resident_tensors(m, idx)))
     assert measured[1] <= opt.plan.predicted_peak_bytes
     assert measured[1] < measured[0] + table // 2, measured
+
+
+def test_a_limit_only_the_tables_copy_misses_says_why():
+    """An EmbeddingBag with max_norm renorms a copy of its table in the traced step, where
+    eager renorms it in place: at eager's own peak the error said no schedule could fit, with
+    no word of why; it names the max_norm copy now."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.EmbeddingBag(300, 32, max_norm=1.0, mode="mean"), nn.Linear(32, 1))
+    with torch.no_grad():
+        model[0].weight.mul_(3.0)  # rows over the norm
+    idx = torch.randint(0, 300, (32, 10))
+    least = monet_opt.optimize(copy.deepcopy(model), idx, HUGE, profile_dir=None,
+                               profile_repeats=1).plan.min_feasible_bytes
+    table = model[0].weight.numel() * model[0].weight.element_size()
+    with pytest.raises(monet_opt.InfeasibleBudgetError, match="what embedding_renorm holds "
+                       "while it runs: an Embedding or EmbeddingBag with max_norm renorms a copy"):
+        monet_opt.optimize(model, idx, least - table // 2, profile_dir=None, profile_repeats=1)
