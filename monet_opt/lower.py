@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from monet_opt import bn_split, conv_split, grad_in_place, phase, recompute, updated_buffers
+from monet_opt import (bn_split, conv_split, grad_in_place, mutation_tangents, phase, recompute,
+                       updated_buffers)
 from monet_opt.errors import UnsupportedGraphError
 from monet_opt.memory import allocated_bytes, dense_parts, refuse_sparse_made
 from monet_opt.stats_in_place import MARK
@@ -195,7 +196,9 @@ class _Builder:
             return self.fixed(node)
         val = node.meta.get("val")
         t = self._tensor(node.name, val, NO_PRODUCER)
-        if isinstance(val, torch.Tensor) and val.dim() == 0 and not self.seed_counted:
+        if node.meta.get(mutation_tangents.NEVER_HANDED):  # NOTE [Gradients of parameters
+            self.tensors[t] = dataclasses.replace(self.tensors[t], bytes=0)  # updated in place]
+        elif isinstance(val, torch.Tensor) and val.dim() == 0 and not self.seed_counted:
             # NOTE [The loss scalar]: the fixed memory holds the loss's seed gradient (counted
             # here too, a plan peaking before its last read measured 4 B under its prediction)
             self.tensors[t] = dataclasses.replace(self.tensors[t], bytes=0)
