@@ -121,9 +121,11 @@ def _hook(peak: int):
             raise DoubleBackwardError(
                 "monet_opt: a backward with create_graph=True (a gradient penalty, second-order "
                 "MAML, a Hessian-vector product) reached the optimized step, whose compiled "
-                "backward cannot itself be differentiated. Compute the term that needs it with "
-                "the model itself (opt.model(x): eager, no plan), or optimize a module that "
-                "needs only first-order gradients.")
+                "backward cannot itself be differentiated. Take that derivative inside the "
+                "optimized module's forward (a physics-informed residual or a gradient "
+                "penalty computed in the forward and returned: derivatives the forward takes "
+                "are planned with the step), or compute the term with the model itself "
+                "(opt.model(x): eager, no plan).")
         if grad is None:
             return
         held = grad.untyped_storage().nbytes()
