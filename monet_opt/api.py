@@ -9,10 +9,10 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
-from monet_opt import (branches, capture, grouped_attention, held_in, host_random, in_flight,
-                       input_spec, joint_passes, kept_states, merged_inputs, ones_masks,
-                       output_hooks, outside_grads, params_read, progress, recompute, refusals,
-                       rewrite, side_effects, twice_passed, unseeded, updated_buffers,
+from monet_opt import (branches, capture, collectives, grouped_attention, held_in, host_random,
+                       in_flight, input_spec, joint_passes, kept_states, merged_inputs,
+                       ones_masks, output_hooks, outside_grads, params_read, progress, recompute,
+                       refusals, rewrite, side_effects, twice_passed, unseeded, updated_buffers,
                        variants_bn)
 from monet_opt.accumulate import GradientSlots, in_place_problem
 from monet_opt.arguments import check_arguments
@@ -309,7 +309,8 @@ class _Planner:
             problem = kept_states.with_states(problem, lowered)  # counted in `extra`
             held = held + returned if self.outputs_held else held
             problem, made = held_problem(problem, {t for k in held for t in
-                                                   lowered.output_tensors[k]},
+                                                   lowered.output_tensors[k]}
+                                         | collectives.outputs(joint, lowered),  # NOTE there
                                          held_loss(joint, lowered, problem, returned))
             problem = unseeded.free(kept_states.held(problem, made), kwargs["unseeded"])
             self.problem = problem
