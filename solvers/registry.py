@@ -7,7 +7,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
-                     probes, prune, remat, timeshare, variants)
+                     prune, remat, reordered, timeshare, variants)
 from solvers.bound import proved_bound
 from solvers.bound_start import KEPT_REMAT, kept_starts
 from solvers.errors import UnknownSolverError
@@ -373,11 +373,9 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
         feasible.append(_refined(problem, budget_bytes, target, deadline - prune_s))
         feasible.append(_pruned(problem, budget_bytes, min(
             feasible, key=lambda r: (r.objective_s, r.peak_bytes)), deadline))
-    if not feasible:  # NOTEs [The least peak in the time left], [Probes under the least peak]
-        late = probes.least_until(problem, budget_bytes, deadline, min_peak)
-        min_peak, floor = floor_of([(min_peak, floor), (late.min_feasible_bytes,
-                                                        late.floor_schedule)])
-        feasible = [late] if late.feasible else []
+    if not feasible:  # NOTE [The backward reordered] in solvers/reordered.py
+        min_peak, floor, feasible = reordered.last_tries(problem, budget_bytes, start, limit,
+                                                         min_peak, floor)
     elapsed = time.perf_counter() - start
     if not feasible:
         return SolveResult(solver="auto", status=Status.INFEASIBLE, schedule=None,

@@ -190,17 +190,17 @@ def _searches_cut_short(monkeypatch):
         return SolveResult(solver="cut", status=Status.TIMEOUT, schedule=None, objective_s=None,
                            peak_bytes=None, bound_s=None, gap=None, solve_time_s=0.0,
                            min_feasible_bytes=None)
-    for name in ("milp", "dp", "remat"):
+    for name in ("milp", "dp", "remat", "checkmate"):
         monkeypatch.setitem(registry._REGISTRY, name, (nothing, registry._REGISTRY[name][1]))
     monkeypatch.setattr(registry, "kept_starts", lambda problem, budget_bytes, limit: [])
     monkeypatch.setattr(registry, "lazy_cuts",
                         lambda problem, budget_bytes, limit: nothing(problem, budget_bytes, None))
     # and its searches in the time left where nothing fits (NOTEs [The least peak in the time
-    # left], [Probes under the least peak])
+    # left], [Probes under the least peak], [The backward reordered])
     monkeypatch.setattr(registry.remat, "least_until",
                         lambda problem, budget_bytes, deadline, below=None: nothing(
                             problem, budget_bytes, None))
-    monkeypatch.setattr(registry.probes, "probe", lambda *args: None)
+    monkeypatch.setattr(registry.reordered.probes, "probe", lambda *args: None)
 
 
 def _only_the_milp_reaches():
