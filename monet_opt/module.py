@@ -193,6 +193,7 @@ class OptimizedModule(ModelState):
         # NOTE [Attention masks of all ones]
         kwargs = ones_masks.dropped(self.model, args, kwargs, hooks, self._any_shape)
         mine = list(params.values())
+        refusals.refuse_flattened(mine, self._first_params[0])  # NOTE [Sharded models]
         leaves, treedef = pytree.tree_flatten((args, kwargs))
         if any(isinstance(x, _TRACED) for x in (*mine[:1], *leaves)) or \
                 output_grad.eager_only(mine, leaves):  # NOTE [torch.func transforms]

@@ -41,9 +41,31 @@ def check_module(model: object) -> None:
 _PARALLEL = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
 try:  # a torch built without distributed has neither
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.fsdp._flat_param import FlatParameter
     SHARDED: tuple[type, ...] = (FSDPModule, FullyShardedDataParallel)
+    _FLAT: tuple[type, ...] = (FlatParameter,)
 except ImportError:
-    SHARDED = ()
+    SHARDED = _FLAT = ()
+
+
+def refuse_flattened(params: list, planned: tuple) -> None:
+    """NOTE [Sharded models]: TypeError where the model's parameters (`params`, in the step's
+    order) are none though the plan had some (`planned`: their names), or views of a flat one:
+    FullyShardedDataParallel wrapped around the optimized module, which is not among its
+    modules, swaps them for views of its flat parameter around each forward: none registered
+    (the step then ran the model itself, no plan: 92 % over the limit, silently) or plain
+    tensors (use_orig_params=True: the plan ran, its shards uncounted; sharding probe,
+    2026-12-07)."""
+    if (params or not planned) and not (params and isinstance(params[0]._base, _FLAT)):
+        return  # functional_call's tensors are not Parameters, nor views of a flat one
+    raise TypeError(
+        "monet_opt: the model's parameters are " + ("gone" if not params else "views of a "
+                                                    "flat parameter")
+        + " at this call, as under FullyShardedDataParallel wrapped around the optimized "
+        "module, which swaps them for views of its flat shard around each forward: memory the "
+        "plan does not count, and a step it cannot run. Sharded training is not supported; "
+        "for data parallelism wrap the optimized module in DistributedDataParallel(opt, "
+        "gradient_as_bucket_view=True).")
 
 
 def refuse_sharded(model: torch.nn.Module, who: str) -> None:
