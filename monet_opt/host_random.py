@@ -91,14 +91,24 @@ def _in_globals(model: torch.nn.Module) -> dict[str, Any]:
 def _noting(fn: Callable, where: str) -> Callable:
     def drawn(*args, **kwargs):
         frame = sys._getframe(1)
+        by = "collectives" if _DISTRIBUTED in frame.f_code.co_filename else "lines"
         while frame is not None and any(part in frame.f_code.co_filename for part in _OURS):
             frame = frame.f_back
-        if frame is not None and len(_watch["lines"]) < 3:
+        if frame is not None and len(_watch[by]) < 3:
             line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-            _watch["lines"].setdefault(
-                f"{where} at {frame.f_code.co_filename}:{frame.f_lineno}: {line}", None)
+            _watch[by].setdefault(f"{where + ' at ' if by == 'lines' else ''}"
+                                  f"{frame.f_code.co_filename}:{frame.f_lineno}: {line}", None)
         return fn(*args, **kwargs)
     return drawn
+
+
+# NOTE [Collectives drawn as random]
+#   Tracing a c10d collective (dist.all_reduce, torch.distributed.nn.functional's) draws a
+#   work id from Python's `random` in torch's own code, and the forward was refused as drawing
+#   random numbers, advised to draw with torch (sharding probe, 2026-12-07). A draw made from
+#   torch.distributed's code is a collective's: refused as one, saying to use the functional
+#   collectives, which a step traces (NOTE [Collectives in the forward] in collectives.py).
+_DISTRIBUTED = "/torch/distributed/"
 
 
 # NOTE [Random state set in the forward]
@@ -148,7 +158,7 @@ def watching(model: torch.nn.Module):
             patched.append((module, name, fn))
             setattr(module, name, _reseeding(fn, f"{module.__name__}.{name}"))
     outer = dict(_watch)
-    _watch.update(model=type(model).__name__, rngs=rngs, lines={}, reseeds={},
+    _watch.update(model=type(model).__name__, rngs=rngs, lines={}, reseeds={}, collectives={},
                   states={name: _state(rng) for name, rng in rngs.items()},
                   torch_held={name: (g, g.get_state()) for name, g in _held(
                       model, (torch.Generator,)).items()})
@@ -201,6 +211,15 @@ def refuse_drawn() -> None:
     """CaptureError where the model drew from a Python or NumPy generator since `watching`
     began (NOTE [Random numbers drawn in Python]), or set torch's random state (NOTE [Random
     state set in the forward]); nothing outside `watching`."""
+    calls = list(_watch.get("collectives", ()))
+    if calls and not _watch["lines"]:  # NOTE [Collectives drawn as random]
+        raise CaptureError(
+            f"monet_opt.optimize: {_watch['model']}'s forward calls a torch.distributed "
+            "collective:" + _listed(calls) + "\nc10d's collectives (dist.all_reduce, "
+            "torch.distributed.nn.functional) run outside a traced step. Use the functional "
+            "collectives (torch.distributed._functional_collectives: funcol.all_reduce), which "
+            "a step traces and runs at every step (NOTE [Collectives in the forward] in "
+            "monet_opt/collectives.py), or keep the collective out of the forward.")
     lines = _drawn() if _watch else []
     if lines:
         raise CaptureError(f"monet_opt.optimize: {_watch['model']}'s forward drew random numbers "

@@ -66,3 +66,29 @@ def test_a_collective_is_never_recomputed(world, monkeypatch, seed):
         assert issued[0] == issued[1] > 0  # the forward's collectives, once
         for p, q in zip(model.parameters(), eager.parameters()):
             assert torch.equal(p.grad, q.grad)
+
+
+class _StatSync(nn.Module):
+    """A statistic all-reduced with c10d's in-place collective, no gradient through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("mean", torch.zeros(8))
+
+    def forward(self, x):
+        h = self.lin(x)
+        stat = h.detach().mean(0).clone()
+        dist.all_reduce(stat)
+        self.mean.mul_(0.9).add_(stat, alpha=0.1)
+        return h
+
+
+def test_a_c10d_collective_is_refused_as_one(world):
+    """NOTE [Collectives drawn as random] (monet_opt/host_random.py): tracing it draws a work
+    id from Python's random in torch's code, and it was refused as the forward's own random
+    draw, advised to draw with torch."""
+    with pytest.raises(monet_opt.CaptureError, match="(?s)calls a torch.distributed collective:"
+                       ".*functional collectives"):
+        monet_opt.optimize(_StatSync(), torch.randn(4, 8), 1 << 30, profile_dir=None,
+                           profile_repeats=1)
