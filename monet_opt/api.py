@@ -343,10 +343,15 @@ class _Planner:
             result = updated_buffers.store_all_if_fits(problem, limit, lowered, result)
             recall(self.solver, problem, result)  # with the least the retries found
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds
+            floor = result.floor_schedule
+            held = least_held(problem, result) or floor is not None and least_held(  # with the
+                updated_buffers.as_made(problem, dataclasses.replace(result, schedule=floor),
+                                        rewrite.partition(joint, joint_inputs, lowered, floor,
+                                                          num_fwd_outputs, **kwargs)[0],
+                                        lowered)[0], result)  # copies its forward makes
             raise input_spec.with_viewed_note(InfeasibleBudgetError(
                 limit, result.min_feasible_bytes, self.solver, self.limit,
-                least_held(problem, result), least_peak_bound(lighter), self.time_limit_s,
-                result.solve_time_s),
+                held, least_peak_bound(lighter), self.time_limit_s, result.solve_time_s),
                 [] if self.replan else self.primals[len(self.primals) - self.num_inputs:])
         self.slots = slots
         graphs = rewrite.partition(joint, joint_inputs, lowered, result.schedule,

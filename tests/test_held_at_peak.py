@@ -2,6 +2,7 @@
 the one simulator, sums to its simulated live bytes; plans and refused limits say it."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 
@@ -99,3 +100,35 @@ def test_a_refused_limit_says_what_the_least_peak_holds():
     made = held.total_bytes - held.fixed_bytes - held.gradients.bytes
     assert f"At that peak ({held.op})" in str(info.value)
     assert f"activations and workspace {monet_opt.format_bytes(made)}" in str(info.value)
+
+
+class _Updated(nn.Module):
+    """A buffer the forward updates in place and then reads: a copy is made of it where a plan
+    recomputes what reads it (NOTE [Buffers the step updates])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+        self.register_buffer("scale", torch.ones(32))
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        with torch.no_grad():
+            self.scale.mul_(0.9).add_(h.mean(0), alpha=0.1)
+        return self.c(torch.tanh(self.b(h * self.scale)))
+
+
+def test_the_least_peak_is_explained_where_it_makes_fewer_copies():
+    """The least peak is that of the copies the least schedule's forward makes (NOTE [Copies
+    counted as made]); what it holds was read with every copy counted, so it did not add up and
+    the error left "At that peak" out (a tracked InstanceNorm 3D U-Net, sci-ML probe,
+    2026-12-07). It is read with the copies made now."""
+    torch.manual_seed(0)
+    model, x = _Updated(), torch.randn(64, 16)
+    least = monet_opt.optimize(copy.deepcopy(model), x, 1 << 40, profile_dir=None,
+                               profile_repeats=1).plan.min_feasible_bytes
+    with pytest.raises(monet_opt.InfeasibleBudgetError, match="At that peak") as caught:
+        monet_opt.optimize(model, x, least * 9 // 10, profile_dir=None, profile_repeats=1,
+                           time_limit_s=3)
+    assert caught.value.held is not None
+    assert caught.value.held.total_bytes == caught.value.min_feasible_bytes
