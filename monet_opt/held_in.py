@@ -14,7 +14,12 @@ NOTE [Tensors held in containers]
   buffer, or to pass it to the call. A container the forward does not read is not noted
   (features a hook gathers: NOTE [Containers filled] in monet_opt/forward_state.py), and one
   holding what it held when the step was traced (torchvision's anchor generator's cell
-  anchors) runs as before.
+  anchors) runs as before. Lists and tuples one level inside are looked into (`self.mems =
+  [(k, v)]`: a pair replaced went unseen), and a dict's keys the step does not read may come
+  and go (a rotary cache filled by length, to which a validation pass added one, was refused).
+  Not caught: a deep copy of the optimized module shares its compiled steps, constants
+  included, so its model's copies of such tensors are not what its step reads (an update in
+  place to one side only is not seen by the other).
 """
 from __future__ import annotations
 
@@ -33,13 +38,15 @@ _CONTAINERS = (list, tuple, dict)
 
 @dataclasses.dataclass(frozen=True)
 class Held:
-    """A container on module `path` under `name`: its length (a list's or tuple's) or keys (a
-    dict's), and the (key, tensor) pairs of it the step holds as constants."""
+    """A container on module `path` under `name`, and the tensors of it the step holds as
+    constants: (where, tensor) pairs, `where` the keys down to it (one level of containers in
+    it too: `self.mems = [(k, v)]`), and the lengths of the lists and tuples on the way (a
+    dict's other keys are free: a cache filled by length, read by key)."""
 
     path: str
     name: str
-    keys: object
-    tensors: tuple[tuple[object, torch.Tensor], ...]
+    tensors: tuple[tuple[tuple, torch.Tensor], ...]
+    lengths: tuple[tuple[tuple, int], ...]
 
     def label(self) -> str:
         return ".".join(filter(None, (self.path, self.name)))
@@ -65,10 +72,13 @@ def held_in(model: nn.Module, storages: frozenset[int]) -> tuple[Held, ...]:
         for name, value in vars(module).items():
             if not isinstance(value, _CONTAINERS) or name in ("_parameters", "_buffers"):
                 continue
-            tensors = tuple((k, t) for k, t in _items(value) if _real(t)
+            tensors = tuple((where, t) for where, t in _leaves(value) if _real(t)
                             and t.untyped_storage().data_ptr() in storages)
             if tensors:
-                found.append(Held(path, name, _keys(value), tensors))
+                lengths = {where[:k]: len(_at(value, where[:k])) for where, _ in tensors
+                           for k in range(len(where)) if isinstance(_at(value, where[:k]),
+                                                                    (list, tuple))}
+                found.append(Held(path, name, tensors, tuple(lengths.items())))
     return tuple(found)
 
 
@@ -76,9 +86,12 @@ def check(model: nn.Module, held: tuple[Held, ...]) -> None:
     """PlanMismatchError where a container of `held` holds other tensors than the step's."""
     for h in held:
         value = getattr(model.get_submodule(h.path), h.name, None)
-        if isinstance(value, _CONTAINERS) and _keys(value) == h.keys and \
-                all(value[k] is t for k, t in h.tensors):
-            continue
+        try:
+            if all(len(_at(value, where)) == n for where, n in h.lengths) and \
+                    all(_at(value, where) is t for where, t in h.tensors):
+                continue
+        except (KeyError, IndexError, TypeError):
+            pass
         kind = type(value).__name__ if isinstance(value, _CONTAINERS) else "attribute"
         raise PlanMismatchError(
             f"monet_opt: the step reads the tensors in the {kind} {h.label()!r} as constants, "
@@ -89,12 +102,18 @@ def check(model: nn.Module, held: tuple[Held, ...]) -> None:
             "[Tensors held in containers] in monet_opt/held_in.py).")
 
 
-def _items(value) -> list:
-    return list(value.items()) if isinstance(value, dict) else list(enumerate(value))
+def _leaves(value, depth: int = 0) -> list[tuple[tuple, object]]:
+    """(keys down to it, element) for `value`'s elements, and one level of containers down."""
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    return [((k, *where), x) for k, v in items
+            for where, x in (_leaves(v, 1) if depth == 0 and isinstance(v, _CONTAINERS)
+                             else [((), v)])]
 
 
-def _keys(value) -> object:
-    return tuple(value) if isinstance(value, dict) else len(value)
+def _at(value, where: tuple):
+    for k in where:
+        value = value[k]
+    return value
 
 
 def _real(value: object) -> bool:
