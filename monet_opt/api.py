@@ -212,7 +212,8 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, planner: _Planner):
     planner.grouped = not grouped_attention.eager_masks(model)
     progress.tracing(planner.name, planner.inputs)  # NOTE [Progress]
     devices = cuda_devices(planner.primals)
-    with torch.random.fork_rng(devices=devices), twice_passed.refused_if_differentiated(inputs):
+    with torch.random.fork_rng(devices=devices), twice_passed.refused_if_differentiated(
+            model, inputs):
         step = capture.first_call(model, spec, args, kwargs, planner.primals, planner.partition,
                                   partitioned=lambda: planner.partitioned)
     if planner.problem is None:  # AOTAutograd compiled it for inference: no output needs grad

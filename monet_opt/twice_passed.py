@@ -7,9 +7,10 @@
   materialize_grads: loss 1.00206 for eager's 0.99487, gradients up to 1.03 off, silently),
   or failed to trace with advice about data-dependent Python (sci-ML probe, 2026-12-07). So
   where a tensor that requires a gradient is passed twice and the forward takes a derivative
-  (torch.autograd.grad, watched while the step is traced), optimize() refuses, saying to take
-  the derivative inside the model's forward, from the tensor it computed with, or to pass the
-  tensor once.
+  (torch.autograd.grad, watched while the step is traced) with respect to more than the
+  model's parameters (a MAML-style inner step takes those alone, and was refused), optimize()
+  refuses, saying to take the derivative inside the model's forward, from the tensor it
+  computed with, or to pass the tensor once.
 """
 from __future__ import annotations
 
@@ -39,9 +40,11 @@ def twice(inputs: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
 
 
 @contextlib.contextmanager
-def refused_if_differentiated(inputs: Sequence[torch.Tensor]) -> Iterator[None]:
+def refused_if_differentiated(model: torch.nn.Module,
+                              inputs: Sequence[torch.Tensor]) -> Iterator[None]:
     """Around the trace: CaptureError where `inputs` hold one tensor that requires a gradient
-    twice and the forward called torch.autograd.grad (traced or not)."""
+    twice and the forward called torch.autograd.grad (traced or not) with respect to more than
+    `model`'s parameters (a MAML-style inner step's derivative is not the inputs')."""
     pairs = twice(inputs)
     if not pairs:
         yield
@@ -49,11 +52,14 @@ def refused_if_differentiated(inputs: Sequence[torch.Tensor]) -> Iterator[None]:
     taken = []
     grad = torch.autograd.grad
 
-    def watched(*args, **kwargs):
+    def watched(outputs, inputs=(), *args, **kwargs):
         caller = sys._getframe(1).f_globals.get("__name__", "")
-        if not caller.startswith(_OURS) or caller.startswith(_USERS):  # not AOTAutograd's
-            taken.append(caller)  # own, tracing the backward
-        return grad(*args, **kwargs)
+        wrt = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+        own = {id(p) for p in model.parameters()}  # the trace's, swapped in
+        if (not caller.startswith(_OURS) or caller.startswith(_USERS)) and not all(
+                id(t) in own for t in wrt):  # not AOTAutograd's own, tracing the backward
+            taken.append(caller)
+        return grad(outputs, inputs, *args, **kwargs)
 
     torch.autograd.grad = watched
     try:

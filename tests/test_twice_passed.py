@@ -75,3 +75,31 @@ def test_one_tensor_passed_twice_and_trained_through_trains_like_eager():
         assert torch.equal(xe.grad, xo.grad)
         for p, q in zip(model.parameters(), eager.parameters()):
             assert torch.equal(p.grad, q.grad)
+
+
+class _InnerStep(nn.Module):
+    """forward(q, k) takes a MAML-style inner step: a derivative with respect to its weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.out = nn.Parameter(torch.randn(8, 8) * 0.1), nn.Linear(8, 4)
+
+    def forward(self, q, k):
+        inner = (torch.tanh(q @ self.w) * torch.sigmoid(k @ self.w)).square().mean()
+        step, = torch.autograd.grad(inner, self.w, create_graph=True)
+        w = self.w - 0.1 * step
+        return self.out(torch.tanh(q @ w) * torch.sigmoid(k @ w))
+
+
+def test_a_derivative_with_respect_to_parameters_alone_is_not_refused():
+    """It cannot see the inputs as one or two, and was refused (false-positive probe)."""
+    torch.manual_seed(0)
+    model, x = _InnerStep(), torch.randn(16, 8, requires_grad=True)
+    eager = copy.deepcopy(model)
+    opt = monet_opt.optimize(model, (x, x), 1 << 30, profile_dir=None, profile_repeats=1)
+    out, expected = opt(x, x), eager(x, x)
+    assert torch.equal(out, expected)
+    out.square().mean().backward()
+    expected.square().mean().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert torch.equal(p.grad, q.grad)
