@@ -345,11 +345,12 @@ class _Planner:
             recall(self.solver, problem, result)  # with the least the retries found
         if not result.feasible:  # NOTE [Held at the peak]: what the least peak holds
             floor = result.floor_schedule
-            held = least_held(problem, result) or floor is not None and least_held(  # with the
-                updated_buffers.as_made(problem, dataclasses.replace(result, schedule=floor),
-                                        rewrite.partition(joint, joint_inputs, lowered, floor,
-                                                          num_fwd_outputs, **kwargs)[0],
-                                        lowered)[0], result)  # copies its forward makes
+            held = least_held(problem, result)
+            if held is None and floor is not None:  # with the copies its forward makes
+                held = least_held(updated_buffers.as_made(
+                    problem, dataclasses.replace(result, schedule=floor), rewrite.partition(
+                        joint, joint_inputs, lowered, floor, num_fwd_outputs, **kwargs)[0],
+                    lowered)[0], result)
             raise input_spec.with_viewed_note(InfeasibleBudgetError(
                 limit, result.min_feasible_bytes, self.solver, self.limit,
                 held, least_peak_bound(lighter), self.time_limit_s, result.solve_time_s),

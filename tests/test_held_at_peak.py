@@ -132,3 +132,14 @@ def test_the_least_peak_is_explained_where_it_makes_fewer_copies():
                            time_limit_s=3)
     assert caught.value.held is not None
     assert caught.value.held.total_bytes == caught.value.min_feasible_bytes
+
+
+@pytest.mark.parametrize("solver", ["checkmate", "store_all", "chen"])
+def test_a_solver_with_no_least_schedule_refuses_plainly(solver):
+    """A named solver that reports no least-peak schedule raised AttributeError ('bool' object
+    has no attribute 'total_bytes') where it should refuse the limit (reorder probe)."""
+    torch.manual_seed(0)
+    model, x = _Updated(), torch.randn(64, 16)
+    with pytest.raises(monet_opt.InfeasibleBudgetError, match="is below the least peak"):
+        monet_opt.optimize(model, x, 1000, solver=solver, profile_dir=None, profile_repeats=1,
+                           time_limit_s=3)
