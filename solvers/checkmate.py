@@ -30,14 +30,15 @@ from solvers.simulate import fastest_within, simulate
 @dataclass(frozen=True)
 class CheckmateOptions:
     """backend: "highs" | "cbc" | "cpsat" (the LP relaxation always uses HiGHS). time_limit_s:
-    wall time for the whole solve (a quarter goes to the least-peak program, once per problem).
-    rel_gap: stop once the proven gap is below this. max_exact_vars: above this many integer
-    variables, LP relaxation and rounding instead of the MILP."""
+    wall time for the whole solve (least_share of it goes to the least-peak program, once per
+    problem). rel_gap: stop once the proven gap is below this. max_exact_vars: above this many
+    integer variables, LP relaxation and rounding instead of the MILP."""
 
     backend: str = "highs"
     time_limit_s: float = 60.0
     rel_gap: float = 1e-3
     max_exact_vars: int = 30000
+    least_share: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -151,11 +152,11 @@ def _relaxation(program: CheckmateProgram, deadline: float) -> MipResult:
 @functools.lru_cache(maxsize=8)
 def least_peak(problem: Problem, options: CheckmateOptions) -> LeastPeak:
     """The least simulated peak among Checkmate's schedules: the least-peak program (the budget
-    its objective, solved to a zero gap; MILP or LP rounding as above) given a quarter of the
+    its objective, solved to a zero gap; MILP or LP rounding as above) given least_share of the
     time limit (at least a second), building included, and checkpoint-all (keep everything the
     backward reads). Cached per problem, so the budget it reports is met again by the same
     call."""
-    deadline = time.perf_counter() + max(1.0, options.time_limit_s / 4)
+    deadline = time.perf_counter() + max(1.0, options.time_limit_s * options.least_share)
     store_all = schedule_from_kept(problem, problem.saved_for_backward)
     best = (simulate(problem, store_all).peak_bytes, store_all)
     try:

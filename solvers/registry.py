@@ -7,7 +7,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from solvers import (anneal, baselines, checkmate, dp, evict, fine, joint, least, portfolio,
-                     prune, remat, reordered, timeshare, variants)
+                     last_tries, prune, remat, timeshare, variants)
 from solvers.bound import proved_bound
 from solvers.bound_start import KEPT_REMAT, kept_starts
 from solvers.errors import UnknownSolverError
@@ -373,8 +373,8 @@ def _auto(problem: Problem, budget_bytes: int, limit: float,
         feasible.append(_refined(problem, budget_bytes, target, deadline - prune_s))
         feasible.append(_pruned(problem, budget_bytes, min(
             feasible, key=lambda r: (r.objective_s, r.peak_bytes)), deadline))
-    if not feasible:  # NOTE [The backward reordered] in solvers/reordered.py
-        min_peak, floor, feasible = reordered.last_tries(problem, budget_bytes, start, limit,
+    if not feasible:  # NOTE [Checkmate where nothing fits] in solvers/last_tries.py
+        min_peak, floor, feasible = last_tries.last_tries(problem, budget_bytes, start, limit,
                                                          min_peak, floor)
     elapsed = time.perf_counter() - start
     if not feasible:

@@ -196,11 +196,11 @@ def _searches_cut_short(monkeypatch):
     monkeypatch.setattr(registry, "lazy_cuts",
                         lambda problem, budget_bytes, limit: nothing(problem, budget_bytes, None))
     # and its searches in the time left where nothing fits (NOTEs [The least peak in the time
-    # left], [Probes under the least peak], [The backward reordered])
+    # left], [Probes under the least peak], [Checkmate where nothing fits])
     monkeypatch.setattr(registry.remat, "least_until",
                         lambda problem, budget_bytes, deadline, below=None: nothing(
                             problem, budget_bytes, None))
-    monkeypatch.setattr(registry.reordered.probes, "probe", lambda *args: None)
+    monkeypatch.setattr(registry.last_tries.probes, "probe", lambda *args: None)
 
 
 def _only_the_milp_reaches():

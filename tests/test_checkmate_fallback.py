@@ -1,8 +1,8 @@
-"""NOTE [The backward reordered] (solvers/reordered.py): where nothing of auto's fits, it runs
-Checkmate's program, which reorders the backward and reaches lower peaks than auto's programs,
-which keep the problem's order: a tanh MLP was refused at 700,000 B ("a longer one would find
-none") that Checkmate planned at 641,296 B. Now auto plans it, measured within the limit at the
-prediction and bitwise eager's."""
+"""NOTE [Checkmate where nothing fits] (solvers/last_tries.py): where nothing of auto's fits, it
+runs Checkmate's program, which may drop a held tensor at any backward op and recompute it
+later, and reaches lower peaks than auto's programs: a tanh MLP was refused at 700,000 B ("a
+longer one would find none") that Checkmate planned at 641,296 B. Now auto plans it, measured
+within the limit at the prediction and bitwise eager's."""
 from __future__ import annotations
 
 import copy
@@ -13,7 +13,7 @@ from torch import nn
 import monet_opt
 
 
-def test_auto_reorders_the_backward_below_its_own_least_peak():
+def test_auto_plans_with_checkmate_below_its_own_least_peak():
     torch.manual_seed(0)
     model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(64, 64), nn.Tanh())],
                           nn.Linear(64, 1))
