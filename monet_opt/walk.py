@@ -67,7 +67,7 @@ def layout(modules: list[nn.Module]) -> tuple:
     """Where in `modules` (model.modules()) each one's children are (None: a slot holding
     None)."""
     at = {id(m): k for k, m in enumerate(modules)}
-    return tuple(tuple(None if c is None else at[id(c)] for c in _VALUES(_CHILDREN(m)))
+    return tuple(tuple(None if c is None else at.get(id(c)) for c in _VALUES(_CHILDREN(m)))
                  for m in modules)
 
 
