@@ -157,7 +157,9 @@ def recompute_form(node: fx.Node, whole: bool = False
 
 
 def new_stats(node: fx.Node) -> list[fx.Node]:
-    """The getitems of training BatchNorm `node`'s new running statistics."""
+    """The getitems of `node`'s new running statistics, where it is a training BatchNorm."""
+    if node.target is not cudnn_bn.TRAIN:
+        return []
     return [u for u in node.users if u.target is operator.getitem and u.args[1] >= 3]
 
 
@@ -165,8 +167,6 @@ def stats_read_on(node: fx.Node) -> bool:
     """Whether training BatchNorm `node`'s new running statistics are read by an op other than
     a training BatchNorm taking them as its own (whose are then asked the same), and so may be
     read by a recomputation (NOTE [Recomputing BatchNorm] 4)."""
-    if node.target is not cudnn_bn.TRAIN:
-        return False
     for user in (u for stat in new_stats(node) for u in stat.users if u.op != "output"):
         takes = user.target is cudnn_bn.TRAIN and all(
             a not in node.users for k, a in enumerate(user.args) if k not in (3, 4))
